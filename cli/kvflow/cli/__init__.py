@@ -1,0 +1,1 @@
+"""The `kvflow` command: one entry point that dispatches to each component's own CLI."""

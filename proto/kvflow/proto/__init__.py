@@ -1,0 +1,1 @@
+"""Contracts every kvflow component shares: gRPC messages and the block-hash chain."""

@@ -28,8 +28,8 @@ up: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy -p kvflow.proto -p kvflow.engine_worker -p kvflow.cli
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy -p kvflow.proto -p kvflow.engine_worker -p kvflow.router -p kvflow.operator -p kvflow.cli
+	PYTHONPATH=proto:engine_worker:router:operator:cli $(VENV)/bin/lint-imports
 	$(PY) tools/gen_proto.py --check
 
 fmt: setup

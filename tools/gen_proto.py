@@ -1,7 +1,7 @@
 """Regenerate the gRPC stubs from proto/kvflow/proto/*.proto, or check they are fresh.
 
-    python tools/gen_proto.py          # rewrite the committed stubs
-    python tools/gen_proto.py --check  # exit 1 if the committed stubs differ from a fresh run
+python tools/gen_proto.py          # rewrite the committed stubs
+python tools/gen_proto.py --check  # exit 1 if the committed stubs differ from a fresh run
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ def generate(out_dir: Path) -> list[Path]:
         )
         if rc != 0:
             raise SystemExit(f"protoc failed on {rel} (exit {rc})")
-    return [
-        Path("kvflow/proto") / (p.stem + s) for p in protos for s in SUFFIXES
-    ]
+    return [Path("kvflow/proto") / (p.stem + s) for p in protos for s in SUFFIXES]
 
 
 def main() -> int:
@@ -49,8 +47,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         files = generate(out)
-        stale = [f for f in files if not (PROTO_ROOT / f).exists()
-                 or not filecmp.cmp(out / f, PROTO_ROOT / f, shallow=False)]
+        stale = [
+            f
+            for f in files
+            if not (PROTO_ROOT / f).exists()
+            or not filecmp.cmp(out / f, PROTO_ROOT / f, shallow=False)
+        ]
         if args.check:
             if stale:
                 print("stale gRPC stubs (run `make proto`):", *map(str, stale), sep="\n  ")

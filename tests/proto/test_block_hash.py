@@ -72,3 +72,29 @@ def test_bad_arguments_are_rejected() -> None:
         block_hashes([1, 2], block_size=0, seed=SEED)
     with pytest.raises(ValueError, match="parent"):
         list(iter_block_hashes([1] * 32, block_size=16, seed=SEED, start_block=1))
+
+
+def test_public_prefix_is_shared_and_the_private_rest_is_salted() -> None:
+    tokens = list(range(64))
+    public = block_hashes(tokens, block_size=16, seed=SEED)
+    a = block_hashes(tokens, block_size=16, seed=SEED, salt="a", num_public_blocks=2)
+    b = block_hashes(tokens, block_size=16, seed=SEED, salt="b", num_public_blocks=2)
+    assert a[:2] == b[:2] == public[:2]
+    assert a[2] != b[2] and a[2] != public[2] and a[3] != b[3]
+    assert a == [public[0], public[1], 11347652696708362294, 11352207427868407983]  # golden
+    assert block_hashes(tokens, block_size=16, seed=SEED, salt="a", num_public_blocks=0) == (
+        block_hashes(tokens, block_size=16, seed=SEED, salt="a")
+    )
+    # Incremental hashing past the public prefix continues the salted chain.
+    tail = list(
+        iter_block_hashes(
+            tokens,
+            block_size=16,
+            seed=SEED,
+            salt="a",
+            num_public_blocks=2,
+            parent=a[1],
+            start_block=2,
+        )
+    )
+    assert tail == a[2:]

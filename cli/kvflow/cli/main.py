@@ -20,7 +20,9 @@ class Command(NamedTuple):
 
 COMMANDS: dict[str, Command] = {
     "up": Command("kvflow.cli.up", "dev", "run a gateway and workers on this machine"),
-    "worker": Command("kvflow.engine_worker.cli", "worker", "serve a model over gRPC (torch engine)"),
+    "worker": Command(
+        "kvflow.engine_worker.cli", "worker", "serve a model over gRPC (torch engine)"
+    ),
     "router": Command("kvflow.router.cli", "router", "run the OpenAI-compatible gateway"),
     "operator": Command("kvflow.operator.cli", "operator", "run the Kubernetes operator"),
 }

@@ -6,7 +6,11 @@ A prompt is cut into blocks of ``block_size`` tokens; only full blocks are hashe
     h_i = H(0x01 | h_{i-1} | tokens[iB:(i+1)B])
 
 ``seed`` names the model and tokenizer (two models never share a hash), ``salt`` isolates a
-tenant's cache (empty for shared, public prefixes). ``H`` is BLAKE2b cut to 64 bits: at a
+tenant's cache (empty for shared, public prefixes). A request may start with
+``num_public_blocks`` blocks of a prefix its pool declares public (a shared system prompt):
+those are hashed with an empty salt, so every tenant shares them, and the salt enters at the
+first private block instead, ``h_k = H(0x02 | h_{k-1} | salt | tokens[kB:(k+1)B])``; with
+``num_public_blocks = 0`` this is the plain chain above. ``H`` is BLAKE2b cut to 64 bits: at a
 million cached blocks the chance of any collision is about 1e12 / 2**64 = 5e-8, and 8-byte
 ints keep the router's index small and hash with Python's dict in O(1). Seed and salt are
 length-prefixed so ("ab", "c") and ("a", "bc") differ.
@@ -29,6 +33,7 @@ HASH_VERSION = b"kvflow-block-v1"
 DEFAULT_BLOCK_SIZE = 16
 _FIRST = b"\x00"
 _NEXT = b"\x01"
+_NEXT_SALTED = b"\x02"
 
 
 def _digest(data: bytes) -> BlockHash:
@@ -52,11 +57,23 @@ def make_hash_seed(model_id: str, tokenizer_id: str = "") -> bytes:
 
 
 def hash_first_block(seed: bytes, salt: str, token_ids: Sequence[int]) -> BlockHash:
-    return _digest(_FIRST + _pack_bytes(seed) + _pack_bytes(salt.encode()) + _pack_tokens(token_ids))
+    return _digest(
+        _FIRST + _pack_bytes(seed) + _pack_bytes(salt.encode()) + _pack_tokens(token_ids)
+    )
 
 
 def hash_next_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
     return _digest(_NEXT + struct.pack("<Q", parent) + _pack_tokens(token_ids))
+
+
+def hash_next_block_salted(parent: BlockHash, salt: str, token_ids: Sequence[int]) -> BlockHash:
+    """The first private block after a public prefix: the salt joins the chain here."""
+    return _digest(
+        _NEXT_SALTED
+        + struct.pack("<Q", parent)
+        + _pack_bytes(salt.encode())
+        + _pack_tokens(token_ids)
+    )
 
 
 def iter_block_hashes(
@@ -65,6 +82,7 @@ def iter_block_hashes(
     block_size: int,
     seed: bytes,
     salt: str = "",
+    num_public_blocks: int = 0,
     parent: BlockHash | None = None,
     start_block: int = 0,
 ) -> Iterator[BlockHash]:
@@ -78,15 +96,36 @@ def iter_block_hashes(
         raise ValueError(f"block_size must be positive, got {block_size}")
     if (start_block == 0) != (parent is None):
         raise ValueError("pass parent exactly when start_block > 0")
+    if num_public_blocks < 0:
+        raise ValueError(f"num_public_blocks must be >= 0, got {num_public_blocks}")
     num_full_blocks = len(token_ids) // block_size
     for i in range(start_block, num_full_blocks):
         block = token_ids[i * block_size : (i + 1) * block_size]
-        parent = hash_first_block(seed, salt, block) if parent is None else hash_next_block(parent, block)
+        block_salt = "" if i < num_public_blocks else salt
+        if parent is None:
+            parent = hash_first_block(seed, block_salt, block)
+        elif i == num_public_blocks and salt:
+            parent = hash_next_block_salted(parent, salt, block)
+        else:
+            parent = hash_next_block(parent, block)
         yield parent
 
 
 def block_hashes(
-    token_ids: Sequence[int], *, block_size: int, seed: bytes, salt: str = ""
+    token_ids: Sequence[int],
+    *,
+    block_size: int,
+    seed: bytes,
+    salt: str = "",
+    num_public_blocks: int = 0,
 ) -> list[BlockHash]:
     """Hashes of every full block of ``token_ids``."""
-    return list(iter_block_hashes(token_ids, block_size=block_size, seed=seed, salt=salt))
+    return list(
+        iter_block_hashes(
+            token_ids,
+            block_size=block_size,
+            seed=seed,
+            salt=salt,
+            num_public_blocks=num_public_blocks,
+        )
+    )

@@ -1,0 +1,1 @@
+"""The kvflow engine worker: a torch engine served over gRPC (`kvflow worker`)."""

@@ -1,0 +1,1 @@
+"""Llama-family models that read and write a paged KV cache."""

@@ -1,0 +1,161 @@
+"""Attention over a paged KV cache: the one function a GPU kernel would replace.
+
+The cache of one layer is a tensor ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
+(keys, then values). A token's *slot* is ``block_id * block_size + offset``; viewing the
+cache as ``[2, num_slots, num_kv_heads, head_dim]`` makes writes one ``index_copy_`` and
+reads one gather.
+
+On the CPU the simple path wins: gather each sequence's slots into contiguous K/V and call
+``scaled_dot_product_attention``. Sequences with more than one new token (prefill chunks)
+go one at a time; single-token decodes go in one padded batch, because padding a batch of
+decodes to the longest context costs far less than a Python loop over 64 SDPA calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PrefillSeq:
+    """One sequence with ``query_len`` new tokens at the end of ``context_len`` tokens."""
+
+    query_start: int  # row of its first new token in the flattened batch
+    query_len: int
+    context_len: int  # tokens it attends to, the new ones included
+    slots: torch.Tensor  # [context_len] int64: the cache slot of every context token
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """Sequences with exactly one new token each, padded to the longest context."""
+
+    rows: torch.Tensor  # [B] int64: their rows in the flattened batch
+    slots: torch.Tensor  # [B, max_context_len] int64 (padding points at slot 0)
+    mask: torch.Tensor  # [B, 1, 1, max_context_len] bool: True where a real token is
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where this step's tokens go in the cache and what each one attends to."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: the slot each new token's K/V is written to
+    prefills: tuple[PrefillSeq, ...]
+    decode: DecodeBatch | None
+
+    @staticmethod
+    def build(
+        *,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
+        """Metadata for sequences laid out one after another in the flattened batch.
+
+        Sequence ``i`` has ``query_lens[i]`` new tokens, the last of its
+        ``context_lens[i]`` tokens, stored in the blocks ``block_tables[i]``.
+        """
+        assert len(query_lens) == len(context_lens) == len(block_tables)
+        offsets = torch.arange(block_size, dtype=torch.int64)
+        slot_lists: list[torch.Tensor] = []
+        for ctx, table in zip(context_lens, block_tables, strict=True):
+            assert len(table) * block_size >= ctx, "block table too short for the context"
+            blocks = torch.tensor(table, dtype=torch.int64)
+            slot_lists.append((blocks[:, None] * block_size + offsets).flatten()[:ctx])
+
+        new_slots = [
+            s[ctx - q :] for s, q, ctx in zip(slot_lists, query_lens, context_lens, strict=True)
+        ]
+        slot_mapping = torch.cat(new_slots) if new_slots else torch.empty(0, dtype=torch.int64)
+
+        prefills: list[PrefillSeq] = []
+        decode_rows: list[int] = []
+        decode_slots: list[torch.Tensor] = []
+        row = 0
+        for q, ctx, slots in zip(query_lens, context_lens, slot_lists, strict=True):
+            if q == 1:
+                decode_rows.append(row)
+                decode_slots.append(slots)
+            else:
+                prefills.append(PrefillSeq(row, q, ctx, slots.to(device)))
+            row += q
+
+        decode = None
+        if decode_rows:
+            max_ctx = max(len(s) for s in decode_slots)
+            padded = torch.zeros(len(decode_rows), max_ctx, dtype=torch.int64)
+            mask = torch.zeros(len(decode_rows), max_ctx, dtype=torch.bool)
+            for i, s in enumerate(decode_slots):
+                padded[i, : len(s)] = s
+                mask[i, : len(s)] = True
+            decode = DecodeBatch(
+                rows=torch.tensor(decode_rows, dtype=torch.int64, device=device),
+                slots=padded.to(device),
+                mask=mask[:, None, None, :].to(device),
+            )
+        return AttentionMetadata(slot_mapping.to(device), tuple(prefills), decode)
+
+
+def write_kv(
+    kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store this step's keys and values ``[num_tokens, num_kv_heads, head_dim]`` in their slots."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend each new token to its context.
+
+    ``q`` is ``[num_tokens, num_heads, head_dim]``; ``k`` and ``v`` are
+    ``[num_tokens, num_kv_heads, head_dim]``. Returns ``[num_tokens, num_heads, head_dim]``.
+    Grouped-query attention shares each KV head among ``num_heads / num_kv_heads`` heads.
+    """
+    write_kv(kv_cache, k, v, meta.slot_mapping)
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    is_gqa = q.shape[1] != num_kv_heads
+    out = torch.empty_like(q)
+
+    for seq in meta.prefills:
+        qs = q[seq.query_start : seq.query_start + seq.query_len].transpose(0, 1)  # [H, q, D]
+        ks = flat[0, seq.slots].transpose(0, 1).to(q.dtype)  # [Hkv, ctx, D]
+        vs = flat[1, seq.slots].transpose(0, 1).to(q.dtype)
+        if seq.query_len == seq.context_len:
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=is_gqa
+            )
+        else:
+            # New token i sits at position context_len - query_len + i and sees keys up to it.
+            first = seq.context_len - seq.query_len
+            q_pos = torch.arange(first, seq.context_len, device=q.device)[:, None]
+            k_pos = torch.arange(seq.context_len, device=q.device)[None, :]
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=k_pos <= q_pos, scale=scale, enable_gqa=is_gqa
+            )
+        out[seq.query_start : seq.query_start + seq.query_len] = o.transpose(0, 1)
+
+    if meta.decode is not None:
+        d = meta.decode
+        qd = q[d.rows][:, :, None, :]  # [B, H, 1, D]
+        kd = flat[0][d.slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, ctx, D]
+        vd = flat[1][d.slots].transpose(1, 2).to(q.dtype)
+        o = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=d.mask, scale=scale, enable_gqa=is_gqa
+        )
+        out[d.rows] = o[:, :, 0, :]
+    return out

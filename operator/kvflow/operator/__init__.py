@@ -1,0 +1,1 @@
+"""The kopf operator that reconciles InferencePools (`kvflow operator`)."""

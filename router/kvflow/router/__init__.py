@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway and KV-aware router (`kvflow router`)."""

@@ -1,0 +1,82 @@
+"""Paged attention equals plain causal attention over the same tokens."""
+
+import torch
+import torch.nn.functional as F
+
+from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
+
+H, HKV, D, BS, NB = 4, 2, 8, 4, 32
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal GQA attention of a whole sequence, [T, H, D]."""
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+    )
+    return o.transpose(0, 1)
+
+
+def test_chunked_and_batched_decode_match_full_attention() -> None:
+    g = torch.Generator().manual_seed(0)
+    lens = [11, 6, 9]
+    tables = [[5, 2, 9], [0, 7], [30, 1, 3]]  # deliberately scattered blocks
+    seqs = [
+        (
+            torch.randn(n, H, D, generator=g),
+            torch.randn(n, HKV, D, generator=g),
+            torch.randn(n, HKV, D, generator=g),
+        )
+        for n in lens
+    ]
+    cache = torch.zeros(2, NB, BS, HKV, D)
+    scale = D**-0.5
+
+    # Step 1: prefill each sequence except its last token, in chunks of different sizes.
+    chunk_plan = [[0, 4, 10], [0, 5], [0, 3, 8]]
+    outs: list[list[torch.Tensor]] = [[] for _ in lens]
+    for step in range(2):
+        q_parts, k_parts, v_parts, qlens, ctxs, tbls, who = [], [], [], [], [], [], []
+        for i, plan in enumerate(chunk_plan):
+            if step + 1 < len(plan):
+                a, b = plan[step], plan[step + 1]
+                q, k, v = seqs[i]
+                q_parts.append(q[a:b])
+                k_parts.append(k[a:b])
+                v_parts.append(v[a:b])
+                qlens.append(b - a)
+                ctxs.append(b)
+                tbls.append(tables[i])
+                who.append(i)
+        meta = AttentionMetadata.build(
+            query_lens=qlens, context_lens=ctxs, block_tables=tbls, block_size=BS
+        )
+        o = paged_attention(
+            torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts), cache, meta, scale
+        )
+        row = 0
+        for i, n in zip(who, qlens, strict=True):
+            outs[i].append(o[row : row + n])
+            row += n
+
+    # Step 2: every sequence decodes its last token, all in one batch.
+    q_parts, k_parts, v_parts, ctxs = [], [], [], []
+    for i, n in enumerate(lens):
+        done = chunk_plan[i][-1]
+        assert done == n - 1
+        q, k, v = seqs[i]
+        q_parts.append(q[done:])
+        k_parts.append(k[done:])
+        v_parts.append(v[done:])
+        ctxs.append(n)
+    meta = AttentionMetadata.build(
+        query_lens=[1, 1, 1], context_lens=ctxs, block_tables=tables, block_size=BS
+    )
+    assert meta.decode is not None and not meta.prefills
+    o = paged_attention(
+        torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts), cache, meta, scale
+    )
+    for i in range(3):
+        outs[i].append(o[i : i + 1])
+
+    for i, (q, k, v) in enumerate(seqs):
+        torch.testing.assert_close(torch.cat(outs[i]), reference(q, k, v), atol=1e-5, rtol=1e-5)

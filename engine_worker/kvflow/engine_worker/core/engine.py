@@ -1,0 +1,220 @@
+"""The engine loop without I/O: admit, schedule, run, sample, stop, free.
+
+The model is behind ``ModelRunner``: the torch runner computes real logits, the simulated
+runner a timing model, a test a fixed rule. Everything else (limits, stop conditions,
+block accounting, prefix caching) is this one code path for all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvflow.engine_worker.core.config import SchedulerConfig
+from kvflow.engine_worker.core.errors import DuplicateRequestError, InvalidRequestError
+from kvflow.engine_worker.core.kv_cache_manager import KVCacheManager
+from kvflow.engine_worker.core.request import FinishReason, Request
+from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.engine_worker.core.scheduler import Scheduler, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None  # set when the request asked for logprobs
+    top_token_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+class ModelRunner(Protocol):
+    def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        """Compute every scheduled token, writing its K/V to the request's blocks, and
+        sample the next token of each request whose step ``samples``. Keyed by request id."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Forget per-request state (e.g. a seeded generator) once a request is done."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    scheduler: SchedulerConfig
+    num_kv_blocks: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    hash_seed: bytes
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    queued_s: float
+    ttft_s: float
+    e2e_s: float
+    num_preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one step produced for one request. The final one has ``finish_reason`` set.
+
+    A matched EOS or stop token is not in ``new_tokens``: it ends the text, it is not part
+    of it; it is reported as ``stop_token_id`` and counted in ``num_output_tokens``.
+    """
+
+    request_id: str
+    new_tokens: list[SampledToken]
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    timings: Timings | None = None
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.clock = clock
+        self.kv_cache = KVCacheManager(
+            num_blocks=config.num_kv_blocks,
+            block_size=config.scheduler.block_size,
+            hash_seed=config.hash_seed,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache)
+        self.requests: dict[str, Request] = {}
+        # A request can never grow past what the whole cache holds, or it would preempt
+        # itself forever.
+        self.max_len = min(
+            config.scheduler.max_model_len, config.num_kv_blocks * config.scheduler.block_size
+        )
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        cache_salt: str = "",
+        num_public_blocks: int = 0,
+        priority: int = 0,
+    ) -> Request:
+        """Validate and queue a request; raises InvalidRequestError saying what is wrong."""
+        if not request_id:
+            raise InvalidRequestError("request_id must not be empty")
+        if request_id in self.requests:
+            raise DuplicateRequestError(f"request {request_id!r} is already running")
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty: send at least one token")
+        vocab = self.config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
+            )
+        if len(prompt_token_ids) >= self.max_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_token_ids)} tokens but this worker's context holds "
+                f"{self.max_len} including at least one output token; shorten the prompt"
+            )
+        if num_public_blocks < 0:
+            raise InvalidRequestError(f"num_public_blocks must be >= 0, got {num_public_blocks}")
+        sampling.validate(vocab)
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling=sampling,
+            arrival_time_s=self.clock(),
+            cache_salt=cache_salt,
+            num_public_blocks=num_public_blocks,
+            priority=priority,
+        )
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+        return request
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; None if it is unknown or already done."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self.scheduler.finish(request, FinishReason.ABORT)
+        return self._finish(request, [])
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch. Returns an output for every request that sampled."""
+        output = self.scheduler.schedule(self.clock())
+        if output.is_empty:
+            return []
+        sampled = self.runner.execute(output)
+        self.scheduler.update_from_output(output)
+        now = self.clock()
+        results: list[RequestOutput] = []
+        for s in output.scheduled:
+            if not s.samples:
+                continue  # a prefill chunk that has not reached the end of the prompt
+            request = s.request
+            token = sampled[request.request_id]
+            request.token_ids.append(token.token_id)
+            if request.first_token_time_s is None:
+                request.first_token_time_s = now
+            reason = self._stop_reason(request, token.token_id)
+            if reason is None:
+                results.append(RequestOutput(request.request_id, [token]))
+                continue
+            self.scheduler.finish(request, reason)
+            is_stop_token = request.stop_token_id is not None
+            results.append(self._finish(request, [] if is_stop_token else [token]))
+        return results
+
+    def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
+        params = request.sampling
+        if (not params.ignore_eos and token_id in self.config.eos_token_ids) or (
+            token_id in params.stop_token_ids
+        ):
+            request.stop_token_id = token_id
+            return FinishReason.STOP
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH
+        if request.num_tokens >= self.max_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, request: Request, tokens: list[SampledToken]) -> RequestOutput:
+        del self.requests[request.request_id]
+        self.runner.release(request.request_id)
+        now = self.clock()
+        request.finished_time_s = now
+        arrival = request.arrival_time_s
+        first_scheduled = request.first_scheduled_time_s
+        first_token = request.first_token_time_s
+        assert request.finish_reason is not None
+        return RequestOutput(
+            request_id=request.request_id,
+            new_tokens=tokens,
+            finish_reason=request.finish_reason,
+            stop_token_id=request.stop_token_id,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            timings=Timings(
+                queued_s=(first_scheduled if first_scheduled is not None else now) - arrival,
+                ttft_s=(first_token if first_token is not None else now) - arrival,
+                e2e_s=now - arrival,
+                num_preemptions=request.num_preemptions,
+            ),
+        )

@@ -1,0 +1,79 @@
+"""A request's state as the scheduler and the KV cache see it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.proto.block_hash import BlockHash
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS or a stop token
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()  # waiting again; its KV is dropped and will be recomputed
+    FINISHED = enum.auto()
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation. ``token_ids`` is the prompt followed by the outputs so far.
+
+    The scheduler plans in tokens: a step computes ``num_new`` of the tokens after
+    ``num_computed_tokens``; prefill, chunked prefill, prefix hits and decode are all
+    that one rule.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time_s: float
+    cache_salt: str = ""
+    num_public_blocks: int = 0
+    priority: int = 0  # lower runs first
+
+    token_ids: list[int] = field(init=False)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of full blocks, grows
+    num_preemptions: int = 0
+    first_scheduled_time_s: float | None = None
+    first_token_time_s: float | None = None
+    finished_time_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def sort_key(self) -> tuple[int, float, str]:
+        """Priority, then first come first served; the id breaks exact ties."""
+        return (self.priority, self.arrival_time_s, self.request_id)

@@ -1,0 +1,197 @@
+"""Assemble a worker from its settings and serve it until SIGTERM (then drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+
+from kvflow.engine_worker.core.config import SchedulerConfig
+from kvflow.engine_worker.core.engine import Engine, EngineConfig, ModelRunner
+from kvflow.engine_worker.engine_loop import EngineLoop
+from kvflow.engine_worker.http_server import start_http_server
+from kvflow.engine_worker.metrics import WorkerMetrics
+from kvflow.engine_worker.server import WorkerService
+from kvflow.engine_worker.settings import WorkerSettings
+from kvflow.engine_worker.sim_runner import SimulatedRunner, StepTiming
+from kvflow.proto import worker_pb2 as pb
+from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.proto.block_hash import make_hash_seed
+
+log = logging.getLogger("kvflow.worker")
+
+GIB = 1024**3
+_ROLES = {"both": pb.ROLE_BOTH, "prefill": pb.ROLE_PREFILL, "decode": pb.ROLE_DECODE}
+
+# A simulated worker pretends to be SmolLM2-135M-Instruct: its vocabulary, EOS and
+# context, and its KV bytes per block in float32 (2 x 30 layers x 16 x 3 heads x 64 x 4 B).
+SIM_VOCAB_SIZE = 49152
+SIM_EOS_TOKEN_IDS: tuple[int, ...] = (2,)
+SIM_MAX_MODEL_LEN = 8192
+SIM_BYTES_PER_BLOCK_PER_TOKEN = 2 * 30 * 3 * 64 * 4
+
+
+@dataclass
+class BuiltWorker:
+    engine: Engine
+    info: pb.WorkerInfo
+
+
+def _num_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
+    if settings.num_kv_blocks is not None:
+        return settings.num_kv_blocks
+    num = int(settings.kv_cache_gib * GIB // bytes_per_block)
+    if num < 1:
+        raise SystemExit(
+            f"--kv-cache-gib {settings.kv_cache_gib} holds no block of {bytes_per_block} bytes; "
+            "raise it"
+        )
+    return num
+
+
+def build_worker(settings: WorkerSettings) -> BuiltWorker:
+    """Load the model (or the simulator) and size the KV cache; slow for a real model."""
+    runner: ModelRunner
+    if settings.simulate:
+        name = settings.served_model_name or "simulated"
+        vocab, eos, model_len = SIM_VOCAB_SIZE, SIM_EOS_TOKEN_IDS, SIM_MAX_MODEL_LEN
+        num_blocks = _num_blocks(settings, SIM_BYTES_PER_BLOCK_PER_TOKEN * settings.block_size)
+        runner = SimulatedRunner(
+            vocab_size=vocab,
+            eos_token_ids=eos,
+            timing=StepTiming(
+                settings.sim_base_step_ms / 1e3,
+                settings.sim_per_token_ms / 1e3,
+                settings.sim_per_seq_ms / 1e3,
+            ),
+        )
+    else:
+        import torch  # only a real worker pays for torch
+
+        from kvflow.engine_worker.model.loader import load_model
+        from kvflow.engine_worker.runner import TorchModelRunner, kv_bytes_per_block
+        from kvflow.engine_worker.sampler import Sampler
+
+        dtype = getattr(torch, settings.dtype)
+        started = time.monotonic()
+        log.info(
+            "loading model %s on %s (%s)",
+            settings.model or "SmolLM2-135M-Instruct (built-in)",
+            settings.device,
+            settings.dtype,
+        )
+        model, config = load_model(settings.model, dtype=dtype, device=settings.device)
+        log.info("model %s loaded in %.1f s", config.name, time.monotonic() - started)
+        name = settings.served_model_name or config.name
+        vocab, eos, model_len = (
+            config.vocab_size,
+            config.eos_token_ids,
+            config.max_position_embeddings,
+        )
+        per_block = kv_bytes_per_block(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            block_size=settings.block_size,
+            dtype=dtype,
+        )
+        num_blocks = _num_blocks(settings, per_block)
+        runner = TorchModelRunner(
+            model,
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            num_blocks=num_blocks,
+            block_size=settings.block_size,
+            dtype=dtype,
+            device=settings.device,
+            sampler=Sampler(settings.device, default_seed=settings.seed),
+        )
+        log.info(
+            "KV cache: %d blocks of %d tokens (%.2f GiB)",
+            num_blocks,
+            settings.block_size,
+            num_blocks * per_block / GIB,
+        )
+
+    max_model_len = min(settings.max_model_len or model_len, model_len)
+    hash_seed = make_hash_seed(name, f"vocab={vocab}")
+    engine = Engine(
+        EngineConfig(
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=settings.max_num_batched_tokens,
+                max_num_seqs=settings.max_num_seqs,
+                max_model_len=max_model_len,
+                block_size=settings.block_size,
+            ),
+            num_kv_blocks=num_blocks,
+            vocab_size=vocab,
+            eos_token_ids=tuple(eos),
+            hash_seed=hash_seed,
+            enable_prefix_caching=settings.enable_prefix_caching,
+        ),
+        runner,
+    )
+    info = pb.WorkerInfo(
+        instance_id=uuid.uuid4().hex,
+        model=name,
+        role=_ROLES[settings.role],
+        block_size=settings.block_size,
+        hash_seed=hash_seed,
+        max_model_len=engine.max_len,
+        num_total_blocks=num_blocks,
+        vocab_size=vocab,
+        eos_token_ids=list(eos),
+    )
+    return BuiltWorker(engine, info)
+
+
+async def serve(settings: WorkerSettings) -> None:
+    built = build_worker(settings)
+    metrics = WorkerMetrics()
+    loop = EngineLoop(built.engine, on_step=metrics.observe_step)
+    loop.start()
+
+    server = grpc.aio.server()
+    pb_grpc.add_WorkerServicer_to_server(WorkerService(loop, built.info), server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    http = start_http_server(
+        settings.host,
+        settings.metrics_port,
+        metrics.registry,
+        is_ready=lambda: not loop.is_draining,
+    )
+    await server.start()
+    metrics_port = http.server_address[1]
+    log.info(
+        "serving %s: gRPC %s:%d, HTTP %s:%d (/metrics /health /ready)",
+        built.info.model,
+        settings.host,
+        port,
+        settings.host,
+        metrics_port,
+    )
+    # One machine-readable line for whoever started us with port 0 (tests, `kvflow up`).
+    print(f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port}", flush=True)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+    # Drain: refuse new requests (readiness fails, Generate says UNAVAILABLE), let
+    # running ones finish, then stop.
+    loop.is_draining = True
+    deadline = time.monotonic() + settings.drain_timeout_s
+    log.info("draining %d requests (up to %.0f s)", loop.num_in_flight, settings.drain_timeout_s)
+    while loop.num_in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await server.stop(grace=1.0)
+    http.shutdown()
+    loop.stop()
+    log.info("stopped")

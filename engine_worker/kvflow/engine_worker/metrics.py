@@ -1,0 +1,111 @@
+"""Prometheus metrics of one worker, named ``kvflow_worker_<what>_<unit>``.
+
+Observed on the engine thread after every step. TTFT, TPOT and ITL are histograms with
+buckets from 1 ms to 60 s: a CPU worker's TTFT is seconds, a GPU worker's tens of ms.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvflow.engine_worker.core.engine import Engine, RequestOutput
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0,
+)  # fmt: skip
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        p = "kvflow_worker_"
+        self.waiting = Gauge(p + "requests_waiting", "Requests queued for admission", registry=r)
+        self.running = Gauge(p + "requests_running", "Requests holding KV blocks", registry=r)
+        self.kv_usage = Gauge(
+            p + "kv_cache_usage_ratio", "Fraction of KV blocks in use", registry=r
+        )
+        self.cached_blocks = Gauge(
+            p + "prefix_cache_blocks", "Blocks in the prefix cache", registry=r
+        )
+        self.hit_rate = Gauge(
+            p + "prefix_cache_hit_ratio", "Prompt tokens served from cache / looked up", registry=r
+        )
+        self.queried = Counter(
+            p + "prefix_cache_queried_tokens", "Prompt tokens looked up in the cache", registry=r
+        )
+        self.hits = Counter(
+            p + "prefix_cache_hit_tokens", "Prompt tokens found in the cache", registry=r
+        )
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter(
+            p + "requests_finished", "Finished requests", ["finish_reason"], registry=r
+        )
+        self.preemptions = Counter(
+            p + "preemptions", "Requests preempted to free blocks", registry=r
+        )
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Arrival to first token",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            p + "time_per_output_token_seconds",
+            "(last token - first token) / (output tokens - 1)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            p + "inter_token_latency_seconds",
+            "Time between tokens",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.step_duration = Histogram(
+            p + "step_duration_seconds", "One engine step", buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self._last_token_time_s: dict[str, float] = {}
+        self._last_step_time_s: float | None = None
+        self._seen_queried = 0
+        self._seen_hits = 0
+
+    def observe_step(self, engine: Engine, outputs: list[RequestOutput], now_s: float) -> None:
+        kv = engine.kv_cache
+        self.waiting.set(engine.scheduler.num_waiting)
+        self.running.set(engine.scheduler.num_running)
+        self.kv_usage.set(kv.pool.usage)
+        self.cached_blocks.set(kv.pool.num_cached_blocks)
+        self.hit_rate.set(kv.stats.hit_rate)
+        self.queried.inc(kv.stats.num_queried_tokens - self._seen_queried)
+        self.hits.inc(kv.stats.num_hit_tokens - self._seen_hits)
+        self._seen_queried, self._seen_hits = kv.stats.num_queried_tokens, kv.stats.num_hit_tokens
+        if outputs and self._last_step_time_s is not None:
+            self.step_duration.observe(now_s - self._last_step_time_s)
+        self._last_step_time_s = now_s if engine.has_unfinished_requests else None
+
+        for out in outputs:
+            self.generation_tokens.inc(len(out.new_tokens))
+            last = self._last_token_time_s.get(out.request_id)
+            if last is not None and out.new_tokens:
+                self.itl.observe(now_s - last)
+            self._last_token_time_s[out.request_id] = now_s
+            if out.finish_reason is None:
+                continue
+            del self._last_token_time_s[out.request_id]
+            if out.stop_token_id is not None:
+                self.generation_tokens.inc()
+            self.finished.labels(out.finish_reason.value).inc()
+            self.prompt_tokens.inc(out.num_prompt_tokens)
+            timings = out.timings
+            if timings is None:
+                continue
+            self.preemptions.inc(timings.num_preemptions)
+            if out.num_output_tokens >= 1:
+                self.ttft.observe(timings.ttft_s)
+            if out.num_output_tokens >= 2:
+                self.tpot.observe((timings.e2e_s - timings.ttft_s) / (out.num_output_tokens - 1))

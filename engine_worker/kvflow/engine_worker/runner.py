@@ -1,0 +1,104 @@
+"""The torch model runner: flatten a scheduled step, run the model over the paged cache, sample.
+
+Tokens of all scheduled requests are laid end to end (no padding); the attention metadata
+says where each one's K/V goes and what it attends to. Logits are computed only for the
+rows that sample, one per request: a 512-token prefill chunk costs 1 row of the
+``hidden x vocab`` head, not 512.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from kvflow.engine_worker.core.engine import SampledToken
+from kvflow.engine_worker.core.scheduler import SchedulerOutput
+from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.sampler import Sampler
+
+
+class PagedModel(Protocol):
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def kv_bytes_per_block(
+    *, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+) -> int:
+    """Keys and values of one block in every layer."""
+    element_size = torch.tensor([], dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
+
+
+class TorchModelRunner:
+    def __init__(
+        self,
+        model: PagedModel,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        sampler: Sampler | None = None,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.sampler = sampler or Sampler(self.device)
+        shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.kv_caches = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+
+    def release(self, request_id: str) -> None:
+        self.sampler.release(request_id)
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        block_tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        sample_requests = []
+        for s in output.scheduled:
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            input_ids.extend(s.request.token_ids[start:end])
+            positions.extend(range(start, end))
+            query_lens.append(s.num_new_tokens)
+            context_lens.append(end)
+            block_tables.append(s.block_ids)
+            if s.samples:
+                sample_rows.append(len(input_ids) - 1)
+                sample_requests.append(s.request)
+
+        meta = AttentionMetadata.build(
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=block_tables,
+            block_size=self.block_size,
+            device=self.device,
+        )
+        ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        hidden = self.model(ids_t, pos_t, self.kv_caches, meta)
+        if not sample_rows:
+            return {}
+        rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
+        logits = self.model.compute_logits(hidden[rows])
+        tokens = self.sampler.sample(
+            logits, [r.request_id for r in sample_requests], [r.sampling for r in sample_requests]
+        )
+        return {r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)}

@@ -1,0 +1,117 @@
+"""`kvflow worker` settings: one typed record, parsed from the command line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
+
+ROLES = ("both", "prefill", "decode")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    model: str | None = None  # HF folder or .gguf; None: the built-in SmolLM2-135M-Instruct
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 50051  # gRPC; 0 picks a free port
+    metrics_port: int = 9400  # HTTP /metrics /health /ready; 0 picks a free port
+    role: str = "both"
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # None: the model's own limit
+    kv_cache_gib: float = 1.0
+    num_kv_blocks: int | None = None  # overrides kv_cache_gib
+    enable_prefix_caching: bool = True
+    simulate: bool = False
+    sim_base_step_ms: float = 0.0
+    sim_per_token_ms: float = 0.0
+    sim_per_seq_ms: float = 0.0
+    drain_timeout_s: float = 30.0
+    seed: int = 0
+
+
+def parse_args(argv: Sequence[str]) -> WorkerSettings:
+    d = WorkerSettings()
+    p = argparse.ArgumentParser(
+        prog="kvflow worker",
+        description="Serve a Llama-family model over gRPC with kvflow's torch engine.",
+    )
+    p.add_argument(
+        "--model", help="Hugging Face folder or .gguf file (default: SmolLM2-135M-Instruct)"
+    )
+    p.add_argument("--served-model-name", help="name clients use (default: the model's name)")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port, help="gRPC port (0: any free port)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="HTTP port for /metrics, /health, /ready",
+    )
+    p.add_argument("--role", choices=ROLES, default=d.role)
+    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help="token budget of one step (bounds prefill chunks)",
+    )
+    p.add_argument(
+        "--max-num-seqs", type=int, default=d.max_num_seqs, help="requests running at once"
+    )
+    p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    p.add_argument(
+        "--kv-cache-gib", type=float, default=d.kv_cache_gib, help="memory for the KV cache"
+    )
+    p.add_argument(
+        "--num-kv-blocks", type=int, help="KV blocks to allocate (overrides --kv-cache-gib)"
+    )
+    p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="no model: the real scheduler and KV accounting with a timing model",
+    )
+    p.add_argument("--sim-base-step-ms", type=float, default=d.sim_base_step_ms)
+    p.add_argument("--sim-per-token-ms", type=float, default=d.sim_per_token_ms)
+    p.add_argument("--sim-per-seq-ms", type=float, default=d.sim_per_seq_ms)
+    p.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=d.drain_timeout_s,
+        help="on SIGTERM, how long to let running requests finish",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling")
+    a = p.parse_args(list(argv))
+    return WorkerSettings(
+        model=a.model,
+        served_model_name=a.served_model_name,
+        host=a.host,
+        port=a.port,
+        metrics_port=a.metrics_port,
+        role=a.role,
+        device=a.device,
+        dtype=a.dtype,
+        block_size=a.block_size,
+        max_num_batched_tokens=a.max_num_batched_tokens,
+        max_num_seqs=a.max_num_seqs,
+        max_model_len=a.max_model_len,
+        kv_cache_gib=a.kv_cache_gib,
+        num_kv_blocks=a.num_kv_blocks,
+        enable_prefix_caching=not a.no_prefix_caching,
+        simulate=a.simulate,
+        sim_base_step_ms=a.sim_base_step_ms,
+        sim_per_token_ms=a.sim_per_token_ms,
+        sim_per_seq_ms=a.sim_per_seq_ms,
+        drain_timeout_s=a.drain_timeout_s,
+        seed=a.seed,
+    )

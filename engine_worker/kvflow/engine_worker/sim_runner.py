@@ -1,0 +1,74 @@
+"""A simulated model: the real scheduler and block accounting, a timing model for compute.
+
+It lets one CPU host dozens of workers for routing tests and policy benchmarks. Tokens are
+a fixed function of the sequence so far (the same prompt always continues the same way,
+so prefix caching behaves as with a real model), and a step sleeps for
+
+    step_s = base_step_s + per_token_s * batched_tokens + per_seq_s * num_seqs
+
+Calibrate the three constants against the real engine before trusting policy results;
+zeros give a worker that streams instantly (for measuring gateway overhead).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvflow.engine_worker.core.engine import SampledToken
+from kvflow.engine_worker.core.scheduler import SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    base_step_s: float = 0.0
+    per_token_s: float = 0.0
+    per_seq_s: float = 0.0
+
+    def step_s(self, num_batched_tokens: int, num_seqs: int) -> float:
+        return self.base_step_s + self.per_token_s * num_batched_tokens + self.per_seq_s * num_seqs
+
+
+class SimulatedRunner:
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        timing: StepTiming = StepTiming(),
+        eos_probability: float = 1 / 128,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.timing = timing
+        # Scaled to 2**32 so the draw is an integer comparison.
+        self._eos_threshold = int(eos_probability * 2**32)
+        self.sleep = sleep
+
+    def next_token(self, token_ids: list[int], *, ignore_eos: bool) -> int:
+        tail = ",".join(map(str, token_ids[-4:])) + f"/{len(token_ids)}"
+        digest = int.from_bytes(hashlib.blake2b(tail.encode(), digest_size=8).digest(), "little")
+        if self.eos_token_ids and not ignore_eos and (digest >> 32) < self._eos_threshold:
+            return self.eos_token_ids[0]
+        token = digest % self.vocab_size
+        while token in self.eos_token_ids:
+            token = (token + 1) % self.vocab_size
+        return token
+
+    def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        delay_s = self.timing.step_s(output.num_batched_tokens, len(output.scheduled))
+        if delay_s > 0:
+            self.sleep(delay_s)
+        return {
+            s.request.request_id: SampledToken(
+                self.next_token(s.request.token_ids, ignore_eos=s.request.sampling.ignore_eos)
+            )
+            for s in output.scheduled
+            if s.samples
+        }
+
+    def release(self, request_id: str) -> None:
+        pass

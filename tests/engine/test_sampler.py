@@ -1,0 +1,86 @@
+"""The sampler: greedy, filters, seeds reproducible regardless of batch, logprobs."""
+
+import math
+
+import torch
+
+from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.engine_worker.sampler import Sampler
+
+VOCAB = 50
+
+
+def logits_rows(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_takes_the_argmax() -> None:
+    logits = logits_rows(4)
+    out = Sampler().sample(logits, list("abcd"), [SamplingParams(temperature=0.0)] * 4)
+    assert [t.token_id for t in out] == logits.argmax(-1).tolist()
+
+
+def test_top_k_1_is_greedy_even_with_temperature() -> None:
+    logits = logits_rows(3)
+    out = Sampler().sample(logits, list("abc"), [SamplingParams(temperature=2.0, top_k=1)] * 3)
+    assert [t.token_id for t in out] == logits.argmax(-1).tolist()
+
+
+def test_seeded_requests_repeat_whatever_the_batch() -> None:
+    row = logits_rows(1, seed=5)
+    params = SamplingParams(temperature=1.0, seed=42)
+    alone = []
+    s = Sampler()
+    for _ in range(20):
+        alone.append(s.sample(row, ["x"], [params])[0].token_id)
+    batched = []
+    s = Sampler(default_seed=99)
+    for step in range(20):
+        others = logits_rows(3, seed=100 + step)
+        logits = torch.cat([others[:2], row, others[2:]])
+        ids = ["o1", "o2", "x", "o3"]
+        plist = [SamplingParams(temperature=1.0)] * 2 + [params] + [SamplingParams(top_p=0.5)]
+        batched.append(s.sample(logits, ids, plist)[2].token_id)
+    assert alone == batched
+    assert len(set(alone)) > 1  # it really samples
+
+
+def test_filters_restrict_the_support() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, :5] = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+    s = Sampler()
+    draws = {
+        name: {s.sample(logits, ["r"], [p])[0].token_id for _ in range(300)}
+        for name, p in {
+            "top_k": SamplingParams(top_k=2),
+            "top_p": SamplingParams(top_p=0.7),
+            "min_p": SamplingParams(min_p=0.3),
+        }.items()
+    }
+    assert draws["top_k"] == {0, 1}
+    # softmax([5, 4, 3, 2, 1] + 45 zeros): p0=0.533, p1=0.196, p2=0.072: the head whose mass
+    # reaches 0.7 is {0, 1}
+    assert draws["top_p"] == {0, 1}
+    # min_p 0.3 keeps tokens with p >= 0.3 * p0 = 0.16: tokens 0 and 1
+    assert draws["min_p"] == {0, 1}
+
+
+def test_temperature_sampling_follows_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    s = Sampler()
+    counts = [0, 0, 0]
+    for _ in range(3000):
+        counts[s.sample(logits, ["r"], [SamplingParams()])[0].token_id] += 1
+    assert abs(counts[0] / 3000 - 0.7) < 0.04 and abs(counts[2] / 3000 - 0.1) < 0.03
+
+
+def test_logprobs_of_chosen_and_top_n() -> None:
+    logits = logits_rows(2)
+    params = [SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3), SamplingParams()]
+    out = Sampler().sample(logits, ["a", "b"], params)
+    lp = torch.log_softmax(logits[0], -1)
+    assert out[0].token_id == int(lp.argmax())
+    assert math.isclose(out[0].logprob or 0.0, float(lp.max()), rel_tol=1e-6)
+    assert out[0].top_token_ids == tuple(lp.topk(3).indices.tolist())
+    assert out[0].top_logprobs == tuple(lp.topk(3).values.tolist())
+    assert out[1].logprob is None and out[1].top_token_ids == ()

@@ -1,0 +1,1 @@
+"""The OpenAI wire protocol: request validation, response and chunk shapes, errors. Pure."""

@@ -1,0 +1,305 @@
+"""Parse and validate `/v1/chat/completions` and `/v1/completions` bodies into typed records.
+
+Pure: no I/O, no tokenizer. What OpenAI supports and we do not (tools, images, penalties)
+is a 400 naming the parameter; what changes nothing here (``user``, ``metadata``) is
+accepted; anything unknown is a 400, as OpenAI answers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
+from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
+
+MAX_N = 128  # OpenAI's limit for `n`
+MAX_STOP_STRINGS = 4  # OpenAI's limit for `stop`
+MAX_TOP_LOGPROBS_CHAT = 20
+MAX_LOGPROBS_COMPLETIONS = 5
+_CHAT_ROLES = {"system", "developer", "user", "assistant"}
+
+# Accepted and without effect here: account metadata and OpenAI-side storage options.
+_IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    max_tokens: int | None  # None: up to the model's context
+    temperature: float | None  # None: 1.0, OpenAI's default
+    top_p: float | None
+    top_k: int  # 0: disabled
+    min_p: float  # 0: disabled
+    seed: int | None
+    stop_strings: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    n: int
+    logprobs: bool
+    top_logprobs: int
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+    name: str | None = None
+
+    def as_template_dict(self) -> dict[str, str]:
+        message = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingOptions
+    stream: bool
+    include_usage: bool
+
+
+Prompt = str | tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompts: tuple[Prompt, ...]
+    sampling: SamplingOptions
+    stream: bool
+    include_usage: bool
+    echo: bool
+
+
+def _stop(fields: Fields) -> tuple[str, ...]:
+    value = fields.raw("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid_type("stop", "a string or an array of strings", value)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise invalid_request(
+            f"Invalid 'stop': at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}.",
+            param="stop",
+        )
+    if any(s == "" for s in stops):
+        raise invalid_request("Invalid 'stop': stop strings must not be empty.", param="stop")
+    return tuple(stops)
+
+
+def _stop_token_ids(fields: Fields) -> tuple[int, ...]:
+    value = fields.raw("stop_token_ids")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise invalid_type("stop_token_ids", "an array of non-negative integers", value)
+    return tuple(value)
+
+
+def _max_tokens(fields: Fields, default: int | None) -> int | None:
+    legacy = fields.integer("max_tokens", low=1)
+    new = fields.integer("max_completion_tokens", low=1)
+    if legacy is not None and new is not None and legacy != new:
+        raise invalid_request(
+            "Pass one of 'max_tokens' and 'max_completion_tokens', not both.",
+            param="max_completion_tokens",
+        )
+    chosen = new if new is not None else legacy
+    return default if chosen is None else chosen
+
+
+def _stream_options(fields: Fields, stream: bool) -> bool:
+    value = fields.raw("stream_options")
+    if value is None:
+        return False
+    if not stream:
+        raise invalid_request(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+        )
+    options = as_mapping(value, "stream_options")
+    unknown = set(options) - {"include_usage", "include_obfuscation"}
+    if unknown:
+        raise unsupported_parameter(f"stream_options.{sorted(unknown)[0]}")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise invalid_type("stream_options.include_usage", "a boolean", include)
+    return include
+
+
+def _common_sampling(
+    fields: Fields, *, logprobs: bool, top_logprobs: int, max_tokens_default: int | None
+) -> SamplingOptions:
+    for penalty in ("frequency_penalty", "presence_penalty"):
+        fields.number(penalty, low=-2, high=2)
+    fields.reject_if_set(
+        "frequency_penalty", "is not supported by kvflow; omit it or pass 0", allowed=(0, 0.0)
+    )
+    fields.reject_if_set(
+        "presence_penalty", "is not supported by kvflow; omit it or pass 0", allowed=(0, 0.0)
+    )
+    fields.reject_if_set("logit_bias", "is not supported by kvflow")
+    seed = fields.integer("seed", low=-(2**63), high=2**64 - 1)
+    return SamplingOptions(
+        max_tokens=_max_tokens(fields, max_tokens_default),
+        temperature=fields.number("temperature", low=0, high=2),
+        top_p=fields.number("top_p", low=0, high=1),
+        top_k=fields.integer("top_k", low=0) or 0,
+        min_p=fields.number("min_p", low=0, high=1) or 0.0,
+        # The worker's seed is unsigned 64-bit: wrap negative seeds instead of refusing them.
+        seed=None if seed is None else seed % 2**64,
+        stop_strings=_stop(fields),
+        stop_token_ids=_stop_token_ids(fields),
+        n=fields.integer("n", low=1, high=MAX_N) or 1,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        ignore_eos=fields.boolean("ignore_eos"),
+    )
+
+
+def _message_content(value: object, index: int) -> str:
+    param = f"messages[{index}].content"
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid_type(param, "a string or an array of content parts", value)
+    texts = []
+    for j, part in enumerate(value):
+        part_map = as_mapping(part, f"{param}[{j}]")
+        kind = part_map.get("type")
+        if kind != "text":
+            raise unsupported_parameter(
+                f"{param}[{j}].type", f"'{kind}' is not supported: this model reads text only"
+            )
+        text = part_map.get("text")
+        if not isinstance(text, str):
+            raise invalid_type(f"{param}[{j}].text", "a string", text)
+        texts.append(text)
+    return "".join(texts)
+
+
+def _messages(fields: Fields) -> tuple[ChatMessage, ...]:
+    value = fields.required("messages")
+    if not isinstance(value, list):
+        raise invalid_type("messages", "an array", value)
+    if not value:
+        raise invalid_request(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1.",
+            param="messages",
+        )
+    messages = []
+    for i, raw in enumerate(value):
+        message = as_mapping(raw, f"messages[{i}]")
+        role = message.get("role")
+        if role in ("tool", "function") or message.get("tool_calls"):
+            raise unsupported_parameter(f"messages[{i}].role", "tool calls are not supported")
+        if role not in _CHAT_ROLES:
+            raise invalid_request(
+                f"Invalid 'messages[{i}].role': expected one of {sorted(_CHAT_ROLES)}, "
+                f"got {role!r}.",
+                param=f"messages[{i}].role",
+            )
+        name = message.get("name")
+        if name is not None and not isinstance(name, str):
+            raise invalid_type(f"messages[{i}].name", "a string", name)
+        # Templates know "system"; OpenAI's newer "developer" role means the same here.
+        messages.append(
+            ChatMessage(
+                role="system" if role == "developer" else str(role),
+                content=_message_content(message.get("content"), i),
+                name=name,
+            )
+        )
+    return tuple(messages)
+
+
+def parse_chat_request(body: object) -> ChatRequest:
+    fields = Fields(body)
+    model = fields.string("model", required=True)
+    assert model is not None
+    messages = _messages(fields)
+    logprobs = fields.boolean("logprobs")
+    top_logprobs = fields.integer("top_logprobs", low=0, high=MAX_TOP_LOGPROBS_CHAT) or 0
+    if top_logprobs and not logprobs:
+        raise invalid_request(
+            "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs"
+        )
+    sampling = _common_sampling(
+        fields, logprobs=logprobs, top_logprobs=top_logprobs, max_tokens_default=None
+    )
+    stream = fields.boolean("stream")
+    include_usage = _stream_options(fields, stream)
+    for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
+        fields.reject_if_set(name, "is not supported by kvflow")
+    fields.reject_if_set("tool_choice", "is not supported by kvflow", allowed=("none", "auto"))
+    fields.reject_if_set("function_call", "is not supported by kvflow", allowed=("none",))
+    fields.reject_if_set("modalities", 'supports only ["text"]', allowed=(["text"],))
+    fields.reject_if_set("reasoning_effort", "is not supported by this model")
+    response_format = fields.raw("response_format")
+    if (
+        response_format is not None
+        and as_mapping(response_format, "response_format").get("type") != "text"
+    ):
+        raise unsupported_parameter("response_format", 'supports only {"type": "text"}')
+    fields.ignore(*_IGNORED, "parallel_tool_calls")
+    fields.reject_unknown()
+    return ChatRequest(model, messages, sampling, stream, include_usage)
+
+
+def _prompts(fields: Fields) -> tuple[Prompt, ...]:
+    value = fields.required("prompt")
+    problem = invalid_type(
+        "prompt", "a string, an array of strings, or an array of token ids (or of arrays)", value
+    )
+
+    def token_ids(items: list[Any]) -> tuple[int, ...]:
+        if not items or not all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            raise problem
+        if any(t < 0 for t in items):
+            raise invalid_request("Invalid 'prompt': token ids must be >= 0.", param="prompt")
+        return tuple(items)
+
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not value:
+        raise problem
+    if all(isinstance(p, str) for p in value):
+        return tuple(value)
+    if all(isinstance(p, list) for p in value):
+        return tuple(token_ids(p) for p in value)
+    return (token_ids(value),)
+
+
+def parse_completion_request(body: object) -> CompletionRequest:
+    fields = Fields(body)
+    model = fields.string("model", required=True)
+    assert model is not None
+    prompts = _prompts(fields)
+    num_logprobs = fields.integer("logprobs", low=0, high=MAX_LOGPROBS_COMPLETIONS)
+    # OpenAI's legacy endpoint defaults to 16 tokens.
+    sampling = _common_sampling(
+        fields,
+        logprobs=num_logprobs is not None,
+        top_logprobs=num_logprobs or 0,
+        max_tokens_default=16,
+    )
+    stream = fields.boolean("stream")
+    include_usage = _stream_options(fields, stream)
+    echo = fields.boolean("echo")
+    if echo and num_logprobs is not None:
+        raise unsupported_parameter("echo", "with 'logprobs' is not supported by kvflow")
+    fields.reject_if_set("suffix", "is not supported by this model", allowed=("",))
+    best_of = fields.integer("best_of", low=1)
+    if best_of is not None and best_of != sampling.n:
+        raise unsupported_parameter("best_of", "is supported only when equal to 'n'")
+    fields.ignore(*_IGNORED)
+    fields.reject_unknown()
+    return CompletionRequest(model, prompts, sampling, stream, include_usage, echo)

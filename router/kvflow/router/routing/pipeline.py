@@ -1,0 +1,105 @@
+"""The routing pipeline: filters -> weighted scorers -> picker, wired from configuration."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.plugins import (
+    ExcludedFilter,
+    Filter,
+    HealthyFilter,
+    KvUsageScorer,
+    MaxScorePicker,
+    ModelFilter,
+    Picker,
+    PrefixBlocksScorer,
+    QueueDepthScorer,
+    RoleFilter,
+    Scorer,
+    SessionAffinityScorer,
+)
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import RouteDecision, RouteRequest, WorkerId, WorkerView
+
+# score = 1 x cached prefix blocks - 1 x queue depth - 2 x KV usage + 8 x same session.
+# One cached block (16 tokens of prefill saved) weighs as much as one queued request; a
+# full KV cache as two; returning to a session's worker as eight, enough to keep a
+# conversation in place against small load differences but not against a real backlog.
+DEFAULT_WEIGHTS: Mapping[str, float] = {
+    "prefix_blocks": 1.0,
+    "queue_depth": 1.0,
+    "kv_usage": 2.0,
+    "session": 8.0,
+}
+
+
+class RoutingConfigError(ValueError):
+    """The routing section of the configuration names an unknown scorer or a bad weight."""
+
+
+@dataclass(frozen=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+class RoutingPipeline:
+    def __init__(
+        self, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker
+    ) -> None:
+        self._filters = tuple(filters)
+        self._scorers = tuple(scorers)
+        self._picker = picker
+
+    def route(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision | None:
+        """The best worker for ``request``, or None when every worker is filtered out."""
+        candidates = [w for w in workers if all(f.keep(request, w) for f in self._filters)]
+        if not candidates:
+            return None
+        totals = dict.fromkeys((w.worker_id for w in candidates), 0.0)
+        per_scorer: dict[str, dict[WorkerId, float]] = {}
+        for weighted in self._scorers:
+            values = weighted.scorer.score(request, candidates)
+            per_scorer[weighted.scorer.name] = values
+            for worker_id, value in values.items():
+                totals[worker_id] += weighted.weight * value
+        chosen = self._picker.pick([(w, totals[w.worker_id]) for w in candidates])
+        return RouteDecision(
+            worker_id=chosen.worker_id,
+            score=totals[chosen.worker_id],
+            scores={name: values[chosen.worker_id] for name, values in per_scorer.items()},
+            num_candidates=len(candidates),
+        )
+
+
+def build_pipeline(
+    weights: Mapping[str, float],
+    *,
+    index: BlockIndex,
+    sessions: SessionTable,
+    rng: random.Random,
+) -> RoutingPipeline:
+    """The default filters and the scorers named in ``weights`` (weight 0 drops a scorer)."""
+    available: dict[str, Scorer] = {
+        "prefix_blocks": PrefixBlocksScorer(index),
+        "queue_depth": QueueDepthScorer(),
+        "kv_usage": KvUsageScorer(),
+        "session": SessionAffinityScorer(sessions),
+    }
+    scorers = []
+    for name, weight in weights.items():
+        if name not in available:
+            raise RoutingConfigError(
+                f"routing.weights names an unknown scorer {name!r}; known: {sorted(available)}"
+            )
+        if not isinstance(weight, int | float) or weight < 0:
+            raise RoutingConfigError(
+                f"routing.weights.{name} must be a number >= 0, got {weight!r}"
+            )
+        if weight > 0:
+            scorers.append(WeightedScorer(available[name], float(weight)))
+    filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(), ExcludedFilter()]
+    return RoutingPipeline(filters, scorers, MaxScorePicker(rng))

@@ -1,0 +1,140 @@
+"""Routing plugins: filters drop workers, scorers rate them, a picker chooses.
+
+Scorers return values in their own, named units (blocks, requests, a fraction) rather
+than values clamped to [0, 1]: the default policy is literally "cached prefix blocks
+matched minus queue depth", and normalising blocks by prompt length would make one cached
+block of a two-block prompt weigh as much as 500 cached blocks of an 8k-token prompt
+against the same queue. Weights (pipeline.py) convert units; a higher total wins.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
+
+
+class Filter(Protocol):
+    name: str
+
+    def keep(self, request: RouteRequest, worker: WorkerView) -> bool: ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(
+        self, request: RouteRequest, workers: Sequence[WorkerView]
+    ) -> dict[WorkerId, float]: ...
+
+
+class Picker(Protocol):
+    def pick(self, scored: Sequence[tuple[WorkerView, float]]) -> WorkerView: ...
+
+
+# -- filters -------------------------------------------------------------------------------
+
+
+class HealthyFilter:
+    name = "healthy"
+
+    def keep(self, request: RouteRequest, worker: WorkerView) -> bool:
+        return worker.is_healthy
+
+
+class ModelFilter:
+    name = "model"
+
+    def keep(self, request: RouteRequest, worker: WorkerView) -> bool:
+        return worker.model == request.model
+
+
+class RoleFilter:
+    """A colocated request needs a `both` worker; a prefill or decode step needs its role."""
+
+    name = "role"
+
+    def keep(self, request: RouteRequest, worker: WorkerView) -> bool:
+        return worker.role == request.role
+
+
+class ExcludedFilter:
+    """Failover: workers that already failed this request are not tried again."""
+
+    name = "not-failed"
+
+    def keep(self, request: RouteRequest, worker: WorkerView) -> bool:
+        return worker.worker_id not in request.excluded
+
+
+# -- scorers -------------------------------------------------------------------------------
+
+
+class PrefixBlocksScorer:
+    """Leading prompt blocks the worker already caches (unit: blocks)."""
+
+    name = "prefix_blocks"
+
+    def __init__(self, index: BlockIndex) -> None:
+        self._index = index
+
+    def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
+        matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))
+        return {worker_id: float(n) for worker_id, n in matched.items()}
+
+
+class QueueDepthScorer:
+    """Minus the requests waiting or running on the worker (unit: requests)."""
+
+    name = "queue_depth"
+
+    def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
+        return {w.worker_id: -float(w.queue_depth) for w in workers}
+
+
+class KvUsageScorer:
+    """Minus the fraction of the worker's KV blocks in use (unit: fraction, 0..1).
+
+    A nearly full cache means the next long prompt evicts or preempts there.
+    """
+
+    name = "kv_usage"
+
+    def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
+        return {w.worker_id: -w.kv_usage for w in workers}
+
+
+class SessionAffinityScorer:
+    """1 for the worker that served this session last, 0 for the others."""
+
+    name = "session"
+
+    def __init__(self, sessions: SessionTable) -> None:
+        self._sessions = sessions
+
+    def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
+        last = self._sessions.get(request.session_id) if request.session_id else None
+        return {w.worker_id: 1.0 if w.worker_id == last else 0.0 for w in workers}
+
+
+# -- picker --------------------------------------------------------------------------------
+
+
+class MaxScorePicker:
+    """The highest total; ties (within float noise) broken at random, so equal workers
+    share load instead of the first in the list taking everything."""
+
+    _TIE_TOLERANCE = 1e-9
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def pick(self, scored: Sequence[tuple[WorkerView, float]]) -> WorkerView:
+        assert scored, "the pipeline never calls the picker without candidates"
+        best = max(score for _, score in scored)
+        tied = [w for w, score in scored if score >= best - self._TIE_TOLERANCE]
+        return tied[0] if len(tied) == 1 else self._rng.choice(tied)

@@ -1,0 +1,61 @@
+"""The records routing plugins read: workers as last observed, and the request to place."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NewType
+
+from kvflow.proto.block_hash import BlockHash
+
+WorkerId = NewType("WorkerId", str)
+"""A worker's gRPC address, "host:port": stable across the worker's restarts."""
+
+
+class WorkerRole(enum.Enum):
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as the router last saw it."""
+
+    worker_id: WorkerId
+    model: str
+    role: WorkerRole
+    is_healthy: bool
+    # Requests waiting or running there: the worker's last report, plus what this router
+    # has sent since (see workers.load.estimate_queue_depth).
+    queue_depth: int
+    kv_usage: float  # fraction of the worker's KV blocks held by requests, 0..1
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    model: str
+    # The prompt's block hashes, lazily: the prefix scorer stops at the first block no
+    # candidate holds, so a cold 8k-token prompt costs one hash, not 512.
+    block_hashes: Iterable[BlockHash]
+    session_id: str | None = None
+    role: WorkerRole = WorkerRole.BOTH
+    # Workers that already failed this request (failover).
+    excluded: frozenset[WorkerId] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    worker_id: WorkerId
+    score: float
+    # Each scorer's raw value for the chosen worker, before weighting: why it won.
+    scores: dict[str, float]
+    num_candidates: int
+
+    def header_value(self) -> str:
+        """The `x-kvflow-route` response header: worker, total and each scorer's value."""
+        parts = [f"worker={self.worker_id}", f"score={self.score:g}"]
+        parts += [f"{name}={value:g}" for name, value in self.scores.items()]
+        parts.append(f"candidates={self.num_candidates}")
+        return "; ".join(parts)

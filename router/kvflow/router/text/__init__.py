@@ -1,0 +1,4 @@
+"""Text: tokenizer, chat template, incremental detokenization, stop strings.
+
+The router owns text; workers see token ids only (ARCHITECTURE.md).
+"""

@@ -1,0 +1,82 @@
+"""Render chat messages into a prompt with the model's own jinja chat template.
+
+Templates come from model files written by strangers, so they run in jinja's immutable
+sandbox: no attribute access to Python internals, no mutation of the messages we pass.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the conversation (``raise_exception``) or failed to render."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    # Hugging Face's `tojson` keeps non-ASCII text as is, unlike jinja's default filter.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A compiled chat template; rendering is pure and thread-safe."""
+
+    source: str
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def __post_init__(self) -> None:
+        # The same environment options as Hugging Face's apply_chat_template, so templates
+        # written for it render byte-identically here.
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            compiled = env.from_string(self.source)
+        except TemplateError as exc:
+            raise ChatTemplateError(f"the model's chat template does not compile: {exc}") from exc
+        object.__setattr__(self, "_compiled", compiled)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text for ``messages`` (each a dict with ``role`` and string ``content``)."""
+        variables: dict[str, Any] = {
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
+        if extra:
+            variables.update(extra)
+        try:
+            text: str = self._compiled.render(**variables)  # type: ignore[attr-defined]
+        except ChatTemplateError:
+            raise
+        except (TemplateError, TypeError) as exc:
+            # TypeError: a template doing arithmetic on a field these messages lack.
+            raise ChatTemplateError(f"the chat template failed on these messages: {exc}") from exc
+        return text

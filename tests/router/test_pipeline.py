@@ -1,0 +1,135 @@
+"""The routing pipeline, table-driven: filters, each scorer, weights, ties, failover."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from kvflow.proto.block_hash import block_hashes, make_hash_seed
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS, RoutingConfigError, build_pipeline
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
+
+SEED = make_hash_seed("m")
+PROMPT = block_hashes(list(range(160)), block_size=16, seed=SEED)  # 10 blocks
+
+
+def worker(
+    name: str,
+    *,
+    queue: int = 0,
+    kv: float = 0.0,
+    healthy: bool = True,
+    model: str = "m",
+    role: WorkerRole = WorkerRole.BOTH,
+) -> WorkerView:
+    return WorkerView(WorkerId(name), model, role, healthy, queue, kv)
+
+
+def make(weights=DEFAULT_WEIGHTS, seed: int = 0):  # type: ignore[no-untyped-def]
+    index, sessions = BlockIndex(), SessionTable()
+    pipeline = build_pipeline(weights, index=index, sessions=sessions, rng=random.Random(seed))
+    return pipeline, index, sessions
+
+
+def request(**kw) -> RouteRequest:  # type: ignore[no-untyped-def]
+    return RouteRequest(model="m", block_hashes=PROMPT, **kw)
+
+
+def test_default_score_is_cached_blocks_minus_queue_depth() -> None:
+    pipeline, index, _ = make({"prefix_blocks": 1.0, "queue_depth": 1.0})
+    index.add(WorkerId("a"), PROMPT[:6])
+    index.add(WorkerId("b"), PROMPT[:2])
+    # a: 6 - 5 = 1; b: 2 - 0 = 2; c: 0 - 1 = -1
+    workers = [worker("a", queue=5), worker("b"), worker("c", queue=1)]
+    decision = pipeline.route(request(), workers)
+    assert decision is not None
+    assert decision.worker_id == "b"
+    assert decision.score == 2.0
+    assert decision.scores == {"prefix_blocks": 2.0, "queue_depth": -0.0}
+    assert decision.num_candidates == 3
+    # One more queued request on b tips it to a (6 - 5 = 1 > 2 - 2 = 0).
+    workers[1] = worker("b", queue=2)
+    assert pipeline.route(request(), workers).worker_id == "a"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("workers", "kw", "expected"),
+    [
+        ([worker("a", healthy=False), worker("b", queue=9)], {}, "b"),
+        ([worker("a", model="other"), worker("b", queue=9)], {}, "b"),
+        ([worker("a", role=WorkerRole.DECODE), worker("b", queue=9)], {}, "b"),
+        ([worker("a"), worker("b", queue=9)], {"excluded": frozenset({WorkerId("a")})}, "b"),
+        ([worker("a", role=WorkerRole.PREFILL), worker("b")], {"role": WorkerRole.PREFILL}, "a"),
+        ([worker("a", healthy=False)], {}, None),
+        ([], {}, None),
+    ],
+)
+def test_filters(workers, kw, expected) -> None:
+    pipeline, _, _ = make()
+    decision = pipeline.route(request(**kw), workers)
+    assert (decision.worker_id if decision else None) == expected
+
+
+def test_kv_usage_scorer_prefers_the_emptier_cache() -> None:
+    pipeline, _, _ = make()
+    decision = pipeline.route(request(), [worker("a", kv=0.9), worker("b", kv=0.2)])
+    assert decision is not None and decision.worker_id == "b"
+    assert decision.scores["kv_usage"] == -0.2
+
+
+def test_session_affinity_outweighs_small_load_differences_only() -> None:
+    pipeline, _, sessions = make()
+    sessions.set("s1", WorkerId("a"))
+    workers = [worker("a", queue=3), worker("b")]
+    assert pipeline.route(request(session_id="s1"), workers).worker_id == "a"  # type: ignore[union-attr]
+    workers = [worker("a", queue=20), worker("b")]
+    assert pipeline.route(request(session_id="s1"), workers).worker_id == "b"  # type: ignore[union-attr]
+    assert (
+        pipeline.route(request(session_id="other"), [worker("a", queue=3), worker("b")]).worker_id
+        == "b"
+    )  # type: ignore[union-attr]
+
+
+def test_ties_are_broken_at_random() -> None:
+    pipeline, _, _ = make(seed=3)
+    workers = [worker(name) for name in "abcd"]
+    picks = Counter(pipeline.route(request(), workers).worker_id for _ in range(400))  # type: ignore[union-attr]
+    assert set(picks) == set("abcd")
+    assert min(picks.values()) > 50
+
+
+def test_zero_weight_drops_a_scorer_and_unknown_names_fail() -> None:
+    pipeline, index, _ = make({"prefix_blocks": 0.0, "queue_depth": 1.0})
+    index.add(WorkerId("a"), PROMPT)
+    decision = pipeline.route(request(), [worker("a", queue=1), worker("b")])
+    assert decision is not None and decision.worker_id == "b"
+    assert "prefix_blocks" not in decision.scores
+    with pytest.raises(RoutingConfigError, match="unknown scorer 'prefix'"):
+        make({"prefix": 1.0})
+    with pytest.raises(RoutingConfigError, match=">= 0"):
+        make({"queue_depth": -1.0})
+
+
+def test_header_value_explains_the_choice() -> None:
+    pipeline, index, _ = make()
+    index.add(WorkerId("a"), PROMPT[:4])
+    decision = pipeline.route(request(), [worker("a", queue=1, kv=0.5)])
+    assert decision is not None
+    assert decision.header_value() == (
+        "worker=a; score=2; prefix_blocks=4; queue_depth=-1; kv_usage=-0.5; session=0; candidates=1"
+    )
+
+
+def test_session_table_is_bounded_lru() -> None:
+    sessions = SessionTable(max_sessions=2)
+    sessions.set("x", WorkerId("a"))
+    sessions.set("y", WorkerId("b"))
+    assert sessions.get("x") == "a"  # x is now the most recent
+    sessions.set("z", WorkerId("a"))
+    assert sessions.get("y") is None and len(sessions) == 2
+    sessions.forget_worker(WorkerId("a"))
+    assert len(sessions) == 0

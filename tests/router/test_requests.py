@@ -1,0 +1,176 @@
+"""OpenAI request validation, table-driven: what parses to what, and which 400 says what."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvflow.router.protocol.errors import ApiError
+from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
+
+CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi"}
+
+
+def test_chat_defaults() -> None:
+    request = parse_chat_request(CHAT)
+    assert request.model == "m"
+    assert [m.as_template_dict() for m in request.messages] == [{"role": "user", "content": "hi"}]
+    s = request.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.n, s.seed) == (
+        None,
+        None,
+        None,
+        0,
+        1,
+        None,
+    )
+    assert s.stop_strings == () and not s.logprobs and not request.stream
+
+
+def test_chat_all_supported_parameters() -> None:
+    request = parse_chat_request(
+        {
+            **CHAT,
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+                {"role": "assistant", "content": "ok", "name": "bot"},
+            ],
+            "max_completion_tokens": 7,
+            "temperature": 0,
+            "top_p": 0.5,
+            "top_k": 40,
+            "min_p": 0.1,
+            "seed": -1,
+            "stop": "\n",
+            "stop_token_ids": [2, 5],
+            "n": 3,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": "u-1",
+            "metadata": {"x": "y"},
+            "frequency_penalty": 0,
+            "tool_choice": "none",
+            "response_format": {"type": "text"},
+        }
+    )
+    assert [m.role for m in request.messages] == ["system", "user", "assistant"]
+    assert request.messages[1].content == "ab"
+    assert request.messages[2].as_template_dict() == {
+        "role": "assistant",
+        "content": "ok",
+        "name": "bot",
+    }
+    s = request.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.min_p) == (7, 0.0, 0.5, 40, 0.1)
+    assert s.seed == 2**64 - 1
+    assert s.stop_strings == ("\n",) and s.stop_token_ids == (2, 5)
+    assert (s.n, s.logprobs, s.top_logprobs) == (3, True, 2)
+    assert request.stream and request.include_usage
+
+
+@pytest.mark.parametrize(
+    ("patch", "param", "fragment"),
+    [
+        ({"model": None}, "model", "Missing required parameter"),
+        ({"model": 3}, "model", "expected a string, but got an integer"),
+        ({"messages": []}, "messages", "empty array"),
+        ({"messages": "hi"}, "messages", "expected an array"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "expected one of"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "tool calls"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0].type",
+            "text only",
+        ),
+        ({"max_tokens": 0}, "max_tokens", ">= 1"),
+        ({"max_tokens": True}, "max_tokens", "got a boolean"),
+        ({"max_tokens": 1.5}, "max_tokens", "expected an integer"),
+        ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens", "not both"),
+        ({"temperature": 2.5}, "temperature", "<= 2"),
+        ({"temperature": "hot"}, "temperature", "expected a decimal"),
+        ({"top_p": -0.1}, "top_p", ">= 0"),
+        ({"n": 0}, "n", ">= 1"),
+        ({"n": 129}, "n", "<= 128"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"stop": [""]}, "stop", "must not be empty"),
+        ({"stop": [1]}, "stop", "array of strings"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", "non-negative"),
+        ({"top_logprobs": 3}, "top_logprobs", "requires 'logprobs'"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "<= 20"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when"),
+        ({"tools": [{"type": "function"}]}, "tools", "not supported"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty", "pass 0"),
+        ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "text"),
+        ({"stream": "yes"}, "stream", "expected a boolean"),
+        ({"foo": 1}, "foo", "Unrecognized request argument supplied: foo"),
+    ],
+)
+def test_chat_rejections(patch: dict[str, Any], param: str, fragment: str) -> None:
+    body = {**CHAT, **patch}
+    body = {k: v for k, v in body.items() if v is not None}
+    with pytest.raises(ApiError) as info:
+        parse_chat_request(body)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert fragment in info.value.message
+    assert info.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_body_must_be_an_object() -> None:
+    for body in ([], "x", None, 3):
+        with pytest.raises(ApiError, match="JSON object"):
+            parse_chat_request(body)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("hi", ("hi",)),
+        (["a", "b"], ("a", "b")),
+        ([1, 2, 3], ((1, 2, 3),)),
+        ([[1], [2, 3]], ((1,), (2, 3))),
+    ],
+)
+def test_completion_prompt_forms(prompt: Any, expected: tuple[Any, ...]) -> None:
+    request = parse_completion_request({**COMPLETION, "prompt": prompt})
+    assert request.prompts == expected
+    assert request.sampling.max_tokens == 16  # OpenAI's default for this endpoint
+
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [[1], []]}, "prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+        ({"suffix": "x"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_completion_rejections(patch: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_completion_request({**COMPLETION, **patch})
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_completion_logprobs_and_echo() -> None:
+    request = parse_completion_request(
+        {**COMPLETION, "logprobs": 3, "echo": False, "best_of": 2, "n": 2}
+    )
+    assert request.sampling.logprobs and request.sampling.top_logprobs == 3
+    assert parse_completion_request({**COMPLETION, "logprobs": 0}).sampling.logprobs
+    assert parse_completion_request({**COMPLETION, "echo": True}).echo

@@ -1,0 +1,206 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
+
+One forward pass takes the new tokens of every scheduled sequence flattened into one row
+per token (``AttentionMetadata`` says which rows belong together and where their context
+lives), so prefill chunks and decodes of many requests share every matrix multiply.
+
+Q, K and V come from one fused projection and the MLP's gate and up from another: fewer,
+larger matmuls. ``weights.py`` maps a checkpoint's separate tensors onto them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
+from kvflow.engine_worker.model.config import ModelConfig
+from kvflow.engine_worker.model.rope import RotaryEmbedding
+
+
+class Linear(nn.Module):
+    """``x @ weight.T + bias`` with uninitialised parameters (named as ``nn.Linear`` names them).
+
+    The loader overwrites every weight, so ``nn.Linear``'s random init would be wasted
+    time: about a second for SmolLM2's 135 M parameters.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype, device=device)
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """Scale each row to unit root-mean-square, then by a learned per-channel weight."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The mean of squares in float32: in bf16 it loses about 3 significant digits.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = Linear(
+            config.hidden_size,
+            q_size + 2 * kv_size,
+            bias=config.qkv_bias,
+            dtype=dtype,
+            device=device,
+        )
+        self.o_proj = Linear(
+            q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        rotary: RotaryEmbedding,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q, k = rotary(
+            positions,
+            q.view(num_tokens, self.num_heads, self.head_dim),
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+        )
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, -1))
+        return projected
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        size, hidden = config.intermediate_size, config.hidden_size
+        self.gate_up_proj = Linear(
+            hidden, 2 * size, bias=config.mlp_bias, dtype=dtype, device=device
+        )
+        self.down_proj = Linear(size, hidden, bias=config.mlp_bias, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        down: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return down
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.self_attn = Attention(config, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.mlp = MLP(config, dtype, device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        rotary: RotaryEmbedding,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta, rotary)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
+
+
+class LlamaForCausalLM(nn.Module):
+    """A decoder whose weights are uninitialised until ``weights.load_weights`` fills them.
+
+    Build it through ``loader.load_model``. Call ``forward`` under ``torch.inference_mode()``.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        dev = torch.device(device)
+        self.config = config
+        self.embed_tokens = nn.Parameter(
+            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype, dev) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, dev)
+        self.lm_head: Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(
+                config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=dev
+            )
+        self.rotary = RotaryEmbedding(config, dev)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final hidden states ``[T, hidden_size]`` of this step's ``T`` new tokens.
+
+        ``input_ids`` and ``positions`` are ``[T]`` int64, in the order ``meta`` lays the
+        sequences out. Side effect: every layer writes the new tokens' keys and values into
+        its cache, ``kv_caches[i]`` of shape ``[2, num_blocks, block_size, kv_heads,
+        head_dim]``, at ``meta.slot_mapping``.
+        """
+        assert len(kv_caches) == len(self.layers), (
+            f"{len(kv_caches)} KV caches for {len(self.layers)} layers"
+        )
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, positions, kv_cache, meta, self.rotary)
+        result: torch.Tensor = self.norm(x)
+        return result
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[N, vocab_size]`` of the rows ``[N, hidden_size]`` to sample from.
+
+        The product runs in the model's dtype (in bf16 that rounds logits to about 3
+        significant digits, as the reference implementation does) and is widened after.
+        """
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,59 @@
+"""``load_model``: a Hugging Face folder, a GGUF file or the default model, ready to run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from kvflow.engine_worker.model.config import ModelConfig
+from kvflow.engine_worker.model.default_model import default_model_path
+from kvflow.engine_worker.model.errors import ModelLoadError
+from kvflow.engine_worker.model.gguf_cache import read_gguf_cached
+from kvflow.engine_worker.model.hf_folder import folder_tensors, read_hf_config
+from kvflow.engine_worker.model.llama import LlamaForCausalLM
+from kvflow.engine_worker.model.weights import load_weights
+
+#: Weight dtypes we run and test. float16 would work too but overflows in some
+#: checkpoints' activations without the care bf16 does not need.
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def load_model(
+    path: str | Path | None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model at ``path`` (``None``: the default SmolLM2) in ``dtype`` on ``device``.
+
+    ``path`` is a Hugging Face folder (``config.json`` + ``*.safetensors``, sharded or not)
+    or a ``.gguf`` file, dequantized to float32 first (and cached, see ``gguf_cache``).
+    Raises ``ModelLoadError`` naming the file, field or tensor at fault.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ModelLoadError(
+            f"dtype {dtype} is not supported; choose one of {', '.join(map(str, SUPPORTED_DTYPES))}"
+        )
+    resolved = default_model_path() if path is None else Path(path).expanduser()
+    tensors: Mapping[str, torch.Tensor]
+    describe: Mapping[str, str] | None = None
+    if resolved.is_dir():
+        config = read_hf_config(resolved)
+        tensors = folder_tensors(resolved)
+    elif resolved.is_file() and resolved.suffix == ".gguf":
+        config, tensors, describe = read_gguf_cached(resolved)
+    elif resolved.exists():
+        raise ModelLoadError(
+            f"{resolved} is neither a folder nor a .gguf file; pass a Hugging Face model "
+            "folder (config.json + *.safetensors) or a .gguf file"
+        )
+    else:
+        raise ModelLoadError(f"model path {resolved} does not exist")
+
+    model = LlamaForCausalLM(config, dtype=dtype, device=device)
+    load_weights(model, tensors, source=str(resolved), describe=describe)
+    model.eval()
+    model.requires_grad_(False)
+    return model, config

@@ -1,0 +1,137 @@
+"""Which checkpoint tensors fill which of our parameters, and the filling itself.
+
+Checkpoints name tensors the Hugging Face way (``model.layers.0.self_attn.q_proj.weight``);
+the GGUF reader renames its tensors to match, so this is the one place that knows both
+sides. Our fused parameters are the checkpoint's tensors stacked along dim 0: ``qkv_proj``
+is q, k, v and ``gate_up_proj`` is gate, up. Every shape is checked against the config
+before a byte is copied, so a checkpoint that disagrees with its config fails by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from kvflow.engine_worker.model.config import ModelConfig
+from kvflow.engine_worker.model.errors import ModelLoadError
+from kvflow.engine_worker.model.llama import LlamaForCausalLM
+
+#: Tensors some checkpoints carry that we derive instead (RoPE's table).
+_DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class CheckpointTensor:
+    name: str
+    shape: tuple[int, ...]
+
+
+def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[CheckpointTensor, ...]]:
+    """Our parameter name -> the checkpoint tensors stacked (dim 0) to make it."""
+    hidden, ffn = config.hidden_size, config.intermediate_size
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+
+    def one(name: str, *shape: int) -> tuple[CheckpointTensor, ...]:
+        return (CheckpointTensor(name, shape),)
+
+    layout = {
+        "embed_tokens": one("model.embed_tokens.weight", config.vocab_size, hidden),
+        "norm.weight": one("model.norm.weight", hidden),
+    }
+    if not config.tie_word_embeddings:
+        layout["lm_head.weight"] = one("lm_head.weight", config.vocab_size, hidden)
+
+    def projection(ours: str, theirs: list[tuple[str, int]], cols: int, bias: bool) -> None:
+        layout[f"{ours}.weight"] = tuple(
+            CheckpointTensor(f"{name}.weight", (rows, cols)) for name, rows in theirs
+        )
+        if bias:
+            layout[f"{ours}.bias"] = tuple(
+                CheckpointTensor(f"{name}.bias", (rows,)) for name, rows in theirs
+            )
+
+    for i in range(config.num_hidden_layers):
+        ours, theirs = f"layers.{i}", f"model.layers.{i}"
+        attn, mlp = f"{theirs}.self_attn", f"{theirs}.mlp"
+        layout[f"{ours}.input_layernorm.weight"] = one(f"{theirs}.input_layernorm.weight", hidden)
+        layout[f"{ours}.post_attention_layernorm.weight"] = one(
+            f"{theirs}.post_attention_layernorm.weight", hidden
+        )
+        qkv = [(f"{attn}.q_proj", q_rows), (f"{attn}.k_proj", kv_rows), (f"{attn}.v_proj", kv_rows)]
+        projection(f"{ours}.self_attn.qkv_proj", qkv, hidden, config.qkv_bias)
+        projection(f"{ours}.self_attn.o_proj", [(f"{attn}.o_proj", hidden)], q_rows, config.o_bias)
+        gate_up = [(f"{mlp}.gate_proj", ffn), (f"{mlp}.up_proj", ffn)]
+        projection(f"{ours}.mlp.gate_up_proj", gate_up, hidden, config.mlp_bias)
+        projection(f"{ours}.mlp.down_proj", [(f"{mlp}.down_proj", hidden)], ffn, config.mlp_bias)
+    return layout
+
+
+def load_weights(
+    model: LlamaForCausalLM,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    describe: Mapping[str, str] | None = None,
+) -> None:
+    """Copy ``tensors`` (checkpoint names; read lazily, one at a time) into ``model``.
+
+    ``source`` names the folder or file in errors; ``describe`` optionally maps a
+    checkpoint name to how the user's file spells it (a GGUF tensor name).
+    """
+    config = model.config
+    layout = checkpoint_layout(config)
+    params = dict(model.named_parameters())
+    assert set(params) == set(layout), set(params) ^ set(layout)
+
+    def shown(name: str) -> str:
+        original = (describe or {}).get(name)
+        return f"'{name}'" + (f" (GGUF '{original}')" if original else "")
+
+    _reject_unknown(tensors, layout, config, source)
+    with torch.no_grad():
+        for param_name, parts in layout.items():
+            param, row = params[param_name], 0
+            for part in parts:
+                if part.name not in tensors:
+                    raise ModelLoadError(
+                        f"{source}: tensor {shown(part.name)} is missing; config.json "
+                        f"describes a {config.architecture} that needs it"
+                    )
+                tensor = tensors[part.name]
+                if tuple(tensor.shape) != part.shape:
+                    raise ModelLoadError(
+                        f"{source}: tensor {shown(part.name)} has shape {tuple(tensor.shape)}, "
+                        f"but the config implies {part.shape} (hidden_size="
+                        f"{config.hidden_size}, heads={config.num_attention_heads}/"
+                        f"{config.num_key_value_heads}, head_dim={config.head_dim}, "
+                        f"intermediate_size={config.intermediate_size}, "
+                        f"vocab_size={config.vocab_size})"
+                    )
+                # Into the parameter's rows directly: no stacked temporary to allocate.
+                param[row : row + part.shape[0]].copy_(tensor)
+                row += part.shape[0]
+            assert row == param.shape[0], (param_name, row, param.shape)
+
+
+def _reject_unknown(
+    tensors: Mapping[str, torch.Tensor],
+    layout: dict[str, tuple[CheckpointTensor, ...]],
+    config: ModelConfig,
+    source: str,
+) -> None:
+    """A tensor we would ignore means a layer we do not implement (a QK-norm, experts)."""
+    expected = {part.name for parts in layout.values() for part in parts}
+    if config.tie_word_embeddings:
+        expected.add("lm_head.weight")  # some tied checkpoints store the copy anyway
+    unknown = sorted(n for n in tensors if n not in expected and not n.endswith(_DERIVED_SUFFIXES))
+    if unknown:
+        names = ", ".join(unknown[:5]) + (
+            f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        )
+        raise ModelLoadError(
+            f"{source}: tensors {names} have no place in a {config.architecture} with this "
+            "config; the checkpoint has layers kvflow does not implement"
+        )

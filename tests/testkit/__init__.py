@@ -1,0 +1,1 @@
+"""Test support shared by every component's tests (importable as ``testkit``)."""

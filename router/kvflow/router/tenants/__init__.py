@@ -1,0 +1,1 @@
+"""Tenants: API keys (stored as hashes), quotas and rate limits, cache salts, usage."""

@@ -1,0 +1,145 @@
+"""Tenants as configured: who a key belongs to, what it may use, and its limits. Pure.
+
+API keys are never stored, only their SHA-256: keys are long random strings (the
+`kvflow router --hash-api-key` helper makes the hash), so a fast hash is enough, and a
+leaked config file or Redis dump reveals no usable key. A plain dict lookup on the hash is
+safe from timing attacks: the attacker controls the key, not its hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class TenantConfigError(ValueError):
+    """The tenants section of the configuration is invalid; the message names the field."""
+
+
+def hash_api_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def default_cache_salt(tenant_name: str) -> str:
+    """Different for every tenant and the same on every router replica."""
+    return hashlib.blake2b(b"kvflow-tenant:" + tenant_name.encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Per-tenant limits; None is unlimited."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt + completion tokens
+    max_concurrent_requests: int | None = None
+    daily_token_budget: int | None = None  # prompt + completion tokens per UTC day
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    models: frozenset[str] | None  # None: every served model
+    priority: int  # lower runs first on the workers
+    quotas: Quotas
+    cache_salt: str
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+# With no tenants configured (kvflow up), every caller is this one: no limits, and one
+# shared cache, as on a single-user machine.
+ANONYMOUS = Tenant("anonymous", None, 0, Quotas(), cache_salt="")
+
+
+def _positive_int(raw: Mapping[str, Any], key: str, where: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TenantConfigError(f"{where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str]]:
+    where = f"tenants[{i}]"
+    if not isinstance(raw, dict):
+        raise TenantConfigError(f"{where} must be a mapping")
+    known = {
+        "name", "api_key_sha256", "models", "priority", "cache_salt", "requests_per_minute",
+        "tokens_per_minute", "max_concurrent_requests", "daily_token_budget",
+    }  # fmt: skip
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise TenantConfigError(f"{where} has unknown fields {unknown}; known: {sorted(known)}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _TENANT_NAME.match(name):
+        raise TenantConfigError(
+            f"{where}.name must be 1-63 letters, digits, '.', '_' or '-', got {name!r}"
+        )
+    hashes = raw.get("api_key_sha256", [])
+    hashes = [hashes] if isinstance(hashes, str) else hashes
+    if (
+        not isinstance(hashes, list)
+        or not hashes
+        or not all(isinstance(h, str) and _SHA256_HEX.match(h) for h in hashes)
+    ):
+        raise TenantConfigError(
+            f"{where}.api_key_sha256 must be one or more lowercase SHA-256 hex digests "
+            "(make one with: kvflow router --hash-api-key)"
+        )
+    models = raw.get("models")
+    if models is not None and (
+        not isinstance(models, list) or not all(isinstance(m, str) for m in models)
+    ):
+        raise TenantConfigError(f"{where}.models must be a list of model names")
+    priority = raw.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TenantConfigError(f"{where}.priority must be an integer")
+    salt = raw.get("cache_salt", default_cache_salt(name))
+    if not isinstance(salt, str) or not salt:
+        raise TenantConfigError(f"{where}.cache_salt must be a non-empty string")
+    quotas = Quotas(
+        requests_per_minute=_positive_int(raw, "requests_per_minute", where),
+        tokens_per_minute=_positive_int(raw, "tokens_per_minute", where),
+        max_concurrent_requests=_positive_int(raw, "max_concurrent_requests", where),
+        daily_token_budget=_positive_int(raw, "daily_token_budget", where),
+    )
+    models_set = None if models is None or "*" in models else frozenset(models)
+    return Tenant(name, models_set, priority, quotas, salt), hashes
+
+
+@dataclass(frozen=True)
+class TenantDirectory:
+    tenants: Mapping[str, Tenant]  # by name
+    _by_key_hash: Mapping[str, str]
+
+    @property
+    def is_open(self) -> bool:
+        """No tenants configured: every caller is ANONYMOUS."""
+        return not self.tenants
+
+    def lookup(self, api_key: str) -> Tenant | None:
+        name = self._by_key_hash.get(hash_api_key(api_key))
+        return None if name is None else self.tenants[name]
+
+
+def parse_tenants(raw: Sequence[object] | None) -> TenantDirectory:
+    tenants: dict[str, Tenant] = {}
+    by_key_hash: dict[str, str] = {}
+    for i, item in enumerate(raw or []):
+        tenant, hashes = _parse_tenant(item, i)
+        if tenant.name in tenants:
+            raise TenantConfigError(f"tenants[{i}]: the name {tenant.name!r} is used twice")
+        tenants[tenant.name] = tenant
+        for h in hashes:
+            if h in by_key_hash:
+                raise TenantConfigError(f"tenants[{i}]: an API key hash is used twice")
+            by_key_hash[h] = tenant.name
+    return TenantDirectory(tenants, by_key_hash)

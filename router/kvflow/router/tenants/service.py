@@ -1,0 +1,148 @@
+"""Quotas for the gateway: Redis when configured and reachable, this process otherwise.
+
+Redis going away must never fail a request by itself: the first failure logs a warning
+and switches to the in-process store (limits then hold per replica); Redis is tried again
+after RETRY_REDIS_AFTER_S, and its return is logged too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from kvflow.router.tenants.config import Tenant
+from kvflow.router.tenants.redis_store import LEASE_REFRESH_S, RedisQuotaStore
+from kvflow.router.tenants.store import Admission, MemoryQuotaStore, UsageTotals
+
+log = logging.getLogger("kvflow.router.quotas")
+
+RETRY_REDIS_AFTER_S = 2.0
+# Redis errors, and the OS-level ones a dropped connection raises before redis-py wraps them.
+_STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+
+@dataclass
+class Lease:
+    """One admitted request's hold on its tenant's quotas, released by `QuotaService.finish`."""
+
+    tenant: Tenant
+    lease_id: str
+    prompt_tokens: int
+    in_redis: bool
+
+
+class QuotaService:
+    def __init__(self, redis_store: RedisQuotaStore | None) -> None:
+        self._redis = redis_store
+        self._memory = MemoryQuotaStore()
+        self._redis_down_until_s = 0.0
+        self._active: dict[str, Lease] = {}
+        self._refresh_task: asyncio.Task[None] | None = None
+
+    @property
+    def scope(self) -> str:
+        """ "cluster" while limits are shared through Redis, "replica" otherwise."""
+        return "cluster" if self._use_redis() else "replica"
+
+    def _use_redis(self) -> bool:
+        return self._redis is not None and time.monotonic() >= self._redis_down_until_s
+
+    def _redis_failed(self, exc: BaseException) -> None:
+        if self._redis_down_until_s == 0.0:
+            log.warning(
+                "Redis is unreachable (%s): quotas and rate limits now hold per router "
+                "replica until it is back",
+                exc,
+            )
+        self._redis_down_until_s = time.monotonic() + RETRY_REDIS_AFTER_S
+
+    def _redis_ok(self) -> None:
+        if self._redis_down_until_s != 0.0:
+            log.warning("Redis is reachable again: quotas are shared across replicas again")
+            self._redis_down_until_s = 0.0
+
+    async def admit(self, tenant: Tenant, prompt_tokens: int) -> tuple[Admission, Lease]:
+        lease = Lease(tenant, uuid.uuid4().hex, prompt_tokens, in_redis=False)
+        if self._redis is not None and self._use_redis():
+            try:
+                admission = await self._redis.admit(
+                    tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens
+                )
+                self._redis_ok()
+                lease.in_redis = True
+            except _STORE_ERRORS as exc:
+                self._redis_failed(exc)
+            else:
+                if admission.is_admitted:
+                    self._active[lease.lease_id] = lease
+                return admission, lease
+        admission = await self._memory.admit(
+            tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens
+        )
+        if admission.is_admitted:
+            self._active[lease.lease_id] = lease
+        return admission, lease
+
+    async def finish(self, lease: Lease, usage: UsageTotals) -> None:
+        """Release the lease and record what the request used; never raises for Redis."""
+        if self._active.pop(lease.lease_id, None) is None:
+            return  # never admitted, or already finished
+        usage.requests = 1
+        tenant, lease_id, prompt = lease.tenant, lease.lease_id, lease.prompt_tokens
+        completion = usage.completion_tokens
+        if lease.in_redis and self._redis is not None and self._use_redis():
+            try:
+                await self._redis.finish(
+                    tenant, lease_id=lease_id, prompt_tokens=prompt, completion_tokens=completion
+                )
+                await self._redis.add_usage(lease.tenant, usage)
+                self._redis_ok()
+                return
+            except _STORE_ERRORS as exc:
+                self._redis_failed(exc)  # the Redis lease expires on its own
+        await self._memory.finish(
+            tenant, lease_id=lease_id, prompt_tokens=prompt, completion_tokens=completion
+        )
+        await self._memory.add_usage(lease.tenant, usage)
+
+    async def read_usage(self, tenant: Tenant) -> tuple[UsageTotals, str]:
+        """The tenant's totals and their scope ("cluster" from Redis, else "replica")."""
+        if self._redis is not None and self._use_redis():
+            try:
+                totals = await self._redis.read_usage(tenant)
+                self._redis_ok()
+                return totals, "cluster"
+            except _STORE_ERRORS as exc:
+                self._redis_failed(exc)
+        return await self._memory.read_usage(tenant), "replica"
+
+    # -- lease refresh for long streams ------------------------------------------------------
+
+    def start(self) -> None:
+        if self._redis is not None and self._refresh_task is None:
+            self._refresh_task = asyncio.create_task(self._refresh_leases_forever())
+
+    async def stop(self) -> None:
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+            await asyncio.gather(self._refresh_task, return_exceptions=True)
+            self._refresh_task = None
+
+    async def _refresh_leases_forever(self) -> None:
+        assert self._redis is not None
+        while True:
+            await asyncio.sleep(LEASE_REFRESH_S)
+            by_tenant: dict[str, list[Lease]] = {}
+            for lease in self._active.values():
+                if lease.in_redis:
+                    by_tenant.setdefault(lease.tenant.name, []).append(lease)
+            for leases in by_tenant.values():
+                try:
+                    await self._redis.refresh_leases(leases[0].tenant, (x.lease_id for x in leases))
+                except _STORE_ERRORS as exc:
+                    self._redis_failed(exc)

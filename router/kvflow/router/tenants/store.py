@@ -1,0 +1,135 @@
+"""Where quota state lives: the interface, and the in-process store.
+
+The in-process store is what `kvflow up` uses, and what a router falls back to while
+Redis is unreachable (limits then hold per replica instead of across replicas).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvflow.router.tenants.buckets import Bucket, seconds_until_next_utc_day, take, utc_day
+from kvflow.router.tenants.config import Tenant
+
+
+@dataclass(frozen=True)
+class Admission:
+    is_admitted: bool
+    # Which quota refused it: requests_per_minute, tokens_per_minute,
+    # max_concurrent_requests or daily_token_budget.
+    limit: str | None = None
+    retry_after_s: float = 0.0
+
+
+ADMITTED = Admission(True)
+
+
+@dataclass
+class UsageTotals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+
+class QuotaStore(Protocol):
+    async def admit(self, tenant: Tenant, *, lease_id: str, prompt_tokens: int) -> Admission:
+        """Check every quota and, only if all pass, take a request, the prompt's tokens and
+        a concurrency lease, atomically. Raises ConnectionError-like errors when the store
+        is unreachable (the caller falls back)."""
+        ...
+
+    async def finish(
+        self, tenant: Tenant, *, lease_id: str, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        """Release the lease; charge completion tokens (per minute) and all tokens (daily)."""
+        ...
+
+    async def add_usage(self, tenant: Tenant, usage: UsageTotals) -> None: ...
+
+    async def read_usage(self, tenant: Tenant) -> UsageTotals: ...
+
+
+@dataclass
+class _TenantState:
+    requests: Bucket | None = None
+    tokens: Bucket | None = None
+    leases: set[str] = field(default_factory=set)
+    day: int = -1
+    day_tokens: int = 0
+    usage: UsageTotals = field(default_factory=UsageTotals)
+
+
+class MemoryQuotaStore:
+    """Quota state in this process. Single-threaded (the event loop), so atomic as is."""
+
+    def __init__(self, clock_s: Callable[[], float] = time.time) -> None:
+        self._clock_s = clock_s
+        self._states: dict[str, _TenantState] = {}
+
+    def _state(self, tenant: Tenant) -> _TenantState:
+        return self._states.setdefault(tenant.name, _TenantState())
+
+    def _roll_day(self, state: _TenantState, now_s: float) -> None:
+        if state.day != utc_day(now_s):
+            state.day, state.day_tokens = utc_day(now_s), 0
+
+    async def admit(self, tenant: Tenant, *, lease_id: str, prompt_tokens: int) -> Admission:
+        q, state, now_s = tenant.quotas, self._state(tenant), self._clock_s()
+        self._roll_day(state, now_s)
+        new_requests, new_tokens = state.requests, state.tokens
+        if q.requests_per_minute is not None:
+            ok, new_requests, wait_s = take(
+                state.requests, now_s, q.requests_per_minute, cost=1, require=1
+            )
+            if not ok:
+                return Admission(False, "requests_per_minute", wait_s)
+        if q.tokens_per_minute is not None:
+            ok, new_tokens, wait_s = take(
+                state.tokens, now_s, q.tokens_per_minute, cost=prompt_tokens, require=1
+            )
+            if not ok:
+                return Admission(False, "tokens_per_minute", wait_s)
+        if q.max_concurrent_requests is not None and (
+            len(state.leases) >= q.max_concurrent_requests
+        ):
+            return Admission(False, "max_concurrent_requests", 1.0)
+        if q.daily_token_budget is not None and state.day_tokens >= q.daily_token_budget:
+            return Admission(False, "daily_token_budget", seconds_until_next_utc_day(now_s))
+        state.requests, state.tokens = new_requests, new_tokens
+        state.leases.add(lease_id)
+        return ADMITTED
+
+    async def finish(
+        self, tenant: Tenant, *, lease_id: str, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        q, state, now_s = tenant.quotas, self._state(tenant), self._clock_s()
+        state.leases.discard(lease_id)
+        if q.tokens_per_minute is not None:
+            _, state.tokens, _ = take(
+                state.tokens, now_s, q.tokens_per_minute, cost=completion_tokens, require=0
+            )
+        self._roll_day(state, now_s)
+        state.day_tokens += prompt_tokens + completion_tokens
+
+    async def add_usage(self, tenant: Tenant, usage: UsageTotals) -> None:
+        total = self._state(tenant).usage
+        total.requests += usage.requests
+        total.prompt_tokens += usage.prompt_tokens
+        total.completion_tokens += usage.completion_tokens
+        total.cached_tokens += usage.cached_tokens
+
+    async def read_usage(self, tenant: Tenant) -> UsageTotals:
+        u = self._state(tenant).usage
+        return UsageTotals(u.requests, u.prompt_tokens, u.completion_tokens, u.cached_tokens)

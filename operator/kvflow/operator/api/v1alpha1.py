@@ -1,0 +1,356 @@
+"""The InferencePool API, version v1alpha1: the one typed source of the CRD.
+
+`tools/k8s/gen_crds.py` turns these records into `crds/` (and the chart's copy); the operator
+reads pools into them with `schema.from_json`. Descriptions are what `kubectl explain`
+prints, so they are written for the platform engineer who fills in a pool.
+Pure: imports neither kopf nor kubernetes.
+"""
+
+# schema.field() is a documented dataclasses.field (it returns one); RUF009 cannot tell.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvflow.operator.api.schema import CelRule, JsonObject, Quantity, cel, field
+
+GROUP = "kvflow.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferencePool"
+PLURAL = "inferencepools"
+SINGULAR = "inferencepool"
+SHORT_NAMES = ("kvpool",)  # not "ipool": the Gateway API extension's InferencePool may own it
+
+Dtype = Literal["float32", "bfloat16"]
+Mode = Literal["colocated", "disaggregated"]
+KvTransport = Literal["nccl", "gloo", "tcp"]
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+ServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
+
+# A served model name travels in every OpenAI request body; keep it printable and short.
+_SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
+
+
+@dataclass(frozen=True)
+class PvcSource:
+    """A PersistentVolumeClaim in the pool's namespace that holds the model."""
+
+    claim_name: str = field("Name of the claim.", min_length=1, max_length=253)
+    read_only: bool = field("Mount the claim read-only (workers never write).", True)
+
+
+@dataclass(frozen=True)
+class HostPathSource:
+    """A folder on every node that holds the model (single-node and kind clusters)."""
+
+    path: str = field("Absolute folder on the node.", pattern="^/", max_length=4096)
+
+
+@cel(
+    CelRule(
+        "has(self.persistentVolumeClaim) != has(self.hostPath)",
+        "model.volume needs exactly one of persistentVolumeClaim or hostPath",
+    )
+)
+@dataclass(frozen=True)
+class ModelVolume:
+    """Where the model files live; mounted read-only at /models in workers and routers."""
+
+    persistent_volume_claim: PvcSource | None = field("A claim holding the model.", None)
+    host_path: HostPathSource | None = field("A node folder holding the model.", None)
+
+
+@cel(
+    CelRule(
+        "!has(self.volume) || (self.path != '' && !self.path.startsWith('/'))",
+        "model.path must be a path relative to model.volume when a volume is set",
+        ".path",
+    )
+)
+@dataclass(frozen=True)
+class ModelSpec:
+    """The model every worker of the pool serves, and the name tenants ask for."""
+
+    served_name: str = field(
+        "The model name tenants send in OpenAI requests (and /v1/models lists).",
+        min_length=1,
+        max_length=128,
+        pattern=_SERVED_NAME_PATTERN,
+    )
+    path: str = field(
+        """A Hugging Face folder (config.json, *.safetensors, tokenizer) or a .gguf file.
+        Relative to the volume's mount when `volume` is set, else an absolute path inside
+        the image. Empty: the worker's built-in SmolLM2-135M-Instruct.""",
+        "",
+        max_length=4096,
+    )
+    volume: ModelVolume | None = field("The volume that holds `path`.", None)
+    dtype: Dtype = field("Weights and activations dtype (bfloat16 on GPUs).", "float32")
+    max_model_len: int = field(
+        "Longest sequence (prompt plus output) in tokens; longer requests are refused.",
+        4096,
+        minimum=16,
+        maximum=1048576,
+    )
+
+
+@cel(
+    CelRule(
+        "self.maxNumBatchedTokens >= self.blockSize",
+        "engine.maxNumBatchedTokens must be at least engine.blockSize",
+    )
+)
+@dataclass(frozen=True)
+class EngineSpec:
+    """The worker image and the engine's scheduling and memory settings."""
+
+    image: str = field("Worker image; empty means the operator's default.", "")
+    image_pull_policy: PullPolicy = field("Pull policy of the worker image.", "IfNotPresent")
+    block_size: int = field(
+        "Tokens per KV block (and per prefix-cache hash); the router hashes alike.",
+        16,
+        minimum=1,
+        maximum=256,
+    )
+    max_num_batched_tokens: int = field(
+        "Token budget of one engine step (prefill chunks plus decodes).",
+        2048,
+        minimum=1,
+        maximum=1048576,
+    )
+    max_num_seqs: int = field("Most sequences in one batch.", 64, minimum=1, maximum=4096)
+    kv_cache_gib: float = field(
+        "Memory given to the paged KV cache per worker, in GiB.",
+        1.0,
+        json_name="kvCacheGiB",
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=4096,
+    )
+    simulate: bool = field(
+        "Run the scheduler and block accounting with a timing model instead of the model "
+        "(dozens of workers on one CPU; for tests and demos).",
+        False,
+    )
+    drain_timeout_seconds: int = field(
+        """How long a stopping worker may finish in-flight requests after SIGTERM before it
+        is killed (the pod's terminationGracePeriodSeconds).""",
+        120,
+        minimum=0,
+        maximum=3600,
+    )
+    extra_args: list[str] = field(
+        "Extra `kvflow worker` flags, appended as given.", [], max_items=64
+    )
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Compute resources of one container (as in a Pod's resources)."""
+
+    requests: dict[str, Quantity] = field("Requested resources, e.g. cpu: 2, memory: 8Gi.", {})
+    limits: dict[str, Quantity] = field("Resource limits, e.g. memory: 8Gi.", {})
+
+
+@cel(
+    CelRule(
+        "self.minReplicas <= self.maxReplicas",
+        "minReplicas must not exceed maxReplicas",
+    ),
+    CelRule(
+        "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+        "replicas must lie within [minReplicas, maxReplicas]",
+        ".replicas",
+    ),
+)
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role's workers: how many, their accelerators and where they run."""
+
+    replicas: int = field(
+        "Worker pods of this role (the planner changes it when autoscaling is on).",
+        1,
+        minimum=0,
+        maximum=1024,
+    )
+    min_replicas: int = field("Autoscaling lower bound.", 0, minimum=0, maximum=1024)
+    max_replicas: int = field("Autoscaling upper bound.", 8, minimum=0, maximum=1024)
+    gpus_per_pod: int = field(
+        """nvidia.com/gpu requested per pod. Above zero the worker runs with
+        --device cuda (and gets a memory-backed /dev/shm for NCCL).""",
+        0,
+        minimum=0,
+        maximum=16,
+    )
+    resources: Resources = field("CPU and memory of the worker container.", Resources())
+    node_selector: dict[str, str] = field("Node labels the pods require.", {})
+    tolerations: list[JsonObject] = field("Pod tolerations (core/v1 Toleration).", [])
+    affinity: JsonObject | None = field("Pod affinity (core/v1 Affinity).", None)
+
+
+@dataclass(frozen=True)
+class ScorerWeights:
+    """Weights of the router's scorers; a worker's score is their weighted sum."""
+
+    prefix_cache: float = field(
+        "Weight of the share of the prompt's blocks a worker already caches.", 1.0, minimum=0
+    )
+    queue_depth: float = field("Weight of the (negated) queue length.", 1.0, minimum=0)
+    kv_cache_usage: float = field("Weight of the (negated) KV-cache fill.", 0.0, minimum=0)
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    """A key of a Secret in the pool's namespace."""
+
+    name: str = field("Secret name.", min_length=1, max_length=253)
+    key: str = field("Key inside the Secret.", min_length=1, max_length=253)
+
+
+@cel(
+    CelRule(
+        "!(self.url != '' && has(self.urlSecret))",
+        "router.redis takes url or urlSecret, not both",
+    )
+)
+@dataclass(frozen=True)
+class RedisSpec:
+    """The Redis that router replicas share (tenant keys, quotas, rate limits)."""
+
+    url: str = field(
+        "redis:// URL; empty with no urlSecret: each router keeps its own in-memory state.",
+        "",
+        pattern="^(rediss?://.*)?$",
+    )
+    url_secret: SecretKeyRef | None = field("A Secret key holding the URL (password).", None)
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """The OpenAI-compatible gateway in front of the workers."""
+
+    replicas: int = field("Router pods (active-active).", 1, minimum=1, maximum=64)
+    image: str = field("Router image; empty means the operator's default.", "")
+    image_pull_policy: PullPolicy = field("Pull policy of the router image.", "IfNotPresent")
+    resources: Resources = field("CPU and memory of the router container.", Resources())
+    service_type: ServiceType = field("Type of the gateway Service.", "ClusterIP")
+    port: int = field("Port of the gateway Service.", 80, minimum=1, maximum=65535)
+    scorer_weights: ScorerWeights = field("Routing weights.", ScorerWeights())
+    redis: RedisSpec = field("Shared state for router replicas.", RedisSpec())
+    node_selector: dict[str, str] = field("Node labels the router pods require.", {})
+    tolerations: list[JsonObject] = field("Router pod tolerations.", [])
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """Latency targets the planner scales for."""
+
+    ttft_target_ms: int = field("Time to first token target, ms.", 1000, minimum=1, maximum=600000)
+    tpot_target_ms: int = field("Time per output token target, ms.", 100, minimum=1, maximum=60000)
+    percentile: float = field(
+        "Percentile the targets apply to (90 means p90).", 90.0, minimum=50, maximum=99.99
+    )
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """The SLO planner: it moves each role's replicas within [minReplicas, maxReplicas]."""
+
+    enabled: bool = field("Let the planner change replicas.", False)
+    interval_seconds: int = field("Seconds between planner decisions.", 30, minimum=5, maximum=3600)
+    scale_down_stabilization_seconds: int = field(
+        "A scale-down must be wanted this long before it happens.", 300, minimum=0
+    )
+
+
+@cel(
+    CelRule(
+        "self.mode == 'colocated' || (has(self.prefill) && has(self.decode))",
+        "mode disaggregated needs both prefill and decode",
+    ),
+    CelRule(
+        "self.kvTransport != 'nccl' || self.mode == 'colocated' || "
+        "(has(self.prefill) && self.prefill.gpusPerPod > 0 && "
+        "has(self.decode) && self.decode.gpusPerPod > 0)",
+        "kvTransport nccl needs gpusPerPod > 0 on both prefill and decode",
+        ".kvTransport",
+    ),
+)
+@dataclass(frozen=True)
+class InferencePoolSpec:
+    """A model served by a pool of engine workers behind one OpenAI-compatible gateway."""
+
+    model: ModelSpec = field("The model to serve.")
+    engine: EngineSpec = field("Worker image and engine settings.", EngineSpec())
+    mode: Mode = field(
+        """colocated: every worker prefills and decodes (role both). disaggregated:
+        separate prefill and decode workers; KV blocks move between them.""",
+        "colocated",
+    )
+    colocated: RoleSpec = field("Workers of role both (mode colocated).", RoleSpec())
+    prefill: RoleSpec | None = field("Prefill workers (mode disaggregated).", None)
+    decode: RoleSpec | None = field("Decode workers (mode disaggregated).", None)
+    kv_transport: KvTransport = field(
+        "How KV blocks move from prefill to decode: nccl (GPUs), gloo (CPU), tcp.",
+        "tcp",
+    )
+    router: RouterSpec = field("The gateway.", RouterSpec())
+    slo: SloSpec = field("Latency targets.", SloSpec())
+    autoscaling: AutoscalingSpec = field("The SLO planner.", AutoscalingSpec())
+
+
+# --- status --------------------------------------------------------------------------------
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
+RoleName = Literal["colocated", "prefill", "decode", "router"]
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One aspect of the pool's state (metav1.Condition)."""
+
+    type: str = field("Ready, Progressing, Degraded or SLOMet.")
+    status: ConditionStatus = field("True, False or Unknown.")
+    reason: str = field("CamelCase reason for the status.")
+    message: str = field("What happened, for people.", "")
+    last_transition_time: str = field("When status last changed (RFC 3339).", "")
+    observed_generation: int = field("The pool generation this was computed from.", 0)
+
+
+@dataclass(frozen=True)
+class RoleStatus:
+    """Replicas of one role's Deployment as last observed."""
+
+    name: RoleName = field("colocated, prefill, decode or router.")
+    desired_replicas: int = field("Replicas the operator asked for.", 0)
+    ready_replicas: int = field("Ready pods.", 0)
+    updated_replicas: int = field("Pods of the current template.", 0)
+
+
+@dataclass(frozen=True)
+class PlannerStatus:
+    """The SLO planner's last decision."""
+
+    last_decision: str = field("e.g. 'decode 2->3'; empty before the first.", "")
+    reason: str = field("Why, with the measured latencies.", "")
+    decided_at: str = field("When (RFC 3339).", "")
+
+
+@dataclass(frozen=True)
+class InferencePoolStatus:
+    """What the operator observed and did (written by the operator only)."""
+
+    phase: Phase = field("Pending, Progressing, Ready or Degraded.", "Pending")
+    observed_generation: int = field("The spec generation last reconciled.", 0)
+    conditions: list[Condition] = field(
+        "Ready, Progressing, Degraded, SLOMet.", [], map_keys=("type",)
+    )
+    roles: list[RoleStatus] = field("Per-role replicas.", [], map_keys=("name",))
+    desired_replicas: int = field("Worker pods asked for, all roles.", 0)
+    ready_replicas: int = field("Ready worker pods, all roles.", 0)
+    gateway_endpoint: str = field("In-cluster URL of the OpenAI API (.../v1).", "")
+    planner: PlannerStatus = field("Autoscaling decisions.", PlannerStatus())

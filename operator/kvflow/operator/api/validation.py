@@ -1,0 +1,86 @@
+"""Checks of a pool's spec that the CRD's schema cannot express (pure).
+
+The API server rejects what the schema and its CEL rules can judge. What is left (quantity
+arithmetic, flags the operator owns) is found here, before any child is touched, and
+reported in the pool's status (Degraded, reason InvalidSpec) instead of failing later when
+a Deployment is refused or a worker crashes on start.
+"""
+
+from __future__ import annotations
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.quantity import QuantityError, parse_quantity
+
+GIB = 2**30
+
+# `kvflow worker` flags the operator sets itself; extraArgs may not override them.
+OWNED_WORKER_FLAGS = frozenset(
+    {
+        "--model", "--served-model-name", "--host", "--port", "--metrics-port", "--role",
+        "--device", "--dtype", "--block-size", "--max-num-batched-tokens", "--max-num-seqs",
+        "--max-model-len", "--kv-cache-gib", "--simulate",
+    }
+)  # fmt: skip
+
+
+def spec_problems(spec: v1alpha1.InferencePoolSpec) -> list[str]:
+    """What is wrong with a spec the API server accepted; empty when it can be deployed."""
+    problems: list[str] = []
+    if spec.mode == "disaggregated" and (spec.prefill is None or spec.decode is None):
+        problems.append("mode disaggregated needs both prefill and decode")
+    problems += _extra_args_problems(spec.engine.extra_args)
+    for where, role in _roles(spec):
+        problems += _resource_problems(f"{where}.resources", role.resources)
+        if "nvidia.com/gpu" in {**role.resources.requests, **role.resources.limits}:
+            problems.append(f"{where}: request GPUs with gpusPerPod, not in resources")
+        problems += _kv_cache_problems(where, role, spec.engine.kv_cache_gib)
+    problems += _resource_problems("router.resources", spec.router.resources)
+    return problems
+
+
+def _roles(spec: v1alpha1.InferencePoolSpec) -> list[tuple[str, v1alpha1.RoleSpec]]:
+    if spec.mode == "colocated":
+        return [("colocated", spec.colocated)]
+    return [(name, r) for name, r in (("prefill", spec.prefill), ("decode", spec.decode)) if r]
+
+
+def _extra_args_problems(extra_args: list[str]) -> list[str]:
+    owned = sorted({arg.split("=", 1)[0] for arg in extra_args} & OWNED_WORKER_FLAGS)
+    if not owned:
+        return []
+    return [f"engine.extraArgs sets {', '.join(owned)}, which the operator sets from the spec"]
+
+
+def _resource_problems(where: str, resources: v1alpha1.Resources) -> list[str]:
+    problems: list[str] = []
+    parsed: dict[str, dict[str, object]] = {"requests": {}, "limits": {}}
+    for kind, values in (("requests", resources.requests), ("limits", resources.limits)):
+        for name, text in values.items():
+            try:
+                parsed[kind][name] = parse_quantity(text)
+            except QuantityError as exc:
+                problems.append(f"{where}.{kind}.{name}: {exc}")
+    for name, limit in parsed["limits"].items():
+        request = parsed["requests"].get(name)
+        if request is not None and request > limit:  # type: ignore[operator]
+            problems.append(
+                f"{where}: requests.{name} ({resources.requests[name]}) exceeds "
+                f"limits.{name} ({resources.limits[name]})"
+            )
+    return problems
+
+
+def _kv_cache_problems(where: str, role: v1alpha1.RoleSpec, kv_cache_gib: float) -> list[str]:
+    """On CPU the KV cache lives in the container's memory, which the limit caps."""
+    if role.gpus_per_pod > 0 or "memory" not in role.resources.limits:
+        return []
+    try:
+        limit_bytes = parse_quantity(role.resources.limits["memory"])
+    except QuantityError:
+        return []  # reported by _resource_problems
+    if kv_cache_gib * GIB >= limit_bytes:
+        return [
+            f"engine.kvCacheGiB ({kv_cache_gib:g}) does not fit in {where}.resources.limits."
+            f"memory ({role.resources.limits['memory']}); raise the limit or lower the cache"
+        ]
+    return []

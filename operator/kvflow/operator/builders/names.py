@@ -1,0 +1,121 @@
+"""Names, labels and ownership shared by every object built for a pool (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json
+
+MANAGED_BY = "kvflow-operator"
+LABEL_POOL = "kvflow.io/pool"
+LABEL_ROLE = "kvflow.io/role"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+# The worker's ports (the `kvflow worker` contract) and the router's.
+WORKER_GRPC_PORT = 50051
+WORKER_METRICS_PORT = 9400
+ROUTER_HTTP_PORT = 8000
+
+# Non-root uid/gid baked into every kvflow image (docker/*.Dockerfile).
+IMAGE_UID = 10001
+
+WorkerRole = Literal["colocated", "prefill", "decode"]
+Component = Literal["worker", "router"]
+
+# --role of `kvflow worker` for each worker role of the API.
+ENGINE_ROLE: dict[WorkerRole, str] = {"colocated": "both", "prefill": "prefill", "decode": "decode"}
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """The identity of the pool that owns the objects being built."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Images:
+    """Default images, used where a pool does not name its own (operator flags)."""
+
+    worker: str
+    router: str
+
+
+def worker_deployment_name(pool: PoolRef, role: WorkerRole) -> str:
+    return f"{pool.name}-{role}"
+
+
+def router_name(pool: PoolRef) -> str:
+    return f"{pool.name}-router"
+
+
+def gateway_service_name(pool: PoolRef) -> str:
+    return f"{pool.name}-gateway"
+
+
+def workers_service_name(pool: PoolRef) -> str:
+    return f"{pool.name}-workers"
+
+
+def gateway_endpoint(pool: PoolRef, port: int) -> str:
+    host = f"{gateway_service_name(pool)}.{pool.namespace}.svc"
+    return f"http://{host}/v1" if port == 80 else f"http://{host}:{port}/v1"
+
+
+def selector_labels(pool: PoolRef, role: str) -> dict[str, str]:
+    """Labels a Deployment selects its pods by; never change them (selectors are immutable)."""
+    return {LABEL_POOL: pool.name, LABEL_ROLE: role}
+
+
+def pool_labels(pool: PoolRef) -> dict[str, str]:
+    """What the operator lists a pool's children by."""
+    return {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def labels(pool: PoolRef, component: Component, role: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": f"kvflow-{component}",
+        "app.kubernetes.io/instance": pool.name,
+        "app.kubernetes.io/part-of": "kvflow",
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        **selector_labels(pool, role),
+    }
+
+
+def metadata(
+    pool: PoolRef, name: str, component: Component, role: str, **extra: Json
+) -> dict[str, Json]:
+    """Object metadata with the pool as controlling owner, so deleting the pool collects it."""
+    return {
+        "name": name,
+        "namespace": pool.namespace,
+        "labels": labels(pool, component, role),
+        "ownerReferences": [
+            {
+                "apiVersion": v1alpha1.API_VERSION,
+                "kind": v1alpha1.KIND,
+                "name": pool.name,
+                "uid": pool.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+        **extra,
+    }
+
+
+def worker_roles(
+    spec: v1alpha1.InferencePoolSpec,
+) -> list[tuple[WorkerRole, v1alpha1.RoleSpec]]:
+    """The worker roles the pool's mode asks for, each with its settings."""
+    if spec.mode == "colocated":
+        return [("colocated", spec.colocated)]
+    assert spec.prefill is not None and spec.decode is not None, "the CRD's CEL rule allows none"
+    return [("prefill", spec.prefill), ("decode", spec.decode)]

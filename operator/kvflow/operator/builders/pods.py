@@ -1,0 +1,105 @@
+"""Pod-level pieces every kvflow Deployment shares: security, volumes, probes (pure)."""
+
+from __future__ import annotations
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json
+from kvflow.operator.builders.names import IMAGE_UID
+
+MODEL_MOUNT = "/models"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Endpoints controllers and kube-proxy need a moment to drop a terminating pod; sleeping
+# before SIGTERM keeps new requests from arriving at a process that already drains.
+PRESTOP_SLEEP_S = 5
+
+
+def pod_security_context() -> dict[str, Json]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": IMAGE_UID,
+        "runAsGroup": IMAGE_UID,
+        "fsGroup": IMAGE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Json]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def http_probe(path: str, port: str, period_s: int, failures: int) -> dict[str, Json]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 3,
+    }
+
+
+def resources(spec: v1alpha1.Resources, gpus: int = 0) -> dict[str, Json]:
+    """Container resources; GPUs go in both requests and limits (extended resources must)."""
+    requests: dict[str, Json] = {k: _quantity(v) for k, v in spec.requests.items()}
+    limits: dict[str, Json] = {k: _quantity(v) for k, v in spec.limits.items()}
+    if gpus:
+        requests[GPU_RESOURCE] = gpus
+        limits[GPU_RESOURCE] = gpus
+    out: dict[str, Json] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _quantity(value: str) -> Json:
+    return int(value) if value.isdigit() else value
+
+
+def scratch_volume() -> tuple[dict[str, Json], dict[str, Json]]:
+    """A writable /tmp (HOME and caches point there): the root filesystem is read-only."""
+    return (
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "tmp", "mountPath": "/tmp"},
+    )
+
+
+def model_volume(model: v1alpha1.ModelSpec) -> tuple[dict[str, Json], dict[str, Json]] | None:
+    source = model.volume
+    if source is None:
+        return None
+    volume: dict[str, Json] = {"name": "model"}
+    if source.persistent_volume_claim is not None:
+        pvc = source.persistent_volume_claim
+        volume["persistentVolumeClaim"] = {"claimName": pvc.claim_name, "readOnly": pvc.read_only}
+    elif source.host_path is not None:
+        volume["hostPath"] = {"path": source.host_path.path, "type": "Directory"}
+    return volume, {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+
+
+def model_path(model: v1alpha1.ModelSpec) -> str:
+    """What --model gets; empty means the built-in default model (the flag is left out)."""
+    if model.volume is not None and model.path:
+        return f"{MODEL_MOUNT}/{model.path}"
+    return model.path
+
+
+def shared_memory_volume() -> tuple[dict[str, Json], dict[str, Json]]:
+    """NCCL and torch's shared-memory transport need more than the runtime's 64 MiB /dev/shm."""
+    return (
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    )
+
+
+def common_env() -> list[dict[str, Json]]:
+    return [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]

@@ -1,0 +1,170 @@
+"""The gateway of a pool: its routing ConfigMap and router Deployment (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import yaml
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json
+from kvflow.operator.builders import pods
+from kvflow.operator.builders.names import (
+    ROUTER_HTTP_PORT,
+    WORKER_GRPC_PORT,
+    Images,
+    PoolRef,
+    metadata,
+    router_name,
+    selector_labels,
+    workers_service_name,
+)
+
+CONFIG_MOUNT = "/etc/kvflow"
+CONFIG_KEY = "router.yaml"
+CONFIG_HASH_ANNOTATION = "kvflow.io/router-config-sha256"
+REDIS_URL_ENV = "KVFLOW_REDIS_URL"
+
+
+def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
+    """What `kvflow router --config` reads: routing settings that are not flags."""
+    weights = spec.router.scorer_weights
+    return {
+        "served_model_name": spec.model.served_name,
+        "block_size": spec.engine.block_size,
+        "mode": spec.mode,
+        "scorers": {
+            "prefix_cache": {"weight": weights.prefix_cache},
+            "queue_depth": {"weight": weights.queue_depth},
+            "kv_cache_usage": {"weight": weights.kv_cache_usage},
+        },
+    }
+
+
+def router_configmap(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
+    text = yaml.safe_dump(router_config(spec), sort_keys=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(pool, router_name(pool), "router", "router"),
+        "data": {CONFIG_KEY: text},
+    }
+
+
+def worker_dns(pool: PoolRef) -> str:
+    """The headless Service's name, whose A records list the ready workers."""
+    return f"{workers_service_name(pool)}.{pool.namespace}.svc:{WORKER_GRPC_PORT}"
+
+
+def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
+    """The `kvflow router` command line (the router's CLI contract)."""
+    args = ["router", "--host", "0.0.0.0", "--port", str(ROUTER_HTTP_PORT)]
+    path = pods.model_path(spec.model)
+    if path:
+        args += ["--model", path]
+    args += [
+        "--served-model-name", spec.model.served_name,
+        "--worker-dns", worker_dns(pool),
+        "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}",
+    ]  # fmt: skip
+    redis = spec.router.redis
+    if redis.url_secret is not None:
+        # Kubernetes expands $(VAR) in args, so the password never appears in the spec.
+        args += ["--redis-url", f"$({REDIS_URL_ENV})"]
+    elif redis.url:
+        args += ["--redis-url", redis.url]
+    return args
+
+
+def router_deployment(
+    pool: PoolRef, spec: v1alpha1.InferencePoolSpec, images: Images
+) -> dict[str, Json]:
+    router = spec.router
+    select = selector_labels(pool, "router")
+    meta = metadata(pool, router_name(pool), "router", "router")
+    config_text = router_configmap(pool, spec)["data"][CONFIG_KEY]
+
+    scratch, scratch_mount = pods.scratch_volume()
+    volumes: list[Json] = [
+        scratch,
+        {"name": "config", "configMap": {"name": router_name(pool)}},
+    ]
+    mounts: list[Json] = [
+        scratch_mount,
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+    ]
+    model_volume = pods.model_volume(spec.model)  # the router tokenizes with the model's files
+    if model_volume is not None:
+        volumes.append(model_volume[0])
+        mounts.append(model_volume[1])
+
+    env = pods.common_env()
+    if router.redis.url_secret is not None:
+        ref = router.redis.url_secret
+        env.append(
+            {
+                "name": REDIS_URL_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+
+    container: dict[str, Json] = {
+        "name": "router",
+        "image": router.image or images.router,
+        "imagePullPolicy": router.image_pull_policy,
+        "command": ["kvflow"],
+        "args": router_args(pool, spec),
+        "ports": [{"name": "http", "containerPort": ROUTER_HTTP_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": pods.resources(router.resources),
+        "livenessProbe": pods.http_probe("/health", "http", 10, 3),
+        "readinessProbe": pods.http_probe("/ready", "http", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": pods.PRESTOP_SLEEP_S}}},
+        "securityContext": pods.container_security_context(),
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Json] = {
+        "terminationGracePeriodSeconds": 30 + pods.PRESTOP_SLEEP_S,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pods.pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": dict(select)},
+                "matchLabelKeys": ["pod-template-hash"],
+            }
+        ],
+    }
+    if router.node_selector:
+        pod_spec["nodeSelector"] = dict(router.node_selector)
+    if router.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in router.tolerations]
+
+    digest = hashlib.sha256(config_text.encode()).hexdigest()
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": dict(select)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "revisionHistoryLimit": 3,
+            "template": {
+                # A changed routing config restarts the routers (they read it at start).
+                "metadata": {
+                    "labels": dict(meta["labels"]),
+                    "annotations": {CONFIG_HASH_ANNOTATION: digest},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

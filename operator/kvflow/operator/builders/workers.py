@@ -1,0 +1,142 @@
+"""A worker Deployment per role of a pool (pure)."""
+
+from __future__ import annotations
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json
+from kvflow.operator.builders import pods
+from kvflow.operator.builders.names import (
+    ENGINE_ROLE,
+    WORKER_GRPC_PORT,
+    WORKER_METRICS_PORT,
+    Images,
+    PoolRef,
+    WorkerRole,
+    metadata,
+    selector_labels,
+    worker_deployment_name,
+)
+
+# Loading a 70B model from a network volume can take several minutes: the startup probe
+# allows 10 minutes (120 x 5 s) before liveness starts to count.
+STARTUP_PERIOD_S = 5
+STARTUP_FAILURES = 120
+
+
+def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -> list[str]:
+    """The `kvflow worker` command line (the worker's CLI contract)."""
+    engine, model = spec.engine, spec.model
+    args = ["worker"]
+    path = pods.model_path(model)
+    if path:
+        args += ["--model", path]
+    args += [
+        "--served-model-name", model.served_name,
+        "--host", "0.0.0.0",
+        "--port", str(WORKER_GRPC_PORT),
+        "--metrics-port", str(WORKER_METRICS_PORT),
+        "--role", ENGINE_ROLE[role],
+        "--device", "cuda" if gpus > 0 else "cpu",
+        "--dtype", model.dtype,
+        "--block-size", str(engine.block_size),
+        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--max-model-len", str(model.max_model_len),
+        "--kv-cache-gib", f"{engine.kv_cache_gib:g}",
+    ]  # fmt: skip
+    if engine.simulate:
+        args.append("--simulate")
+    return args + list(engine.extra_args)
+
+
+def worker_deployment(
+    pool: PoolRef,
+    spec: v1alpha1.InferencePoolSpec,
+    role: WorkerRole,
+    role_spec: v1alpha1.RoleSpec,
+    images: Images,
+) -> dict[str, Json]:
+    engine = spec.engine
+    gpus = role_spec.gpus_per_pod
+    select = selector_labels(pool, role)
+    meta = metadata(pool, worker_deployment_name(pool, role), "worker", role)
+
+    scratch, scratch_mount = pods.scratch_volume()
+    volumes, mounts = [scratch], [scratch_mount]
+    model_volume = pods.model_volume(spec.model)
+    if model_volume is not None:
+        volumes.append(model_volume[0])
+        mounts.append(model_volume[1])
+    if gpus > 0:
+        shm, shm_mount = pods.shared_memory_volume()
+        volumes.append(shm)
+        mounts.append(shm_mount)
+
+    container: dict[str, Json] = {
+        "name": "worker",
+        "image": engine.image or images.worker,
+        "imagePullPolicy": engine.image_pull_policy,
+        "command": ["kvflow"],
+        "args": worker_args(spec, role, gpus),
+        "ports": [
+            {"name": "grpc", "containerPort": WORKER_GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": [
+            *pods.common_env(),
+            # Not (yet) a worker flag: the transport is read from the environment.
+            {"name": "KVFLOW_KV_TRANSPORT", "value": spec.kv_transport},
+            {"name": "KVFLOW_POOL", "value": pool.name},
+        ],
+        "resources": pods.resources(role_spec.resources, gpus),
+        "startupProbe": pods.http_probe("/health", "metrics", STARTUP_PERIOD_S, STARTUP_FAILURES),
+        "livenessProbe": pods.http_probe("/health", "metrics", 10, 3),
+        "readinessProbe": pods.http_probe("/ready", "metrics", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": pods.PRESTOP_SLEEP_S}}},
+        "securityContext": pods.container_security_context(),
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Json] = {
+        # SIGTERM makes the worker refuse new requests and finish in-flight ones.
+        "terminationGracePeriodSeconds": engine.drain_timeout_seconds + pods.PRESTOP_SLEEP_S,
+        "automountServiceAccountToken": False,  # workers never call the API server
+        "enableServiceLinks": False,
+        "securityContext": pods.pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                # Spread when possible, never block scheduling (GPU nodes are scarce).
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": dict(select)},
+                "matchLabelKeys": ["pod-template-hash"],
+            }
+        ],
+    }
+    if role_spec.node_selector:
+        pod_spec["nodeSelector"] = dict(role_spec.node_selector)
+    if role_spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in role_spec.tolerations]
+    if role_spec.affinity:
+        pod_spec["affinity"] = dict(role_spec.affinity)
+
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": role_spec.replicas,
+            "selector": {"matchLabels": dict(select)},
+            # Surge one pod, never go below the replica count: a worker that is still
+            # loading its model serves nothing, so taking one down first halves capacity.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": STARTUP_PERIOD_S * STARTUP_FAILURES + 120,
+            "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
+        },
+    }

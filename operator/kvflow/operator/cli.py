@@ -1,0 +1,78 @@
+"""`kvflow operator`: reconcile InferencePools into workers, a gateway and status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+
+from kvflow.operator.builders.names import Images
+from kvflow.operator.kube import Kube, load_config
+from kvflow.operator.run import OperatorConfig, run_operator
+
+DEFAULT_WORKER_IMAGE = "ghcr.io/kvflow/worker:0.1.0"
+DEFAULT_ROUTER_IMAGE = "ghcr.io/kvflow/router:0.1.0"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kvflow operator", description=__doc__)
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        dest="namespaces",
+        help="watch this namespace (repeatable); default: all namespaces",
+    )
+    p.add_argument("--worker-image", default=DEFAULT_WORKER_IMAGE, help="default worker image")
+    p.add_argument("--router-image", default=DEFAULT_ROUTER_IMAGE, help="default router image")
+    p.add_argument(
+        "--drift-interval-seconds",
+        type=float,
+        default=30.0,
+        help="how often every pool is re-applied to repair drift",
+    )
+    p.add_argument("--liveness-port", type=int, default=8080, help="GET /healthz port (0: none)")
+    p.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold a Lease so that only one replica acts (default: on)",
+    )
+    p.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the leader Lease (default: $POD_NAMESPACE or default)",
+    )
+    p.add_argument("--lease-name", default="kvflow-operator")
+    p.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        help="this replica's name in the Lease (default: $POD_NAME)",
+    )
+    p.add_argument("--kubeconfig", default=None, help="default: in-cluster, then $KUBECONFIG")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    cfg = OperatorConfig(
+        images=Images(worker=args.worker_image, router=args.router_image),
+        namespaces=list(args.namespaces),
+        drift_interval_s=args.drift_interval_seconds,
+        liveness_port=args.liveness_port,
+        leader_election=args.leader_election,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
+        identity=args.identity,
+    )
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads the same file
+    kube = Kube(load_config(args.kubeconfig))
+    return asyncio.run(run_operator(cfg, kube))

@@ -1,0 +1,63 @@
+"""kopf handlers: each one only says which pool to reconcile, and how.
+
+No handler keeps state on the pool (no finalizers, no progress annotations): the operator
+can be stopped, restarted or uninstalled at any time and pools can still be deleted.
+Drift is repaired by the periodic sweep in `run.py` and at once when a Deployment of a pool
+is deleted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.builders.names import LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
+from kvflow.operator.reconcile import Reconciler
+
+
+def needs_reconcile(*, type: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> bool:
+    """Initial listing (operator start), a new pool, or a spec the status has not caught up
+    with. Status writes do not bump metadata.generation, so they do not trigger."""
+    if type in (None, "ADDED"):
+        return True
+    if type == "DELETED":
+        return False
+    return bool(meta.get("generation") != status.get("observedGeneration"))
+
+
+def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # The operator posts its own Events; kopf's per-log-line Events would be noise.
+        settings.posting.enabled = False
+        # Re-establish watches every 5 minutes even if the connection looks alive.
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+
+    @kopf.on.event(
+        v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, when=needs_reconcile, registry=registry
+    )
+    def pool_changed(*, name: str, namespace: str | None, **_: Any) -> None:
+        assert namespace is not None, "InferencePool is namespaced"
+        reconciler.reconcile(namespace, name, apply=True)
+
+    @kopf.on.event(
+        "apps",
+        "v1",
+        "deployments",
+        labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_POOL: kopf.PRESENT},
+        registry=registry,
+    )
+    def deployment_changed(
+        *, type: str, labels: kopf.Labels, namespace: str | None, **_: Any
+    ) -> None:
+        assert namespace is not None, "Deployments are namespaced"
+        # A deleted Deployment is drift to repair now; any other change (pods turning
+        # ready, a rollout's progress) only moves the pool's status.
+        reconciler.reconcile(namespace, labels[LABEL_POOL], apply=type == "DELETED")
+
+    return registry

@@ -1,0 +1,203 @@
+"""One reconcile of one pool: read it, apply its children, prune, write status.
+
+Every kopf handler ends here, so a pool converges the same way whether it was just created,
+edited, found drifted by the timer, or had a Deployment deleted under it; running it twice
+changes nothing the second time. The pure parts (builders, validation, status) decide; this
+module only reads, applies and reports. It imports no kopf: handlers pass in how to post
+Events, and the unit tests pass a fake `Kube`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json, SchemaError, from_json, to_json
+from kvflow.operator.api.validation import spec_problems
+from kvflow.operator.builders.desired import OWNED_KINDS, ChildKey, desired_children
+from kvflow.operator.builders.names import Images, PoolRef, pool_labels
+from kvflow.operator.kube import KubeError
+from kvflow.operator.status import (
+    DeploymentObservation,
+    Problem,
+    compute_status,
+    unreadable_status,
+)
+
+log = logging.getLogger(__name__)
+
+# (pool body, "Normal" | "Warning", reason, message)
+EventSink = Callable[[Json, str, str, str], None]
+
+
+class KubeApi(Protocol):
+    """The calls reconcile needs (kvflow.operator.kube.Kube; a fake in unit tests)."""
+
+    def get_pool(self, namespace: str, name: str) -> Json | None: ...
+    def patch_pool_status(self, namespace: str, name: str, status: Json) -> None: ...
+    def list_children(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Json]: ...
+    def apply(self, obj: Json) -> Json: ...
+    def delete(self, key: ChildKey, namespace: str) -> None: ...
+
+
+# 400/422: the API server refused the object itself (a spec the schema let through but a
+# child's validation does not). Retrying cannot help until the spec changes: report it.
+_REJECTED = (400, 422)
+
+
+@dataclass
+class Reconciler:
+    kube: KubeApi
+    images: Images
+    post_event: EventSink
+    now: Callable[[], str]  # RFC 3339, UTC
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        # kopf may run a pool's timer and a child's event handler at once; one at a time
+        # per pool keeps events and status writes in order.
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def reconcile(self, namespace: str, name: str, *, apply: bool = True) -> None:
+        """Converge pool `namespace/name`; `apply=False` only refreshes its status."""
+        with self._lock(namespace, name):
+            body = self.kube.get_pool(namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return  # garbage collection removes the children
+            self._reconcile(body, apply=apply)
+
+    def _reconcile(self, body: Json, *, apply: bool) -> None:
+        meta = body["metadata"]
+        pool = PoolRef(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            generation=int(meta.get("generation") or 0),
+        )
+        problems: list[Problem] = []
+        spec: v1alpha1.InferencePoolSpec | None = None
+        try:
+            spec = from_json(v1alpha1.InferencePoolSpec, body.get("spec") or {})
+        except SchemaError as exc:
+            problems.append(Problem("InvalidSpec", str(exc)))
+        if spec is not None:
+            problems += [Problem("InvalidSpec", p) for p in spec_problems(spec)]
+
+        if spec is None:
+            self._write(
+                body,
+                pool,
+                unreadable_status(problems[0], _previous_status(body), pool.generation, self.now()),
+            )
+            return
+        observed = self._observe(pool)
+        if not problems and apply:
+            problems += self._apply(body, pool, spec, observed)
+        self._write_status(body, pool, spec, observed, problems)
+
+    def _observe(self, pool: PoolRef) -> dict[ChildKey, Json]:
+        """The pool's children now: labelled as ours and controlled by this very pool (a
+        recreated pool of the same name must not adopt its predecessor's leftovers)."""
+        observed: dict[ChildKey, Json] = {}
+        for _, kind in OWNED_KINDS:
+            for obj in self.kube.list_children(kind, pool.namespace, pool_labels(pool)):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if any(o.get("uid") == pool.uid and o.get("controller") for o in owners):
+                    obj.setdefault("kind", kind)
+                    obj.setdefault("apiVersion", _api_version(kind))
+                    observed[ChildKey.of(obj)] = obj
+        return observed
+
+    def _apply(
+        self,
+        body: Json,
+        pool: PoolRef,
+        spec: v1alpha1.InferencePoolSpec,
+        observed: dict[ChildKey, Json],
+    ) -> list[Problem]:
+        problems: list[Problem] = []
+        desired = desired_children(pool, spec, self.images)
+        for obj in desired:
+            key = ChildKey.of(obj)
+            before = observed.get(key)
+            try:
+                after = self.kube.apply(obj)
+            except KubeError as exc:
+                if exc.status not in _REJECTED:
+                    raise
+                problems.append(Problem("ApplyRejected", f"{key}: {exc.message}"))
+                continue
+            observed[key] = after
+            if before is None:
+                self.post_event(body, "Normal", "Created", f"Created {key}")
+            elif _version(before) != _version(after):
+                self.post_event(body, "Normal", "Updated", f"Updated {key}")
+        wanted = {ChildKey.of(obj) for obj in desired}
+        for key in sorted(set(observed) - wanted, key=str):
+            # A role the spec no longer has (mode switched, say).
+            self.kube.delete(key, pool.namespace)
+            del observed[key]
+            self.post_event(body, "Normal", "Deleted", f"Deleted {key}: no longer in the spec")
+        return problems
+
+    def _write_status(
+        self,
+        body: Json,
+        pool: PoolRef,
+        spec: v1alpha1.InferencePoolSpec,
+        observed: dict[ChildKey, Json],
+        problems: list[Problem],
+    ) -> None:
+        status = compute_status(
+            pool=pool,
+            spec=spec,
+            deployments={
+                key.name: DeploymentObservation.from_object(obj)
+                for key, obj in observed.items()
+                if key.kind == "Deployment"
+            },
+            problems=problems,
+            previous=_previous_status(body),
+            now=self.now(),
+        )
+        self._write(body, pool, status)
+
+    def _write(self, body: Json, pool: PoolRef, status: v1alpha1.InferencePoolStatus) -> None:
+        """Write status when it changed; an Event when the phase changed."""
+        previous = _previous_status(body)
+        status_json = to_json(status)
+        if status_json == to_json(previous):
+            return
+        self.kube.patch_pool_status(pool.namespace, pool.name, status_json)
+        if status.phase != previous.phase:
+            degraded = status.phase == "Degraded"
+            wanted = "Degraded" if degraded else "Ready"
+            message = next((c.message for c in status.conditions if c.type == wanted), "")
+            self.post_event(
+                body,
+                "Warning" if degraded else "Normal",
+                status.phase,
+                f"Pool is {status.phase}" + (f": {message}" if message else ""),
+            )
+
+
+def _previous_status(body: Json) -> v1alpha1.InferencePoolStatus:
+    try:
+        return from_json(v1alpha1.InferencePoolStatus, body.get("status") or {})
+    except SchemaError:
+        log.warning("ignoring an unreadable status of %s", body["metadata"]["name"])
+        return v1alpha1.InferencePoolStatus()
+
+
+def _version(obj: Json) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+def _api_version(kind: str) -> str:
+    return next(api for api, k in OWNED_KINDS if k == kind)

@@ -1,0 +1,103 @@
+"""The operator process: lead (or wait to), then run kopf and the drift sweep together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import kopf
+
+from kvflow.operator.api.schema import Json
+from kvflow.operator.builders.names import Images
+from kvflow.operator.handlers import build_registry
+from kvflow.operator.kube import Kube, KubeError
+from kvflow.operator.leader import LeaderElector
+from kvflow.operator.reconcile import Reconciler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    images: Images
+    namespaces: list[str]  # empty: every namespace
+    drift_interval_s: float
+    liveness_port: int  # 0: no liveness endpoint
+    leader_election: bool
+    lease_namespace: str
+    lease_name: str
+    identity: str
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def run_operator(cfg: OperatorConfig, kube: Kube) -> int:
+    """Returns the exit status: 0 on SIGTERM/SIGINT, 1 when leadership was lost."""
+    stop = asyncio.Event()
+    lost = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    elector: LeaderElector | None = None
+    if cfg.leader_election:
+        elector = LeaderElector(kube, cfg.lease_namespace, cfg.lease_name, cfg.identity)
+        # Until kopf installs its own handlers, a stop signal must end the wait for the lease.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        acquired = asyncio.create_task(elector.acquire())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({acquired, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if stop.is_set():
+            acquired.cancel()
+            return 0
+        stopped.cancel()
+
+    def post_event(body: Json, type_: str, reason: str, message: str) -> None:
+        try:
+            kube.post_event(body, type_, reason, message, now_rfc3339())
+        except KubeError as exc:  # Events are best effort; the status says the same
+            log.warning("could not post event %s on %s: %s", reason, body["metadata"]["name"], exc)
+
+    reconciler = Reconciler(kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339)
+    tasks = [asyncio.create_task(_sweep(reconciler, kube, cfg))]
+    if elector is not None:
+        tasks.append(asyncio.create_task(elector.keep(lost)))
+    try:
+        await kopf.operator(
+            registry=build_registry(reconciler),
+            standalone=True,  # leadership is ours (the Lease), not kopf's peering
+            clusterwide=not cfg.namespaces,
+            namespaces=cfg.namespaces,
+            liveness_endpoint=(
+                f"http://0.0.0.0:{cfg.liveness_port}/healthz" if cfg.liveness_port else None
+            ),
+            stop_flag=lost,
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        if elector is not None and not lost.is_set():
+            await asyncio.to_thread(elector.release)
+    return 1 if lost.is_set() else 0
+
+
+async def _sweep(reconciler: Reconciler, kube: Kube, cfg: OperatorConfig) -> None:
+    """Re-apply every pool periodically: puts back children deleted or edited by hand
+    (Services, ConfigMaps, budgets are not watched, so this is how their drift is found)."""
+    while True:
+        await asyncio.sleep(cfg.drift_interval_s)
+        try:
+            pools = await asyncio.to_thread(kube.list_pools, cfg.namespaces)
+        except KubeError as exc:
+            log.warning("drift sweep: cannot list pools: %s", exc)
+            continue
+        for namespace, name in pools:
+            try:
+                await asyncio.to_thread(reconciler.reconcile, namespace, name)
+            except KubeError as exc:
+                log.warning("drift sweep: %s/%s: %s", namespace, name, exc)

@@ -1,0 +1,250 @@
+"""A pool's status from what the operator observed (pure; no clock, no client).
+
+The handlers gather observations (the pool's Deployments, spec problems, apply errors) and
+the current time; this module decides phase, conditions and replica counts. Conditions keep
+their lastTransitionTime while their status does not change, so a status written every
+drift tick does not look like a flapping pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json
+from kvflow.operator.api.v1alpha1 import Condition, ConditionStatus, RoleStatus
+from kvflow.operator.builders.names import (
+    PoolRef,
+    gateway_endpoint,
+    router_name,
+    worker_deployment_name,
+    worker_roles,
+)
+
+ProblemReason = Literal["InvalidSpec", "ApplyRejected"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the pool cannot be (fully) deployed; reported as Degraded, never raised."""
+
+    reason: ProblemReason
+    message: str
+
+
+@dataclass(frozen=True)
+class DeploymentObservation:
+    """The parts of a Deployment's status that say whether its rollout is done."""
+
+    ready_replicas: int
+    updated_replicas: int
+    generation: int
+    observed_generation: int
+    progress_deadline_exceeded: bool
+
+    @staticmethod
+    def from_object(obj: Mapping[str, Json]) -> DeploymentObservation:
+        status = obj.get("status") or {}
+        conditions = status.get("conditions") or []
+        return DeploymentObservation(
+            ready_replicas=int(status.get("readyReplicas") or 0),
+            updated_replicas=int(status.get("updatedReplicas") or 0),
+            generation=int(obj["metadata"].get("generation") or 0),
+            observed_generation=int(status.get("observedGeneration") or 0),
+            progress_deadline_exceeded=any(
+                c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+                for c in conditions
+            ),
+        )
+
+    def is_rolled_out(self, desired: int) -> bool:
+        return (
+            self.observed_generation >= self.generation
+            and self.updated_replicas >= desired
+            and self.ready_replicas >= desired
+        )
+
+
+def compute_status(
+    *,
+    pool: PoolRef,
+    spec: v1alpha1.InferencePoolSpec,
+    deployments: Mapping[str, DeploymentObservation],
+    problems: Sequence[Problem],
+    previous: v1alpha1.InferencePoolStatus,
+    now: str,
+) -> v1alpha1.InferencePoolStatus:
+    """The status to write. `deployments` maps the names of the pool's observed Deployments."""
+    expected: list[tuple[v1alpha1.RoleName, str, int]] = [
+        (role, worker_deployment_name(pool, role), rs.replicas) for role, rs in worker_roles(spec)
+    ]
+    expected.append(("router", router_name(pool), spec.router.replicas))
+    roles = [
+        RoleStatus(
+            name=role,
+            desired_replicas=desired,
+            ready_replicas=deployments[name].ready_replicas if name in deployments else 0,
+            updated_replicas=deployments[name].updated_replicas if name in deployments else 0,
+        )
+        for role, name, desired in expected
+    ]
+    missing = [name for _, name, _ in expected if name not in deployments]
+    pending = [
+        name
+        for _, name, desired in expected
+        if name in deployments and not deployments[name].is_rolled_out(desired)
+    ]
+    stuck = sorted(n for n, d in deployments.items() if d.progress_deadline_exceeded)
+    workers = [r for r in roles if r.name != "router"]
+    desired_workers = sum(r.desired_replicas for r in workers)
+    ready_workers = sum(min(r.ready_replicas, r.desired_replicas) for r in workers)
+    summary = _summary(roles)
+
+    ready: tuple[ConditionStatus, str, str]
+    progressing: tuple[ConditionStatus, str, str]
+    degraded: tuple[ConditionStatus, str, str]
+    if problems:
+        text = "; ".join(p.message for p in problems)
+        ready = ("False", problems[0].reason, text)
+        progressing = ("False", problems[0].reason, "fix the spec to continue")
+        degraded = ("True", problems[0].reason, text)
+    elif missing:
+        ready = ("False", "Creating", f"waiting for {', '.join(missing)}")
+        progressing = ("True", "Creating", f"creating {', '.join(missing)}")
+        degraded = ("False", "AsExpected", "")
+    elif pending:
+        ready = ("False", "ReplicasNotReady", summary)
+        progressing = ("True", "RollingOut", f"rolling out {', '.join(pending)}")
+        degraded = (
+            ("True", "RolloutStuck", f"progress deadline exceeded: {', '.join(stuck)}")
+            if stuck
+            else ("False", "AsExpected", "")
+        )
+    else:
+        ready = ("True", "AllReplicasReady", summary)
+        progressing = ("False", "RolloutComplete", "")
+        degraded = ("False", "AsExpected", "")
+
+    generation = pool.generation
+    conditions = [
+        _condition("Ready", *ready, previous=previous, now=now, generation=generation),
+        _condition("Progressing", *progressing, previous=previous, now=now, generation=generation),
+        _condition("Degraded", *degraded, previous=previous, now=now, generation=generation),
+        _slo_condition(spec, previous, now, generation),
+    ]
+    if degraded[0] == "True":
+        phase: v1alpha1.Phase = "Degraded"
+    elif ready[0] == "True":
+        phase = "Ready"
+    elif len(missing) == len(expected):
+        phase = "Pending"
+    else:
+        phase = "Progressing"
+    return v1alpha1.InferencePoolStatus(
+        phase=phase,
+        observed_generation=generation,
+        conditions=conditions,
+        roles=roles,
+        desired_replicas=desired_workers,
+        ready_replicas=ready_workers,
+        gateway_endpoint=gateway_endpoint(pool, spec.router.port),
+        planner=previous.planner,
+    )
+
+
+def _summary(roles: Sequence[RoleStatus]) -> str:
+    return ", ".join(f"{r.name} {r.ready_replicas}/{r.desired_replicas} ready" for r in roles)
+
+
+def _previous(previous: v1alpha1.InferencePoolStatus, type_: str) -> Condition | None:
+    return next((c for c in previous.conditions if c.type == type_), None)
+
+
+def _condition(
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    *,
+    previous: v1alpha1.InferencePoolStatus,
+    now: str,
+    generation: int,
+) -> Condition:
+    before = _previous(previous, type_)
+    unchanged = before is not None and before.status == status and before.last_transition_time
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=before.last_transition_time if unchanged and before else now,
+        observed_generation=generation,
+    )
+
+
+def _slo_condition(
+    spec: v1alpha1.InferencePoolSpec,
+    previous: v1alpha1.InferencePoolStatus,
+    now: str,
+    generation: int,
+) -> Condition:
+    """SLOMet belongs to the planner; until it has judged, say why it is Unknown."""
+    if not spec.autoscaling.enabled:
+        return _condition(
+            "SLOMet",
+            "Unknown",
+            "AutoscalingDisabled",
+            "the planner judges the SLO when autoscaling is enabled",
+            previous=previous,
+            now=now,
+            generation=generation,
+        )
+    before = _previous(previous, "SLOMet")
+    if before is not None and before.reason not in ("AutoscalingDisabled", "AwaitingMetrics"):
+        return before  # the planner's own verdict
+    return _condition(
+        "SLOMet",
+        "Unknown",
+        "AwaitingMetrics",
+        "the planner has not measured TTFT and TPOT yet",
+        previous=previous,
+        now=now,
+        generation=generation,
+    )
+
+
+def unreadable_status(
+    problem: Problem, previous: v1alpha1.InferencePoolStatus, generation: int, now: str
+) -> v1alpha1.InferencePoolStatus:
+    """Status of a pool whose spec cannot even be read (a CRD older than the operator)."""
+    return v1alpha1.InferencePoolStatus(
+        phase="Degraded",
+        observed_generation=generation,
+        conditions=[
+            _condition(
+                "Ready",
+                "False",
+                problem.reason,
+                problem.message,
+                previous=previous,
+                now=now,
+                generation=generation,
+            ),
+            _condition(
+                "Degraded",
+                "True",
+                problem.reason,
+                problem.message,
+                previous=previous,
+                now=now,
+                generation=generation,
+            ),
+        ],
+        roles=previous.roles,
+        desired_replicas=previous.desired_replicas,
+        ready_replicas=previous.ready_replicas,
+        gateway_endpoint=previous.gateway_endpoint,
+        planner=previous.planner,
+    )

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control plane (kube-apiserver, kube-controller-manager,
+# kube-scheduler), etcd and KWOK from their Go modules, for the integration tests.
+#
+# Idempotent: each component lands in its own folder of the cache, keyed by version
+# (versions.env), and is skipped when its folder is already complete. A fresh machine
+# needs only Go (>= the version k8s.io/kubernetes' go.mod asks for) and the Go module
+# proxy. Cold build: about 20 minutes on 2 cores (see docs/operator.md).
+#
+#   tools/k8s/build.sh            build what is missing, print the cache folder
+#   KVFLOW_K8S_CACHE=/x build.sh  use another cache folder
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache="${KVFLOW_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvflow/k8s}"
+mkdir -p "$cache"
+export GOTOOLCHAIN=local   # never download another Go toolchain behind our back
+export CGO_ENABLED=0       # static binaries; no C toolchain needed
+export GOFLAGS="-mod=mod -buildvcs=false"
+
+log() { echo "[k8s-build $(date +%H:%M:%S)] $*" >&2; }
+
+# A tools module that requires MODULE@VERSION and pins every `replace X => ./local/path`
+# of that module's own go.mod to X@PINNED: Go ignores a dependency's replace directives,
+# and k8s.io/kubernetes and etcd's server both point their sibling modules at local paths.
+make_tools_module() {
+  local dir="$1" module="$2" version="$3" pinned="$4" gomod
+  mkdir -p "$dir"
+  gomod="$(go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  {
+    echo "module kvflow.local/k8s-tools"
+    echo
+    echo "go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod")"
+    echo
+    echo "require $module $version"
+    echo
+    sed -n 's/^[[:space:]]*\([^[:space:]]*\) => \.\{1,2\}\/[^[:space:]]*$/\1/p' "$gomod" \
+      | while read -r dep; do echo "replace $dep => $dep $pinned"; done
+  } > "$dir/go.mod"
+  log "tools module for $module@$version: $(grep -c '^replace' "$dir/go.mod") replaces"
+}
+
+build_kubernetes() {
+  local out="$cache/kubernetes-$K8S_VERSION"
+  [[ -f "$out/.complete" ]] && return 0
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  local staging="v0.$minor.${K8S_VERSION##*.}"   # k8s v1.36.3 <-> staging v0.36.3
+  local src="$cache/src/kubernetes-$K8S_VERSION"
+  make_tools_module "$src" k8s.io/kubernetes "$K8S_VERSION" "$staging"
+  # Without these, /version says v0.0.0 and Helm's kubeVersion checks fail.
+  local ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean"
+  done
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION"
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin"
+  (cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out.tmp/bin/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler)
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "kubernetes done: $out/bin"
+}
+
+build_etcd() {
+  local out="$cache/etcd-$ETCD_VERSION"
+  [[ -f "$out/.complete" ]] && return 0
+  local src="$cache/src/etcd-$ETCD_VERSION"
+  make_tools_module "$src" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION"
+  log "building etcd $ETCD_VERSION"
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$out.tmp/bin/etcd" go.etcd.io/etcd/server/v3)
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "etcd done: $out/bin"
+}
+
+build_kwok() {
+  local out="$cache/kwok-$KWOK_VERSION"
+  [[ -f "$out/.complete" ]] && return 0
+  log "building kwok $KWOK_VERSION"
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin" "$out.tmp/stages"
+  GOBIN="$out.tmp/bin" GOFLAGS=-buildvcs=false go install -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  # kwok refuses to start without Stage objects: take the upstream "fast" set
+  # (kustomize/stage/fast: nodes Ready at once with lease heartbeats, Pods go
+  # Running/Ready at once, deletions complete).
+  local mod
+  mod="$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  local d
+  for d in node/fast node/heartbeat-with-lease pod/fast; do
+    find "$mod/kustomize/stage/$d" -maxdepth 1 -name '*.yaml' ! -name kustomization.yaml \
+      -exec cp {} "$out.tmp/stages/" \;
+  done
+  chmod -R u+w "$out.tmp/stages"
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "kwok done: $out/bin"
+}
+
+components=("$@")
+[[ ${#components[@]} -eq 0 ]] && components=(etcd kwok kubernetes)
+for c in "${components[@]}"; do "build_$c"; done
+echo "$cache"

@@ -1,0 +1,65 @@
+"""Drive a paged model by hand: feed chunks of several sequences per step, as a runner would.
+
+Enough of a runner for model tests (no scheduler, no sampler): each step lays the given
+sequences' new tokens end to end, grows their block tables from a shuffled free list (so
+tables are scattered, as after real churn) and returns every new token's logits.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Mapping, Sequence
+
+import torch
+
+from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.model.config import ModelConfig
+from kvflow.engine_worker.model.llama import LlamaForCausalLM
+
+
+class PagedSteps:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        config: ModelConfig,
+        *,
+        num_blocks: int = 64,
+        block_size: int = 4,
+        seed: int = 0,
+    ) -> None:
+        self.model, self.block_size = model, block_size
+        dtype = next(model.parameters()).dtype
+        shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.free_blocks = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free_blocks)
+        self.block_tables: dict[Hashable, list[int]] = {}
+        self.context_lens: dict[Hashable, int] = {}
+
+    @torch.inference_mode()
+    def step(self, chunks: Mapping[Hashable, Sequence[int]]) -> dict[Hashable, torch.Tensor]:
+        """Run one forward over ``chunks`` (sequence -> its next tokens); float32 logits each."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens, context_lens, tables = [], [], []
+        for seq, tokens in chunks.items():
+            start = self.context_lens.get(seq, 0)
+            end = start + len(tokens)
+            table = self.block_tables.setdefault(seq, [])
+            while len(table) * self.block_size < end:
+                table.append(self.free_blocks.pop())
+            self.context_lens[seq] = end
+            input_ids.extend(tokens)
+            positions.extend(range(start, end))
+            query_lens.append(len(tokens))
+            context_lens.append(end)
+            tables.append(list(table))
+        meta = AttentionMetadata.build(
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=tables,
+            block_size=self.block_size,
+        )
+        hidden = self.model(torch.tensor(input_ids), torch.tensor(positions), self.kv_caches, meta)
+        logits = self.model.compute_logits(hidden)
+        return dict(zip(chunks, logits.split(query_lens), strict=True))

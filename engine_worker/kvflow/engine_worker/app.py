@@ -8,6 +8,7 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -54,8 +55,12 @@ def _num_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
     return num
 
 
-def build_worker(settings: WorkerSettings) -> BuiltWorker:
-    """Load the model (or the simulator) and size the KV cache; slow for a real model."""
+def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = None) -> BuiltWorker:
+    """Load the model (or the simulator) and size the KV cache; slow for a real model.
+
+    ``loaded`` is a ``(model, config)`` pair from ``load_model`` to reuse (tests build
+    several engines over one model).
+    """
     runner: ModelRunner
     if settings.simulate:
         name = settings.served_model_name or "simulated"
@@ -85,7 +90,9 @@ def build_worker(settings: WorkerSettings) -> BuiltWorker:
             settings.device,
             settings.dtype,
         )
-        model, config = load_model(settings.model, dtype=dtype, device=settings.device)
+        if loaded is None:
+            loaded = load_model(settings.model, dtype=dtype, device=settings.device)
+        model, config = loaded
         log.info("model %s loaded in %.1f s", config.name, time.monotonic() - started)
         name = settings.served_model_name or config.name
         vocab, eos, model_len = (

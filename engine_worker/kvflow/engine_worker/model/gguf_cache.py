@@ -85,6 +85,7 @@ def _write_entry(entry: Path, contents: GgufContents) -> None:
         os.close(fd)
         try:
             save_file(dict(tensors), tmp, metadata=metadata)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a shared cache dir should work
             os.replace(tmp, entry)
         finally:
             Path(tmp).unlink(missing_ok=True)

@@ -62,6 +62,8 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # kopf logs every handler call at INFO; the operator's own log and Events say more.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     cfg = OperatorConfig(
         images=Images(worker=args.worker_image, router=args.router_image),
         namespaces=list(args.namespaces),

@@ -30,6 +30,12 @@ def needs_reconcile(*, type: str, meta: kopf.Meta, status: kopf.Status, **_: Any
 def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A plain OperatorRegistry has no login handlers; use the `kubernetes` client's
+        # config loading (in-cluster, then $KUBECONFIG), as the rest of the operator does.
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # The operator posts its own Events; kopf's per-log-line Events would be noise.

@@ -146,11 +146,16 @@ class LeaderElector:
 
     def release(self) -> None:
         """Hand the Lease over at once on a clean stop instead of letting it expire."""
-        try:
-            lease = self.kube.read_lease(self.namespace, self.name)
-            if lease is None or read_state(lease).holder != self.identity:
+        for _ in range(3):  # a renewal still in flight may have bumped resourceVersion
+            try:
+                lease = self.kube.read_lease(self.namespace, self.name)
+                if lease is None or read_state(lease).holder != self.identity:
+                    return
+                lease["spec"]["holderIdentity"] = ""
+                self.kube.replace_lease(self.namespace, self.name, lease)
+                log.info("released lease %s/%s", self.namespace, self.name)
                 return
-            lease["spec"]["holderIdentity"] = ""
-            self.kube.replace_lease(self.namespace, self.name, lease)
-        except KubeError as exc:
-            log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
+            except KubeError as exc:
+                if exc.status != 409:
+                    log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
+                    return

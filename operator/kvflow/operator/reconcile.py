@@ -196,7 +196,11 @@ def _previous_status(body: Json) -> v1alpha1.InferencePoolStatus:
 
 
 def _version(obj: Json) -> str:
-    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+    """What changes when the object's desired state changes: its generation where it has
+    one (a PDB's or Deployment's status updates bump resourceVersion, not generation)."""
+    meta = obj.get("metadata", {})
+    generation = meta.get("generation")
+    return f"g{generation}" if generation is not None else f"rv{meta.get('resourceVersion', '')}"
 
 
 def _api_version(kind: str) -> str:

@@ -199,8 +199,12 @@ def _field_schema(f: dataclasses.Field[Any], tp: Any) -> dict[str, Json]:
     out: dict[str, Json] = {"description": " ".join(info.description.split())}
     out.update(schema)
     default = _default_of(f)
-    if default is not dataclasses.MISSING and default is not None:
-        out["default"] = to_json(default)
+    # Empty lists and maps stay out of the schema: the records default them anyway, and
+    # `kubectl get -o yaml` should not show a dozen `{}` and `[]` nobody wrote.
+    if default not in (dataclasses.MISSING, None, [], {}):
+        # A record default is written out in full (CEL rules judge a default as written,
+        # before nested defaults apply), less the empty lists and maps.
+        out["default"] = _without_empty(to_json(default))
     bounds = {
         "minimum": info.minimum,
         "maximum": info.maximum,
@@ -217,6 +221,13 @@ def _field_schema(f: dataclasses.Field[Any], tp: Any) -> dict[str, Json]:
         out["x-kubernetes-list-type"] = "map"
         out["x-kubernetes-list-map-keys"] = list(info.map_keys)
     return out
+
+
+def _without_empty(value: Json) -> Json:
+    if isinstance(value, dict):
+        pruned = {k: _without_empty(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in ({}, [])}
+    return value
 
 
 # --- JSON <-> records -----------------------------------------------------------------------

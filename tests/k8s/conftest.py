@@ -1,0 +1,122 @@
+"""Session fixtures: one real control plane, the CRD, the chart and the operator's identity.
+
+The control plane starts once per session (about 20-40 s on two busy cores) and every
+process it started is stopped at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from k8s.controlplane import REPO, Binaries, ControlPlane, wait_for, which_openssl, write_kubeconfig
+from k8s.operator_process import OperatorProcess
+
+CHART = REPO / "helm" / "kvflow"
+RELEASE = "kvflow"
+SYSTEM_NAMESPACE = "kvflow-system"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def binaries() -> Binaries:
+    which_openssl()
+    return Binaries.locate()
+
+
+@pytest.fixture(scope="session")
+def cluster(binaries: Binaries, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(binaries, tmp_path_factory.mktemp("k8s"))
+    try:
+        plane.up()
+    except BaseException:
+        print(plane.logs(), file=sys.stderr)
+        plane.down()
+        raise
+    yield plane
+    plane.down()
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: ControlPlane) -> str:
+    """The InferencePool CRD, applied from crds/ with kubectl and Established."""
+    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/inferencepools.kvflow.io",
+    )  # fmt: skip
+    # The API server publishes the CRD's OpenAPI (what explain and server-side apply
+    # read) a moment after Established.
+    wait_for(
+        lambda: cluster.kubectl("explain", "inferencepool", check=False).returncode == 0,
+        60,
+        "the InferencePool OpenAPI schema to be published",
+    )
+    return "inferencepools.kvflow.io"
+
+
+@pytest.fixture(scope="session")
+def chart_release(cluster: ControlPlane, crd: str) -> str:
+    """The chart installed with the real helm (operator Deployment, RBAC, ServiceAccount)."""
+    cluster.helm(
+        "install", RELEASE, str(CHART),
+        "--namespace", SYSTEM_NAMESPACE, "--create-namespace",
+        "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    return RELEASE
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(cluster: ControlPlane, chart_release: str) -> Path:
+    """Credentials of the chart's ServiceAccount: the operator under test holds exactly
+    the chart's RBAC, so a missing permission fails these tests."""
+    token = cluster.kubectl(
+        "create", "token", "kvflow-operator", "-n", SYSTEM_NAMESPACE, "--duration", "6h"
+    ).stdout.strip()
+    return write_kubeconfig(
+        cluster.workdir / "operator.kubeconfig",
+        cluster.server,
+        cluster.workdir / "pki" / "ca.crt",
+        token,
+        "kvflow-operator",
+    )
+
+
+@pytest.fixture()
+def namespace(cluster: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, deleted (with everything in it) afterwards."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))
+    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:6]
+    name = f"t-{slug[:40].strip('-')}-{digest}"
+    cluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            == 0
+        ),
+        60,
+        f"namespace {name}'s default ServiceAccount",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture()
+def operator(
+    cluster: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """A real `kvflow operator` process with the chart's RBAC; stopped after the test."""
+    proc = OperatorProcess(cluster, operator_kubeconfig, tmp_path, identity="op-a")
+    proc.start()
+    yield proc
+    proc.stop()

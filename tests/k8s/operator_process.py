@@ -1,0 +1,83 @@
+"""A real `kvflow operator` subprocess pointed at the test API server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from k8s.controlplane import ControlPlane, Process, free_port, start, wait_for
+
+SYSTEM_NAMESPACE = "kvflow-system"
+WORKER_IMAGE = "registry.invalid/kvflow-worker:test"  # never pulled: KWOK runs no containers
+ROUTER_IMAGE = "registry.invalid/kvflow-router:test"
+# Short enough that a test sees drift repaired within seconds, long enough not to swamp
+# two shared cores with reconciles.
+DRIFT_INTERVAL_S = 3
+
+
+def kvflow_command() -> list[str]:
+    script = Path(sys.executable).with_name("kvflow")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kvflow.cli.main"]
+
+
+class OperatorProcess:
+    def __init__(
+        self,
+        cluster: ControlPlane,
+        kubeconfig: Path,
+        workdir: Path,
+        identity: str,
+        lease_name: str | None = None,
+    ) -> None:
+        self.cluster, self.kubeconfig, self.workdir = cluster, kubeconfig, workdir
+        self.identity = identity
+        self.lease_name = lease_name or f"kvflow-operator-{workdir.name}"[:63]
+        self.proc: Process | None = None
+        self.starts = 0
+
+    def start(self, wait_leading: bool = True) -> None:
+        self.starts += 1
+        argv = [
+            *kvflow_command(), "operator",
+            "--kubeconfig", str(self.kubeconfig),
+            "--lease-namespace", SYSTEM_NAMESPACE,
+            "--lease-name", self.lease_name,
+            "--identity", self.identity,
+            "--drift-interval-seconds", str(DRIFT_INTERVAL_S),
+            "--liveness-port", str(free_port()),
+            "--worker-image", WORKER_IMAGE,
+            "--router-image", ROUTER_IMAGE,
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        self.proc = start(f"operator-{self.identity}-{self.starts}", argv, self.workdir, env)
+        if wait_leading:
+            self.wait_leading()
+
+    def log(self) -> str:
+        return self.proc.tail(200_000) if self.proc else ""
+
+    def wait_leading(self, timeout_s: float = 90) -> None:
+        def leading() -> bool:
+            assert self.proc is not None
+            assert self.proc.popen.poll() is None, f"operator exited:\n{self.proc.tail()}"
+            return "leading as" in self.log() and "kopf" in self.log().lower()
+
+        wait_for(leading, timeout_s, f"operator {self.identity} to lead")
+
+    def stop(self) -> int | None:
+        """SIGTERM (a clean stop that releases the Lease); the exit status."""
+        if self.proc is None:
+            return None
+        self.proc.stop(grace_s=20)
+        return self.proc.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing released."""
+        if self.proc is not None and self.proc.popen.poll() is None:
+            self.proc.popen.send_signal(signal.SIGKILL)
+            self.proc.popen.wait(10)
+
+    def assert_alive(self) -> None:
+        assert self.proc is not None and self.proc.popen.poll() is None, self.log()[-3000:]

@@ -49,7 +49,7 @@ def test_default_score_is_cached_blocks_minus_queue_depth() -> None:
     assert decision is not None
     assert decision.worker_id == "b"
     assert decision.score == 2.0
-    assert decision.scores == {"prefix_blocks": 2.0, "queue_depth": -0.0}
+    assert decision.scores == {"prefix_blocks": 2.0, "queue_depth": 0.0}
     assert decision.num_candidates == 3
     # One more queued request on b tips it to a (6 - 5 = 1 > 2 - 2 = 0).
     workers[1] = worker("b", queue=2)

@@ -178,7 +178,7 @@ class ChunkWriter:
         )
         self._is_chat = is_chat
         self._with_logprobs = with_logprobs
-        self._include_usage = include_usage
+        self.include_usage = include_usage
         self._text_offsets: dict[int, int] = {}
 
     def _event(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> bytes:
@@ -186,7 +186,7 @@ class ChunkWriter:
         chunk["choices"] = choices
         if self._is_chat:
             chunk["system_fingerprint"] = None
-        if self._include_usage:
+        if self.include_usage:
             chunk["usage"] = usage  # null on every chunk but the last, as OpenAI sends it
         return sse_event(chunk)
 

@@ -93,7 +93,7 @@ class QueueDepthScorer:
     name = "queue_depth"
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
-        return {w.worker_id: -float(w.queue_depth) for w in workers}
+        return {w.worker_id: 0.0 - w.queue_depth for w in workers}  # 0.0 - 0 is 0, not -0
 
 
 class KvUsageScorer:
@@ -105,7 +105,7 @@ class KvUsageScorer:
     name = "kv_usage"
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
-        return {w.worker_id: -w.kv_usage for w in workers}
+        return {w.worker_id: 0.0 - w.kv_usage for w in workers}
 
 
 class SessionAffinityScorer:

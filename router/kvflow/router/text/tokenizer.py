@@ -90,6 +90,14 @@ class TextTokenizer:
                 table[token_id] = token.encode()
         return tuple(table)
 
+    def token_text(self, token_id: int) -> tuple[str, bytes]:
+        """A token as logprobs show it: its text (special tokens by name) and its bytes."""
+        data = self.token_bytes(token_id)
+        if data or token_id not in self.special_token_ids:
+            return data.decode("utf-8", errors="replace"), data
+        name = self.decode([token_id], skip_special_tokens=False)
+        return name, name.encode()
+
     def token_bytes(self, token_id: int) -> bytes:
         """The UTF-8 bytes a token stands for (b"" for special tokens).
 

@@ -1,0 +1,1 @@
+"""The HTTP side: the FastAPI app, its routes, SSE streaming, request ids and errors."""

@@ -1,0 +1,128 @@
+"""`create_app(gateway)`: thin routes over the gateway; every error leaves in OpenAI's shape."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvflow.router.api.completions import handle_completion
+from kvflow.router.api.gateway import Gateway
+from kvflow.router.api.http import RequestIdMiddleware
+from kvflow.router.protocol.errors import ApiError
+
+log = logging.getLogger("kvflow.router.api")
+
+_ENDPOINTS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/usage",
+        "/health",
+        "/ready",
+        "/metrics",
+    }
+)
+
+
+def _error(status: int, message: str, *, type_: str, code: str | None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _model_card(name: str, created_s: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created_s, "owned_by": "kvflow"}
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    started_s = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(
+        title="kvflow gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
+    app.state.gateway = gateway
+    app.add_middleware(RequestIdMiddleware, metrics=gateway.metrics, endpoints=_ENDPOINTS)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return _error(404, f"Unknown endpoint {request.method} {request.url.path}; "
+                          "the API lives under /v1 (see /v1/models).",
+                          type_="invalid_request_error", code="unknown_url")  # fmt: skip
+        return _error(exc.status_code, str(exc.detail), type_="invalid_request_error", code=None)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        request_id = getattr(request.state, "request_id", "?")
+        log.error("request %s failed", request_id, exc_info=exc)
+        return _error(
+            500,
+            f"The gateway failed on this request (request id {request_id}); this is a bug "
+            "in kvflow, please report it with the request id.",
+            type_="server_error",
+            code="internal_error",
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await handle_completion(request, is_chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle_completion(request, is_chat=False)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        tenant = gateway.authenticate(request.headers)
+        names = [m for m in gateway.served_models() if tenant.may_use(m)]
+        return {"object": "list", "data": [_model_card(m, started_s) for m in names]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str, request: Request) -> dict[str, Any]:
+        tenant = gateway.authenticate(request.headers)
+        gateway.check_model(model, tenant)
+        return _model_card(model, started_s)
+
+    @app.get("/v1/usage")
+    async def usage(request: Request) -> dict[str, Any]:
+        """The caller's tenant's totals: across replicas when Redis is up, else this one's."""
+        tenant = gateway.authenticate(request.headers)
+        totals, scope = await gateway.quotas.read_usage(tenant)
+        return {"object": "usage", "tenant": tenant.name, "scope": scope, **totals.as_dict()}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        num_healthy = gateway.pool.num_healthy()
+        body = {"ready": num_healthy > 0, "workers_healthy": num_healthy,
+                "workers": len(gateway.pool)}  # fmt: skip
+        return JSONResponse(body, status_code=200 if num_healthy else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,306 @@
+"""`/v1/chat/completions` and `/v1/completions`: one flow, two wire formats.
+
+authenticate (401) -> parse (400/413) -> model (404/403) -> a worker is up (503) ->
+prompt fits the context (400) -> quotas (429) -> generate, stream or collect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from kvflow.proto import worker_pb2 as pb
+from kvflow.router.api.gateway import Gateway
+from kvflow.router.api.http import read_json_body, wait_for_disconnect
+from kvflow.router.protocol.errors import ApiError, rate_limited
+from kvflow.router.protocol.requests import (
+    ChatRequest,
+    CompletionRequest,
+    SamplingOptions,
+    parse_chat_request,
+    parse_completion_request,
+)
+from kvflow.router.protocol.responses import (
+    SSE_DONE,
+    ChoiceDelta,
+    ChoiceResult,
+    ChunkWriter,
+    UsageCounts,
+    chat_completion,
+    sse_error,
+    text_completion,
+)
+from kvflow.router.serving.generate import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
+from kvflow.router.serving.prompts import PreparedPrompt, check_context
+from kvflow.router.tenants.config import Tenant
+from kvflow.router.tenants.service import Lease
+from kvflow.router.tenants.store import UsageTotals
+
+ROUTE_DEBUG_HEADER = "x-kvflow-route"
+_LIMIT_KINDS = {
+    "requests_per_minute": "requests",
+    "tokens_per_minute": "tokens",
+    "max_concurrent_requests": "requests",
+    "daily_token_budget": "insufficient_quota",
+}
+
+
+def to_proto_sampling(s: SamplingOptions, choice: int) -> pb.SamplingParams:
+    params = pb.SamplingParams(
+        top_k=s.top_k,
+        min_p=s.min_p,
+        stop_token_ids=s.stop_token_ids,
+        ignore_eos=s.ignore_eos,
+        logprobs=s.logprobs,
+        top_logprobs=s.top_logprobs,
+    )
+    if s.temperature is not None:
+        params.temperature = s.temperature
+    if s.top_p is not None:
+        params.top_p = s.top_p
+    if s.seed is not None:
+        # n > 1 with a seed: each choice its own reproducible stream, not n copies of one.
+        params.seed = (s.seed + choice) % 2**64
+    if s.max_tokens is not None:
+        params.max_tokens = s.max_tokens
+    return params
+
+
+@dataclass
+class Accounting:
+    """Sums usage over choices and settles the request's quota lease exactly once."""
+
+    gateway: Gateway
+    tenant: Tenant
+    lease: Lease
+    trace: RequestTrace
+    _prompt: dict[int, UsageCounts] = field(default_factory=dict)
+    completion_tokens: int = 0
+    _is_finished: bool = False
+
+    def add(self, item: ChoiceUsage) -> None:
+        # OpenAI counts a prompt once however many choices it has.
+        seen = self._prompt.setdefault(item.prompt_index, UsageCounts())
+        seen.prompt_tokens = max(seen.prompt_tokens, item.usage.prompt_tokens)
+        seen.cached_tokens = max(seen.cached_tokens, item.usage.cached_tokens)
+        self.completion_tokens += item.usage.completion_tokens
+
+    @property
+    def usage(self) -> UsageCounts:
+        return UsageCounts(
+            prompt_tokens=sum(u.prompt_tokens for u in self._prompt.values()),
+            completion_tokens=self.completion_tokens,
+            cached_tokens=sum(u.cached_tokens for u in self._prompt.values()),
+        )
+
+    async def finish(self) -> None:
+        if self._is_finished:
+            return
+        self._is_finished = True
+        usage = self.usage
+        name, metrics = self.tenant.name, self.gateway.metrics
+        metrics.tenant_requests.labels(name).inc()
+        metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)
+        metrics.tenant_completion_tokens.labels(name).inc(usage.completion_tokens)
+        metrics.tenant_cached_tokens.labels(name).inc(usage.cached_tokens)
+        metrics.e2e_s.observe(time.perf_counter() - self.trace.arrival_s)
+        await self.gateway.quotas.finish(
+            self.lease,
+            UsageTotals(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+            ),
+        )
+
+
+class ManagedStreamingResponse(StreamingResponse):
+    """Runs ``on_close`` however the response ends, even if the body never started (a
+    client gone before the first byte): the worker requests and the quota lease are freed."""
+
+    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]],
+                 headers: dict[str, str]) -> None:  # fmt: skip
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+def _build_specs(prompts: list[PreparedPrompt], s: SamplingOptions) -> list[ChoiceSpec]:
+    return [
+        ChoiceSpec(
+            index=i * s.n + j,
+            prompt_index=i,
+            prompt_token_ids=prompt.token_ids,
+            sampling=to_proto_sampling(s, j),
+            stop_strings=s.stop_strings,
+            num_top_logprobs=s.top_logprobs,
+        )
+        for i, prompt in enumerate(prompts)
+        for j in range(s.n)
+    ]
+
+
+async def _admit(gw: Gateway, tenant: Tenant, prompt_tokens: int) -> Lease:
+    admission, lease = await gw.quotas.admit(tenant, prompt_tokens)
+    if not admission.is_admitted:
+        limit = admission.limit or "quota"
+        gw.metrics.tenant_rejections.labels(tenant.name, limit).inc()
+        raise rate_limited(
+            f"Rate limit reached for tenant '{tenant.name}': {limit.replace('_', ' ')}. "
+            f"Retry after {admission.retry_after_s:.1f} s.",
+            retry_after_s=admission.retry_after_s,
+            kind=_LIMIT_KINDS.get(limit, "requests"),
+        )
+    return lease
+
+
+async def handle_completion(request: Request, *, is_chat: bool) -> Response:
+    gw: Gateway = request.app.state.gateway
+    trace = RequestTrace()
+    tenant = gw.authenticate(request.headers)
+    body = await read_json_body(request, gw.settings.config.max_body_bytes)
+    parsed: ChatRequest | CompletionRequest = (
+        parse_chat_request(body) if is_chat else parse_completion_request(body)
+    )
+    gw.check_model(parsed.model, tenant)
+    info = gw.service.model_info(parsed.model)
+    if isinstance(parsed, ChatRequest):
+        prompts = [gw.prompts.chat(parsed.messages)]
+    else:
+        prompts = [gw.prompts.completion(p) for p in parsed.prompts]
+    sampling = parsed.sampling
+    max_len = gw.max_model_len(info.max_model_len)
+    for prompt in prompts:
+        check_context(len(prompt.token_ids), sampling.max_tokens, max_len)
+    lease = await _admit(gw, tenant, sum(len(p.token_ids) for p in prompts))
+    accounting = Accounting(gw, tenant, lease, trace)
+    caller = Caller(tenant, parsed.model, request.headers.get(gw.session_header))
+    stream = gw.service.run(
+        caller, _build_specs(prompts, sampling), trace, buffered=not parsed.stream
+    )
+    response_id = ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex
+    created_s = int(time.time())
+    echo = [p.text for p in prompts] if getattr(parsed, "echo", False) else None
+    want_route = ROUTE_DEBUG_HEADER in request.headers
+    if not parsed.stream:
+        try:
+            return await _collect(request, parsed, stream, accounting, response_id, created_s,
+                                  echo, want_route, trace)  # fmt: skip
+        finally:
+            await stream.aclose()
+            await accounting.finish()
+    try:
+        first = await anext(stream)  # errors before any output keep their HTTP status
+    except BaseException:
+        await stream.aclose()
+        await accounting.finish()
+        raise
+    writer = ChunkWriter(
+        response_id,
+        created_s,
+        parsed.model,
+        is_chat=is_chat,
+        with_logprobs=sampling.logprobs,
+        include_usage=parsed.include_usage,
+    )
+    body_iter = _sse_body(first, stream, writer, accounting, sampling.n * len(prompts),
+                          is_chat, echo, sampling.n)  # fmt: skip
+
+    async def close() -> None:
+        await body_iter.aclose()
+        await stream.aclose()
+        await accounting.finish()
+
+    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+    if want_route:
+        headers[ROUTE_DEBUG_HEADER] = ", ".join(trace.routes)
+    return ManagedStreamingResponse(body_iter, close, headers)
+
+
+async def _sse_body(
+    first: ChoiceDelta | ChoiceUsage,
+    stream: AsyncGenerator[ChoiceDelta | ChoiceUsage],
+    writer: ChunkWriter,
+    accounting: Accounting,
+    num_choices: int,
+    is_chat: bool,
+    echo: list[str] | None,
+    n: int,
+) -> AsyncGenerator[bytes]:
+    if is_chat:
+        for index in range(num_choices):
+            yield writer.role(index)
+    elif echo is not None:
+        for index in range(num_choices):
+            yield writer.delta(ChoiceDelta(index, echo[index // n]))
+    item: ChoiceDelta | ChoiceUsage | None = first
+    try:
+        while item is not None:
+            if isinstance(item, ChoiceDelta):
+                yield writer.delta(item)
+            else:
+                accounting.add(item)
+            item = await anext(stream, None)
+    except ApiError as exc:
+        # Headers are gone: the failure travels as an event the openai client raises on.
+        yield sse_error(exc.body())
+        return
+    if writer.include_usage:
+        yield writer.usage(accounting.usage)
+    yield SSE_DONE
+
+
+async def _collect(
+    request: Request,
+    parsed: ChatRequest | CompletionRequest,
+    stream: AsyncGenerator[ChoiceDelta | ChoiceUsage],
+    accounting: Accounting,
+    response_id: str,
+    created_s: int,
+    echo: list[str] | None,
+    want_route: bool,
+    trace: RequestTrace,
+) -> Response:
+    n = parsed.sampling.n
+    num_prompts = 1 if isinstance(parsed, ChatRequest) else len(parsed.prompts)
+    results = [ChoiceResult(i) for i in range(n * num_prompts)]
+    if echo is not None:
+        for result in results:
+            result.text = echo[result.index // n]
+
+    async def consume() -> None:
+        async for item in stream:
+            if isinstance(item, ChoiceDelta):
+                results[item.index].add(item)
+            else:
+                accounting.add(item)
+
+    consumer = asyncio.create_task(consume())
+    watcher = asyncio.create_task(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not consumer.done():
+            consumer.cancel()  # the client left: abort the workers' requests now
+        await asyncio.gather(consumer, watcher, return_exceptions=True)
+    if consumer.cancelled():
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+    consumer.result()  # re-raises an ApiError from generation
+    build = chat_completion if isinstance(parsed, ChatRequest) else text_completion
+    body = build(response_id, created_s, parsed.model, results, accounting.usage,
+                 with_logprobs=parsed.sampling.logprobs)  # fmt: skip
+    headers = {ROUTE_DEBUG_HEADER: ", ".join(trace.routes)} if want_route else None
+    return JSONResponse(body, headers=headers)

@@ -1,0 +1,135 @@
+"""`kvflow router`: the OpenAI-compatible gateway in front of kvflow workers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import socket
+import sys
+from collections.abc import Sequence
+
+from kvflow.router.settings import ConfigError, RouterSettings, load_config
+from kvflow.router.tenants.config import TenantConfigError, hash_api_key
+from kvflow.router.text.tokenizer import TokenizerLoadError
+from kvflow.router.workers.discovery import DiscoveryConfigError, parse_worker_list
+
+READY_PREFIX = "KVFLOW_ROUTER_READY"
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = RouterSettings()
+    p = argparse.ArgumentParser(
+        prog="kvflow router",
+        description="OpenAI-compatible gateway: tenants, quotas, KV-aware routing to workers.",
+    )
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port, help="HTTP port (0: any free port)")
+    p.add_argument(
+        "--model",
+        help="tokenizer and chat template: a Hugging Face folder or a .gguf file "
+        "(default: the built-in SmolLM2-135M-Instruct GGUF)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        help="the model name clients use (default: the name the workers report)",
+    )
+    workers = p.add_mutually_exclusive_group()
+    workers.add_argument("--workers", default="", help="worker gRPC addresses: host:port,...")
+    workers.add_argument(
+        "--worker-dns",
+        help="NAME:PORT of a headless Service; its A records are the workers, re-resolved",
+    )
+    p.add_argument("--dns-interval-s", type=float, default=d.dns_interval_s)
+    p.add_argument("--config", help="YAML: routing weights, tenants, public prefixes, limits")
+    p.add_argument(
+        "--redis-url",
+        help="share quotas across router replicas (redis://host:6379/0); default: in-process",
+    )
+    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
+    p.add_argument("--seed", type=int, help="seed of routing tie-breaks (default: random)")
+    p.add_argument(
+        "--hash-api-key",
+        action="store_true",
+        help="read an API key from stdin, print the api_key_sha256 value for --config, exit",
+    )
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> RouterSettings | None:
+    """Settings from the command line; None after --hash-api-key did its job."""
+    args = _parser().parse_args(list(argv))
+    if args.hash_api_key:
+        key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline()
+        print(hash_api_key(key.strip()))
+        return None
+    return RouterSettings(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        served_model_name=args.served_model_name,
+        workers=tuple(parse_worker_list(args.workers)),
+        worker_dns=args.worker_dns,
+        dns_interval_s=args.dns_interval_s,
+        redis_url=args.redis_url,
+        config=load_config(args.config),
+        log_level=args.log_level,
+        seed=args.seed,
+    )
+
+
+async def _serve(settings: RouterSettings) -> None:
+    import uvicorn
+
+    from kvflow.router.api.app import create_app
+    from kvflow.router.api.gateway import build_gateway
+
+    gateway = build_gateway(settings)
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(gateway),
+        log_level=settings.log_level,
+        access_log=False,  # one log line per request costs more than routing it
+        timeout_graceful_shutdown=5,
+        loop="uvloop",
+        http="httptools",
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        # One machine-readable line for whoever started us with --port 0 (tests, kvflow up).
+        print(f"{READY_PREFIX} port={port}", flush=True)
+    await serving
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        settings = parse_args(argv)
+    except (ConfigError, TenantConfigError, DiscoveryConfigError) as exc:
+        print(f"kvflow router: {exc}", file=sys.stderr)
+        return 2
+    if settings is None:
+        return 0
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(_serve(settings))
+    except (TokenizerLoadError, ConfigError) as exc:
+        print(f"kvflow router: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kvflow router: {exc}; pick another --port", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,1 @@
+"""Serving a request: prompt preparation, routing with failover, streaming text out."""

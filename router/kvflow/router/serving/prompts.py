@@ -1,0 +1,76 @@
+"""Turn a validated request into prompt token ids, and check them against the context."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvflow.router.protocol.errors import ApiError, invalid_request
+from kvflow.router.protocol.requests import ChatMessage, Prompt
+from kvflow.router.text.chat_template import ChatTemplateError
+from kvflow.router.text.model_files import TextModel
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    token_ids: list[int]
+    text: str  # for `echo`; the decoded ids when the prompt came as ids
+
+
+def context_length_exceeded(num_prompt: int, max_tokens: int | None, max_len: int) -> ApiError:
+    if max_tokens is None or num_prompt >= max_len:
+        detail = f"your prompt has {num_prompt} tokens"
+    else:
+        detail = (
+            f"you requested {num_prompt + max_tokens} tokens ({num_prompt} in the prompt, "
+            f"{max_tokens} in the completion)"
+        )
+    return invalid_request(
+        f"This model's maximum context length is {max_len} tokens; however, {detail}. "
+        "Please shorten the prompt or reduce max_tokens.",
+        param="messages" if max_tokens is None else "max_tokens",
+        code="context_length_exceeded",
+    )
+
+
+def check_context(num_prompt: int, max_tokens: int | None, max_len: int) -> None:
+    """The worker generates at least one token, so the prompt must leave room for it."""
+    if num_prompt == 0:
+        raise invalid_request("The prompt is empty.", param="prompt")
+    if num_prompt >= max_len or (max_tokens is not None and num_prompt + max_tokens > max_len):
+        raise context_length_exceeded(num_prompt, max_tokens, max_len)
+
+
+class PromptBuilder:
+    def __init__(self, text_model: TextModel) -> None:
+        self._text = text_model
+
+    def chat(self, messages: Sequence[ChatMessage]) -> PreparedPrompt:
+        template = self._text.chat_template
+        if template is None:
+            raise invalid_request(
+                "This model has no chat template; use /v1/completions with a plain prompt.",
+                param="messages",
+            )
+        try:
+            text = template.render([m.as_template_dict() for m in messages])
+        except ChatTemplateError as exc:
+            raise invalid_request(
+                f"The chat template rejected the messages: {exc}", param="messages"
+            ) from exc
+        # The template writes any BOS itself; adding special tokens again would double it.
+        ids = self._text.tokenizer.encode(text, add_special_tokens=False)
+        return PreparedPrompt(ids, text)
+
+    def completion(self, prompt: Prompt) -> PreparedPrompt:
+        tokenizer = self._text.tokenizer
+        if isinstance(prompt, str):
+            return PreparedPrompt(tokenizer.encode(prompt, add_special_tokens=True), prompt)
+        vocab_size = tokenizer.vocab_size
+        bad = next((t for t in prompt if t >= vocab_size), None)
+        if bad is not None:
+            raise invalid_request(
+                f"Invalid 'prompt': token id {bad} is outside the vocabulary (size {vocab_size}).",
+                param="prompt",
+            )
+        return PreparedPrompt(list(prompt), tokenizer.decode(prompt, skip_special_tokens=False))

@@ -1,0 +1,140 @@
+"""The router's settings: the command line plus the YAML file `--config` names.
+
+```yaml
+routing:
+  weights: {prefix_blocks: 1.0, queue_depth: 1.0, kv_usage: 2.0, session: 8.0}
+  session_header: x-session-id
+  max_blocks_per_worker: 262144
+tenants:
+  - name: acme
+    api_key_sha256: [<sha256 hex of the key>]   # kvflow router --hash-api-key
+    models: [smollm2-135m-instruct]              # or ["*"]
+    priority: 0
+    requests_per_minute: 600
+    tokens_per_minute: 200000
+    max_concurrent_requests: 32
+    daily_token_budget: 5000000
+public_prefixes:
+  - system: "You are a helpful assistant."       # a system message, rendered by the template
+  - text: "<|im_start|>system\\n..."              # or raw prompt text
+limits:
+  max_body_bytes: 8388608
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
+from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
+from kvflow.router.tenants.config import TenantDirectory, parse_tenants
+
+# 8 MiB: an 8k-token prompt is about 32 KB of text; even a 128k-token context with JSON
+# escaping stays under 2 MB, so this refuses only what no model here could read.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_SESSION_HEADER = "x-session-id"
+
+
+class ConfigError(ValueError):
+    """The configuration file is invalid; the message names the field."""
+
+
+@dataclass(frozen=True)
+class PublicPrefixSpec:
+    text: str | None = None
+    system: str | None = None
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    session_header: str = DEFAULT_SESSION_HEADER
+    max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS_PER_WORKER
+    tenants: TenantDirectory = field(default_factory=lambda: parse_tenants(None))
+    public_prefixes: tuple[PublicPrefixSpec, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    host: str = "0.0.0.0"
+    port: int = 8000
+    model: str | None = None  # tokenizer + chat template; None: the built-in SmolLM2 GGUF
+    served_model_name: str | None = None  # None: whatever the workers report
+    workers: tuple[str, ...] = ()
+    worker_dns: str | None = None  # NAME:PORT of a headless Service
+    dns_interval_s: float = 5.0
+    redis_url: str | None = None
+    config: RouterConfig = field(default_factory=RouterConfig)
+    log_level: str = "info"
+    seed: int | None = None  # of tie-breaking; None: random
+
+
+def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a mapping")
+    return value
+
+
+def _check_keys(raw: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where} has unknown fields {unknown}; known: {sorted(known)}")
+
+
+def parse_config(raw: object) -> RouterConfig:
+    if raw is None:
+        return RouterConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError("the configuration must be a YAML mapping")
+    _check_keys(raw, {"routing", "tenants", "public_prefixes", "limits"}, "the configuration")
+    routing = _section(raw, "routing")
+    _check_keys(routing, {"weights", "session_header", "max_blocks_per_worker"}, "routing")
+    weights = dict(DEFAULT_WEIGHTS)
+    weights.update(_section(routing, "weights"))
+    limits = _section(raw, "limits")
+    _check_keys(limits, {"max_body_bytes"}, "limits")
+    prefixes = []
+    for i, item in enumerate(raw.get("public_prefixes") or []):
+        if (
+            not isinstance(item, dict)
+            or len(item) != 1
+            or not isinstance(next(iter(item.values())), str)
+        ):
+            raise ConfigError(f"public_prefixes[{i}] must be {{text: ...}} or {{system: ...}}")
+        _check_keys(item, {"text", "system"}, f"public_prefixes[{i}]")
+        prefixes.append(PublicPrefixSpec(text=item.get("text"), system=item.get("system")))
+    max_blocks = routing.get("max_blocks_per_worker", DEFAULT_MAX_BLOCKS_PER_WORKER)
+    max_body = limits.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    for name, value in (("routing.max_blocks_per_worker", max_blocks),
+                        ("limits.max_body_bytes", max_body)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    tenants = raw.get("tenants")
+    if tenants is not None and not isinstance(tenants, list):
+        raise ConfigError("tenants must be a list")
+    return RouterConfig(
+        weights=weights,
+        session_header=str(routing.get("session_header", DEFAULT_SESSION_HEADER)).lower(),
+        max_blocks_per_worker=max_blocks,
+        tenants=parse_tenants(tenants),
+        public_prefixes=tuple(prefixes),
+        max_body_bytes=max_body,
+    )
+
+
+def load_config(path: str | Path | None) -> RouterConfig:
+    if path is None:
+        return RouterConfig()
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read --config {path}: {exc}") from exc
+    return parse_config(raw)

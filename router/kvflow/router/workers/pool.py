@@ -1,0 +1,200 @@
+"""The set of workers this router knows, each probed for health and load, each followed
+for KV events; `views()` is the snapshot routing reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from kvflow.proto import worker_pb2 as pb
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.workers.client import WorkerClient
+from kvflow.router.workers.kv_events import KvEventFollower
+
+log = logging.getLogger("kvflow.router.workers")
+
+# Load every 250 ms: 16 workers cost 64 small calls a second, and between polls this
+# router's own in-flight count keeps the estimate current (estimate_queue_depth).
+LOAD_INTERVAL_S = 0.25
+HEALTH_EVERY_N_LOADS = 4
+# A worker that failed is probed again this often, so a restarted one returns quickly.
+UNHEALTHY_RETRY_S = 0.5
+# Generous: a probe that times out marks the worker unhealthy, and a busy 2-core machine
+# can stall an event loop for a second.
+PROBE_TIMEOUT_S = 3.0
+
+_ROLES = {
+    pb.ROLE_BOTH: WorkerRole.BOTH,
+    pb.ROLE_PREFILL: WorkerRole.PREFILL,
+    pb.ROLE_DECODE: WorkerRole.DECODE,
+}
+
+
+def estimate_queue_depth(num_reported: int, num_local_now: int, num_local_at_report: int) -> int:
+    """Requests queued or running on a worker: its last report, corrected by what this
+    router has started or finished there since (reports are up to LOAD_INTERVAL_S old)."""
+    return max(0, num_reported + num_local_now - num_local_at_report)
+
+
+@dataclass
+class _Worker:
+    worker_id: WorkerId
+    client: WorkerClient
+    info: pb.WorkerInfo | None = None
+    is_healthy: bool = False
+    num_reported: int = 0  # waiting + running at the last Load
+    kv_usage: float = 0.0
+    num_local: int = 0  # this router's open requests there
+    num_local_at_report: int = 0
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    follower: asyncio.Task[None] | None = None
+
+
+class WorkerPool:
+    def __init__(self, index: BlockIndex, sessions: SessionTable) -> None:
+        self._index = index
+        self._sessions = sessions
+        self._workers: dict[WorkerId, _Worker] = {}
+
+    # -- membership ------------------------------------------------------------------------
+
+    async def set_addresses(self, addresses: Iterable[str]) -> None:
+        """Make the pool exactly these "host:port" workers (discovery calls this)."""
+        wanted = {WorkerId(a) for a in addresses}
+        for worker_id in set(self._workers) - wanted:
+            await self._remove(worker_id)
+        for worker_id in sorted(wanted - set(self._workers)):
+            worker = _Worker(worker_id, WorkerClient(worker_id))
+            self._workers[worker_id] = worker
+            worker.tasks.append(asyncio.create_task(self._monitor(worker)))
+            log.info("worker %s added", worker_id)
+
+    async def _remove(self, worker_id: WorkerId) -> None:
+        worker = self._workers.pop(worker_id)
+        await self._cancel(worker)
+        self._index.drop_worker(worker_id)
+        self._sessions.forget_worker(worker_id)
+        await worker.client.close()
+        log.info("worker %s removed", worker_id)
+
+    async def _cancel(self, worker: _Worker) -> None:
+        tasks = [*worker.tasks, *([worker.follower] if worker.follower else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        for worker_id in list(self._workers):
+            await self._remove(worker_id)
+
+    # -- probes ----------------------------------------------------------------------------
+
+    def _restart_follower(self, worker: _Worker) -> None:
+        """Follow the KV events from a fresh snapshot (also after any doubt about them)."""
+        if worker.follower is not None:
+            worker.follower.cancel()
+        follower = KvEventFollower(worker.worker_id, worker.client, self._index)
+        worker.follower = asyncio.create_task(follower.run())
+
+    def _mark_unhealthy(self, worker: _Worker, why: str) -> None:
+        if worker.is_healthy:
+            log.warning("worker %s is unhealthy: %s", worker.worker_id, why)
+        worker.is_healthy = False
+        # Its cache may be gone (a crash) or stale: forget it until a new snapshot says.
+        self._index.clear(worker.worker_id)
+        if worker.follower is not None:
+            worker.follower.cancel()
+            worker.follower = None
+
+    async def _probe_health(self, worker: _Worker) -> None:
+        health = await worker.client.health(PROBE_TIMEOUT_S)
+        if not health.is_serving:
+            self._mark_unhealthy(worker, "draining")
+            return
+        restarted = worker.info is not None and (worker.info.instance_id != health.info.instance_id)
+        worker.info = health.info
+        if restarted:
+            log.info("worker %s restarted (new instance)", worker.worker_id)
+        if not worker.is_healthy or restarted or worker.follower is None:
+            if not worker.is_healthy:
+                log.info("worker %s is healthy (model %s)", worker.worker_id, health.info.model)
+            worker.is_healthy = True
+            self._restart_follower(worker)
+
+    async def _monitor(self, worker: _Worker) -> None:
+        num_loads = 0
+        while True:
+            try:
+                if not worker.is_healthy or num_loads % HEALTH_EVERY_N_LOADS == 0:
+                    await self._probe_health(worker)
+                if worker.is_healthy:
+                    local_before = worker.num_local
+                    load = await worker.client.load(PROBE_TIMEOUT_S)
+                    worker.num_reported = load.num_waiting + load.num_running
+                    worker.kv_usage = load.kv_usage
+                    worker.num_local_at_report = local_before
+                    num_loads += 1
+            except grpc.aio.AioRpcError as exc:
+                self._mark_unhealthy(worker, f"{exc.code().name}: {exc.details()}")
+            await asyncio.sleep(LOAD_INTERVAL_S if worker.is_healthy else UNHEALTHY_RETRY_S)
+
+    # -- what routing and serving read -------------------------------------------------------
+
+    def views(self) -> list[WorkerView]:
+        return [
+            WorkerView(
+                worker_id=w.worker_id,
+                model=w.info.model if w.info is not None else "",
+                role=_ROLES.get(w.info.role, WorkerRole.BOTH) if w.info else WorkerRole.BOTH,
+                is_healthy=w.is_healthy,
+                queue_depth=estimate_queue_depth(
+                    w.num_reported, w.num_local, w.num_local_at_report
+                ),
+                kv_usage=w.kv_usage,
+            )
+            for w in self._workers.values()
+        ]
+
+    def client(self, worker_id: WorkerId) -> WorkerClient:
+        return self._workers[worker_id].client
+
+    def model_info(self, model: str) -> pb.WorkerInfo | None:
+        """The facts of a healthy worker serving ``model`` (hash seed, block size, limits)."""
+        for w in self._workers.values():
+            if w.is_healthy and w.info is not None and w.info.model == model:
+                return w.info
+        return None
+
+    def known_models(self) -> set[str]:
+        return {w.info.model for w in self._workers.values() if w.info is not None}
+
+    def num_healthy(self) -> int:
+        return sum(w.is_healthy for w in self._workers.values())
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def mark_failed(self, worker_id: WorkerId, why: str) -> None:
+        """A request failed there before its first token: stop routing to it at once."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            self._mark_unhealthy(worker, why)
+
+    @contextlib.contextmanager
+    def request_open(self, worker_id: WorkerId) -> Iterator[None]:
+        """Count a request as in flight on a worker while the block runs."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.num_local += 1
+        try:
+            yield
+        finally:
+            if worker is not None:
+                worker.num_local -= 1

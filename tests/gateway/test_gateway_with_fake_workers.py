@@ -1,0 +1,160 @@
+"""A real gateway process against scripted workers: failover before the first token, an
+error event mid-stream, session affinity, and exactly what reaches the worker (tenant salt,
+priority, public prefix blocks)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+from testkit.fake_worker import FakeWorker, running_fake_worker
+from testkit.gateway_process import GatewayProcess, running_gateway
+
+from kvflow.router.tenants.config import default_cache_salt, hash_api_key
+from kvflow.router.text.model_files import load_text_model
+
+pytestmark = pytest.mark.integration
+
+TOKENIZER = load_text_model(None).tokenizer
+TOKENS = TOKENIZER.encode(" The quick brown fox jumps", add_special_tokens=False)
+TEXT = " The quick brown fox jumps"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def two_workers() -> Iterator[tuple[FakeWorker, FakeWorker, str, str]]:
+    # B looks busy, so A is the first choice whenever it is healthy.
+    a, b = FakeWorker(tokens=TOKENS), FakeWorker(tokens=TOKENS, num_running=5)
+    with running_fake_worker(a) as address_a, running_fake_worker(b) as address_b:
+        yield a, b, address_a, address_b
+
+
+@contextmanager
+def gateway_for(*addresses: str, extra: tuple[str, ...] = ()) -> Iterator[GatewayProcess]:
+    with running_gateway(["--workers", ",".join(addresses), *extra]) as g:
+        g.wait_ready(num_workers=len(addresses))
+        yield g
+
+
+def client_for(g: GatewayProcess, api_key: str = "x") -> openai.OpenAI:
+    return openai.OpenAI(base_url=g.base_url, api_key=api_key, max_retries=0, timeout=30)
+
+
+def failovers(g: GatewayProcess) -> float:
+    for line in httpx.get(f"{g.url}/metrics").text.splitlines():
+        if line.startswith("kvflow_router_failovers_total "):
+            return float(line.split()[1])
+    raise AssertionError("no failover counter")
+
+
+def test_worker_failing_before_the_first_token_is_failed_over(two_workers) -> None:
+    a, b, address_a, address_b = two_workers
+    a.mode = "unavailable"
+    with gateway_for(address_a, address_b) as g:
+        body = {"model": "fake", "messages": MESSAGES}
+        r = httpx.post(f"{g.base_url}/chat/completions", json=body,
+                       headers={"x-kvflow-route": "1"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == TEXT
+        route = r.headers["x-kvflow-route"]
+        assert route.index(f"worker={address_a}") < route.index(f"worker={address_b}")
+        assert len(a.requests) == 1 and len(b.requests) == 1
+        assert failovers(g) == 1
+        # Streaming too: the client never sees the failed attempt.
+        chunks = list(client_for(g).chat.completions.create(model="fake", messages=MESSAGES,
+                                                            stream=True))  # fmt: skip
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == TEXT
+
+
+def test_every_worker_failing_is_a_503(two_workers) -> None:
+    a, b, address_a, address_b = two_workers
+    a.mode = b.mode = "unavailable"
+    with gateway_for(address_a, address_b) as g:
+        with pytest.raises(openai.InternalServerError) as info:
+            client_for(g).chat.completions.create(model="fake", messages=MESSAGES)
+        assert info.value.status_code == 503
+        assert "fake worker: unavailable" in info.value.message
+
+
+def test_worker_refusing_the_request_is_a_400_not_a_retry(two_workers) -> None:
+    a, b, address_a, address_b = two_workers
+    a.mode = "invalid"
+    with gateway_for(address_a, address_b) as g:
+        with pytest.raises(openai.BadRequestError, match="fake worker: bad request"):
+            client_for(g).chat.completions.create(model="fake", messages=MESSAGES)
+        assert len(b.requests) == 0
+
+
+def test_worker_dying_mid_stream_ends_the_stream_with_an_error(two_workers) -> None:
+    a, _, address_a, address_b = two_workers
+    a.mode, a.die_after = "die", 2
+    with gateway_for(address_a, address_b) as g:
+        stream = client_for(g).chat.completions.create(model="fake", messages=MESSAGES, stream=True)
+        received = ""
+        with pytest.raises(openai.APIError, match="mid-stream"):
+            for chunk in stream:
+                received += chunk.choices[0].delta.content or ""
+        assert received == TOKENIZER.decode(TOKENS[:2])
+        # Not streaming, nothing reached the client yet: the gateway starts over elsewhere.
+        a.mode = "die"
+        response = client_for(g).chat.completions.create(model="fake", messages=MESSAGES)
+        assert response.choices[0].message.content == TEXT
+
+
+def test_session_affinity_keeps_a_conversation_on_one_worker() -> None:
+    a, b = FakeWorker(tokens=TOKENS), FakeWorker(tokens=TOKENS)
+    session = {"x-session-id": "conv-1"}
+    with (
+        running_fake_worker(a) as address_a,
+        running_fake_worker(b) as address_b,
+        gateway_for(address_a, address_b, extra=("--seed", "1")) as g,
+    ):
+        client = client_for(g)
+        for _ in range(10):
+            client.chat.completions.create(model="fake", messages=MESSAGES, extra_headers=session)
+        assert sorted([len(a.requests), len(b.requests)]) == [0, 10]
+        # Without a session the tie between two idle workers is broken at random.
+        for _ in range(20):
+            client.chat.completions.create(model="fake", messages=MESSAGES)
+        assert min(len(a.requests), len(b.requests)) >= 3
+
+
+def test_tenant_salt_priority_and_public_prefix_reach_the_worker(tmp_path: Path) -> None:
+    system = "You are the shared assistant of this pool. " * 8  # several full blocks
+    config = {
+        "tenants": [
+            {"name": "alice", "api_key_sha256": hash_api_key("sk-alice"), "priority": 3},
+            {"name": "bob", "api_key_sha256": hash_api_key("sk-bob")},
+        ],
+        "public_prefixes": [{"system": system}],
+    }
+    config_path = tmp_path / "router.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    worker = FakeWorker(tokens=TOKENS)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "q"}]
+    with (
+        running_fake_worker(worker) as address,
+        gateway_for(address, extra=("--config", str(config_path))) as g,
+    ):
+        for key in ("sk-alice", "sk-bob"):
+            client_for(g, key).chat.completions.create(model="fake", messages=messages)
+        client_for(g, "sk-alice").chat.completions.create(model="fake", messages=MESSAGES)
+    alice, bob, alice_private = worker.requests
+    assert alice.cache_salt == default_cache_salt("alice") != bob.cache_salt
+    assert bob.cache_salt == default_cache_salt("bob")
+    assert (alice.priority, bob.priority) == (3, 0)
+    template = load_text_model(None).chat_template
+    assert template is not None
+    prefix = TOKENIZER.encode(
+        template.render([{"role": "system", "content": system}], add_generation_prompt=False),
+        add_special_tokens=False,
+    )
+    assert alice.num_public_blocks == bob.num_public_blocks == len(prefix) // 16 > 2
+    assert alice_private.num_public_blocks == 0  # the default system prompt is not public
+    assert Counter(r.prompt_token_ids[0] for r in worker.requests) == Counter({1: 3})

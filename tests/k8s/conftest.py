@@ -13,12 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from k8s.controlplane import REPO, Binaries, ControlPlane, wait_for, which_openssl, write_kubeconfig
+from k8s.controlplane import (
+    CHART,
+    RELEASE,
+    REPO,
+    SYSTEM_NAMESPACE,
+    Binaries,
+    ControlPlane,
+    wait_for,
+    which_openssl,
+    write_kubeconfig,
+)
 from k8s.operator_process import OperatorProcess
-
-CHART = REPO / "helm" / "kvflow"
-RELEASE = "kvflow"
-SYSTEM_NAMESPACE = "kvflow-system"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

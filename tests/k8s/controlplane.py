@@ -22,6 +22,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO / "tools" / "k8s" / "versions.env"
+CHART = REPO / "helm" / "kvflow"
+RELEASE = "kvflow"
+SYSTEM_NAMESPACE = "kvflow-system"  # where the chart (and the operator's Lease) lives
 ADMIN_TOKEN = "kvflow-test-admin-token"  # loopback-only cluster, discarded after the session
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 
-from k8s.controlplane import ControlPlane, Process, free_port, start, wait_for
+from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane, Process, free_port, start, wait_for
 
-SYSTEM_NAMESPACE = "kvflow-system"
 WORKER_IMAGE = "registry.invalid/kvflow-worker:test"  # never pulled: KWOK runs no containers
 ROUTER_IMAGE = "registry.invalid/kvflow-router:test"
 # Short enough that a test sees drift repaired within seconds, long enough not to swamp
@@ -33,7 +33,8 @@ class OperatorProcess:
     ) -> None:
         self.cluster, self.kubeconfig, self.workdir = cluster, kubeconfig, workdir
         self.identity = identity
-        self.lease_name = lease_name or f"kvflow-operator-{workdir.name}"[:63]
+        unique = re.sub(r"[^a-z0-9]+", "-", workdir.name.lower()).strip("-")
+        self.lease_name = lease_name or f"kvflow-operator-{unique}"[:63].rstrip("-")
         self.proc: Process | None = None
         self.starts = 0
 

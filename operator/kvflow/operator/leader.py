@@ -109,7 +109,7 @@ class LeaderElector:
             self.kube.replace_lease(self.namespace, self.name, lease)
             return True
         except KubeError as exc:
-            if exc.status in (409, 422):  # someone else created or renewed it first
+            if exc.status == 409:  # someone else created or renewed it first
                 return False
             raise
 

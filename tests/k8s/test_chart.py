@@ -1,0 +1,114 @@
+"""The Helm chart with the real helm binary: lint, template, schema, install."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from k8s.controlplane import CHART, RELEASE, REPO, SYSTEM_NAMESPACE, Binaries, ControlPlane
+
+from kvflow.operator.kube import LEASE_RULES, RBAC_RULES
+
+
+def render(cluster: ControlPlane, *args: str) -> list[dict[str, Any]]:
+    out = cluster.helm("template", RELEASE, str(CHART), "--namespace", SYSTEM_NAMESPACE, *args)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_helm_lint_strict_is_clean(cluster: ControlPlane) -> None:
+    for values in ([], ["--set", "redis.enabled=true", "--set", "examplePool.enabled=true"]):
+        out = cluster.helm("lint", "--strict", str(CHART), *values)
+        assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+        assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_chart_crd_is_the_generated_one(binaries: Binaries) -> None:
+    (crd_file,) = (REPO / "crds").glob("*.yaml")
+    assert (CHART / "crds" / crd_file.name).read_text() == crd_file.read_text()
+
+
+def test_template_renders_the_operator_and_least_privilege_rbac(cluster: ControlPlane) -> None:
+    docs = render(cluster)
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding",
+        "ServiceAccount",
+    ]  # fmt: skip
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert cluster_role["rules"] == RBAC_RULES  # exactly what kvflow.operator.kube calls
+    (role,) = by_kind(docs, "Role")
+    assert role["rules"] == LEASE_RULES
+    (deployment,) = by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/kvflow/operator:0.1.0"
+    assert container["command"] == ["kvflow", "operator"]
+    assert "--worker-image=ghcr.io/kvflow/worker:0.1.0" in container["args"]
+    assert pod["serviceAccountName"] == "kvflow-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_template_with_redis_and_example_pool(cluster: ControlPlane) -> None:
+    docs = render(
+        cluster, "--set", "redis.enabled=true", "--set", "examplePool.enabled=true",
+        "--set", "operator.watchNamespaces={team-a,team-b}",
+    )  # fmt: skip
+    (pool,) = by_kind(docs, "InferencePool")
+    assert pool["metadata"]["namespace"] == SYSTEM_NAMESPACE
+    assert pool["spec"]["router"]["redis"]["url"] == (
+        f"redis://kvflow-redis.{SYSTEM_NAMESPACE}.svc:6379/0"
+    )
+    names = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
+    assert names == {"kvflow-operator", "kvflow-redis"}
+    operator = next(
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "kvflow-operator"
+    )
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+def test_values_schema_rejects_bad_values(cluster: ControlPlane) -> None:
+    for bad, message in [
+        (["--set", "operator.replicas=-1"], "minimum"),
+        (["--set", "operator.logLevel=LOUD"], "operator/logLevel"),
+        (["--set", "unknownKey=1"], "unknownKey"),
+        (["--set", "examplePool.name=9lives"], "examplePool/name"),
+    ]:
+        out = cluster.helm("template", RELEASE, str(CHART), *bad, check=False)
+        assert out.returncode != 0, bad
+        assert message in out.stderr, (bad, out.stderr)
+
+
+def test_helm_install_into_the_api_server(cluster: ControlPlane, chart_release: str) -> None:
+    status = cluster.helm("status", chart_release, "-n", SYSTEM_NAMESPACE).stdout
+    assert "STATUS: deployed" in status
+    deployment = cluster.kubectl_json(
+        "get", "deployment", "kvflow-operator", "-n", SYSTEM_NAMESPACE
+    )
+    # KWOK turned the operator's pods Ready; `helm install --wait` waited for them.
+    assert deployment["status"]["readyReplicas"] == 2
+    cluster.kubectl("get", "clusterrole", "kvflow-operator")
+    cluster.kubectl("get", "role", "kvflow-operator-leader", "-n", SYSTEM_NAMESPACE)
+    can = cluster.kubectl(
+        "auth", "can-i", "patch", "deployments",
+        "--as", f"system:serviceaccount:{SYSTEM_NAMESPACE}:kvflow-operator", "-A",
+    )  # fmt: skip
+    assert can.stdout.strip() == "yes"
+    cannot = cluster.kubectl(
+        "auth", "can-i", "get", "secrets",
+        "--as", f"system:serviceaccount:{SYSTEM_NAMESPACE}:kvflow-operator", "-A", check=False,
+    )  # fmt: skip
+    assert cannot.stdout.strip() == "no"
+
+
+def test_rendered_manifests_for_kubectl_users_are_current(cluster: ControlPlane) -> None:
+    """deploy/kvflow-operator.yaml is `helm template` of the chart, for `kubectl apply`."""
+    out = cluster.helm(
+        "template", RELEASE, str(CHART), "--namespace", SYSTEM_NAMESPACE,
+    )  # fmt: skip
+    committed = (REPO / "deploy" / "kvflow-operator.yaml").read_text()
+    assert committed == out.stdout, "stale: run `make manifests`"

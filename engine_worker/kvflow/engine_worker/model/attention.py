@@ -5,10 +5,13 @@ The cache of one layer is a tensor ``[2, num_blocks, block_size, num_kv_heads, h
 cache as ``[2, num_slots, num_kv_heads, head_dim]`` makes writes one ``index_copy_`` and
 reads one gather.
 
-On the CPU the simple path wins: gather each sequence's slots into contiguous K/V and call
-``scaled_dot_product_attention``. Sequences with more than one new token (prefill chunks)
-go one at a time; single-token decodes go in one padded batch, because padding a batch of
-decodes to the longest context costs far less than a Python loop over 64 SDPA calls.
+On the CPU the simple path wins: gather each sequence's blocks into contiguous K/V and
+call ``scaled_dot_product_attention``. Gathering whole blocks (16 tokens x heads x dim, 48 KiB
+for SmolLM2 in float32) rather than single slots, and making the result contiguous before
+SDPA, measured about 1.5x faster than a per-slot gather fed to SDPA as a strided view.
+Sequences with more than one new token (prefill chunks) go one at a time; single-token
+decodes go in one padded batch, because padding a batch of decodes to the longest context
+costs far less than a Python loop over 64 SDPA calls.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ class PrefillSeq:
     query_start: int  # row of its first new token in the flattened batch
     query_len: int
     context_len: int  # tokens it attends to, the new ones included
-    slots: torch.Tensor  # [context_len] int64: the cache slot of every context token
+    block_ids: torch.Tensor  # [ceil(context_len / block_size)] int64
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,8 @@ class DecodeBatch:
     """Sequences with exactly one new token each, padded to the longest context."""
 
     rows: torch.Tensor  # [B] int64: their rows in the flattened batch
-    slots: torch.Tensor  # [B, max_context_len] int64 (padding points at slot 0)
-    mask: torch.Tensor  # [B, 1, 1, max_context_len] bool: True where a real token is
+    block_ids: torch.Tensor  # [B, max_blocks] int64 (padding points at block 0)
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool: True where a real token is
 
 
 @dataclass(frozen=True)
@@ -61,41 +64,43 @@ class AttentionMetadata:
         ``context_lens[i]`` tokens, stored in the blocks ``block_tables[i]``.
         """
         assert len(query_lens) == len(context_lens) == len(block_tables)
-        offsets = torch.arange(block_size, dtype=torch.int64)
-        slot_lists: list[torch.Tensor] = []
-        for ctx, table in zip(context_lens, block_tables, strict=True):
+        # Slot of each new token: position p of a sequence lives in block table[p // B]
+        # at offset p % B. Plain Python: for decodes (one token each) it beats tensor ops.
+        slots: list[int] = []
+        for q, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
             assert len(table) * block_size >= ctx, "block table too short for the context"
-            blocks = torch.tensor(table, dtype=torch.int64)
-            slot_lists.append((blocks[:, None] * block_size + offsets).flatten()[:ctx])
-
-        new_slots = [
-            s[ctx - q :] for s, q, ctx in zip(slot_lists, query_lens, context_lens, strict=True)
-        ]
-        slot_mapping = torch.cat(new_slots) if new_slots else torch.empty(0, dtype=torch.int64)
+            slots.extend(
+                table[p // block_size] * block_size + p % block_size for p in range(ctx - q, ctx)
+            )
+        slot_mapping = torch.tensor(slots, dtype=torch.int64)
 
         prefills: list[PrefillSeq] = []
         decode_rows: list[int] = []
-        decode_slots: list[torch.Tensor] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
         row = 0
-        for q, ctx, slots in zip(query_lens, context_lens, slot_lists, strict=True):
+        for q, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
+            used = table[: -(-ctx // block_size)]
             if q == 1:
                 decode_rows.append(row)
-                decode_slots.append(slots)
+                decode_tables.append(used)
+                decode_lens.append(ctx)
             else:
-                prefills.append(PrefillSeq(row, q, ctx, slots.to(device)))
+                ids = torch.tensor(used, dtype=torch.int64, device=device)
+                prefills.append(PrefillSeq(row, q, ctx, ids))
             row += q
 
         decode = None
         if decode_rows:
-            max_ctx = max(len(s) for s in decode_slots)
-            padded = torch.zeros(len(decode_rows), max_ctx, dtype=torch.int64)
-            mask = torch.zeros(len(decode_rows), max_ctx, dtype=torch.bool)
-            for i, s in enumerate(decode_slots):
-                padded[i, : len(s)] = s
-                mask[i, : len(s)] = True
+            max_blocks = max(len(t) for t in decode_tables)
+            padded = torch.zeros(len(decode_rows), max_blocks, dtype=torch.int64)
+            for i, t in enumerate(decode_tables):
+                padded[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
+            positions = torch.arange(max_blocks * block_size)
+            mask = positions[None, :] < torch.tensor(decode_lens)[:, None]
             decode = DecodeBatch(
                 rows=torch.tensor(decode_rows, dtype=torch.int64, device=device),
-                slots=padded.to(device),
+                block_ids=padded.to(device),
                 mask=mask[:, None, None, :].to(device),
             )
         return AttentionMetadata(slot_mapping.to(device), tuple(prefills), decode)
@@ -126,15 +131,20 @@ def paged_attention(
     Grouped-query attention shares each KV head among ``num_heads / num_kv_heads`` heads.
     """
     write_kv(kv_cache, k, v, meta.slot_mapping)
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    num_kv_heads = kv_cache.shape[3]
     is_gqa = q.shape[1] != num_kv_heads
     out = torch.empty_like(q)
 
+    def gather(block_ids: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the blocks' first ``num_tokens`` tokens as ``[..., Hkv, tokens, D]``."""
+        kv = kv_cache[:, block_ids]  # [2, ..., blocks, block_size, Hkv, D]
+        kv = kv.flatten(-4, -3)[..., :num_tokens, :, :]  # [2, ..., tokens, Hkv, D]
+        kv = kv.transpose(-3, -2).contiguous().to(q.dtype)
+        return kv[0], kv[1]
+
     for seq in meta.prefills:
         qs = q[seq.query_start : seq.query_start + seq.query_len].transpose(0, 1)  # [H, q, D]
-        ks = flat[0, seq.slots].transpose(0, 1).to(q.dtype)  # [Hkv, ctx, D]
-        vs = flat[1, seq.slots].transpose(0, 1).to(q.dtype)
+        ks, vs = gather(seq.block_ids, seq.context_len)
         if seq.query_len == seq.context_len:
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, is_causal=True, scale=scale, enable_gqa=is_gqa
@@ -152,8 +162,7 @@ def paged_attention(
     if meta.decode is not None:
         d = meta.decode
         qd = q[d.rows][:, :, None, :]  # [B, H, 1, D]
-        kd = flat[0][d.slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, ctx, D]
-        vd = flat[1][d.slots].transpose(1, 2).to(q.dtype)
+        kd, vd = gather(d.block_ids, d.mask.shape[-1])  # [B, Hkv, max_blocks * block_size, D]
         o = F.scaled_dot_product_attention(
             qd, kd, vd, attn_mask=d.mask, scale=scale, enable_gqa=is_gqa
         )

@@ -125,15 +125,24 @@ def test_a_subscriber_that_falls_behind_gets_a_fresh_snapshot(
             assert isinstance(first, KvSnapshot) and first.block_hashes == []
             for i in range(10):  # 10 steps with new blocks while nobody reads
                 await collect(loop, f"r{i}", [500 + i] * 8, 1)
+            pool = loop.engine.kv_cache.pool
             items = []
-            while sub.pending:
-                items.append(await sub.next())
+            last_seq = -1
+            while last_seq < pool.events.last_seq:  # the last step publishes after its outputs
+                item = await asyncio.wait_for(sub.next(), 5)
+                items.append(item)
+                last_seq = item.seq if isinstance(item, KvSnapshot) else item[-1].seq
             assert isinstance(items[0], KvSnapshot), "the backlog was replaced by a snapshot"
             snapshot = items[0]
             after = [e for item in items[1:] for e in item]  # type: ignore[union-attr]
             assert all(e.seq > snapshot.seq for e in after)
-            known = set(snapshot.block_hashes) | {h for e in after for h in e.block_hashes}
-            assert known == set(loop.engine.kv_cache.pool.cached_hashes())
+            known = set(snapshot.block_hashes)
+            for e in after:
+                if e.kind is KvEventKind.STORED:
+                    known |= set(e.block_hashes)
+                else:
+                    known -= set(e.block_hashes)
+            assert known == set(pool.cached_hashes())
         finally:
             loop.stop()
 

@@ -1,0 +1,96 @@
+"""Operator restarts and several replicas: no duplicates, one leader, clean failover."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane, wait_for
+from k8s.operator_process import OperatorProcess
+from k8s.pools import SMALL_SPEC, apply_pool, children, event_reasons, wait_ready
+
+
+def lease_holder(cluster: ControlPlane, name: str) -> str:
+    lease = cluster.kubectl_json("get", "lease", name, "-n", SYSTEM_NAMESPACE)
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+def test_operator_killed_mid_way_creates_no_duplicates(
+    cluster: ControlPlane, operator_kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    op = OperatorProcess(cluster, operator_kubeconfig, tmp_path, identity="op-crash")
+    op.start()
+    try:
+        apply_pool(cluster, namespace, "smol", SMALL_SPEC)
+        # Kill (SIGKILL, nothing cleaned up) as soon as it has started creating children.
+        wait_for(lambda: "Created" in event_reasons(cluster, namespace, "smol"), 60, "a child")
+        op.kill()
+        # The crashed leader's Lease must expire before the new process may lead (15 s).
+        op.start()
+        pool = wait_ready(cluster, namespace, "smol")
+    finally:
+        op.stop()
+
+    deployments = children(cluster, namespace, "smol", "deployments")
+    assert sorted(d["metadata"]["name"] for d in deployments) == ["smol-colocated", "smol-router"]
+    for kind, count in (("services", 2), ("configmaps", 1), ("poddisruptionbudgets", 2)):
+        assert len(children(cluster, namespace, "smol", kind)) == count, kind
+    replica_sets = children(cluster, namespace, "smol", "replicasets")
+    assert len(replica_sets) == 2  # one per Deployment: the template never changed
+    pods = children(cluster, namespace, "smol", "pods")
+    assert len(pods) == 3  # 2 workers + 1 router, none extra
+    # Each child was created exactly once across both processes.
+    assert event_reasons(cluster, namespace, "smol").count("Created") == 7
+    assert pool["status"]["readyReplicas"] == 2
+
+
+def test_only_the_lease_holder_acts_and_a_standby_takes_over(
+    cluster: ControlPlane, operator_kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    lease = "kvflow-operator-ha"
+    first = OperatorProcess(cluster, operator_kubeconfig, tmp_path, "op-first", lease)
+    second = OperatorProcess(cluster, operator_kubeconfig, tmp_path, "op-second", lease)
+    first.start()
+    second.start(wait_leading=False)
+    try:
+        wait_for(lambda: "waiting for lease" in second.log(), 60, "the standby to wait")
+        assert lease_holder(cluster, lease) == "op-first"
+
+        apply_pool(cluster, namespace, "one", SMALL_SPEC)
+        wait_ready(cluster, namespace, "one")
+        assert "leading as" not in second.log()
+
+        assert first.stop() == 0  # SIGTERM: a clean stop hands the Lease over at once
+        started = time.monotonic()
+        second.wait_leading(timeout_s=60)
+        assert time.monotonic() - started < 30
+        assert lease_holder(cluster, lease) == "op-second"
+
+        apply_pool(cluster, namespace, "two", SMALL_SPEC)
+        wait_ready(cluster, namespace, "two")
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_a_leader_that_loses_its_lease_stops(
+    cluster: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
+) -> None:
+    lease = "kvflow-operator-steal"
+    op = OperatorProcess(cluster, operator_kubeconfig, tmp_path, "op-victim", lease)
+    op.start()
+    try:
+        # Someone else writes the Lease as if it had won it (an operator on another
+        # partition of the network, say): the victim must stop acting, not fight.
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        cluster.kubectl(
+            "patch", "lease", lease, "-n", SYSTEM_NAMESPACE, "--type", "merge",
+            "-p", f'{{"spec": {{"holderIdentity": "intruder", "renewTime": "{now}",'
+            f' "leaseDurationSeconds": 3600}}}}',
+        )  # fmt: skip
+        assert op.proc is not None
+        wait_for(lambda: op.proc.popen.poll() is not None, 60, "the victim to exit")  # type: ignore[union-attr]
+        assert op.proc.popen.returncode == 1
+        assert "lost lease" in op.log()
+    finally:
+        op.stop()

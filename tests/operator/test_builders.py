@@ -1,0 +1,220 @@
+"""Desired-state builders: exact objects for a spec (pure; no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import from_json
+from kvflow.operator.builders.desired import ChildKey, deployment_roles, desired_children
+from kvflow.operator.builders.names import Images, PoolRef
+from kvflow.operator.builders.router import CONFIG_HASH_ANNOTATION, router_args
+from kvflow.operator.builders.workers import worker_args
+
+POOL = PoolRef(name="p", namespace="ns", uid="uid-1", generation=3)
+IMAGES = Images(worker="img/worker:1", router="img/router:1")
+
+
+def spec_of(**overrides: Any) -> v1alpha1.InferencePoolSpec:
+    data: dict[str, Any] = {"model": {"servedName": "m"}}
+    data.update(overrides)
+    return from_json(v1alpha1.InferencePoolSpec, data)
+
+
+def build(spec: v1alpha1.InferencePoolSpec) -> dict[ChildKey, dict[str, Any]]:
+    return {ChildKey.of(o): o for o in desired_children(POOL, spec, IMAGES)}
+
+
+def pod_of(children: dict[ChildKey, dict[str, Any]], name: str) -> dict[str, Any]:
+    pod: dict[str, Any] = children[ChildKey("apps/v1", "Deployment", name)]["spec"]["template"][
+        "spec"
+    ]
+    return pod
+
+
+def test_colocated_pool_children_in_apply_order() -> None:
+    assert [str(k) for k in build(spec_of())] == [
+        "ConfigMap p-router",
+        "Service p-workers",
+        "Service p-gateway",
+        "Deployment p-colocated",
+        "Deployment p-router",
+        "PodDisruptionBudget p-colocated",
+        "PodDisruptionBudget p-router",
+    ]
+
+
+def test_disaggregated_pool_has_a_deployment_and_budget_per_role() -> None:
+    children = build(spec_of(mode="disaggregated", prefill={"replicas": 2}, decode={"replicas": 3}))
+    deployments = {
+        k.name: o["spec"]["replicas"] for k, o in children.items() if k.kind == "Deployment"
+    }
+    assert deployments == {"p-prefill": 2, "p-decode": 3, "p-router": 1}
+    budgets = sorted(k.name for k in children if k.kind == "PodDisruptionBudget")
+    assert budgets == ["p-decode", "p-prefill", "p-router"]
+    assert deployment_roles(POOL, spec_of(mode="disaggregated", prefill={}, decode={})) == {
+        "p-prefill": "prefill",
+        "p-decode": "decode",
+        "p-router": "router",
+    }
+
+
+def test_every_child_is_owned_by_the_pool_and_labelled() -> None:
+    for key, obj in build(spec_of()).items():
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ns"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "kvflow.io/v1alpha1",
+                "kind": "InferencePool",
+                "name": "p",
+                "uid": "uid-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ], key
+        assert meta["labels"]["kvflow.io/pool"] == "p"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "kvflow-operator"
+
+
+def test_worker_command_line_follows_the_worker_contract() -> None:
+    spec = spec_of(
+        model={"servedName": "m", "dtype": "bfloat16", "maxModelLen": 8192},
+        engine={"kvCacheGiB": 2.5, "simulate": True, "extraArgs": ["--seed", "1"]},
+    )
+    assert worker_args(spec, "colocated", gpus=0) == [
+        "worker",
+        "--served-model-name", "m",
+        "--host", "0.0.0.0",
+        "--port", "50051",
+        "--metrics-port", "9400",
+        "--role", "both",
+        "--device", "cpu",
+        "--dtype", "bfloat16",
+        "--block-size", "16",
+        "--max-num-batched-tokens", "2048",
+        "--max-num-seqs", "64",
+        "--max-model-len", "8192",
+        "--kv-cache-gib", "2.5",
+        "--simulate",
+        "--seed", "1",
+    ]  # fmt: skip
+
+
+def test_cpu_worker_pod_is_hardened_probed_and_drains() -> None:
+    pod = pod_of(build(spec_of(engine={"drainTimeoutSeconds": 60})), "p-colocated")
+    (container,) = pod["containers"]
+    assert container["image"] == "img/worker:1"
+    assert container["command"] == ["kvflow"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert (
+        container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"]
+        == 600
+    )
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert pod["terminationGracePeriodSeconds"] == 65
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["automountServiceAccountToken"] is False
+    assert "resources" not in container or container["resources"] == {}
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == {
+        "kvflow.io/pool": "p",
+        "kvflow.io/role": "colocated",
+    }
+
+
+def test_gpu_worker_requests_gpus_and_gets_shared_memory_and_the_model_volume() -> None:
+    spec = spec_of(
+        model={
+            "servedName": "m",
+            "path": "llama",
+            "volume": {"persistentVolumeClaim": {"claimName": "models"}},
+        },
+        colocated={
+            "gpusPerPod": 2,
+            "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "64Gi"}},
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        },
+    )
+    pod = pod_of(build(spec), "p-colocated")
+    (container,) = pod["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": 8, "memory": "64Gi", "nvidia.com/gpu": 2},
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": 2},
+    }
+    args = container["args"]
+    assert args[args.index("--device") + 1] == "cuda"
+    assert args[args.index("--model") + 1] == "/models/llama"
+    assert {v["name"]: v for v in pod["volumes"]}["model"] == {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
+    }
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+
+
+def test_router_finds_workers_by_dns_and_reads_redis_from_a_secret() -> None:
+    spec = spec_of(router={"redis": {"urlSecret": {"name": "redis", "key": "url"}}})
+    assert router_args(POOL, spec) == [
+        "router", "--host", "0.0.0.0", "--port", "8000",
+        "--served-model-name", "m",
+        "--worker-dns", "p-workers.ns.svc:50051",
+        "--config", "/etc/kvflow/router.yaml",
+        "--redis-url", "$(KVFLOW_REDIS_URL)",
+    ]  # fmt: skip
+    pod = pod_of(build(spec), "p-router")
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["KVFLOW_REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis", "key": "url"}}
+
+
+def test_routing_config_change_rolls_the_routers() -> None:
+    def config_hash(spec: v1alpha1.InferencePoolSpec) -> str:
+        deployment = build(spec)[ChildKey("apps/v1", "Deployment", "p-router")]
+        digest: str = deployment["spec"]["template"]["metadata"]["annotations"][
+            CONFIG_HASH_ANNOTATION
+        ]
+        return digest
+
+    base = config_hash(spec_of())
+    assert config_hash(spec_of()) == base  # deterministic
+    assert config_hash(spec_of(router={"scorerWeights": {"prefixCache": 2.0}})) != base
+
+
+def test_services_select_the_right_pods() -> None:
+    children = build(spec_of(router={"serviceType": "LoadBalancer", "port": 8080}))
+    workers = children[ChildKey("v1", "Service", "p-workers")]["spec"]
+    assert workers["clusterIP"] == "None"
+    assert workers["selector"] == {"kvflow.io/pool": "p", "app.kubernetes.io/component": "worker"}
+    gateway = children[ChildKey("v1", "Service", "p-gateway")]["spec"]
+    assert gateway["type"] == "LoadBalancer"
+    assert gateway["selector"] == {"kvflow.io/pool": "p", "kvflow.io/role": "router"}
+    assert gateway["ports"][0]["port"] == 8080
+    budget = children[ChildKey("policy/v1", "PodDisruptionBudget", "p-router")]["spec"]
+    assert budget == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {"kvflow.io/pool": "p", "kvflow.io/role": "router"}},
+    }
+
+
+def test_builders_do_not_share_mutable_state() -> None:
+    spec = spec_of()
+    deployment = desired_children(POOL, spec, IMAGES)[3]
+    deployment["spec"]["template"]["metadata"]["labels"]["x"] = "y"
+    deployment["spec"]["selector"]["matchLabels"]["z"] = "y"
+    assert "x" not in deployment["metadata"]["labels"]
+    assert (
+        "z"
+        not in deployment["spec"]["template"]["spec"]["topologySpreadConstraints"][0][
+            "labelSelector"
+        ]["matchLabels"]
+    )
+    assert "x" not in spec.colocated.node_selector

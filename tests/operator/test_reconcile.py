@@ -1,0 +1,178 @@
+"""One reconcile against a fake API (the only module tested with a fake: its I/O is the
+point, and the real API server tests in tests/k8s cover the same flows end to end)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kvflow.operator.builders.desired import ChildKey
+from kvflow.operator.builders.names import Images
+from kvflow.operator.kube import KubeError
+from kvflow.operator.reconcile import Reconciler
+
+NOW = "2026-01-01T00:00:00Z"
+
+
+class FakeKube:
+    """Keeps objects by (kind, name); generation bumps when the spec (or data) changes."""
+
+    def __init__(self, pool: dict[str, Any]) -> None:
+        self.pool: dict[str, Any] | None = pool
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.applied: list[str] = []
+        self.deleted: list[str] = []
+        self.status_patches: list[dict[str, Any]] = []
+        self.reject: dict[str, KubeError] = {}  # "Kind name" -> the error apply raises
+
+    def get_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.pool)
+
+    def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        assert self.pool is not None
+        self.status_patches.append(status)
+        self.pool["status"] = copy.deepcopy(status)
+
+    def list_children(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Any]:
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind]
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (obj["kind"], obj["metadata"]["name"])
+        if f"{key[0]} {key[1]}" in self.reject:
+            raise self.reject[f"{key[0]} {key[1]}"]
+        self.applied.append(f"{key[0]} {key[1]}")
+        before = self.objects.get(key)
+        stored = copy.deepcopy(obj)
+        body = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+        generation = 1
+        if before is not None:
+            old_body = {k: v for k, v in before.items() if k not in ("metadata", "status")}
+            generation = before["metadata"]["generation"] + (old_body != body)
+        stored["metadata"]["generation"] = generation
+        if obj["kind"] == "Deployment":
+            replicas = obj["spec"]["replicas"]
+            stored["status"] = {
+                "readyReplicas": replicas,
+                "updatedReplicas": replicas,
+                "observedGeneration": generation,
+            }
+        self.objects[key] = stored
+        return copy.deepcopy(stored)
+
+    def delete(self, key: ChildKey, namespace: str) -> None:
+        self.deleted.append(str(key))
+        del self.objects[(key.kind, key.name)]
+
+
+def pool_body(spec: dict[str, Any], generation: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvflow.io/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "generation": generation},
+        "spec": spec,
+    }
+
+
+@pytest.fixture()
+def events() -> list[tuple[str, str, str]]:
+    return []
+
+
+def reconciler(kube: FakeKube, events: list[tuple[str, str, str]]) -> Reconciler:
+    return Reconciler(
+        kube=kube,
+        images=Images("w", "r"),
+        post_event=lambda body, type_, reason, message: events.append((type_, reason, message)),
+        now=lambda: NOW,
+    )
+
+
+SPEC = {"model": {"servedName": "m"}}
+
+
+def test_first_reconcile_creates_everything_and_writes_status(events: list[Any]) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    reconciler(kube, events).reconcile("ns", "p")
+    assert len(kube.objects) == 7
+    assert [e[1] for e in events] == ["Created"] * 7 + ["Ready"]
+    assert kube.pool is not None and kube.pool["status"]["phase"] == "Ready"
+
+
+def test_second_reconcile_changes_nothing(events: list[Any]) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    events.clear()
+    patches = len(kube.status_patches)
+    r.reconcile("ns", "p")
+    assert events == []  # applied again, but nothing changed: no Events ...
+    assert len(kube.status_patches) == patches  # ... and no status write
+
+
+def test_mode_switch_prunes_the_old_role(events: list[Any]) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    kube.pool = pool_body({**SPEC, "mode": "disaggregated", "prefill": {}, "decode": {}}, 2)
+    events.clear()
+    r.reconcile("ns", "p")
+    assert sorted(kube.deleted) == ["Deployment p-colocated", "PodDisruptionBudget p-colocated"]
+    assert ("Normal", "Updated", "Updated ConfigMap p-router") in events
+    assert {k[1] for k in kube.objects if k[0] == "Deployment"} == {
+        "p-prefill",
+        "p-decode",
+        "p-router",
+    }
+
+
+def test_a_bad_spec_touches_no_child_and_is_reported(events: list[Any]) -> None:
+    spec = {**SPEC, "engine": {"extraArgs": ["--port", "1"]}}
+    kube = FakeKube(pool_body(spec))
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.applied == []
+    assert kube.pool is not None and kube.pool["status"]["phase"] == "Degraded"
+    assert events == [
+        ("Warning", "Degraded", "Pool is Degraded: engine.extraArgs sets --port, "
+         "which the operator sets from the spec"),
+    ]  # fmt: skip
+
+
+def test_a_child_the_api_server_refuses_is_reported_and_the_rest_applied(events: list[Any]) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    kube.reject["Deployment p-colocated"] = KubeError(
+        422, 'Deployment.apps "p-colocated" is invalid'
+    )
+    reconciler(kube, events).reconcile("ns", "p")
+    assert "Deployment p-router" in kube.applied
+    assert kube.pool is not None
+    degraded = next(c for c in kube.pool["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ApplyRejected"
+    assert degraded["message"] == 'Deployment p-colocated: Deployment.apps "p-colocated" is invalid'
+
+
+def test_a_transient_api_error_propagates_for_a_retry(events: list[Any]) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    kube.reject["Deployment p-router"] = KubeError(503, "unavailable")
+    with pytest.raises(KubeError):
+        reconciler(kube, events).reconcile("ns", "p")
+
+
+def test_a_deleted_pool_is_left_to_garbage_collection(events: list[Any]) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    kube.pool = None
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.applied == [] and events == []
+
+
+def test_children_of_another_pool_with_the_same_name_are_not_adopted(events: list[Any]) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    for obj in kube.objects.values():  # leftovers of a deleted predecessor, being collected
+        obj["metadata"]["ownerReferences"][0]["uid"] = "old-uid"
+    events.clear()
+    r.reconcile("ns", "p")
+    assert [e[1] for e in events].count("Created") == 7  # treated as missing, not as ours
+    assert kube.deleted == []  # and never deleted by us

@@ -1,0 +1,173 @@
+"""Pool status from observations (pure): phase, conditions, counts, transitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import from_json
+from kvflow.operator.builders.names import PoolRef
+from kvflow.operator.status import (
+    DeploymentObservation,
+    Problem,
+    compute_status,
+    unreadable_status,
+)
+
+POOL = PoolRef(name="p", namespace="ns", uid="u", generation=4)
+SPEC = from_json(
+    v1alpha1.InferencePoolSpec, {"model": {"servedName": "m"}, "colocated": {"replicas": 2}}
+)
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def observed(
+    ready: int, updated: int | None = None, stuck: bool = False, behind: bool = False
+) -> DeploymentObservation:
+    return DeploymentObservation(
+        ready_replicas=ready,
+        updated_replicas=ready if updated is None else updated,
+        generation=2,
+        observed_generation=1 if behind else 2,
+        progress_deadline_exceeded=stuck,
+    )
+
+
+def status_of(
+    deployments: dict[str, DeploymentObservation],
+    problems: list[Problem] | None = None,
+    previous: v1alpha1.InferencePoolStatus | None = None,
+    now: str = T0,
+    spec: v1alpha1.InferencePoolSpec = SPEC,
+) -> v1alpha1.InferencePoolStatus:
+    return compute_status(
+        pool=POOL,
+        spec=spec,
+        deployments=deployments,
+        problems=problems or [],
+        previous=previous or v1alpha1.InferencePoolStatus(),
+        now=now,
+    )
+
+
+def conditions(status: v1alpha1.InferencePoolStatus) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+READY = {"p-colocated": observed(2), "p-router": observed(1)}
+
+
+@pytest.mark.parametrize(
+    ("deployments", "phase", "expected"),
+    [
+        (
+            {},
+            "Pending",
+            ("False Creating", "True Creating", "False AsExpected"),
+        ),
+        (
+            {"p-colocated": observed(2)},
+            "Progressing",
+            ("False Creating", "True Creating", "False AsExpected"),
+        ),
+        (
+            {"p-colocated": observed(1), "p-router": observed(1)},
+            "Progressing",
+            ("False ReplicasNotReady", "True RollingOut", "False AsExpected"),
+        ),
+        (
+            {"p-colocated": observed(2, updated=1), "p-router": observed(1)},
+            "Progressing",
+            ("False ReplicasNotReady", "True RollingOut", "False AsExpected"),
+        ),
+        (
+            {"p-colocated": observed(2, behind=True), "p-router": observed(1)},
+            "Progressing",
+            ("False ReplicasNotReady", "True RollingOut", "False AsExpected"),
+        ),
+        (
+            {"p-colocated": observed(0, stuck=True), "p-router": observed(1)},
+            "Degraded",
+            ("False ReplicasNotReady", "True RollingOut", "True RolloutStuck"),
+        ),
+        (
+            READY,
+            "Ready",
+            ("True AllReplicasReady", "False RolloutComplete", "False AsExpected"),
+        ),
+    ],
+)  # fmt: skip
+def test_phase_and_conditions(
+    deployments: dict[str, DeploymentObservation], phase: str, expected: tuple[str, str, str]
+) -> None:
+    """expected: "status reason" of Ready, Progressing and Degraded."""
+    status = status_of(deployments)
+    assert status.phase == phase
+    got = conditions(status)
+    assert tuple(" ".join(got[k]) for k in ("Ready", "Progressing", "Degraded")) == expected
+    assert got["SLOMet"] == ("Unknown", "AutoscalingDisabled")
+    assert status.observed_generation == 4
+
+
+def test_counts_and_endpoint() -> None:
+    status = status_of({"p-colocated": observed(3), "p-router": observed(1)})
+    assert status.desired_replicas == 2
+    assert status.ready_replicas == 2  # surplus pods during a rollout do not count twice
+    assert [(r.name, r.desired_replicas, r.ready_replicas) for r in status.roles] == [
+        ("colocated", 2, 3),
+        ("router", 1, 1),
+    ]
+    assert status.gateway_endpoint == "http://p-gateway.ns.svc/v1"
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert ready.message == "colocated 3/2 ready, router 1/1 ready"
+
+
+def test_problems_make_the_pool_degraded_with_their_reason_and_messages() -> None:
+    problems = [Problem("InvalidSpec", "a is wrong"), Problem("InvalidSpec", "b is wrong")]
+    status = status_of(READY, problems=problems)
+    assert status.phase == "Degraded"
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason, degraded.message) == (
+        "True", "InvalidSpec", "a is wrong; b is wrong",
+    )  # fmt: skip
+
+
+def test_transition_time_moves_only_when_the_status_changes() -> None:
+    first = status_of({"p-colocated": observed(1), "p-router": observed(1)}, now=T0)
+    again = status_of({"p-colocated": observed(1), "p-router": observed(1)}, previous=first, now=T1)
+    assert [c.last_transition_time for c in again.conditions] == [T0, T0, T0, T0]
+    ready = status_of(READY, previous=again, now=T1)
+    times = {c.type: c.last_transition_time for c in ready.conditions}
+    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0, "SLOMet": T0}
+
+
+def test_slo_condition_is_the_planners_once_it_has_judged() -> None:
+    spec = from_json(
+        v1alpha1.InferencePoolSpec,
+        {
+            "model": {"servedName": "m"},
+            "colocated": {"replicas": 2},
+            "autoscaling": {"enabled": True},
+        },
+    )
+    awaiting = status_of(READY, spec=spec)
+    assert conditions(awaiting)["SLOMet"] == ("Unknown", "AwaitingMetrics")
+    verdict = v1alpha1.Condition(
+        "SLOMet", "False", "TTFTAboveTarget", "p90 TTFT 1.4 s > 1 s", T0, 4
+    )
+    planner = v1alpha1.PlannerStatus("decode 2->3", "TTFT above target", T0)
+    previous = v1alpha1.InferencePoolStatus(conditions=[verdict], planner=planner)
+    status = status_of(READY, previous=previous, now=T1, spec=spec)
+    assert next(c for c in status.conditions if c.type == "SLOMet") == verdict
+    assert status.planner == planner
+
+
+def test_unreadable_spec_keeps_the_last_counts() -> None:
+    previous = status_of(READY)
+    status = unreadable_status(Problem("InvalidSpec", "spec.x: bad"), previous, 5, T1)
+    assert status.phase == "Degraded" and status.observed_generation == 5
+    assert status.ready_replicas == 2
+    assert conditions(status) == {
+        "Ready": ("False", "InvalidSpec"),
+        "Degraded": ("True", "InvalidSpec"),
+    }

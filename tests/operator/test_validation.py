@@ -1,0 +1,81 @@
+"""Spec checks the CRD schema cannot express (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import from_json
+from kvflow.operator.api.validation import spec_problems
+
+
+def problems(**overrides: Any) -> list[str]:
+    data: dict[str, Any] = {"model": {"servedName": "m"}}
+    data.update(overrides)
+    return spec_problems(from_json(v1alpha1.InferencePoolSpec, data))
+
+
+def test_a_plain_spec_has_no_problems() -> None:
+    assert problems() == []
+    assert (
+        problems(
+            colocated={"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}}}
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            {"colocated": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}}},
+            ["colocated.resources: requests.cpu (2) exceeds limits.cpu (1500m)"],
+        ),
+        (
+            {"colocated": {"resources": {"limits": {"memory": "4 GB"}}}},
+            [
+                "colocated.resources.limits.memory: '4 GB' is not a quantity "
+                "(examples: 500m, 2, 8Gi, 1G)"
+            ],
+        ),
+        (
+            {
+                "engine": {"kvCacheGiB": 2},
+                "colocated": {"resources": {"limits": {"memory": "2Gi"}}},
+            },
+            ["engine.kvCacheGiB (2) does not fit in colocated.resources.limits.memory (2Gi); "
+             "raise the limit or lower the cache"],
+        ),
+        (
+            {"colocated": {"resources": {"limits": {"nvidia.com/gpu": 1}}}},
+            ["colocated: request GPUs with gpusPerPod, not in resources"],
+        ),
+        (
+            {"engine": {"extraArgs": ["--port=1", "--seed", "3", "--role", "x"]}},
+            ["engine.extraArgs sets --port, --role, which the operator sets from the spec"],
+        ),
+        (
+            {"router": {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}}},
+            ["router.resources: requests.memory (2Gi) exceeds limits.memory (1Gi)"],
+        ),
+        (
+            {"mode": "disaggregated", "prefill": {}},
+            ["mode disaggregated needs both prefill and decode"],
+        ),
+    ],
+)  # fmt: skip
+def test_problems_say_what_to_change(overrides: dict[str, Any], expected: list[str]) -> None:
+    assert problems(**overrides) == expected
+
+
+def test_the_kv_cache_may_exceed_host_memory_on_gpus() -> None:
+    assert (
+        problems(
+            engine={"kvCacheGiB": 40},
+            colocated={"gpusPerPod": 1, "resources": {"limits": {"memory": "16Gi"}}},
+        )
+        == []
+    )

@@ -54,7 +54,11 @@ class OperatorProcess:
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         self.proc = start(f"operator-{self.identity}-{self.starts}", argv, self.workdir, env)
         if wait_leading:
-            self.wait_leading()
+            try:
+                self.wait_leading()
+            except BaseException:
+                self.stop()  # never leak a process when the fixture fails before yielding
+                raise
 
     def log(self) -> str:
         return self.proc.tail(200_000) if self.proc else ""

@@ -99,9 +99,14 @@ def load_config(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+# No call may hang: a stuck request would stall a reconcile thread, or keep a stopping
+# operator from exiting. 30 s is far above an API server's normal latency (~10 ms).
+REQUEST_TIMEOUT_S = 30
+
+
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
     try:
-        response = fn(*args, _preload_content=False, **kwargs)
+        response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
     except ApiException as exc:
         message = exc.reason or ""
         if exc.body:

@@ -60,6 +60,7 @@ class PagedSteps:
             block_tables=tables,
             block_size=self.block_size,
         )
-        hidden = self.model(torch.tensor(input_ids), torch.tensor(positions), self.kv_caches, meta)
+        ids = torch.tensor(input_ids, dtype=torch.int64)
+        hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64), self.kv_caches, meta)
         logits = self.model.compute_logits(hidden)
         return dict(zip(chunks, logits.split(query_lens), strict=True))

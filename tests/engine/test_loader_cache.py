@@ -13,7 +13,7 @@ from testkit.tiny_gguf import write_tiny_gguf
 from testkit.tiny_model import write_tiny_llama
 
 from kvflow.engine_worker.model import gguf_cache
-from kvflow.engine_worker.model.gguf_file import GgufContents
+from kvflow.engine_worker.model.gguf_file import GgufContents, read_gguf
 from kvflow.engine_worker.model.loader import load_model
 
 
@@ -39,13 +39,12 @@ def parameters(path: Path) -> dict[str, torch.Tensor]:
 def count_conversions(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Record every real GGUF read the cache falls back to."""
     reads: list[Path] = []
-    real_read = gguf_cache.read_gguf
 
     def counting_read(path: Path) -> GgufContents:
         reads.append(path)
-        return real_read(path)
+        return read_gguf(path)
 
-    monkeypatch.setattr(gguf_cache, "read_gguf", counting_read)
+    monkeypatch.setattr(f"{gguf_cache.__name__}.read_gguf", counting_read)
     return reads
 
 

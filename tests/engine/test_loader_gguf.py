@@ -9,6 +9,7 @@ un-permutation. Logit tolerance 1e-4 as in test_model_parity (logits of std ~1).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import pytest
@@ -50,9 +51,9 @@ def transformers_logits(folder: Path, gguf_file: str | None = None) -> torch.Ten
 
 @pytest.mark.parametrize("extra", [{}, QWEN2], ids=["llama", "qwen2"])
 def test_float32_gguf_loads_the_exact_weights_of_its_source_folder(
-    tmp_path: Path, extra: dict[str, object]
+    tmp_path: Path, extra: dict[str, Any]
 ) -> None:
-    folder = write_tiny_llama(tmp_path / "tiny", num_key_value_heads=1, **extra)  # type: ignore[arg-type]
+    folder = write_tiny_llama(tmp_path / "tiny", num_key_value_heads=1, **extra)
     gguf_path = write_tiny_gguf(folder, tmp_path / "tiny.gguf")
     from_folder, folder_config = load_model(folder)
     from_gguf, gguf_config = load_model(gguf_path)
@@ -67,9 +68,9 @@ def test_float32_gguf_loads_the_exact_weights_of_its_source_folder(
 
 @pytest.mark.parametrize("extra", [{}, QWEN2], ids=["llama", "qwen2"])
 def test_quantized_gguf_matches_transformers_reading_the_same_file(
-    tmp_path: Path, extra: dict[str, object]
+    tmp_path: Path, extra: dict[str, Any]
 ) -> None:
-    folder = write_tiny_llama(tmp_path / "tiny", seed=11, **extra)  # type: ignore[arg-type]
+    folder = write_tiny_llama(tmp_path / "tiny", seed=11, **extra)
     gguf_path = write_tiny_gguf(folder, tmp_path / "tiny-q8.gguf", matrix_type=Q8_0)
     got = our_logits(gguf_path)
     want = transformers_logits(tmp_path, gguf_file=gguf_path.name)

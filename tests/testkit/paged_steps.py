@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
 from kvflow.engine_worker.model.attention import AttentionMetadata
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
+
+Seq = TypeVar("Seq", bound=Hashable)
 
 
 class PagedSteps:
@@ -37,7 +40,7 @@ class PagedSteps:
         self.context_lens: dict[Hashable, int] = {}
 
     @torch.inference_mode()
-    def step(self, chunks: Mapping[Hashable, Sequence[int]]) -> dict[Hashable, torch.Tensor]:
+    def step(self, chunks: Mapping[Seq, Sequence[int]]) -> dict[Seq, torch.Tensor]:
         """Run one forward over ``chunks`` (sequence -> its next tokens); float32 logits each."""
         input_ids: list[int] = []
         positions: list[int] = []
@@ -63,4 +66,4 @@ class PagedSteps:
         ids = torch.tensor(input_ids, dtype=torch.int64)
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64), self.kv_caches, meta)
         logits = self.model.compute_logits(hidden)
-        return dict(zip(chunks, logits.split(query_lens), strict=True))
+        return dict(zip(chunks, torch.split(logits, query_lens), strict=True))

@@ -13,6 +13,7 @@ interleaved convention, and the GGUF loader undoes that.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -55,7 +56,7 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.T
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates queries and keys ``[num_tokens, num_heads, head_dim]`` by their positions."""
+    """The cos/sin table of every position; ``forward`` picks a step's rows."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -70,16 +71,22 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().to(device), persistent=False)
         self.register_buffer("sin", angles.sin().to(device), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Cast the looked-up rows, not the table: the rotation runs in the model's dtype
-        # (as the reference implementation does) but the angles were exact float32.
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The rotation of tokens at ``positions`` ``[T]``, once per step for every layer.
+
+        The looked-up rows are cast, not the table: the rotation runs in the model's dtype
+        (as the reference implementation does) from angles that were exact in float32.
+        """
+        cos = self.cos[positions].unsqueeze(1).to(dtype)  # [T, 1, head_dim]: every head alike
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        return Rotation(cos, sin)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+class Rotation(NamedTuple):
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[T, num_heads, head_dim]``: dimension i with i + head_dim / 2."""
+        first, second = x.chunk(2, dim=-1)
+        return x * self.cos + torch.cat([-second, first], dim=-1) * self.sin

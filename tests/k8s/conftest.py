@@ -20,11 +20,9 @@ from k8s.controlplane import (
     SYSTEM_NAMESPACE,
     Binaries,
     ControlPlane,
-    wait_for,
-    which_openssl,
-    write_kubeconfig,
 )
 from k8s.operator_process import OperatorProcess
+from k8s.support import wait_for, which_openssl, write_kubeconfig
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -8,7 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane, Process, free_port, start, wait_for
+from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane
+from k8s.support import Process, free_port, start, wait_for
 
 WORKER_IMAGE = "registry.invalid/kvflow-worker:test"  # never pulled: KWOK runs no containers
 ROUTER_IMAGE = "registry.invalid/kvflow-router:test"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from k8s.controlplane import ControlPlane, wait_for
+from k8s.controlplane import ControlPlane
+from k8s.support import wait_for
 
 # Generous: two shared cores run the control plane, the operator and other suites' tests.
 CONVERGE_S = 120
@@ -61,12 +62,17 @@ def condition(pool: dict[str, Any], type_: str) -> dict[str, Any]:
     return found
 
 
-def event_reasons(cluster: ControlPlane, namespace: str, name: str) -> list[str]:
+def pool_events(cluster: ControlPlane, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the Events about a pool, oldest first."""
     events = cluster.kubectl_json(
-        "get", "events", "-n", namespace,
+        "get", "events", "-n", namespace, "--sort-by=.lastTimestamp",
         "--field-selector", f"involvedObject.kind=InferencePool,involvedObject.name={name}",
     )  # fmt: skip
-    return [e["reason"] for e in events["items"]]
+    return [(e["reason"], e["message"]) for e in events["items"]]
+
+
+def event_reasons(cluster: ControlPlane, namespace: str, name: str) -> list[str]:
+    return [reason for reason, _ in pool_events(cluster, namespace, name)]
 
 
 SMALL_SPEC: dict[str, Any] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 
-from k8s.controlplane import ControlPlane, wait_for
+from k8s.controlplane import ControlPlane
 from k8s.operator_process import DRIFT_INTERVAL_S, WORKER_IMAGE, OperatorProcess
 from k8s.pools import (
     CONVERGE_S,
@@ -22,6 +22,7 @@ from k8s.pools import (
     get_pool,
     wait_ready,
 )
+from k8s.support import wait_for
 
 KINDS = ("deployments", "services", "configmaps", "poddisruptionbudgets")
 

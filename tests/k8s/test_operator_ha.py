@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane, wait_for
+from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane
 from k8s.operator_process import OperatorProcess
-from k8s.pools import SMALL_SPEC, apply_pool, children, event_reasons, wait_ready
+from k8s.pools import SMALL_SPEC, apply_pool, children, event_reasons, pool_events, wait_ready
+from k8s.support import wait_for
 
 
 def lease_holder(cluster: ControlPlane, name: str) -> str:
@@ -39,8 +40,10 @@ def test_operator_killed_mid_way_creates_no_duplicates(
     assert len(replica_sets) == 2  # one per Deployment: the template never changed
     pods = children(cluster, namespace, "smol", "pods")
     assert len(pods) == 3  # 2 workers + 1 router, none extra
-    # Each child was created exactly once across both processes.
-    assert event_reasons(cluster, namespace, "smol").count("Created") == 7
+    # No child was created twice across both processes. (A child applied just before the
+    # kill may have no Created event: the process died before posting it.)
+    created = [m for reason, m in pool_events(cluster, namespace, "smol") if reason == "Created"]
+    assert len(created) == len(set(created)) <= 7, created
     assert pool["status"]["readyReplicas"] == 2
 
 

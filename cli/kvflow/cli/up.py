@@ -1,0 +1,224 @@
+"""`kvflow up`: a gateway and workers on this machine, in one command.
+
+Starts `kvflow worker` processes and a `kvflow router` in front of them (in-memory tenant
+state, no API keys), shows their startup progress, prints the URL with ready-to-paste
+`curl` and `openai` examples, and on Ctrl-C stops the gateway first, then the workers.
+Children run in their own session, so the terminal's Ctrl-C reaches only us and the
+shutdown happens in that order; their logs go to files named at startup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+DEFAULT_SERVED_MODEL_NAME = "smollm2"
+# Worker log lines worth showing while it starts: model loading takes seconds.
+_PROGRESS_MARKERS = ("loading model", "loaded in", "KV cache", "dequantiz", "Error", "error:")
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[str]
+    log_path: Path
+    ready_line: str | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+class Launcher:
+    def __init__(self, log_dir: Path, out: TextIO) -> None:
+        self.log_dir = log_dir
+        self.out = out
+        self.children: list[Child] = []
+        self.started_s = time.monotonic()
+
+    def say(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started_s:6.1f}s] {message}", file=self.out, flush=True)
+
+    def start(self, name: str, args: Sequence[str], ready_prefix: str) -> Child:
+        log_path = self.log_dir / f"{name.replace(' ', '-')}.log"
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "kvflow.cli.main", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # Ctrl-C in the terminal reaches only `kvflow up`
+        )
+        child = Child(name, proc, log_path)
+        self.children.append(child)
+        threading.Thread(target=self._pump, args=(child, ready_prefix), daemon=True).start()
+        return child
+
+    def _pump(self, child: Child, ready_prefix: str) -> None:
+        assert child.proc.stdout is not None
+        with child.log_path.open("w") as log:
+            for line in child.proc.stdout:
+                log.write(line)
+                log.flush()
+                if line.startswith(ready_prefix):
+                    child.ready_line = line.strip()
+                    child.ready.set()
+                elif not child.ready.is_set() and any(m in line for m in _PROGRESS_MARKERS):
+                    self.say(f"{child.name}: {line.split(': ', 1)[-1].strip()}")
+        child.ready.set()  # exited: wake the waiter
+
+    def wait_ready(self, child: Child, timeout_s: float) -> str:
+        if not child.ready.wait(timeout_s) or child.ready_line is None:
+            code = child.proc.poll()
+            tail = "".join(child.log_path.read_text().splitlines(keepends=True)[-15:])
+            state = f"exited with {code}" if code is not None else f"not ready in {timeout_s} s"
+            raise RuntimeError(f"{child.name} {state}; the end of {child.log_path}:\n{tail}")
+        return child.ready_line
+
+    def stop_all(self) -> None:
+        # The gateway first (it stops taking requests), then the workers (they drain).
+        for child in reversed(self.children):
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in reversed(self.children):
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+    def first_exited(self) -> Child | None:
+        return next((c for c in self.children if c.proc.poll() is not None), None)
+
+
+def _wait_gateway_ready(url: str, num_workers: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=5) as response:
+                if json.load(response)["workers_healthy"] >= num_workers:
+                    return
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the gateway at {url} did not see {num_workers} healthy workers")
+
+
+def examples(url: str, model: str) -> str:
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 100,
+        }
+    )
+    return f"""
+kvflow is running: {url}/v1  (model "{model}")
+
+Try it with curl:
+
+curl {url}/v1/chat/completions \\
+  -H 'Content-Type: application/json' \\
+  -d '{body}'
+
+or with the openai package (pip install openai), streaming:
+
+python - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{url}/v1", api_key="unused")
+stream = client.chat.completions.create(
+    model="{model}",
+    messages=[{{"role": "user", "content": "Tell me about the sea."}}],
+    max_tokens=200,
+    stream=True,
+)
+for chunk in stream:
+    print(chunk.choices[0].delta.content or "", end="", flush=True)
+print()
+EOF
+
+Press Ctrl-C to stop."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvflow up", description="Run a kvflow gateway and workers on this machine."
+    )
+    p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--host", default="127.0.0.1", help="gateway address (default: loopback)")
+    p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
+    p.add_argument("--model", help="HF folder or .gguf (default: built-in SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=DEFAULT_SERVED_MODEL_NAME)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache per worker")
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="simulated workers (no model, random tokens): try the API without torch",
+    )
+    p.add_argument("--startup-timeout-s", type=float, default=600.0)
+    return p
+
+
+def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
+    args = _parser().parse_args(list(argv))
+    # `kill` (SIGTERM) stops us as cleanly as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if args.workers < 1:
+        print("kvflow up: --workers must be at least 1", file=sys.stderr)
+        return 2
+    log_dir = Path(tempfile.mkdtemp(prefix="kvflow-up-"))
+    launcher = Launcher(log_dir, out)
+    what = "simulated workers" if args.simulate else (args.model or "SmolLM2-135M-Instruct")
+    launcher.say(f"starting {args.workers} worker(s) of {what}; logs in {log_dir}")
+    try:
+        model_args = ["--model", args.model] if args.model else []
+        common = ["--served-model-name", args.served_model_name, *model_args]
+        workers = []
+        for i in range(args.workers):
+            worker_args = ["worker", "--port", "0", "--metrics-port", "0",
+                           "--kv-cache-gib", str(args.kv_cache_gib), *common]  # fmt: skip
+            if args.simulate:
+                worker_args.append("--simulate")
+            workers.append(launcher.start(f"worker {i + 1}", worker_args, "KVFLOW_WORKER_READY"))
+        addresses = []
+        for child in workers:
+            line = launcher.wait_ready(child, args.startup_timeout_s)
+            port = line.split("grpc_port=")[1].split()[0]
+            addresses.append(f"127.0.0.1:{port}")
+            launcher.say(f"{child.name}: ready on {addresses[-1]}")
+        gateway = launcher.start(
+            "gateway",
+            ["router", "--host", args.host, "--port", str(args.port),
+             "--workers", ",".join(addresses), *common],
+            "KVFLOW_ROUTER_READY",
+        )  # fmt: skip
+        port = launcher.wait_ready(gateway, args.startup_timeout_s).split("port=")[1]
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        url = f"http://{host}:{port}"
+        _wait_gateway_ready(url, args.workers, args.startup_timeout_s)
+        launcher.say(f"gateway: ready on {url}")
+        print(examples(url, args.served_model_name), file=out, flush=True)
+        while (exited := launcher.first_exited()) is None:
+            time.sleep(0.5)
+        print(f"\nkvflow up: {exited.name} exited ({exited.proc.returncode}); see "
+              f"{exited.log_path}. Stopping.", file=sys.stderr)  # fmt: skip
+        return 1
+    except KeyboardInterrupt:
+        print("\nkvflow up: stopping...", file=out, flush=True)
+        return 0
+    except RuntimeError as exc:
+        print(f"kvflow up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        launcher.stop_all()
+        print("kvflow up: stopped.", file=out, flush=True)

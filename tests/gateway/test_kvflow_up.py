@@ -1,0 +1,137 @@
+"""`kvflow up`: the README's run command. Its printed examples must work as pasted, and
+Ctrl-C must leave no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def children_of(pid: int) -> set[int]:
+    """Every descendant of ``pid``, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@contextmanager
+def kvflow_up(*args: str, timeout_s: float = 300) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Run `kvflow up ARGS --port 0` until it prints its examples; yields (process, output)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvflow.cli.main", "up", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    done = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop." in line:
+                done.set()
+        done.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        assert done.wait(timeout_s), f"kvflow up not ready in {timeout_s} s:\n{''.join(lines)}"
+        assert proc.poll() is None, f"kvflow up exited:\n{''.join(lines)}"
+        yield proc, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_printed(command: str) -> str:
+    """Run a command exactly as printed, in bash, with this venv's python first on PATH."""
+    env = {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]}
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def printed_examples(output: str) -> tuple[str, str, str]:
+    url = re.search(r"kvflow is running: (http://\S+)/v1", output).group(1)  # type: ignore[union-attr]
+    curl = re.search(r"^curl .*?}'$", output, re.S | re.M).group(0)  # type: ignore[union-attr]
+    python = re.search(r"^python - <<'EOF'$.*?^EOF$", output, re.S | re.M).group(0)  # type: ignore[union-attr]
+    return url, curl, python
+
+
+def stop_and_check_clean(proc: subprocess.Popen[str]) -> None:
+    descendants = children_of(proc.pid)
+    assert len(descendants) >= 2  # the gateway and at least one worker
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    assert proc.wait(timeout=60) == 0
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in descendants):
+        assert time.monotonic() < deadline, "kvflow up left processes behind"
+        time.sleep(0.1)
+
+
+def test_kvflow_up_with_simulated_workers() -> None:
+    with kvflow_up("--simulate", "--workers", "2") as (proc, output):
+        assert "worker 1: ready on 127.0.0.1:" in output
+        assert "worker 2: ready on 127.0.0.1:" in output
+        url, curl, python = printed_examples(output)
+        response = json.loads(run_printed(curl))
+        assert response["object"] == "chat.completion"
+        assert response["usage"]["completion_tokens"] > 0
+        assert run_printed(python).strip()  # the streamed text
+        models = openai.OpenAI(base_url=f"{url}/v1", api_key="x").models.list()
+        assert [m.id for m in models.data] == ["smollm2"]
+        stop_and_check_clean(proc)
+
+
+def test_kvflow_up_with_the_default_model_answers() -> None:
+    with kvflow_up("--workers", "1", timeout_s=600) as (proc, output):
+        assert "worker 1: loading model" in output  # progress while the model loads
+        url, curl, _ = printed_examples(output)
+        assert json.loads(run_printed(curl))["choices"][0]["message"]["content"]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        answer = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=30,
+        )
+        assert "Paris" in (answer.choices[0].message.content or "")
+        stop_and_check_clean(proc)

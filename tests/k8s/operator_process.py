@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 
 from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane
@@ -38,9 +39,11 @@ class OperatorProcess:
         self.lease_name = lease_name or f"kvflow-operator-{unique}"[:63].rstrip("-")
         self.proc: Process | None = None
         self.starts = 0
+        self.liveness_port = 0
 
     def start(self, wait_leading: bool = True) -> None:
         self.starts += 1
+        self.liveness_port = free_port()
         argv = [
             *kvflow_command(), "operator",
             "--kubeconfig", str(self.kubeconfig),
@@ -48,7 +51,7 @@ class OperatorProcess:
             "--lease-name", self.lease_name,
             "--identity", self.identity,
             "--drift-interval-seconds", str(DRIFT_INTERVAL_S),
-            "--liveness-port", str(free_port()),
+            "--liveness-port", str(self.liveness_port),
             "--worker-image", WORKER_IMAGE,
             "--router-image", ROUTER_IMAGE,
         ]  # fmt: skip
@@ -60,6 +63,13 @@ class OperatorProcess:
             except BaseException:
                 self.stop()  # never leak a process when the fixture fails before yielding
                 raise
+
+    def healthz(self) -> str:
+        """The body of GET /healthz ("leading" or "waiting for lease")."""
+        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200
+            return str(response.read().decode()).strip()
 
     def log(self) -> str:
         return self.proc.tail(200_000) if self.proc else ""

@@ -58,6 +58,9 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(
     try:
         wait_for(lambda: "waiting for lease" in second.log(), 60, "the standby to wait")
         assert lease_holder(cluster, lease) == "op-first"
+        # Both pass their liveness probe: a waiting standby must not be restarted.
+        assert first.healthz() == "leading"
+        assert second.healthz() == "waiting for lease"
 
         apply_pool(cluster, namespace, "one", SMALL_SPEC)
         wait_ready(cluster, namespace, "one")
@@ -68,6 +71,7 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(
         second.wait_leading(timeout_s=60)
         assert time.monotonic() - started < 30
         assert lease_holder(cluster, lease) == "op-second"
+        assert second.healthz() == "leading"
 
         apply_pool(cluster, namespace, "two", SMALL_SPEC)
         wait_ready(cluster, namespace, "two")

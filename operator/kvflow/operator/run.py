@@ -13,6 +13,7 @@ import kopf
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import Images
 from kvflow.operator.handlers import build_registry
+from kvflow.operator.health import serve_health
 from kvflow.operator.kube import Kube, KubeError
 from kvflow.operator.leader import LeaderElector
 from kvflow.operator.reconcile import Reconciler
@@ -32,6 +33,13 @@ class OperatorConfig:
     identity: str
 
 
+@dataclass
+class _Role:
+    """What /healthz reports: "waiting for lease" or "leading"."""
+
+    now: str
+
+
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -41,6 +49,23 @@ async def run_operator(cfg: OperatorConfig, kube: Kube) -> int:
     stop = asyncio.Event()
     lost = asyncio.Event()
     loop = asyncio.get_running_loop()
+    role = _Role("waiting for lease" if cfg.leader_election else "leading")
+    health = await serve_health(cfg.liveness_port, lambda: role.now) if cfg.liveness_port else None
+    try:
+        return await _lead_and_run(cfg, kube, stop, lost, loop, role)
+    finally:
+        if health is not None:
+            await health.cleanup()
+
+
+async def _lead_and_run(
+    cfg: OperatorConfig,
+    kube: Kube,
+    stop: asyncio.Event,
+    lost: asyncio.Event,
+    loop: asyncio.AbstractEventLoop,
+    role: _Role,
+) -> int:
     elector: LeaderElector | None = None
     if cfg.leader_election:
         elector = LeaderElector(kube, cfg.lease_namespace, cfg.lease_name, cfg.identity)
@@ -56,6 +81,7 @@ async def run_operator(cfg: OperatorConfig, kube: Kube) -> int:
             acquired.cancel()
             return 0
         stopped.cancel()
+        role.now = "leading"
 
     def post_event(body: Json, type_: str, reason: str, message: str) -> None:
         try:
@@ -73,9 +99,6 @@ async def run_operator(cfg: OperatorConfig, kube: Kube) -> int:
             standalone=True,  # leadership is ours (the Lease), not kopf's peering
             clusterwide=not cfg.namespaces,
             namespaces=cfg.namespaces,
-            liveness_endpoint=(
-                f"http://0.0.0.0:{cfg.liveness_port}/healthz" if cfg.liveness_port else None
-            ),
             stop_flag=lost,
         )
     finally:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvflow.proto import worker_pb2 as pb
-from kvflow.proto.block_hash import iter_block_hashes
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import (
     ApiError,
@@ -29,6 +28,7 @@ from kvflow.router.protocol.errors import (
     worker_failed,
 )
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
+from kvflow.router.routing.block_hasher import CachedBlockHasher
 from kvflow.router.routing.pipeline import RoutingPipeline
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId
@@ -111,6 +111,7 @@ class GenerationService:
         self._tokenizer = tokenizer
         self._public = public_prefixes
         self._metrics = metrics
+        self._hasher = CachedBlockHasher()
 
     def model_info(self, model: str) -> pb.WorkerInfo:
         """A healthy worker's facts for ``model``, or a 503 when none is up."""
@@ -181,7 +182,7 @@ class GenerationService:
         last_failure = ""
         for _ in range(MAX_ATTEMPTS):
             started_s = time.perf_counter()
-            hashes = iter_block_hashes(
+            hashes = self._hasher.iter_hashes(
                 tokens,
                 block_size=info.block_size,
                 seed=info.hash_seed,

@@ -1,0 +1,96 @@
+"""The prompt's block hashes for routing, memoized per block. Pure.
+
+Every hash still comes from kvflow.proto.block_hash (the one chain); this only remembers
+``(parent, block tokens) -> hash``. Routing hashes a prompt lazily until no worker holds a
+block, so the blocks it hashes at all are mostly blocks some worker caches: prefixes that
+earlier requests already sent. A hit costs a dict lookup on a 64-byte key (about 0.3 us)
+instead of BLAKE2b through Python (about 4 us), so a fully cached 8k-token prompt (512
+blocks) costs about 0.2 ms to hash instead of 2 ms. The block dispatch (first, salted,
+next) mirrors `iter_block_hashes`; tests hold the two equal.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+
+from kvflow.proto.block_hash import (
+    BlockHash,
+    hash_first_block,
+    hash_next_block,
+    hash_next_block_salted,
+)
+
+# 2**17 entries of about 200 bytes (a 64-byte key, a tuple, an int) = about 25 MB, which
+# remembers 2M tokens of distinct cached prefixes per router replica.
+DEFAULT_MAX_ENTRIES = 1 << 17
+
+_Key = tuple[object, ...]
+
+
+class CachedBlockHasher:
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        assert max_entries > 0
+        self._max_entries = max_entries
+        # Insertion-ordered dict, evicted oldest first: a hot prefix evicted by FIFO costs
+        # one re-hash, and skipping LRU's move_to_end halves the cost of a hit.
+        self._hashes: dict[_Key, BlockHash] = {}
+        self.num_hits = 0
+        self.num_misses = 0
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def _lookup(self, key: _Key) -> BlockHash | None:
+        found = self._hashes.get(key)
+        if found is not None:
+            self.num_hits += 1
+        return found
+
+    def _store(self, key: _Key, value: BlockHash) -> None:
+        self.num_misses += 1
+        self._hashes[key] = value
+        if len(self._hashes) > self._max_entries:
+            del self._hashes[next(iter(self._hashes))]
+
+    def iter_hashes(
+        self,
+        token_ids: Sequence[int],
+        *,
+        block_size: int,
+        seed: bytes,
+        salt: str = "",
+        num_public_blocks: int = 0,
+    ) -> Iterator[BlockHash]:
+        """The same hashes as `iter_block_hashes(...)`, lazily."""
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        num_full_blocks = len(token_ids) // block_size
+        if num_full_blocks == 0:
+            return
+        # One pack for the whole prompt; a block's key is then a 64-byte slice.
+        packed = array("I", token_ids[: num_full_blocks * block_size]).tobytes()
+        step = 4 * block_size
+        parent: BlockHash | None = None
+        for i in range(num_full_blocks):
+            chunk = packed[i * step : (i + 1) * step]
+            block_salt = "" if i < num_public_blocks else salt
+            key: _Key
+            if parent is None:
+                key = (0, seed, block_salt, chunk)
+            elif i == num_public_blocks and salt:
+                key = (2, parent, salt, chunk)
+            else:
+                key = (1, parent, chunk)
+            found = self._lookup(key)
+            if found is None:
+                block = token_ids[i * block_size : (i + 1) * block_size]
+                if parent is None:
+                    found = hash_first_block(seed, block_salt, block)
+                elif i == num_public_blocks and salt:
+                    found = hash_next_block_salted(parent, salt, block)
+                else:
+                    found = hash_next_block(parent, block)
+                self._store(key, found)
+            parent = found
+            yield found

@@ -59,8 +59,9 @@ class Reconciler:
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
-        # kopf may run a pool's timer and a child's event handler at once; one at a time
-        # per pool keeps events and status writes in order.
+        # The drift sweep, a pool's handler and its Deployments' handler may run at once
+        # (kopf runs sync handlers in threads); one at a time per pool keeps Events and
+        # status writes in order.
         with self._locks_guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
@@ -80,22 +81,16 @@ class Reconciler:
             uid=meta["uid"],
             generation=int(meta.get("generation") or 0),
         )
-        problems: list[Problem] = []
-        spec: v1alpha1.InferencePoolSpec | None = None
         try:
             spec = from_json(v1alpha1.InferencePoolSpec, body.get("spec") or {})
-        except SchemaError as exc:
-            problems.append(Problem("InvalidSpec", str(exc)))
-        if spec is not None:
-            problems += [Problem("InvalidSpec", p) for p in spec_problems(spec)]
-
-        if spec is None:
+        except SchemaError as exc:  # only when the installed CRD is older than the operator
+            problem = Problem("InvalidSpec", str(exc))
+            previous = _previous_status(body)
             self._write(
-                body,
-                pool,
-                unreadable_status(problems[0], _previous_status(body), pool.generation, self.now()),
+                body, pool, unreadable_status(problem, previous, pool.generation, self.now())
             )
             return
+        problems = [Problem("InvalidSpec", p) for p in spec_problems(spec)]
         observed = self._observe(pool)
         if not problems and apply:
             problems += self._apply(body, pool, spec, observed)

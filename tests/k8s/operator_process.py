@@ -32,11 +32,13 @@ class OperatorProcess:
         workdir: Path,
         identity: str,
         lease_name: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.cluster, self.kubeconfig, self.workdir = cluster, kubeconfig, workdir
         self.identity = identity
         unique = re.sub(r"[^a-z0-9]+", "-", workdir.name.lower()).strip("-")
         self.lease_name = lease_name or f"kvflow-operator-{unique}"[:63].rstrip("-")
+        self.extra_args = extra_args
         self.proc: Process | None = None
         self.starts = 0
         self.liveness_port = 0
@@ -54,6 +56,7 @@ class OperatorProcess:
             "--liveness-port", str(self.liveness_port),
             "--worker-image", WORKER_IMAGE,
             "--router-image", ROUTER_IMAGE,
+            *self.extra_args,
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         self.proc = start(f"operator-{self.identity}-{self.starts}", argv, self.workdir, env)

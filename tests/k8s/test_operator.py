@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import time
+from pathlib import Path
 
 from k8s.controlplane import ControlPlane
 from k8s.operator_process import DRIFT_INTERVAL_S, WORKER_IMAGE, OperatorProcess
@@ -232,3 +234,24 @@ def test_deleting_the_pool_garbage_collects_its_children(
 
     wait_for(all_gone, CONVERGE_S, "the controller-manager to collect the pool's children")
     operator.assert_alive()
+
+
+def test_an_operator_limited_to_namespaces_leaves_others_alone(
+    cluster: ControlPlane, operator_kubeconfig: Path, tmp_path: Path, namespace: str
+) -> None:
+    other = f"{namespace}-other"[:63]
+    cluster.kubectl("create", "namespace", other)
+    op = OperatorProcess(
+        cluster, operator_kubeconfig, tmp_path, "op-scoped", extra_args=("--namespace", namespace)
+    )
+    op.start()
+    try:
+        apply_pool(cluster, other, "ignored", SMALL_SPEC)
+        apply_pool(cluster, namespace, "smol", SMALL_SPEC)
+        wait_ready(cluster, namespace, "smol")
+        time.sleep(DRIFT_INTERVAL_S * 2)  # a sweep or two has run
+        assert child_names(cluster, other, "ignored", "deployments") == []
+        assert "status" not in get_pool(cluster, other, "ignored")
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)

@@ -17,7 +17,7 @@ from kvflow.operator.builders.names import LABEL_MANAGED_BY, LABEL_POOL, MANAGED
 from kvflow.operator.reconcile import Reconciler
 
 
-def needs_reconcile(*, type: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> bool:
+def needs_reconcile(*, type: str | None, meta: kopf.Meta, status: kopf.Status, **_: Any) -> bool:
     """Initial listing (operator start), a new pool, or a spec the status has not caught up
     with. Status writes do not bump metadata.generation, so they do not trigger."""
     if type in (None, "ADDED"):

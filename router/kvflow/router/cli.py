@@ -10,6 +10,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
+import uvloop
+
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key
 from kvflow.router.text.tokenizer import TokenizerLoadError
@@ -89,6 +91,9 @@ async def _serve(settings: RouterSettings) -> None:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit this. Without it a response written as headers, then
+    # body, waits for the client's delayed ACK of the headers: 40 ms on Linux.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((settings.host, settings.port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
@@ -123,7 +128,10 @@ def main(argv: Sequence[str]) -> int:
         stream=sys.stderr,
     )
     try:
-        asyncio.run(_serve(settings))
+        # uvloop: the same event loop uvicorn.run would pick (we run the server ourselves to
+        # bind the socket first); about 2x cheaper per request than asyncio's own loop.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_serve(settings))
     except (TokenizerLoadError, ConfigError) as exc:
         print(f"kvflow router: {exc}", file=sys.stderr)
         return 2

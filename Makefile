@@ -50,9 +50,11 @@ proto: setup
 
 bench: setup
 	$(PY) bench/engine_throughput.py --json out/bench/engine.json
+	$(PY) bench/gateway_overhead.py --json out/bench/gateway.json
 
 bench-quick: setup
 	$(PY) bench/engine_throughput.py --quick --json out/bench/engine-quick.json
+	$(PY) bench/gateway_overhead.py --quick --json out/bench/gateway-quick.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

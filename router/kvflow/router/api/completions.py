@@ -9,17 +9,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
 
 from kvflow.proto import worker_pb2 as pb
+from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body, wait_for_disconnect
-from kvflow.router.protocol.errors import ApiError, rate_limited
+from kvflow.router.api.streaming import ManagedStreamingResponse, sse_body
+from kvflow.router.protocol.errors import rate_limited
 from kvflow.router.protocol.requests import (
     ChatRequest,
     CompletionRequest,
@@ -28,20 +28,16 @@ from kvflow.router.protocol.requests import (
     parse_completion_request,
 )
 from kvflow.router.protocol.responses import (
-    SSE_DONE,
     ChoiceDelta,
     ChoiceResult,
     ChunkWriter,
-    UsageCounts,
     chat_completion,
-    sse_error,
     text_completion,
 )
-from kvflow.router.serving.generate import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.serving.prompts import PreparedPrompt, check_context
+from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.service import Lease
-from kvflow.router.tenants.store import UsageTotals
 
 ROUTE_DEBUG_HEADER = "x-kvflow-route"
 _LIMIT_KINDS = {
@@ -71,70 +67,6 @@ def to_proto_sampling(s: SamplingOptions, choice: int) -> pb.SamplingParams:
     if s.max_tokens is not None:
         params.max_tokens = s.max_tokens
     return params
-
-
-@dataclass
-class Accounting:
-    """Sums usage over choices and settles the request's quota lease exactly once."""
-
-    gateway: Gateway
-    tenant: Tenant
-    lease: Lease
-    trace: RequestTrace
-    _prompt: dict[int, UsageCounts] = field(default_factory=dict)
-    completion_tokens: int = 0
-    _is_finished: bool = False
-
-    def add(self, item: ChoiceUsage) -> None:
-        # OpenAI counts a prompt once however many choices it has.
-        seen = self._prompt.setdefault(item.prompt_index, UsageCounts())
-        seen.prompt_tokens = max(seen.prompt_tokens, item.usage.prompt_tokens)
-        seen.cached_tokens = max(seen.cached_tokens, item.usage.cached_tokens)
-        self.completion_tokens += item.usage.completion_tokens
-
-    @property
-    def usage(self) -> UsageCounts:
-        return UsageCounts(
-            prompt_tokens=sum(u.prompt_tokens for u in self._prompt.values()),
-            completion_tokens=self.completion_tokens,
-            cached_tokens=sum(u.cached_tokens for u in self._prompt.values()),
-        )
-
-    async def finish(self) -> None:
-        if self._is_finished:
-            return
-        self._is_finished = True
-        usage = self.usage
-        name, metrics = self.tenant.name, self.gateway.metrics
-        metrics.tenant_requests.labels(name).inc()
-        metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)
-        metrics.tenant_completion_tokens.labels(name).inc(usage.completion_tokens)
-        metrics.tenant_cached_tokens.labels(name).inc(usage.cached_tokens)
-        metrics.e2e_s.observe(time.perf_counter() - self.trace.arrival_s)
-        await self.gateway.quotas.finish(
-            self.lease,
-            UsageTotals(
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cached_tokens=usage.cached_tokens,
-            ),
-        )
-
-
-class ManagedStreamingResponse(StreamingResponse):
-    """Runs ``on_close`` however the response ends, even if the body never started (a
-    client gone before the first byte): the worker requests and the quota lease are freed."""
-
-    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]],
-                 headers: dict[str, str]) -> None:  # fmt: skip
-        super().__init__(body, media_type="text/event-stream", headers=headers)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
 
 
 def _build_specs(prompts: list[PreparedPrompt], s: SamplingOptions) -> list[ChoiceSpec]:
@@ -215,7 +147,7 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
         with_logprobs=sampling.logprobs,
         include_usage=parsed.include_usage,
     )
-    body_iter = _sse_body(first, stream, writer, accounting, sampling.n * len(prompts),
+    body_iter = sse_body(first, stream, writer, accounting, sampling.n * len(prompts),
                           is_chat, echo, sampling.n)  # fmt: skip
 
     async def close() -> None:
@@ -227,39 +159,6 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     if want_route:
         headers[ROUTE_DEBUG_HEADER] = ", ".join(trace.routes)
     return ManagedStreamingResponse(body_iter, close, headers)
-
-
-async def _sse_body(
-    first: ChoiceDelta | ChoiceUsage,
-    stream: AsyncGenerator[ChoiceDelta | ChoiceUsage],
-    writer: ChunkWriter,
-    accounting: Accounting,
-    num_choices: int,
-    is_chat: bool,
-    echo: list[str] | None,
-    n: int,
-) -> AsyncGenerator[bytes]:
-    if is_chat:
-        for index in range(num_choices):
-            yield writer.role(index)
-    elif echo is not None:
-        for index in range(num_choices):
-            yield writer.delta(ChoiceDelta(index, echo[index // n]))
-    item: ChoiceDelta | ChoiceUsage | None = first
-    try:
-        while item is not None:
-            if isinstance(item, ChoiceDelta):
-                yield writer.delta(item)
-            else:
-                accounting.add(item)
-            item = await anext(stream, None)
-    except ApiError as exc:
-        # Headers are gone: the failure travels as an event the openai client raises on.
-        yield sse_error(exc.body())
-        return
-    if writer.include_usage:
-        yield writer.usage(accounting.usage)
-    yield SSE_DONE
 
 
 async def _collect(

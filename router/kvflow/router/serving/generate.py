@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
 
 import grpc
 
@@ -34,7 +33,7 @@ from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId
 from kvflow.router.serving.decoder import ChoiceDecoder
 from kvflow.router.serving.public_prefix import PublicPrefixes
-from kvflow.router.tenants.config import Tenant
+from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.text.tokenizer import TextTokenizer
 from kvflow.router.workers.client import WorkerClient
 from kvflow.router.workers.pool import WorkerPool
@@ -53,39 +52,6 @@ _WORKER_DOWN_CODES = {
     grpc.StatusCode.INTERNAL,
     grpc.StatusCode.UNKNOWN,
 }
-
-
-@dataclass(frozen=True)
-class ChoiceSpec:
-    index: int
-    prompt_index: int  # which prompt (usage counts each prompt once, as OpenAI bills it)
-    prompt_token_ids: list[int]
-    sampling: pb.SamplingParams
-    stop_strings: tuple[str, ...]
-    num_top_logprobs: int
-
-
-@dataclass(frozen=True)
-class Caller:
-    tenant: Tenant
-    model: str
-    session_id: str | None = None
-
-
-@dataclass(frozen=True)
-class ChoiceUsage:
-    index: int
-    prompt_index: int
-    usage: UsageCounts
-
-
-@dataclass
-class RequestTrace:
-    """What happened to a request, for headers and metrics."""
-
-    arrival_s: float = field(default_factory=time.perf_counter)
-    routes: list[str] = field(default_factory=list)
-    first_token_s: float | None = None
 
 
 class _Attempt(Exception):  # noqa: N818 - control flow, never escapes this module

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvflow.router.protocol.errors import ApiError, invalid_request
-from kvflow.router.protocol.requests import ChatMessage, Prompt
+from kvflow.router.protocol.messages import ChatMessage
+from kvflow.router.protocol.requests import Prompt
 from kvflow.router.text.chat_template import ChatTemplateError
 from kvflow.router.text.model_files import TextModel
 

@@ -1,0 +1,99 @@
+"""Router configuration parsing, worker discovery (static and DNS), public prefix matching."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvflow.router.serving.public_prefix import PublicPrefixes
+from kvflow.router.settings import ConfigError, parse_config
+from kvflow.router.tenants.config import TenantConfigError, hash_api_key
+from kvflow.router.workers.discovery import (
+    DiscoveryConfigError,
+    DnsWorkers,
+    parse_worker_list,
+)
+
+
+def test_config_defaults_and_overrides() -> None:
+    default = parse_config(None)
+    assert default.weights == {"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 2.0,
+                               "session": 8.0}  # fmt: skip
+    assert default.tenants.is_open and default.max_body_bytes == 8 * 1024 * 1024
+    config = parse_config(
+        {
+            "routing": {"weights": {"kv_usage": 0}, "session_header": "X-Conversation"},
+            "tenants": [{"name": "a", "api_key_sha256": hash_api_key("k")}],
+            "public_prefixes": [{"system": "be nice"}, {"text": "<|im_start|>"}],
+            "limits": {"max_body_bytes": 1000},
+        }
+    )
+    assert config.weights["kv_usage"] == 0 and config.weights["prefix_blocks"] == 1.0
+    assert config.session_header == "x-conversation"
+    assert config.tenants.lookup("k") is not None
+    assert [p.system for p in config.public_prefixes] == ["be nice", None]
+    assert config.max_body_bytes == 1000
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"routing": {"wieghts": {}}}, "unknown fields"),
+        ({"tenant": []}, "unknown fields"),
+        ({"limits": {"max_body_bytes": 0}}, "positive integer"),
+        ({"public_prefixes": [{"system": "a", "text": "b"}]}, "public_prefixes[0]"),
+        ({"tenants": {"name": "a"}}, "must be a list"),
+        ([1, 2], "YAML mapping"),
+    ],
+)
+def test_config_errors_name_the_field(raw: object, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        parse_config(raw)
+
+
+def test_tenant_errors_surface_through_the_config() -> None:
+    with pytest.raises(TenantConfigError):
+        parse_config({"tenants": [{"name": "a"}]})
+
+
+def test_worker_list_parsing() -> None:
+    assert parse_worker_list("a:1, b.example:50051,[::1]:7") == ["a:1", "b.example:50051",
+                                                               "[::1]:7"]  # fmt: skip
+    for bad in ("a", "a:", ":5", "a:99999", "a:x"):
+        with pytest.raises(DiscoveryConfigError, match="host:port"):
+            parse_worker_list(bad)
+
+
+def test_dns_discovery_resolves_and_keeps_workers_through_failures() -> None:
+    applied: list[list[str]] = []
+
+    async def apply(addresses: list[str]) -> None:
+        applied.append(addresses)
+
+    async def run() -> None:
+        resolved = await DnsWorkers("localhost", 50051).resolve()
+        assert "127.0.0.1:50051" in resolved
+        task = asyncio.create_task(DnsWorkers("localhost", 50051, interval_s=0.01).run(apply))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        # Resolved every 10 ms, applied once: only changes reach the pool.
+        assert len(applied) == 1 and "127.0.0.1:50051" in applied[0]
+        failing = asyncio.create_task(
+            DnsWorkers("no-such-host.invalid", 1, interval_s=0.01).run(apply)
+        )
+        await asyncio.sleep(0.2)
+        failing.cancel()
+        assert len(applied) == 1  # a failing name never empties the pool
+
+    asyncio.run(run())
+
+
+def test_public_prefix_blocks() -> None:
+    prefixes = PublicPrefixes([list(range(40)), list(range(100, 132))])
+    assert prefixes.num_public_blocks(list(range(50)), 16) == 2  # 40 tokens: 2 full blocks
+    assert prefixes.num_public_blocks(list(range(20)), 16) == 1  # the prompt is shorter
+    assert prefixes.num_public_blocks([*range(16), 999, *range(17, 40)], 16) == 1
+    assert prefixes.num_public_blocks(list(range(100, 140)), 16) == 2
+    assert prefixes.num_public_blocks([5] * 64, 16) == 0
+    assert PublicPrefixes([]).num_public_blocks(list(range(64)), 16) == 0

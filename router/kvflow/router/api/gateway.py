@@ -127,6 +127,7 @@ def _public_prefixes(settings: RouterSettings, text: TextModel) -> PublicPrefixe
 def build_gateway(settings: RouterSettings) -> Gateway:
     """Load the tokenizer and wire the components; nothing runs until `start()`."""
     text = load_text_model(settings.model)
+    text.tokenizer.token_bytes(0)  # build the byte table now, not on the first request
     config = settings.config
     metrics = RouterMetrics()
     index = BlockIndex(config.max_blocks_per_worker)

@@ -193,14 +193,13 @@ def test_stop_strings_cut_exactly_and_stop_the_worker(
     assert reference and len(reference) > 20
     stop = reference[10:13]
     expected = reference[: reference.find(stop)]
-    started = time.monotonic()
-    # Unbounded otherwise: up to the context (about 16 s at 2 ms a token).
+    # Unbounded otherwise: up to the context (about 8,000 tokens, 16 s at 2 ms a token).
     cut = client.chat.completions.create(model=MODEL, messages=MESSAGES, stop=[stop],
                                          extra_body=NO_EOS)  # fmt: skip
     assert cut.choices[0].message.content == expected
     assert cut.choices[0].finish_reason == "stop"
-    assert time.monotonic() - started < 8
-    assert cut.usage is not None and cut.usage.completion_tokens < 200
+    # The worker stopped right after the stop string, and reported its usage.
+    assert cut.usage is not None and 0 < cut.usage.completion_tokens < 200
     streamed = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, stop=stop, stream=True, extra_body=NO_EOS
     )
@@ -242,11 +241,11 @@ def test_client_disconnect_aborts_the_worker_request(
         for _ in range(3):
             next(lines)
     # Without the abort the worker would keep generating for about 16 s.
-    assert wait_workers_idle(workers, timeout_s=3) < 3
+    assert wait_workers_idle(workers, timeout_s=6) < 6
     body = {"model": MODEL, "messages": MESSAGES, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=0.5)
-    assert wait_workers_idle(workers, timeout_s=3) < 3
+    assert wait_workers_idle(workers, timeout_s=6) < 6
 
 
 def test_route_header_explains_the_choice(gateway: GatewayProcess) -> None:

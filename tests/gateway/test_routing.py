@@ -115,7 +115,7 @@ def test_a_loaded_worker_is_avoided_despite_its_cache() -> None:
             for i in range(12):
                 pool.submit(occupy, i)
             try:
-                time.sleep(1.0)  # several Load polls
+                time.sleep(1.5)  # several Load polls (every 250 ms)
                 worker, blocks, _ = complete(g, [*short_prefix, 2])
                 # 8 cached blocks there, but 12 requests queued: the other worker wins.
                 assert worker != holder and blocks == 0

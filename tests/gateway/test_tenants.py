@@ -144,6 +144,21 @@ def test_concurrency_limit_holds_across_replicas(gateways: list[GatewayProcess])
             time.sleep(0.1)
 
 
+def index_blocks(g: GatewayProcess) -> float:
+    for line in httpx.get(f"{g.url}/metrics").text.splitlines():
+        if line.startswith("kvflow_router_index_blocks "):
+            return float(line.split()[1])
+    raise AssertionError("no kvflow_router_index_blocks")
+
+
+def wait_index_grows(g: GatewayProcess, before: float, timeout_s: float = 10) -> None:
+    """Until the worker's KV events for the last request reached this router's index."""
+    deadline = time.monotonic() + timeout_s
+    while index_blocks(g) <= before:
+        assert time.monotonic() < deadline, "KV events did not reach the router"
+        time.sleep(0.05)
+
+
 def _route_blocks(
     g: GatewayProcess, tenant: str, messages: list[dict[str, str]]
 ) -> tuple[int, int]:
@@ -159,8 +174,9 @@ def _route_blocks(
 def test_one_tenants_cache_is_invisible_to_another(gateways: list[GatewayProcess]) -> None:
     g = gateways[0]
     private = [{"role": "user", "content": "my secret document: " + "lorem ipsum " * 40}]
+    before = index_blocks(g)
     assert _route_blocks(g, "dave", private) == (0, 0)
-    time.sleep(0.5)  # the KV events reach the router
+    wait_index_grows(g, before)
     blocks, cached = _route_blocks(g, "dave", private)
     assert blocks > 5 and cached == blocks * 16
     # Erin sends the very same prompt: no hit at the router, none on the worker.
@@ -171,8 +187,9 @@ def test_public_prefixes_are_shared_across_tenants(gateways: list[GatewayProcess
     g = gateways[1]
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "question one"}]
     second = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "other one"}]
+    before = index_blocks(g)
     _route_blocks(g, "dave", first)
-    time.sleep(0.5)
+    wait_index_grows(g, before)
     blocks, cached = _route_blocks(g, "erin", second)
     text = load_text_model(None)
     assert text.chat_template is not None
@@ -224,7 +241,13 @@ def test_redis_stopped_mid_test_degrades_to_per_replica_limits(
         assert all("Redis is unreachable" in g.log for g in gateways)
     finally:
         redis_server.start()
-    time.sleep(2.5)  # past the retry delay: shared limits again
-    usage = httpx.get(f"{gateways[0].base_url}/usage",
-                      headers={"authorization": f"Bearer {key('dave')}"}).json()  # fmt: skip
-    assert usage["scope"] == "cluster"
+    deadline = time.monotonic() + 15
+    while True:  # past the retry delay (2 s), the next request finds Redis again
+        chat(gateways[0], "dave")
+        usage = httpx.get(f"{gateways[0].base_url}/usage",
+                          headers={"authorization": f"Bearer {key('dave')}"}).json()  # fmt: skip
+        if usage["scope"] == "cluster":
+            break
+        assert time.monotonic() < deadline, "the gateway did not go back to Redis"
+        time.sleep(0.5)
+    assert any("reachable again" in line for line in gateways[0].output)

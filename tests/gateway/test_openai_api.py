@@ -14,7 +14,7 @@ import grpc
 import httpx
 import openai
 import pytest
-from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.gateway_process import GatewayProcess, launch_gateway, running_gateway
 from testkit.redis_server import free_port
 from testkit.worker_process import WorkerProcess, launch_worker
 
@@ -319,3 +319,9 @@ def test_no_healthy_worker_is_a_503_with_retry_after() -> None:
         assert "No healthy worker" in info.value.response.json()["error"]["message"]
     finally:
         g.stop()
+    # Without --served-model-name the model comes from the workers: none answered yet.
+    with running_gateway(["--workers", with_nothing]) as g:
+        r = httpx.post(
+            f"{g.base_url}/chat/completions", json={"model": MODEL, "messages": MESSAGES}
+        )
+        assert r.status_code == 503 and "No worker has reported" in r.json()["error"]["message"]

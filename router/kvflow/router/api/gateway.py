@@ -15,6 +15,7 @@ from kvflow.router.protocol.errors import (
     invalid_api_key,
     model_not_allowed,
     model_not_found,
+    no_worker_available,
 )
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import build_pipeline
@@ -98,6 +99,10 @@ class Gateway:
     def check_model(self, model: str, tenant: Tenant) -> None:
         """404 for a model nobody serves, 403 for one this tenant may not use."""
         served = self.served_models()
+        if not served:  # no --served-model-name, and no worker has answered yet
+            raise no_worker_available(
+                f"No worker has reported its model yet ({len(self.pool)} known); retry shortly."
+            )
         if model not in served:
             raise model_not_found(model, [m for m in served if tenant.may_use(m)])
         if not tenant.may_use(model):

@@ -124,7 +124,8 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     )
     response_id = ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex
     created_s = int(time.time())
-    echo = [p.text for p in prompts] if getattr(parsed, "echo", False) else None
+    is_echo = isinstance(parsed, CompletionRequest) and parsed.echo
+    echo = [p.text for p in prompts] if is_echo else None
     want_route = ROUTE_DEBUG_HEADER in request.headers
     if not parsed.stream:
         try:

@@ -70,6 +70,9 @@ class KvEventFollower:
                 log.warning("KV events of %s: %s; resubscribing", self._worker_id, exc)
             except grpc.aio.AioRpcError as exc:
                 log.debug("KV events of %s: %s", self._worker_id, exc.code())
+            except Exception:
+                # A bug must not silently stop following this worker: log, start over.
+                log.exception("following the KV events of %s failed", self._worker_id)
             finally:
                 call.cancel()
             self._instance_id = None

@@ -143,6 +143,10 @@ class WorkerPool:
                     num_loads += 1
             except grpc.aio.AioRpcError as exc:
                 self._mark_unhealthy(worker, f"{exc.code().name}: {exc.details()}")
+            except Exception:
+                # A bug must not silently end the probes of this worker forever.
+                log.exception("probing %s failed", worker.worker_id)
+                self._mark_unhealthy(worker, "probe error")
             await asyncio.sleep(LOAD_INTERVAL_S if worker.is_healthy else UNHEALTHY_RETRY_S)
 
     # -- what routing and serving read -------------------------------------------------------

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
+from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape, paged_attention
 
 H, HKV, D, BS, NB = 4, 2, 8, 4, 32
 
@@ -28,7 +28,7 @@ def test_chunked_and_batched_decode_match_full_attention() -> None:
         )
         for n in lens
     ]
-    cache = torch.zeros(2, NB, BS, HKV, D)
+    cache = torch.zeros(kv_cache_shape(num_blocks=NB, block_size=BS, num_kv_heads=HKV, head_dim=D))
     scale = D**-0.5
 
     # Step 1: prefill each sequence except its last token, in chunks of different sizes.

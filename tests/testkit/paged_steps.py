@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
 
@@ -32,7 +32,12 @@ class PagedSteps:
     ) -> None:
         self.model, self.block_size = model, block_size
         dtype = next(model.parameters()).dtype
-        shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        shape = kv_cache_shape(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+        )
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.free_blocks = list(range(num_blocks))
         random.Random(seed).shuffle(self.free_blocks)

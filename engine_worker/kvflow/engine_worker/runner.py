@@ -14,7 +14,7 @@ import torch
 
 from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
 from kvflow.engine_worker.sampler import Sampler
 
 
@@ -56,7 +56,12 @@ class TorchModelRunner:
         self.block_size = block_size
         self.device = torch.device(device)
         self.sampler = sampler or Sampler(self.device)
-        shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+        shape = kv_cache_shape(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+        )
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
         ]

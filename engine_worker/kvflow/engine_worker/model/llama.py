@@ -180,8 +180,8 @@ class LlamaForCausalLM(nn.Module):
 
         ``input_ids`` and ``positions`` are ``[T]`` int64, in the order ``meta`` lays the
         sequences out. Side effect: every layer writes the new tokens' keys and values into
-        its cache, ``kv_caches[i]`` of shape ``[2, num_blocks, block_size, kv_heads,
-        head_dim]``, at ``meta.slot_mapping``.
+        its cache, ``kv_caches[i]`` (shaped as ``attention.kv_cache_shape`` says), at
+        ``meta.slot_mapping``.
         """
         assert len(kv_caches) == len(self.layers), (
             f"{len(kv_caches)} KV caches for {len(self.layers)} layers"

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import uvloop
 
+from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key
 from kvflow.router.text.tokenizer import TokenizerLoadError
@@ -138,7 +139,7 @@ def main(argv: Sequence[str]) -> int:
         # bind the socket first); about 2x cheaper per request than asyncio's own loop.
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_serve(settings))
-    except (TokenizerLoadError, ConfigError) as exc:
+    except (TokenizerLoadError, ConfigError, RoutingConfigError, DiscoveryConfigError) as exc:
         print(f"kvflow router: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -71,7 +71,7 @@ def test_chunked_and_batched_decode_match_full_attention() -> None:
     meta = AttentionMetadata.build(
         query_lens=[1, 1, 1], context_lens=ctxs, block_tables=tables, block_size=BS
     )
-    assert meta.decode is not None and not meta.prefills
+    assert len(meta.decodes) == 1 and not meta.prefills
     o = paged_attention(
         torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts), cache, meta, scale
     )
@@ -80,3 +80,51 @@ def test_chunked_and_batched_decode_match_full_attention() -> None:
 
     for i, (q, k, v) in enumerate(seqs):
         torch.testing.assert_close(torch.cat(outs[i]), reference(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_many_decodes_are_grouped_by_length_and_stay_exact() -> None:
+    g = torch.Generator().manual_seed(1)
+    lens = [3 + (7 * i) % 45 for i in range(20)]
+    cache = torch.zeros(
+        kv_cache_shape(num_blocks=NB * 8, block_size=BS, num_kv_heads=HKV, head_dim=D)
+    )
+    free = torch.randperm(NB * 8, generator=g).tolist()
+    tables = [[free.pop() for _ in range(-(-n // BS))] for n in lens]
+    seqs = [
+        (
+            torch.randn(n, H, D, generator=g),
+            torch.randn(n, HKV, D, generator=g),
+            torch.randn(n, HKV, D, generator=g),
+        )
+        for n in lens
+    ]
+    scale = D**-0.5
+    # Prefill everything but the last token, then decode all 20 at once.
+    meta = AttentionMetadata.build(
+        query_lens=[n - 1 for n in lens],
+        context_lens=[n - 1 for n in lens],
+        block_tables=tables,
+        block_size=BS,
+    )
+    paged_attention(
+        torch.cat([q[:-1] for q, _, _ in seqs]),
+        torch.cat([k[:-1] for _, k, _ in seqs]),
+        torch.cat([v[:-1] for _, _, v in seqs]),
+        cache,
+        meta,
+        scale,
+    )
+    meta = AttentionMetadata.build(
+        query_lens=[1] * 20, context_lens=lens, block_tables=tables, block_size=BS
+    )
+    assert len(meta.decodes) == 3  # 20 sequences, at least 8 per group
+    o = paged_attention(
+        torch.cat([q[-1:] for q, _, _ in seqs]),
+        torch.cat([k[-1:] for _, k, _ in seqs]),
+        torch.cat([v[-1:] for _, _, v in seqs]),
+        cache,
+        meta,
+        scale,
+    )
+    for i, (q, k, v) in enumerate(seqs):
+        torch.testing.assert_close(o[i], reference(q, k, v)[-1], atol=1e-5, rtol=1e-5)

@@ -8,8 +8,11 @@ The cache of one layer is a tensor ``[2, num_kv_heads, num_blocks, block_size, h
 
 On the CPU the simple path wins: gather each sequence's blocks into contiguous K/V and
 call ``scaled_dot_product_attention``. Sequences with more than one new token (prefill
-chunks) go one at a time; single-token decodes go in one padded batch, because padding a
-batch of decodes to the longest context costs far less than a Python loop over 64 SDPA calls.
+chunks) go one at a time; single-token decodes go in padded batches, because padding costs
+far less than a Python loop over 64 SDPA calls. Decodes are sorted by context length and cut
+into up to ``MAX_DECODE_GROUPS`` batches of similar lengths: one batch padded to the longest
+of 64 contexts spread over 64..512 tokens gathers about 1.8x the tokens it uses; four
+batches, about 1.15x.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+MAX_DECODE_GROUPS = 4
+# Below 8 sequences a group's padding costs less than another SDPA call and gather.
+MIN_DECODE_GROUP = 8
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: the slot each new token's K/V is written to
     prefills: tuple[PrefillSeq, ...]
-    decode: DecodeBatch | None
+    decodes: tuple[DecodeBatch, ...]
 
     @staticmethod
     def build(
@@ -88,20 +95,31 @@ class AttentionMetadata:
                 prefills.append(PrefillSeq(row, q, ctx, ids))
             row += q
 
-        decode = None
-        if decode_rows:
-            max_blocks = max(len(t) for t in decode_tables)
-            padded = torch.zeros(len(decode_rows), max_blocks, dtype=torch.int64)
-            for i, t in enumerate(decode_tables):
-                padded[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        decodes: list[DecodeBatch] = []
+        order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
+        group_size = -(-len(order) // MAX_DECODE_GROUPS) if order else 1
+        group_size = max(group_size, MIN_DECODE_GROUP)
+        for start in range(0, len(order), group_size):
+            members = order[start : start + group_size]
+            max_blocks = max(len(decode_tables[i]) for i in members)
+            padded = torch.zeros(len(members), max_blocks, dtype=torch.int64)
+            for j, i in enumerate(members):
+                padded[j, : len(decode_tables[i])] = torch.tensor(
+                    decode_tables[i], dtype=torch.int64
+                )
             positions = torch.arange(max_blocks * block_size)
-            mask = positions[None, :] < torch.tensor(decode_lens)[:, None]
-            decode = DecodeBatch(
-                rows=torch.tensor(decode_rows, dtype=torch.int64, device=device),
-                block_ids=padded.to(device),
-                mask=mask[:, None, None, :].to(device),
+            lens = torch.tensor([decode_lens[i] for i in members])
+            mask = positions[None, :] < lens[:, None]
+            decodes.append(
+                DecodeBatch(
+                    rows=torch.tensor(
+                        [decode_rows[i] for i in members], dtype=torch.int64, device=device
+                    ),
+                    block_ids=padded.to(device),
+                    mask=mask[:, None, None, :].to(device),
+                )
             )
-        return AttentionMetadata(slot_mapping.to(device), tuple(prefills), decode)
+        return AttentionMetadata(slot_mapping.to(device), tuple(prefills), tuple(decodes))
 
 
 def kv_cache_shape(
@@ -182,8 +200,7 @@ def paged_attention(
             )
         out[seq.query_start : seq.query_start + seq.query_len] = o.transpose(0, 1)
 
-    if meta.decode is not None:
-        d = meta.decode
+    for d in meta.decodes:
         qd = q[d.rows][:, :, None, :]  # [B, H, 1, D]
         kd, vd = _gather(kv_cache, d.block_ids, d.mask.shape[-1], q.dtype)  # [B, Hkv, ctx, D]
         o = F.scaled_dot_product_attention(

@@ -27,16 +27,19 @@ REDIS_URL_ENV = "KVFLOW_REDIS_URL"
 
 
 def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
-    """What `kvflow router --config` reads: routing settings that are not flags."""
+    """The YAML `kvflow router --config` reads (its format: `kvflow.router.settings`).
+
+    Only routing settings that are not flags; the router rejects unknown keys, and
+    tests/contracts holds this builder to the router's parser.
+    """
     weights = spec.router.scorer_weights
     return {
-        "served_model_name": spec.model.served_name,
-        "block_size": spec.engine.block_size,
-        "mode": spec.mode,
-        "scorers": {
-            "prefix_cache": {"weight": weights.prefix_cache},
-            "queue_depth": {"weight": weights.queue_depth},
-            "kv_cache_usage": {"weight": weights.kv_cache_usage},
+        "routing": {
+            "weights": {
+                "prefix_blocks": weights.prefix_cache,
+                "queue_depth": weights.queue_depth,
+                "kv_usage": weights.kv_cache_usage,
+            },
         },
     }
 

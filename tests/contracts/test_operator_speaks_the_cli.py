@@ -1,0 +1,107 @@
+"""What the operator writes into pods is what the worker and router actually accept.
+
+The operator builds command lines and a config file for programs it never imports; these
+tests feed its output to the real parsers of `kvflow worker` and `kvflow router`, so a
+renamed flag or config key fails here instead of in a crash-looping pod.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvflow.engine_worker.settings import parse_args as parse_worker_args
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import from_json
+from kvflow.operator.builders.desired import desired_children
+from kvflow.operator.builders.names import Images, PoolRef
+from kvflow.operator.builders.router import CONFIG_KEY, router_config
+from kvflow.router.cli import parse_args as parse_router_args
+from kvflow.router.settings import parse_config
+
+POOL = PoolRef(name="p", namespace="ns", uid="uid-1", generation=1)
+IMAGES = Images(worker="w:1", router="r:1")
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+def spec_of(data: dict[str, Any]) -> v1alpha1.InferencePoolSpec:
+    return from_json(v1alpha1.InferencePoolSpec, data)
+
+
+def sample_specs() -> list[tuple[str, dict[str, Any]]]:
+    specs = []
+    for path in sorted(SAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "InferencePool":
+                specs.append((path.name, doc["spec"]))
+    return specs
+
+
+SPECS = [
+    ("minimal", {"model": {"servedName": "m"}}),
+    (
+        "weights",
+        {
+            "model": {"servedName": "m", "dtype": "bfloat16"},
+            "router": {
+                "scorerWeights": {"prefixCache": 2.0, "queueDepth": 0.5, "kvCacheUsage": 3.0}
+            },
+        },
+    ),
+    *sample_specs(),
+]
+
+
+def containers(spec: v1alpha1.InferencePoolSpec) -> list[dict[str, Any]]:
+    out = []
+    for obj in desired_children(POOL, spec, IMAGES):
+        if obj["kind"] == "Deployment":
+            out += obj["spec"]["template"]["spec"]["containers"]
+    return out
+
+
+@pytest.mark.parametrize(("name", "data"), SPECS, ids=[n for n, _ in SPECS])
+def test_worker_and_router_accept_the_operators_command_lines(
+    name: str, data: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_of(data)
+    seen = set()
+    for container in containers(spec):
+        args = list(container["args"])
+        command, rest = args[0], args[1:]
+        if command == "worker":
+            settings = parse_worker_args(rest)
+            assert (
+                settings.host == "0.0.0.0" and settings.served_model_name == spec.model.served_name
+            )
+            assert settings.block_size == spec.engine.block_size
+            seen.add("worker")
+        elif command == "router":
+            config = tmp_path / CONFIG_KEY
+            config.write_text(yaml.safe_dump(router_config(spec)))
+            rest = [str(config) if a.endswith("/" + CONFIG_KEY) else a for a in rest]
+            rest = [a if not a.startswith("$(") else "redis://127.0.0.1:6379" for a in rest]
+            settings = parse_router_args(rest)
+            assert settings is not None and settings.worker_dns
+            seen.add("router")
+        else:
+            raise AssertionError(f"unknown kvflow command {command!r} in {name}")
+    assert seen == {"worker", "router"}
+
+
+def test_router_config_weights_reach_the_router() -> None:
+    spec = spec_of(
+        {
+            "model": {"servedName": "m"},
+            "router": {
+                "scorerWeights": {"prefixCache": 2.0, "queueDepth": 0.5, "kvCacheUsage": 3.0}
+            },
+        }
+    )
+    config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(spec))))
+    assert config.weights["prefix_blocks"] == 2.0
+    assert config.weights["queue_depth"] == 0.5
+    assert config.weights["kv_usage"] == 3.0

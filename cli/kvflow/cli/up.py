@@ -171,8 +171,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     args = _parser().parse_args(list(argv))
-    # `kill` (SIGTERM) stops us as cleanly as Ctrl-C does.
+    # `kill` (SIGTERM) stops us as cleanly as Ctrl-C does. SIGINT is set explicitly too: a
+    # shell starts background jobs with SIGINT ignored, and Python keeps that inheritance.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.workers < 1:
         print("kvflow up: --workers must be at least 1", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: help setup up test lint fmt proto proto-check bench bench-quick clean \
-	k8s-bins crds manifests helm-check
+	k8s-bins crds manifests helm-check system-deps
 
 help:
 	@echo "make up           run kvflow on this machine (installs into $(VENV) on first use)"
@@ -42,7 +42,7 @@ fmt: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint k8s-bins
+test: lint k8s-bins system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: setup
@@ -55,6 +55,18 @@ bench: setup
 bench-quick: setup
 	$(PY) bench/engine_throughput.py --quick --json out/bench/engine-quick.json
 	$(PY) bench/gateway_overhead.py --quick --json out/bench/gateway-quick.json
+
+# Debian packages the tests start for real: redis-server (quotas shared by gateways) and
+# openssl (the test control plane's certificates). Installed only when missing.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing (apt)"; \
+		$(SUDO) apt-get install -y -q $$missing || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $$missing; }; \
+	fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

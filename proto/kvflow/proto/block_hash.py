@@ -76,6 +76,28 @@ def hash_next_block_salted(parent: BlockHash, salt: str, token_ids: Sequence[int
     )
 
 
+def hash_block(
+    index: int,
+    parent: BlockHash | None,
+    token_ids: Sequence[int],
+    *,
+    seed: bytes,
+    salt: str = "",
+    num_public_blocks: int = 0,
+) -> BlockHash:
+    """Block ``index`` of a chain whose block ``index - 1`` hashed to ``parent``.
+
+    The one place that decides where the salt enters. A caller that memoizes must key on
+    every argument (``parent``, ``seed``, ``salt``, ``token_ids``, whether ``index`` is 0,
+    and whether it is below, at, or past ``num_public_blocks``).
+    """
+    if parent is None:
+        return hash_first_block(seed, "" if index < num_public_blocks else salt, token_ids)
+    if index == num_public_blocks and salt:
+        return hash_next_block_salted(parent, salt, token_ids)
+    return hash_next_block(parent, token_ids)
+
+
 def iter_block_hashes(
     token_ids: Sequence[int],
     *,
@@ -101,13 +123,9 @@ def iter_block_hashes(
     num_full_blocks = len(token_ids) // block_size
     for i in range(start_block, num_full_blocks):
         block = token_ids[i * block_size : (i + 1) * block_size]
-        block_salt = "" if i < num_public_blocks else salt
-        if parent is None:
-            parent = hash_first_block(seed, block_salt, block)
-        elif i == num_public_blocks and salt:
-            parent = hash_next_block_salted(parent, salt, block)
-        else:
-            parent = hash_next_block(parent, block)
+        parent = hash_block(
+            i, parent, block, seed=seed, salt=salt, num_public_blocks=num_public_blocks
+        )
         yield parent
 
 

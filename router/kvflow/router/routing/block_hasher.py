@@ -6,7 +6,7 @@ block, so the blocks it hashes at all are mostly blocks some worker caches: pref
 earlier requests already sent. A hit costs a dict lookup on a 64-byte key (about 0.3 us)
 instead of BLAKE2b through Python (about 4 us), so a fully cached 8k-token prompt (512
 blocks) costs about 0.2 ms to hash instead of 2 ms. The block dispatch (first, salted,
-next) mirrors `iter_block_hashes`; tests hold the two equal.
+next) is `hash_block`'s alone: the memo keys on every input that function reads.
 """
 
 from __future__ import annotations
@@ -14,12 +14,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 
-from kvflow.proto.block_hash import (
-    BlockHash,
-    hash_first_block,
-    hash_next_block,
-    hash_next_block_salted,
-)
+from kvflow.proto.block_hash import BlockHash, hash_block
 
 # 2**17 entries of about 200 bytes (a 64-byte key, a tuple, an int) = about 25 MB, which
 # remembers 2M tokens of distinct cached prefixes per router replica.
@@ -74,23 +69,16 @@ class CachedBlockHasher:
         parent: BlockHash | None = None
         for i in range(num_full_blocks):
             chunk = packed[i * step : (i + 1) * step]
-            block_salt = "" if i < num_public_blocks else salt
-            key: _Key
-            if parent is None:
-                key = (0, seed, block_salt, chunk)
-            elif i == num_public_blocks and salt:
-                key = (2, parent, salt, chunk)
-            else:
-                key = (1, parent, chunk)
+            # Where this block stands relative to the public prefix: -1 inside, 0 at its
+            # end (the salt may enter here), 1 past it.
+            position = (i > num_public_blocks) - (i < num_public_blocks)
+            key: _Key = (parent, seed, salt, i == 0, position, chunk)
             found = self._lookup(key)
             if found is None:
                 block = token_ids[i * block_size : (i + 1) * block_size]
-                if parent is None:
-                    found = hash_first_block(seed, block_salt, block)
-                elif i == num_public_blocks and salt:
-                    found = hash_next_block_salted(parent, salt, block)
-                else:
-                    found = hash_next_block(parent, block)
+                found = hash_block(
+                    i, parent, block, seed=seed, salt=salt, num_public_blocks=num_public_blocks
+                )
                 self._store(key, found)
             parent = found
             yield found

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import IMAGE_UID
@@ -103,3 +105,41 @@ def common_env() -> list[dict[str, Json]]:
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+
+
+def pod_spec(
+    *,
+    container: dict[str, Json],
+    volumes: list[dict[str, Json]],
+    select: dict[str, str],
+    grace_s: int,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Json]] | None = None,
+    affinity: Mapping[str, Json] | None = None,
+) -> dict[str, Json]:
+    """The pod spec every kvflow Deployment shares: hardened, no API token, spread over nodes."""
+    spec: dict[str, Json] = {
+        "terminationGracePeriodSeconds": grace_s,
+        "automountServiceAccountToken": False,  # neither workers nor routers call the API server
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                # Spread when possible, never block scheduling (GPU nodes are scarce).
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": dict(select)},
+                "matchLabelKeys": ["pod-template-hash"],
+            }
+        ],
+    }
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    if affinity:
+        spec["affinity"] = dict(affinity)
+    return spec

@@ -126,27 +126,14 @@ def router_deployment(
         "securityContext": pods.container_security_context(),
         "volumeMounts": mounts,
     }
-    pod_spec: dict[str, Json] = {
-        "terminationGracePeriodSeconds": 30 + pods.PRESTOP_SLEEP_S,
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pods.pod_security_context(),
-        "containers": [container],
-        "volumes": volumes,
-        "topologySpreadConstraints": [
-            {
-                "maxSkew": 1,
-                "topologyKey": "kubernetes.io/hostname",
-                "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": dict(select)},
-                "matchLabelKeys": ["pod-template-hash"],
-            }
-        ],
-    }
-    if router.node_selector:
-        pod_spec["nodeSelector"] = dict(router.node_selector)
-    if router.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in router.tolerations]
+    pod_spec = pods.pod_spec(
+        container=container,
+        volumes=volumes,
+        select=select,
+        grace_s=30 + pods.PRESTOP_SLEEP_S,
+        node_selector=router.node_selector,
+        tolerations=router.tolerations,
+    )
 
     digest = hashlib.sha256(config_text.encode()).hexdigest()
     return {

@@ -96,31 +96,16 @@ def worker_deployment(
         "securityContext": pods.container_security_context(),
         "volumeMounts": mounts,
     }
-    pod_spec: dict[str, Json] = {
+    pod_spec = pods.pod_spec(
+        container=container,
+        volumes=volumes,
+        select=select,
         # SIGTERM makes the worker refuse new requests and finish in-flight ones.
-        "terminationGracePeriodSeconds": engine.drain_timeout_seconds + pods.PRESTOP_SLEEP_S,
-        "automountServiceAccountToken": False,  # workers never call the API server
-        "enableServiceLinks": False,
-        "securityContext": pods.pod_security_context(),
-        "containers": [container],
-        "volumes": volumes,
-        "topologySpreadConstraints": [
-            {
-                "maxSkew": 1,
-                "topologyKey": "kubernetes.io/hostname",
-                # Spread when possible, never block scheduling (GPU nodes are scarce).
-                "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": dict(select)},
-                "matchLabelKeys": ["pod-template-hash"],
-            }
-        ],
-    }
-    if role_spec.node_selector:
-        pod_spec["nodeSelector"] = dict(role_spec.node_selector)
-    if role_spec.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in role_spec.tolerations]
-    if role_spec.affinity:
-        pod_spec["affinity"] = dict(role_spec.affinity)
+        grace_s=engine.drain_timeout_seconds + pods.PRESTOP_SLEEP_S,
+        node_selector=role_spec.node_selector,
+        tolerations=role_spec.tolerations,
+        affinity=role_spec.affinity,
+    )
 
     return {
         "apiVersion": "apps/v1",

@@ -73,11 +73,20 @@ def test_worker_and_router_accept_the_operators_command_lines(
         args = list(container["args"])
         command, rest = args[0], args[1:]
         if command == "worker":
+            # Kubernetes expands $(POD_IP) from the downward API before the worker sees it.
+            rest = [a.replace("$(POD_IP)", "10.0.0.7") for a in rest]
             settings = parse_worker_args(rest)
             assert (
                 settings.host == "0.0.0.0" and settings.served_model_name == spec.model.served_name
             )
             assert settings.block_size == spec.engine.block_size
+            assert settings.drain_timeout_s == spec.engine.drain_timeout_seconds
+            if spec.mode == "disaggregated":
+                assert settings.role in ("prefill", "decode")
+                assert settings.kv_transport == spec.kv_transport  # type: ignore[attr-defined]
+                assert settings.advertise_host == "10.0.0.7"  # type: ignore[attr-defined]
+            else:
+                assert settings.role == "both"
             seen.add("worker")
         elif command == "router":
             config = tmp_path / CONFIG_KEY
@@ -105,3 +114,24 @@ def test_router_config_weights_reach_the_router() -> None:
     assert config.weights["prefix_blocks"] == 2.0
     assert config.weights["queue_depth"] == 0.5
     assert config.weights["kv_usage"] == 3.0
+
+
+def test_router_accepts_the_disaggregation_policy() -> None:
+    spec = spec_of(
+        {
+            "model": {"servedName": "m"},
+            "mode": "disaggregated",
+            "prefill": {},
+            "decode": {},
+            "router": {
+                "disaggregation": {
+                    "minRemotePrefillTokens": 300,
+                    "maxPrefillQueueDepth": 4,
+                    "transferTimeoutSeconds": 2.5,
+                }
+            },
+        }
+    )
+    config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(spec))))
+    assert str(config) != str(parse_config({}))  # the policy was read, not dropped
+    assert "300" in str(config) and "2.5" in str(config)

@@ -8,7 +8,7 @@ from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import from_json
 from kvflow.operator.builders.desired import ChildKey, deployment_roles, desired_children
 from kvflow.operator.builders.names import Images, PoolRef
-from kvflow.operator.builders.router import CONFIG_HASH_ANNOTATION, router_args
+from kvflow.operator.builders.router import CONFIG_HASH_ANNOTATION, router_args, router_config
 from kvflow.operator.builders.workers import worker_args
 
 POOL = PoolRef(name="p", namespace="ns", uid="uid-1", generation=3)
@@ -96,9 +96,36 @@ def test_worker_command_line_follows_the_worker_contract() -> None:
         "--max-num-seqs", "64",
         "--max-model-len", "8192",
         "--kv-cache-gib", "2.5",
+        "--drain-timeout-s", "120",
         "--simulate",
         "--seed", "1",
     ]  # fmt: skip
+
+
+def test_prefill_and_decode_workers_get_their_role_transport_and_kv_address() -> None:
+    spec = spec_of(mode="disaggregated", prefill={}, decode={}, kvTransport="gloo")
+    children = build(spec)
+    for role in ("prefill", "decode"):
+        (container,) = pod_of(children, f"p-{role}")["containers"]
+        args = container["args"]
+        assert args[args.index("--role") + 1] == role
+        assert args[-6:] == [
+            "--kv-transport", "gloo",
+            "--kv-port", "50052",
+            "--advertise-host", "$(POD_IP)",
+        ]  # fmt: skip
+        # Kubernetes expands $(POD_IP) only from the container's own env.
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert "KVFLOW_KV_TRANSPORT" not in env
+        assert {"name": "kv", "containerPort": 50052, "protocol": "TCP"} in container["ports"]
+    assert spec_of().kv_transport == "auto"
+
+
+def test_colocated_workers_get_no_kv_transport() -> None:
+    (container,) = pod_of(build(spec_of(kvTransport="gloo")), "p-colocated")["containers"]
+    assert not {"--kv-transport", "--kv-port", "--advertise-host"} & set(container["args"])
+    assert [p["name"] for p in container["ports"]] == ["grpc", "metrics"]
 
 
 def test_cpu_worker_pod_is_hardened_probed_and_drains() -> None:
@@ -113,7 +140,9 @@ def test_cpu_worker_pod_is_hardened_probed_and_drains() -> None:
         == 600
     )
     assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
-    assert pod["terminationGracePeriodSeconds"] == 65
+    # preStop sleep 5 s + --drain-timeout-s 60 + 5 s to stop the servers and exit.
+    assert container["args"][container["args"].index("--drain-timeout-s") + 1] == "60"
+    assert pod["terminationGracePeriodSeconds"] == 70
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
@@ -218,3 +247,18 @@ def test_builders_do_not_share_mutable_state() -> None:
         ]["matchLabels"]
     )
     assert "x" not in spec.colocated.node_selector
+
+
+def test_router_config_has_the_disaggregation_policy_only_when_disaggregated() -> None:
+    assert "disaggregation" not in router_config(spec_of())
+    policy = {"minRemotePrefillTokens": 256, "transferTimeoutSeconds": 2.5}
+    colocated = spec_of(router={"disaggregation": policy})
+    assert "disaggregation" not in router_config(colocated)  # a colocated router never changes
+    spec = spec_of(mode="disaggregated", prefill={}, decode={}, router={"disaggregation": policy})
+    assert router_config(spec)["disaggregation"] == {
+        "enabled": True,
+        "min_remote_prefill_tokens": 256,
+        "transfer_timeout_s": 2.5,  # unset fields keep the router's defaults
+    }
+    bare = spec_of(mode="disaggregated", prefill={}, decode={})
+    assert router_config(bare)["disaggregation"] == {"enabled": True}

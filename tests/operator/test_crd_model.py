@@ -51,6 +51,8 @@ def test_every_field_is_described_and_the_crd_is_wired() -> None:
     assert [r["message"] for r in spec["x-kubernetes-validations"]] == [
         "mode disaggregated needs both prefill and decode",
         "kvTransport nccl needs gpusPerPod > 0 on both prefill and decode",
+        "kvTransport auto needs prefill and decode both on GPUs or both on CPUs "
+        "(it picks nccl on GPUs, gloo on CPUs)",
     ]
     role = spec["properties"]["colocated"]
     assert role["default"] == {"replicas": 1, "minReplicas": 0, "maxReplicas": 8, "gpusPerPod": 0}

@@ -119,8 +119,9 @@ def test_mode_switch_prunes_the_old_role(events: list[Any]) -> None:
     events.clear()
     r.reconcile("ns", "p")
     assert sorted(kube.deleted) == ["Deployment p-colocated", "PodDisruptionBudget p-colocated"]
-    # The routing config does not depend on the mode: the router asks workers their role.
-    assert not any("ConfigMap" in message for _, _, message in events)
+    # A disaggregated pool's routers get the disaggregation policy in their config.
+    assert "disaggregation:" in kube.objects[("ConfigMap", "p-router")]["data"]["router.yaml"]
+    assert any("ConfigMap" in message for _, _, message in events)
     assert {k[1] for k in kube.objects if k[0] == "Deployment"} == {
         "p-prefill",
         "p-decode",

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import from_json
+from kvflow.operator.api.v1alpha1 import RoleStatus
 from kvflow.operator.builders.names import PoolRef
 from kvflow.operator.status import (
     DeploymentObservation,
     Problem,
     compute_status,
+    judge_serving,
     unreadable_status,
 )
 
@@ -88,7 +92,7 @@ READY = {"p-colocated": observed(2), "p-router": observed(1)}
         (
             {"p-colocated": observed(0, stuck=True), "p-router": observed(1)},
             "Degraded",
-            ("False ReplicasNotReady", "True RollingOut", "True RolloutStuck"),
+            ("False NoWorkerReady", "True RollingOut", "True RolloutStuck"),
         ),
         (
             READY,
@@ -171,3 +175,114 @@ def test_unreadable_spec_keeps_the_last_counts() -> None:
         "Ready": ("False", "InvalidSpec"),
         "Degraded": ("True", "InvalidSpec"),
     }
+
+
+def disaggregated(prefill: int, decode: int, wanted: tuple[int, int] = (1, 2)) -> dict[str, Any]:
+    """Status of a disaggregated pool with `prefill` and `decode` ready workers, where the
+    spec asks for `wanted` (prefill, decode) and every Deployment has rolled out its pods."""
+    spec = from_json(
+        v1alpha1.InferencePoolSpec,
+        {
+            "model": {"servedName": "m"},
+            "mode": "disaggregated",
+            "prefill": {"replicas": wanted[0], "minReplicas": 0},
+            "decode": {"replicas": wanted[1], "minReplicas": 0},
+        },
+    )
+    status = status_of(
+        {
+            "p-prefill": observed(prefill, updated=wanted[0]),
+            "p-decode": observed(decode, updated=wanted[1]),
+            "p-router": observed(1),
+        },
+        spec=spec,
+    )
+    return {
+        "phase": status.phase,
+        **{c.type: (c.status, c.reason, c.message) for c in status.conditions},
+    }
+
+
+NO_DECODE = (
+    "no decode worker is ready, so the gateway cannot serve (prefill workers only compute "
+    "prompts for decode workers)"
+)
+NO_PREFILL = "no prefill worker is ready: decode workers prefill every prompt themselves"
+
+
+def test_disaggregated_pool_without_a_ready_decode_worker_cannot_serve() -> None:
+    rolling = disaggregated(prefill=1, decode=0)
+    assert rolling["phase"] == "Progressing"
+    assert rolling["Ready"] == (
+        "False",
+        "NoDecodeWorkerReady",
+        f"prefill 1/1 ready, decode 0/2 ready, router 1/1 ready; {NO_DECODE}",
+    )
+    assert rolling["Degraded"][:2] == ("False", "AsExpected")  # pods are still coming up
+
+    # Settled with no decode worker asked for: nothing will change, so a person must act.
+    settled = disaggregated(prefill=1, decode=0, wanted=(1, 0))
+    assert settled["phase"] == "Degraded"
+    assert settled["Ready"][:2] == ("False", "NoDecodeWorkerReady")
+    assert settled["Degraded"] == ("True", "NoDecodeWorkerReady", NO_DECODE)
+
+
+def test_disaggregated_pool_without_a_ready_prefill_worker_serves_degraded() -> None:
+    rolling = disaggregated(prefill=0, decode=2)
+    assert rolling["phase"] == "Progressing"
+    assert rolling["Ready"] == (
+        "False",
+        "ReplicasNotReady",
+        f"prefill 0/1 ready, decode 2/2 ready, router 1/1 ready; {NO_PREFILL}",
+    )
+
+    settled = disaggregated(prefill=0, decode=2, wanted=(0, 2))
+    assert settled["phase"] == "Degraded"
+    assert settled["Ready"][:2] == ("True", "AllReplicasReady")  # it serves ...
+    assert settled["Degraded"] == ("True", "NoPrefillWorkerReady", NO_PREFILL)  # ... degraded
+
+
+def test_disaggregated_pool_with_both_roles_ready_is_ready() -> None:
+    status = disaggregated(prefill=1, decode=2)
+    assert status["phase"] == "Ready"
+    assert status["Ready"] == (
+        "True",
+        "AllReplicasReady",
+        "prefill 1/1 ready, decode 2/2 ready, router 1/1 ready",
+    )
+    assert status["Degraded"][:2] == ("False", "AsExpected")
+
+
+def test_pool_without_a_ready_router_cannot_serve() -> None:
+    status = status_of({"p-colocated": observed(2), "p-router": observed(0, updated=1)})
+    assert conditions(status)["Ready"] == ("False", "NoRouterReady")
+
+
+@pytest.mark.parametrize(
+    ("ready", "serving"),
+    [
+        ({"colocated": 0, "router": 1}, (False, False, "NoWorkerReady")),
+        ({"colocated": 1, "router": 0}, (False, False, "NoRouterReady")),
+        ({"colocated": 1, "router": 1}, (True, False, "WorkersReady")),
+    ],
+)
+def test_judge_serving_colocated(ready: dict[str, int], serving: tuple[bool, bool, str]) -> None:
+    roles = [RoleStatus(name, 1, n, 1) for name, n in ready.items()]  # type: ignore[arg-type]
+    got = judge_serving("colocated", roles)
+    assert (got.can_serve, got.is_degraded, got.reason) == serving
+
+
+def test_judge_serving_disaggregated_needs_decode_not_prefill() -> None:
+    def judge(prefill: int, decode: int) -> tuple[bool, bool, str]:
+        roles = [
+            RoleStatus("prefill", 1, prefill, 1),
+            RoleStatus("decode", 1, decode, 1),
+            RoleStatus("router", 1, 1, 1),
+        ]
+        got = judge_serving("disaggregated", roles)
+        return got.can_serve, got.is_degraded, got.reason
+
+    assert judge(prefill=1, decode=0) == (False, False, "NoDecodeWorkerReady")
+    assert judge(prefill=0, decode=0) == (False, False, "NoDecodeWorkerReady")
+    assert judge(prefill=0, decode=1) == (True, True, "NoPrefillWorkerReady")
+    assert judge(prefill=1, decode=1) == (True, False, "WorkersReady")

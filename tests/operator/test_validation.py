@@ -58,6 +58,11 @@ def test_a_plain_spec_has_no_problems() -> None:
             ["engine.extraArgs sets --port, --role, which the operator sets from the spec"],
         ),
         (
+            {"engine": {"extraArgs": ["--kv-transport=tcp", "--advertise-host", "h"]}},
+            ["engine.extraArgs sets --advertise-host, --kv-transport, which the operator sets "
+             "from the spec"],
+        ),
+        (
             {"router": {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}}},
             ["router.resources: requests.memory (2Gi) exceeds limits.memory (1Gi)"],
         ),

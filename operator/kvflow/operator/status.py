@@ -67,6 +67,44 @@ class DeploymentObservation:
         )
 
 
+@dataclass(frozen=True)
+class Serving:
+    """Whether the gateway can answer with the workers that are ready now.
+
+    `can_serve` False: every request gets a 503. `is_degraded`: requests are answered, but
+    not the way the spec asks (no prefill worker: decode workers prefill every prompt).
+    """
+
+    can_serve: bool
+    is_degraded: bool
+    reason: str
+    message: str
+
+
+def judge_serving(mode: v1alpha1.Mode, roles: Sequence[RoleStatus]) -> Serving:
+    """What the ready replicas of each role allow, from a client's point of view."""
+    ready = {r.name: r.ready_replicas for r in roles}
+    if mode == "disaggregated":
+        if ready.get("decode", 0) == 0:
+            # The gateway sends every request to a decode (or colocated) worker; a prefill
+            # worker only computes prompts handed to it, so it cannot serve alone.
+            return Serving(
+                False, False, "NoDecodeWorkerReady",
+                "no decode worker is ready, so the gateway cannot serve (prefill workers "
+                "only compute prompts for decode workers)",
+            )  # fmt: skip
+        if ready.get("prefill", 0) == 0:
+            return Serving(
+                True, True, "NoPrefillWorkerReady",
+                "no prefill worker is ready: decode workers prefill every prompt themselves",
+            )  # fmt: skip
+    elif ready.get("colocated", 0) == 0:
+        return Serving(False, False, "NoWorkerReady", "no worker is ready to serve")
+    if ready.get("router", 0) == 0:
+        return Serving(False, False, "NoRouterReady", "no router is ready: the gateway is down")
+    return Serving(True, False, "WorkersReady", "")
+
+
 def compute_status(
     *,
     pool: PoolRef,
@@ -100,7 +138,10 @@ def compute_status(
     workers = [r for r in roles if r.name != "router"]
     desired_workers = sum(r.desired_replicas for r in workers)
     ready_workers = sum(min(r.ready_replicas, r.desired_replicas) for r in workers)
+    serving = judge_serving(spec.mode, roles)
     summary = _summary(roles)
+    if serving.message:
+        summary = f"{summary}; {serving.message}"
 
     ready: tuple[ConditionStatus, str, str]
     progressing: tuple[ConditionStatus, str, str]
@@ -114,18 +155,26 @@ def compute_status(
         ready = ("False", "Creating", f"waiting for {', '.join(missing)}")
         progressing = ("True", "Creating", f"creating {', '.join(missing)}")
         degraded = ("False", "AsExpected", "")
-    elif pending:
-        ready = ("False", "ReplicasNotReady", summary)
-        progressing = ("True", "RollingOut", f"rolling out {', '.join(pending)}")
-        degraded = (
-            ("True", "RolloutStuck", f"progress deadline exceeded: {', '.join(stuck)}")
-            if stuck
-            else ("False", "AsExpected", "")
-        )
     else:
-        ready = ("True", "AllReplicasReady", summary)
-        progressing = ("False", "RolloutComplete", "")
-        degraded = ("False", "AsExpected", "")
+        # Ready says whether the pool serves as asked; a pool that cannot serve at all says
+        # why in Ready's reason. Degraded flags what needs a person: a stuck rollout, or a
+        # settled pool that cannot serve or serves without its prefill workers.
+        if not serving.can_serve:
+            ready = ("False", serving.reason, summary)
+        elif pending:
+            ready = ("False", "ReplicasNotReady", summary)
+        else:
+            ready = ("True", "AllReplicasReady", summary)
+        if pending:
+            progressing = ("True", "RollingOut", f"rolling out {', '.join(pending)}")
+        else:
+            progressing = ("False", "RolloutComplete", "")
+        if stuck:
+            degraded = ("True", "RolloutStuck", f"progress deadline exceeded: {', '.join(stuck)}")
+        elif not pending and (serving.is_degraded or not serving.can_serve):
+            degraded = ("True", serving.reason, serving.message)
+        else:
+            degraded = ("False", "AsExpected", "")
 
     generation = pool.generation
     conditions = [

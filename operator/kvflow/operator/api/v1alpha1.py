@@ -26,7 +26,7 @@ SHORT_NAMES = ("kvpool",)  # not "ipool": the Gateway API extension's InferenceP
 
 Dtype = Literal["float32", "bfloat16"]
 Mode = Literal["colocated", "disaggregated"]
-KvTransport = Literal["nccl", "gloo", "tcp"]
+KvTransport = Literal["auto", "nccl", "gloo", "tcp"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 ServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
 
@@ -229,6 +229,39 @@ class RedisSpec:
 
 
 @dataclass(frozen=True)
+class DisaggregationSpec:
+    """When the router hands a prompt to a prefill worker (mode disaggregated only).
+
+    Each request is decided on its own: a prompt goes to a prefill worker only when the
+    part the chosen decode worker does not cache is long enough and the prefill workers are
+    not backed up; otherwise the decode worker prefills it itself. Unset fields keep the
+    router's own defaults (`docs/router.md`).
+    """
+
+    min_remote_prefill_tokens: int | None = field(
+        """Prefill on a prefill worker only when the decode worker lacks at least this many
+        prompt tokens (short prompts cost more to ship than to compute).""",
+        None,
+        minimum=0,
+        maximum=1048576,
+    )
+    max_prefill_queue_depth: int | None = field(
+        "Skip prefill workers with more requests than this waiting; decode prefills instead.",
+        None,
+        minimum=0,
+        maximum=65536,
+    )
+    transfer_timeout_seconds: float | None = field(
+        """How long one KV transfer may take; past it the reserved blocks are freed on both
+        workers and the request is retried or prefilled by the decode worker.""",
+        None,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=600,
+    )
+
+
+@dataclass(frozen=True)
 class RouterSpec:
     """The OpenAI-compatible gateway in front of the workers."""
 
@@ -240,6 +273,9 @@ class RouterSpec:
     port: int = field("Port of the gateway Service.", 80, minimum=1, maximum=65535)
     scorer_weights: ScorerWeights = field("Routing weights.", ScorerWeights())
     redis: RedisSpec = field("Shared state for router replicas.", RedisSpec())
+    disaggregation: DisaggregationSpec = field(
+        "Per-request disaggregation policy (used in mode disaggregated).", DisaggregationSpec()
+    )
     node_selector: dict[str, str] = field("Node labels the router pods require.", {})
     tolerations: list[JsonObject] = field("Router pod tolerations.", [])
 
@@ -257,7 +293,10 @@ class SloSpec:
 
 @dataclass(frozen=True)
 class AutoscalingSpec:
-    """The SLO planner: it moves each role's replicas within [minReplicas, maxReplicas]."""
+    """The SLO planner, meant to move each role's replicas within [minReplicas, maxReplicas].
+
+    Not built yet: these fields are accepted, and replicas stay as written.
+    """
 
     enabled: bool = field("Let the planner change replicas.", False)
     interval_seconds: int = field("Seconds between planner decisions.", 30, minimum=5, maximum=3600)
@@ -278,6 +317,14 @@ class AutoscalingSpec:
         "kvTransport nccl needs gpusPerPod > 0 on both prefill and decode",
         ".kvTransport",
     ),
+    CelRule(
+        "self.kvTransport != 'auto' || self.mode == 'colocated' || "
+        "!has(self.prefill) || !has(self.decode) || "
+        "(self.prefill.gpusPerPod > 0) == (self.decode.gpusPerPod > 0)",
+        "kvTransport auto needs prefill and decode both on GPUs or both on CPUs "
+        "(it picks nccl on GPUs, gloo on CPUs)",
+        ".kvTransport",
+    ),
 )
 @dataclass(frozen=True)
 class InferencePoolSpec:
@@ -287,15 +334,21 @@ class InferencePoolSpec:
     engine: EngineSpec = field("Worker image and engine settings.", EngineSpec())
     mode: Mode = field(
         """colocated: every worker prefills and decodes (role both). disaggregated:
-        separate prefill and decode workers; KV blocks move between them.""",
+        separate prefill and decode workers; the router sends a prompt to a prefill worker
+        when the decode worker lacks enough of it (router.disaggregation), the prompt's KV
+        blocks move to the decode worker, which generates; other prompts are prefilled by
+        the decode worker itself.""",
         "colocated",
     )
     colocated: RoleSpec = field("Workers of role both (mode colocated).", RoleSpec())
     prefill: RoleSpec | None = field("Prefill workers (mode disaggregated).", None)
     decode: RoleSpec | None = field("Decode workers (mode disaggregated).", None)
     kv_transport: KvTransport = field(
-        "How KV blocks move from prefill to decode: nccl (GPUs), gloo (CPU), tcp.",
-        "tcp",
+        """How KV blocks move from prefill to decode workers in mode disaggregated (the
+        worker's --kv-transport). auto: nccl between GPU workers, gloo between CPU workers.
+        nccl: GPU to GPU (needs gpusPerPod on both roles; kvflow's own tests have not yet
+        run it on GPUs). gloo: torch.distributed over TCP. tcp: a plain TCP stream.""",
+        "auto",
     )
     router: RouterSpec = field("The gateway.", RouterSpec())
     slo: SloSpec = field("Latency targets.", SloSpec())

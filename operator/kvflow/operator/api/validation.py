@@ -18,7 +18,8 @@ OWNED_WORKER_FLAGS = frozenset(
     {
         "--model", "--served-model-name", "--host", "--port", "--metrics-port", "--role",
         "--device", "--dtype", "--block-size", "--max-num-batched-tokens", "--max-num-seqs",
-        "--max-model-len", "--kv-cache-gib", "--simulate",
+        "--max-model-len", "--kv-cache-gib", "--simulate", "--drain-timeout-s",
+        "--kv-transport", "--kv-port", "--advertise-host",
     }
 )  # fmt: skip
 

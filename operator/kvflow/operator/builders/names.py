@@ -14,8 +14,10 @@ LABEL_ROLE = "kvflow.io/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 
-# The worker's ports (the `kvflow worker` contract) and the router's.
+# The worker's ports (the `kvflow worker` contract) and the router's. The KV port (the
+# worker's KV receiver and rendezvous store) is opened by prefill and decode workers only.
 WORKER_GRPC_PORT = 50051
+WORKER_KV_PORT = 50052
 WORKER_METRICS_PORT = 9400
 ROUTER_HTTP_PORT = 8000
 

@@ -15,6 +15,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # before SIGTERM keeps new requests from arriving at a process that already drains.
 PRESTOP_SLEEP_S = 5
 
+POD_IP_ENV = "POD_IP"  # from the downward API; flags name it as $(POD_IP)
+
 
 def pod_security_context() -> dict[str, Json]:
     return {
@@ -103,7 +105,7 @@ def common_env() -> list[dict[str, Json]]:
         {"name": "HOME", "value": "/tmp"},
         {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
 
 

@@ -30,10 +30,11 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
     """The YAML `kvflow router --config` reads (its format: `kvflow.router.settings`).
 
     Only routing settings that are not flags; the router rejects unknown keys, and
-    tests/contracts holds this builder to the router's parser.
+    tests/contracts holds this builder to the router's parser. The disaggregation section
+    is written for disaggregated pools only, so a colocated pool's routers never change.
     """
     weights = spec.router.scorer_weights
-    return {
+    config: dict[str, Json] = {
         "routing": {
             "weights": {
                 "prefix_blocks": weights.prefix_cache,
@@ -42,6 +43,21 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
             },
         },
     }
+    if spec.mode == "disaggregated":
+        config["disaggregation"] = disaggregation_config(spec.router.disaggregation)
+    return config
+
+
+def disaggregation_config(policy: v1alpha1.DisaggregationSpec) -> dict[str, Json]:
+    """The router's `disaggregation:` section; unset fields keep the router's defaults."""
+    section: dict[str, Json] = {"enabled": True}
+    optional = {
+        "min_remote_prefill_tokens": policy.min_remote_prefill_tokens,
+        "max_prefill_queue_depth": policy.max_prefill_queue_depth,
+        "transfer_timeout_s": policy.transfer_timeout_seconds,
+    }
+    section.update({key: value for key, value in optional.items() if value is not None})
+    return section
 
 
 def router_configmap(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:

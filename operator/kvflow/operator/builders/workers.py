@@ -8,6 +8,7 @@ from kvflow.operator.builders import pods
 from kvflow.operator.builders.names import (
     ENGINE_ROLE,
     WORKER_GRPC_PORT,
+    WORKER_KV_PORT,
     WORKER_METRICS_PORT,
     Images,
     PoolRef,
@@ -21,10 +22,18 @@ from kvflow.operator.builders.names import (
 # allows 10 minutes (120 x 5 s) before liveness starts to count.
 STARTUP_PERIOD_S = 5
 STARTUP_FAILURES = 120
+# After its drain a worker stops gRPC with a 1 s grace and exits; 5 s leaves room for that
+# on a busy node before the kubelet's SIGKILL.
+STOP_MARGIN_S = 5
 
 
 def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -> list[str]:
-    """The `kvflow worker` command line (the worker's CLI contract)."""
+    """The `kvflow worker` command line (the worker's CLI contract).
+
+    Prefill and decode workers also get their KV transport and the address peers reach
+    their KV port at: the pod's IP (Kubernetes expands $(POD_IP) from the env below), since
+    the 0.0.0.0 they listen on is no address a peer can dial.
+    """
     engine, model = spec.engine, spec.model
     args = ["worker"]
     path = pods.model_path(model)
@@ -43,10 +52,27 @@ def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -
         "--max-num-seqs", str(engine.max_num_seqs),
         "--max-model-len", str(model.max_model_len),
         "--kv-cache-gib", f"{engine.kv_cache_gib:g}",
+        "--drain-timeout-s", str(engine.drain_timeout_seconds),
     ]  # fmt: skip
+    if role != "colocated":
+        args += [
+            "--kv-transport", spec.kv_transport,
+            "--kv-port", str(WORKER_KV_PORT),
+            "--advertise-host", f"$({pods.POD_IP_ENV})",
+        ]  # fmt: skip
     if engine.simulate:
         args.append("--simulate")
     return args + list(engine.extra_args)
+
+
+def worker_ports(role: WorkerRole) -> list[Json]:
+    ports: list[Json] = [
+        {"name": "grpc", "containerPort": WORKER_GRPC_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
+    ]
+    if role != "colocated":
+        ports.append({"name": "kv", "containerPort": WORKER_KV_PORT, "protocol": "TCP"})
+    return ports
 
 
 def worker_deployment(
@@ -78,16 +104,8 @@ def worker_deployment(
         "imagePullPolicy": engine.image_pull_policy,
         "command": ["kvflow"],
         "args": worker_args(spec, role, gpus),
-        "ports": [
-            {"name": "grpc", "containerPort": WORKER_GRPC_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
-        ],
-        "env": [
-            *pods.common_env(),
-            # Not (yet) a worker flag: the transport is read from the environment.
-            {"name": "KVFLOW_KV_TRANSPORT", "value": spec.kv_transport},
-            {"name": "KVFLOW_POOL", "value": pool.name},
-        ],
+        "ports": worker_ports(role),
+        "env": [*pods.common_env(), {"name": "KVFLOW_POOL", "value": pool.name}],
         "resources": pods.resources(role_spec.resources, gpus),
         "startupProbe": pods.http_probe("/health", "metrics", STARTUP_PERIOD_S, STARTUP_FAILURES),
         "livenessProbe": pods.http_probe("/health", "metrics", 10, 3),
@@ -100,8 +118,9 @@ def worker_deployment(
         container=container,
         volumes=volumes,
         select=select,
-        # SIGTERM makes the worker refuse new requests and finish in-flight ones.
-        grace_s=engine.drain_timeout_seconds + pods.PRESTOP_SLEEP_S,
+        # SIGTERM makes the worker refuse new requests and finish in-flight ones for up to
+        # --drain-timeout-s; then it stops its servers (about a second) and exits.
+        grace_s=pods.PRESTOP_SLEEP_S + engine.drain_timeout_seconds + STOP_MARGIN_S,
         node_selector=role_spec.node_selector,
         tolerations=role_spec.tolerations,
         affinity=role_spec.affinity,

@@ -158,3 +158,30 @@ def test_tenant_salt_priority_and_public_prefix_reach_the_worker(tmp_path: Path)
     assert alice.num_public_blocks == bob.num_public_blocks == len(prefix) // 16 > 2
     assert alice_private.num_public_blocks == 0  # the default system prompt is not public
     assert Counter(r.prompt_token_ids[0] for r in worker.requests) == Counter({1: 3})
+
+
+def test_one_request_id_reaches_the_response_every_worker_and_the_log(two_workers) -> None:
+    a, b, address_a, address_b = two_workers
+    a.mode = "unavailable"
+    with gateway_for(address_a, address_b) as g:
+        body = {"model": "fake", "messages": MESSAGES}
+        r = httpx.post(f"{g.base_url}/chat/completions", json=body,
+                       headers={"x-request-id": "trace-7f3a"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.headers["x-request-id"] == "trace-7f3a"
+        # One id, suffixed per choice and attempt: unique on each worker.
+        assert [q.request_id for q in a.requests] == ["trace-7f3a-c0-a0"]
+        assert [q.request_id for q in b.requests] == ["trace-7f3a-c0-a1"]
+        assert "trace-7f3a-c0-a0: failing over" in g.log
+        a.mode = "ok"
+        a.requests.clear()
+        r = httpx.post(f"{g.base_url}/chat/completions", json={**body, "n": 2},
+                       headers={"x-request-id": "bad id with spaces"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        made = r.headers["x-request-id"]
+        assert made.startswith("req_")
+        sent = sorted(q.request_id for q in a.requests + b.requests[1:])
+        assert sent == [f"{made}-c0-a0", f"{made}-c1-a0"]
+        # Without the header the gateway makes one, as before.
+        r = httpx.post(f"{g.base_url}/chat/completions", json=body)
+        assert r.headers["x-request-id"].startswith("req_") and r.headers["x-request-id"] != made

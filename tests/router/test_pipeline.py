@@ -9,7 +9,12 @@ import pytest
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
 from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS, RoutingConfigError, build_pipeline
+from kvflow.router.routing.pipeline import (
+    DEFAULT_WEIGHTS,
+    SERVING_ROLES,
+    RoutingConfigError,
+    build_pipeline,
+)
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
 
@@ -29,9 +34,11 @@ def worker(
     return WorkerView(WorkerId(name), model, role, healthy, queue, kv)
 
 
-def make(weights=DEFAULT_WEIGHTS, seed: int = 0):  # type: ignore[no-untyped-def]
+def make(weights=DEFAULT_WEIGHTS, seed: int = 0, roles=SERVING_ROLES):  # type: ignore[no-untyped-def]
     index, sessions = BlockIndex(), SessionTable()
-    pipeline = build_pipeline(weights, index=index, sessions=sessions, rng=random.Random(seed))
+    pipeline = build_pipeline(
+        weights, index=index, sessions=sessions, rng=random.Random(seed), roles=roles
+    )
     return pipeline, index, sessions
 
 
@@ -56,22 +63,43 @@ def test_default_score_is_cached_blocks_minus_queue_depth() -> None:
     assert pipeline.route(request(), workers).worker_id == "a"  # type: ignore[union-attr]
 
 
+PREFILL_ONLY = frozenset({WorkerRole.PREFILL})
+EXCLUDE_A = {"excluded": frozenset({WorkerId("a")})}
+
+
 @pytest.mark.parametrize(
-    ("workers", "kw", "expected"),
+    ("workers", "kw", "roles", "expected"),
     [
-        ([worker("a", healthy=False), worker("b", queue=9)], {}, "b"),
-        ([worker("a", model="other"), worker("b", queue=9)], {}, "b"),
-        ([worker("a", role=WorkerRole.DECODE), worker("b", queue=9)], {}, "b"),
-        ([worker("a"), worker("b", queue=9)], {"excluded": frozenset({WorkerId("a")})}, "b"),
-        ([worker("a", role=WorkerRole.PREFILL), worker("b")], {"role": WorkerRole.PREFILL}, "a"),
-        ([worker("a", healthy=False)], {}, None),
-        ([], {}, None),
+        ([worker("a", healthy=False), worker("b", queue=9)], {}, SERVING_ROLES, "b"),
+        ([worker("a", model="other"), worker("b", queue=9)], {}, SERVING_ROLES, "b"),
+        ([worker("a", role=WorkerRole.PREFILL), worker("b", queue=9)], {}, SERVING_ROLES, "b"),
+        ([worker("a", role=WorkerRole.DECODE), worker("b", queue=9)], {}, SERVING_ROLES, "a"),
+        ([worker("a"), worker("b", queue=9)], EXCLUDE_A, SERVING_ROLES, "b"),
+        ([worker("a", role=WorkerRole.PREFILL, queue=9), worker("b")], {}, PREFILL_ONLY, "a"),
+        ([worker("a", healthy=False)], {}, SERVING_ROLES, None),
+        ([], {}, SERVING_ROLES, None),
     ],
 )
-def test_filters(workers, kw, expected) -> None:
-    pipeline, _, _ = make()
+def test_filters(workers, kw, roles, expected) -> None:
+    pipeline, _, _ = make(roles=roles)
     decision = pipeline.route(request(**kw), workers)
     assert (decision.worker_id if decision else None) == expected
+
+
+def test_skipped_blocks_do_not_count_for_the_prefix_scorer() -> None:
+    # A prefill worker is worth only the blocks the decode worker lacks.
+    pipeline, index, _ = make({"prefix_blocks": 1.0}, roles=PREFILL_ONLY)
+    index.add(WorkerId("a"), PROMPT[:6])
+    index.add(WorkerId("b"), PROMPT[:3])
+    workers = [worker(n, role=WorkerRole.PREFILL) for n in "ab"]
+    for num_skip, best, expected in [(0, "a", [6.0, 3.0]), (4, "a", [2.0, 0.0])]:
+        decision = pipeline.route(request(num_skip_blocks=num_skip), workers)
+        assert decision is not None and decision.worker_id == best
+        each = [pipeline.route(request(num_skip_blocks=num_skip), [w]) for w in workers]
+        assert [d.score for d in each if d] == expected
+    # Decode holds more than any prefill worker: none is worth anything (never negative).
+    each = [pipeline.route(request(num_skip_blocks=8), [w]) for w in workers]
+    assert [d.score for d in each if d] == [0.0, 0.0]
 
 
 def test_kv_usage_scorer_prefers_the_emptier_cache() -> None:

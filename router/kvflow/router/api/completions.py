@@ -10,11 +10,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from kvflow.proto import worker_pb2 as pb
 from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body, wait_for_disconnect
@@ -48,25 +48,9 @@ _LIMIT_KINDS = {
 }
 
 
-def to_proto_sampling(s: SamplingOptions, choice: int) -> pb.SamplingParams:
-    params = pb.SamplingParams(
-        top_k=s.top_k,
-        min_p=s.min_p,
-        stop_token_ids=s.stop_token_ids,
-        ignore_eos=s.ignore_eos,
-        logprobs=s.logprobs,
-        top_logprobs=s.top_logprobs,
-    )
-    if s.temperature is not None:
-        params.temperature = s.temperature
-    if s.top_p is not None:
-        params.top_p = s.top_p
-    if s.seed is not None:
-        # n > 1 with a seed: each choice its own reproducible stream, not n copies of one.
-        params.seed = (s.seed + choice) % 2**64
-    if s.max_tokens is not None:
-        params.max_tokens = s.max_tokens
-    return params
+def _choice_sampling(s: SamplingOptions, j: int) -> SamplingOptions:
+    # n > 1 with a seed: each choice its own reproducible stream, not n copies of one.
+    return s if s.seed is None or j == 0 else replace(s, seed=s.seed + j)
 
 
 def _build_specs(prompts: list[PreparedPrompt], s: SamplingOptions) -> list[ChoiceSpec]:
@@ -75,9 +59,7 @@ def _build_specs(prompts: list[PreparedPrompt], s: SamplingOptions) -> list[Choi
             index=i * s.n + j,
             prompt_index=i,
             prompt_token_ids=prompt.token_ids,
-            sampling=to_proto_sampling(s, j),
-            stop_strings=s.stop_strings,
-            num_top_logprobs=s.top_logprobs,
+            sampling=_choice_sampling(s, j),
         )
         for i, prompt in enumerate(prompts)
         for j in range(s.n)
@@ -100,7 +82,7 @@ async def _admit(gw: Gateway, tenant: Tenant, prompt_tokens: int) -> Lease:
 
 async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     gw: Gateway = request.app.state.gateway
-    trace = RequestTrace()
+    trace = RequestTrace(request_id=request.state.request_id)
     tenant = gw.authenticate(request.headers)
     body = await read_json_body(request, gw.settings.config.max_body_bytes)
     parsed: ChatRequest | CompletionRequest = (

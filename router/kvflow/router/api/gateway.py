@@ -19,7 +19,9 @@ from kvflow.router.protocol.errors import (
 )
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import build_pipeline
+from kvflow.router.routing.placement import Placement
 from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.serving.executor import PlanExecutor
 from kvflow.router.serving.generate import GenerationService
 from kvflow.router.serving.prompts import PromptBuilder
 from kvflow.router.serving.public_prefix import PublicPrefixes
@@ -138,10 +140,16 @@ def build_gateway(settings: RouterSettings) -> Gateway:
     index = BlockIndex(config.max_blocks_per_worker)
     sessions = SessionTable()
     rng = random.Random(settings.seed)
-    pipeline = build_pipeline(config.weights, index=index, sessions=sessions, rng=rng)
+    placement = Placement(build_pipeline(config.weights, index=index, sessions=sessions, rng=rng))
     pool = WorkerPool(index, sessions)
     service = GenerationService(
-        pool, pipeline, sessions, text.tokenizer, _public_prefixes(settings, text), metrics
+        pool,
+        placement,
+        PlanExecutor(pool),
+        sessions,
+        text.tokenizer,
+        _public_prefixes(settings, text),
+        metrics,
     )
     redis = None
     if settings.redis_url:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import uuid
+import string
+from collections.abc import Iterable
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -11,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import body_too_large, invalid_request
+from kvflow.router.serving.types import new_request_id
 
 
 async def read_json_body(request: Request, limit_bytes: int) -> object:
@@ -42,9 +44,29 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
+# What a caller's `x-request-id` may hold to be used as is: it reaches logs and workers'
+# request ids, so short and plain (a UUID, a W3C trace id, a proxy's "req-..."); anything
+# else is replaced by an id of our own.
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
+
+
+def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The caller's `x-request-id` when it is plain enough, else a new id."""
+    for name, value in headers:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            if 0 < len(text) <= MAX_REQUEST_ID_CHARS and set(text) <= _REQUEST_ID_CHARS:
+                return text
+            break
+    return new_request_id()
+
+
 class RequestIdMiddleware:
-    """Gives every request an id (`x-request-id`, also in error logs) and counts responses
-    per endpoint and status. Plain ASGI: no per-request task, unlike BaseHTTPMiddleware."""
+    """Gives every request one id: the caller's `x-request-id`, or a new one; it is sent
+    back in the `x-request-id` response header, reaches every worker and log line. Counts
+    responses per endpoint and status. Plain ASGI: no per-request task, unlike
+    BaseHTTPMiddleware."""
 
     def __init__(self, app: ASGIApp, metrics: RouterMetrics, endpoints: frozenset[str]) -> None:
         self.app = app
@@ -55,7 +77,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = "req_" + uuid.uuid4().hex
+        request_id = request_id_from(scope["headers"])
         scope.setdefault("state", {})["request_id"] = request_id
         path = scope["path"]
         endpoint = path if path in self.endpoints else "other"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from kvflow.proto.block_hash import BlockHash, hash_block
 
@@ -82,3 +83,25 @@ class CachedBlockHasher:
                 self._store(key, found)
             parent = found
             yield found
+
+
+@dataclass(frozen=True)
+class PromptHashes:
+    """A prompt's block hashes as an iterable that starts over on every pass, each pass lazy
+    and memoized: placement walks them once for decode candidates, once for prefill ones."""
+
+    hasher: CachedBlockHasher
+    token_ids: Sequence[int]
+    block_size: int
+    seed: bytes
+    salt: str = ""
+    num_public_blocks: int = 0
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        return self.hasher.iter_hashes(
+            self.token_ids,
+            block_size=self.block_size,
+            seed=self.seed,
+            salt=self.salt,
+            num_public_blocks=self.num_public_blocks,
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvflow.router.routing.block_index import BlockIndex
@@ -22,7 +22,13 @@ from kvflow.router.routing.plugins import (
     SessionAffinityScorer,
 )
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteDecision, RouteRequest, WorkerId, WorkerView
+from kvflow.router.routing.types import (
+    RouteDecision,
+    RouteRequest,
+    WorkerId,
+    WorkerRole,
+    WorkerView,
+)
 
 # score = 1 x cached prefix blocks - 1 x queue depth - 2 x KV usage + 8 x same session.
 # One cached block (16 tokens of prefill saved) weighs as much as one queued request; a
@@ -34,6 +40,10 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
     "kv_usage": 2.0,
     "session": 8.0,
 }
+
+# Workers that stream tokens to clients: `both` workers serve colocated, `decode` workers
+# prefill locally or receive a prefill worker's blocks (placement.py).
+SERVING_ROLES = frozenset({WorkerRole.BOTH, WorkerRole.DECODE})
 
 
 class RoutingConfigError(ValueError):
@@ -54,9 +64,13 @@ class RoutingPipeline:
         self._scorers = tuple(scorers)
         self._picker = picker
 
+    def candidates(self, request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        """The workers every filter keeps."""
+        return [w for w in workers if all(f.keep(request, w) for f in self._filters)]
+
     def route(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision | None:
         """The best worker for ``request``, or None when every worker is filtered out."""
-        candidates = [w for w in workers if all(f.keep(request, w) for f in self._filters)]
+        candidates = self.candidates(request, workers)
         if not candidates:
             return None
         totals = dict.fromkeys((w.worker_id for w in candidates), 0.0)
@@ -72,6 +86,7 @@ class RoutingPipeline:
             score=totals[chosen.worker_id],
             scores={name: values[chosen.worker_id] for name, values in per_scorer.items()},
             num_candidates=len(candidates),
+            role=chosen.role,
         )
 
 
@@ -81,8 +96,10 @@ def build_pipeline(
     index: BlockIndex,
     sessions: SessionTable,
     rng: random.Random,
+    roles: Iterable[WorkerRole] = SERVING_ROLES,
 ) -> RoutingPipeline:
-    """The default filters and the scorers named in ``weights`` (weight 0 drops a scorer)."""
+    """The default filters, workers of ``roles`` only, and the scorers named in ``weights``
+    (weight 0 drops a scorer)."""
     available: dict[str, Scorer] = {
         "prefix_blocks": PrefixBlocksScorer(index),
         "queue_depth": QueueDepthScorer(),
@@ -101,5 +118,5 @@ def build_pipeline(
             )
         if weight > 0:
             scorers.append(WeightedScorer(available[name], float(weight)))
-    filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(), ExcludedFilter()]
+    filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(roles), ExcludedFilter()]
     return RoutingPipeline(filters, scorers, MaxScorePicker(rng))

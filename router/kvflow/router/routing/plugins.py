@@ -10,12 +10,12 @@ against the same queue. Weights (pipeline.py) convert units; a higher total wins
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
 
 
 class Filter(Protocol):
@@ -54,12 +54,16 @@ class ModelFilter:
 
 
 class RoleFilter:
-    """A colocated request needs a `both` worker; a prefill or decode step needs its role."""
+    """A profile's roles: the decode profile takes `both` and `decode` workers, the prefill
+    profile `prefill` workers (placement.py)."""
 
     name = "role"
 
+    def __init__(self, roles: Iterable[WorkerRole]) -> None:
+        self._roles = frozenset(roles)
+
     def keep(self, request: RouteRequest, worker: WorkerView) -> bool:
-        return worker.role == request.role
+        return worker.role in self._roles
 
 
 class ExcludedFilter:
@@ -75,7 +79,9 @@ class ExcludedFilter:
 
 
 class PrefixBlocksScorer:
-    """Leading prompt blocks the worker already caches (unit: blocks)."""
+    """Leading prompt blocks the worker already caches, past the request's
+    ``num_skip_blocks`` (unit: blocks). For a prefill worker that is its cached share of
+    what the decode worker lacks: blocks decode holds are never sent, so they save nothing."""
 
     name = "prefix_blocks"
 
@@ -84,7 +90,8 @@ class PrefixBlocksScorer:
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
         matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))
-        return {worker_id: float(n) for worker_id, n in matched.items()}
+        skip = request.num_skip_blocks
+        return {worker_id: float(max(0, n - skip)) for worker_id, n in matched.items()}
 
 
 class QueueDepthScorer:

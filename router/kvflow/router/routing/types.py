@@ -40,9 +40,11 @@ class RouteRequest:
     # candidate holds, so a cold 8k-token prompt costs one hash, not 512.
     block_hashes: Iterable[BlockHash]
     session_id: str | None = None
-    role: WorkerRole = WorkerRole.BOTH
     # Workers that already failed this request (failover).
     excluded: frozenset[WorkerId] = field(default_factory=frozenset)
+    # Leading blocks that need no computing wherever this request lands (the decode worker
+    # of a disaggregated plan holds them): the prefix scorer counts only blocks past them.
+    num_skip_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,15 @@ class RouteDecision:
     # Each scorer's raw value for the chosen worker, before weighting: why it won.
     scores: dict[str, float]
     num_candidates: int
+    role: WorkerRole = WorkerRole.BOTH
+
+    def explain(self, prefix: str = "") -> list[str]:
+        """``score=..``, each scorer's value, ``candidates=..``, names prefixed by ``prefix``."""
+        parts = [f"{prefix}score={self.score:g}"]
+        parts += [f"{prefix}{name}={value:g}" for name, value in self.scores.items()]
+        parts.append(f"{prefix}candidates={self.num_candidates}")
+        return parts
 
     def header_value(self) -> str:
         """The `x-kvflow-route` response header: worker, total and each scorer's value."""
-        parts = [f"worker={self.worker_id}", f"score={self.score:g}"]
-        parts += [f"{name}={value:g}" for name, value in self.scores.items()]
-        parts.append(f"candidates={self.num_candidates}")
-        return "; ".join(parts)
+        return "; ".join([f"worker={self.worker_id}", *self.explain()])

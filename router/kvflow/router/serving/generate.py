@@ -1,11 +1,11 @@
-"""Run a request's choices on workers: route, fail over, stream decoded text back.
+"""Run a request's choices on workers: plan, carry the plan out, fail over, merge streams.
 
 Each choice runs as its own task (n > 1, or several prompts) and they merge into one
-stream. A worker that fails before its first message is dropped from that choice's
-candidates and the next-best worker gets it; one that fails after the client saw text ends
-the stream with an error (a buffered, non-streaming choice starts over instead). Leaving
-the stream early (client gone, stop string) cancels the gRPC call, which aborts the
-request on the worker and frees its blocks.
+stream. An attempt asks placement for a plan, then runs it. A worker that fails before the
+client saw anything is excluded and placement makes a new plan; one that fails after the
+client saw text ends the stream with an error (a buffered, non-streaming choice starts over
+instead). Leaving the stream early (client gone, stop string) cancels the gRPC calls, which
+aborts the request on the workers and frees their blocks.
 """
 
 from __future__ import annotations
@@ -13,50 +13,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-
-import grpc
+from collections.abc import AsyncGenerator, Sequence
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.router.metrics import RouterMetrics
-from kvflow.router.protocol.errors import (
-    ApiError,
-    invalid_request,
-    no_worker_available,
-    worker_failed,
-)
-from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
-from kvflow.router.routing.block_hasher import CachedBlockHasher
-from kvflow.router.routing.pipeline import RoutingPipeline
+from kvflow.router.protocol.errors import ApiError, no_worker_available
+from kvflow.router.protocol.responses import ChoiceDelta
+from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
+from kvflow.router.routing.placement import ExecutionPlan, Placement, PlacementRequest
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteRequest, WorkerId
-from kvflow.router.serving.decoder import ChoiceDecoder
+from kvflow.router.routing.types import WorkerId
+from kvflow.router.serving.choice_stream import ChoiceStream
+from kvflow.router.serving.executor import AttemptFailedError, PlanExecutor
 from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.text.tokenizer import TextTokenizer
-from kvflow.router.workers.client import WorkerClient
 from kvflow.router.workers.pool import WorkerPool
+from kvflow.router.workers.records import GenerateInput
 
 log = logging.getLogger("kvflow.router.serving")
 
 # Three workers failing one request in a row means a wider problem; say so (503) rather
 # than walk the whole pool while the client waits.
 MAX_ATTEMPTS = 3
-# After a stop string, how long to wait for the worker's final message (for usage).
-ABORT_DRAIN_TIMEOUT_S = 2.0
-_FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
-# Failures that say the worker is gone or broken, not just busy: stop routing there.
-_WORKER_DOWN_CODES = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN,
-}
-
-
-class _Attempt(Exception):  # noqa: N818 - control flow, never escapes this module
-    """This worker failed before the client saw anything: try the next one."""
-
 
 _DONE = object()
 
@@ -65,14 +44,16 @@ class GenerationService:
     def __init__(
         self,
         pool: WorkerPool,
-        pipeline: RoutingPipeline,
+        placement: Placement,
+        executor: PlanExecutor,
         sessions: SessionTable,
         tokenizer: TextTokenizer,
         public_prefixes: PublicPrefixes,
         metrics: RouterMetrics,
     ) -> None:
         self._pool = pool
-        self._pipeline = pipeline
+        self._placement = placement
+        self._executor = executor
         self._sessions = sessions
         self._tokenizer = tokenizer
         self._public = public_prefixes
@@ -127,10 +108,26 @@ class GenerationService:
         except ApiError as exc:
             queue.put_nowait(exc)
         except Exception as exc:  # a bug: surface it to the request as a 500, and log it
-            log.exception("choice %d failed", spec.index)
+            log.exception("%s: choice %d failed", trace.request_id, spec.index)
             queue.put_nowait(exc)
         else:
             queue.put_nowait(_DONE)
+
+    def _plan(
+        self, caller: Caller, hashes: PromptHashes, excluded: set[WorkerId]
+    ) -> ExecutionPlan | None:
+        started_s = time.perf_counter()
+        request = PlacementRequest(
+            caller.model,
+            hashes,
+            len(hashes.token_ids),
+            hashes.block_size,
+            caller.session_id,
+            frozenset(excluded),
+        )
+        plan = self._placement.plan(request, self._pool.views())
+        self._metrics.decision_s.observe(time.perf_counter() - started_s)
+        return plan
 
     async def _run_choice(
         self,
@@ -144,51 +141,43 @@ class GenerationService:
         tokens = spec.prompt_token_ids
         salt = caller.tenant.cache_salt
         num_public = self._public.num_public_blocks(tokens, info.block_size)
+        hashes = PromptHashes(self._hasher, tokens, info.block_size, info.hash_seed, salt,
+                              num_public)  # fmt: skip
         excluded: set[WorkerId] = set()
         last_failure = ""
-        for _ in range(MAX_ATTEMPTS):
-            started_s = time.perf_counter()
-            hashes = self._hasher.iter_hashes(
-                tokens,
-                block_size=info.block_size,
-                seed=info.hash_seed,
-                salt=salt,
-                num_public_blocks=num_public,
-            )
-            route_request = RouteRequest(
-                caller.model, hashes, caller.session_id, excluded=frozenset(excluded)
-            )
-            decision = self._pipeline.route(route_request, self._pool.views())
-            self._metrics.decision_s.observe(time.perf_counter() - started_s)
-            if decision is None:
+        for attempt in range(MAX_ATTEMPTS):
+            plan = self._plan(caller, hashes, excluded)
+            if plan is None:
                 break
-            trace.routes.append(f"choice={spec.index}; {decision.header_value()}")
-            request = pb.GenerateRequest(
-                request_id=uuid.uuid4().hex,
+            trace.routes.append(f"choice={spec.index}; {plan.header_value()}")
+            request = GenerateInput(
+                request_id=trace.attempt_id(spec.index, attempt),
                 prompt_token_ids=tokens,
                 sampling=spec.sampling,
                 cache_salt=salt,
                 priority=caller.tenant.priority,
                 num_public_blocks=num_public,
             )
-            worker_id = decision.worker_id
+            sink: list[ChoiceDelta | ChoiceUsage] = []
+            choice = ChoiceStream(
+                spec,
+                self._tokenizer,
+                sink.append if buffered else queue.put_nowait,
+                lambda: self._first_message(trace),
+            )
             try:
-                with self._pool.request_open(worker_id):
-                    sink: list[object] | None = [] if buffered else None
-                    await self._stream(
-                        self._pool.client(worker_id), request, spec, trace, queue, sink
-                    )
-                    for item in sink or ():
-                        queue.put_nowait(item)
-            except _Attempt as exc:
-                last_failure = f"{worker_id}: {exc}"
-                log.warning("failing over from %s: %s", worker_id, exc)
-                excluded.add(worker_id)
+                await self._executor.run(plan, request, choice, is_buffered=buffered)
+            except AttemptFailedError as exc:
+                last_failure = str(exc)
+                log.warning("%s: failing over: %s", request.request_id, exc)
+                excluded |= exc.worker_ids
                 self._metrics.failovers.inc()
                 continue
-            self._metrics.matched_blocks.inc(decision.scores.get("prefix_blocks", 0.0))
+            for item in sink:
+                queue.put_nowait(item)
+            self._metrics.matched_blocks.inc(plan.matched_blocks)
             if caller.session_id:
-                self._sessions.set(caller.session_id, worker_id)
+                self._sessions.set(caller.session_id, plan.stream_worker)
             return
         raise no_worker_available(
             f"No worker could take this request for '{caller.model}'"
@@ -196,99 +185,7 @@ class GenerationService:
             + "; retry shortly."
         )
 
-    def _failed_before_output(self, worker_id: str, exc: grpc.aio.AioRpcError) -> _Attempt:
-        code = exc.code()
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            raise invalid_request(f"The worker refused the request: {exc.details()}")
-        if code in _WORKER_DOWN_CODES:
-            self._pool.mark_failed(WorkerId(worker_id), f"{code.name}: {exc.details()}")
-        return _Attempt(f"{code.name}: {exc.details()}")
-
-    async def _stream(
-        self,
-        client: WorkerClient,
-        request: pb.GenerateRequest,
-        spec: ChoiceSpec,
-        trace: RequestTrace,
-        queue: asyncio.Queue[object],
-        sink: list[object] | None,
-    ) -> None:
-        """Stream one attempt. Raises _Attempt while a retry is still invisible to the client."""
-        sampling = spec.sampling
-        decoder = ChoiceDecoder(
-            spec.index,
-            self._tokenizer,
-            spec.stop_strings,
-            with_logprobs=sampling.logprobs,
-            num_top_logprobs=spec.num_top_logprobs,
-        )
-        emit = sink.append if sink is not None else queue.put_nowait
-        has_output = False
-        call = client.generate(request)
-        messages = aiter(call)
-        try:
-            while True:
-                try:
-                    message = await anext(messages, None)
-                except grpc.aio.AioRpcError as exc:
-                    if not has_output or sink is not None:
-                        raise self._failed_before_output(client.address, exc) from exc
-                    raise worker_failed(
-                        f"The worker failed mid-stream ({exc.code().name}: {exc.details()})"
-                    ) from exc
-                if message is None:
-                    if not has_output or sink is not None:
-                        raise _Attempt("the stream ended without a final message")
-                    raise worker_failed("The worker ended the stream without finishing.")
-                if trace.first_token_s is None:
-                    trace.first_token_s = time.perf_counter()
-                    self._metrics.ttft_s.observe(trace.first_token_s - trace.arrival_s)
-                has_output = True
-                delta = decoder.feed(message.token_ids, message.logprobs)
-                if decoder.is_stopped:
-                    if delta is not None:
-                        emit(delta)
-                    emit(decoder.finish("stop"))
-                    final = await self._abort_and_drain(client, messages, request.request_id)
-                    emit(self._usage(spec, final, decoder.num_tokens))
-                    return
-                if message.finish_reason == pb.FINISH_REASON_UNSPECIFIED:
-                    if delta is not None:
-                        emit(delta)
-                    continue
-                if message.finish_reason == pb.FINISH_REASON_ABORT:
-                    raise worker_failed("The worker aborted the request.")
-                if delta is not None:
-                    emit(delta)
-                emit(decoder.finish(_FINISH_REASONS[message.finish_reason]))
-                emit(self._usage(spec, message, decoder.num_tokens))
-                return
-        finally:
-            call.cancel()  # no-op when finished; aborts the worker's request otherwise
-
-    async def _abort_and_drain(
-        self,
-        client: WorkerClient,
-        messages: AsyncIterator[pb.GenerateResponse],
-        request_id: str,
-    ) -> pb.GenerateResponse | None:
-        """Abort on the worker and wait briefly for its final message, which has the usage."""
-        try:
-            await client.abort(request_id, ABORT_DRAIN_TIMEOUT_S)
-            async with asyncio.timeout(ABORT_DRAIN_TIMEOUT_S):
-                async for message in messages:
-                    if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
-                        return message
-                return None
-        except (grpc.aio.AioRpcError, TimeoutError):
-            return None  # the caller estimates usage; the finally cancels the call
-
-    def _usage(
-        self, spec: ChoiceSpec, final: pb.GenerateResponse | None, num_tokens: int
-    ) -> ChoiceUsage:
-        if final is None or not final.HasField("usage"):
-            usage = UsageCounts(len(spec.prompt_token_ids), num_tokens, 0)
-        else:
-            u = final.usage
-            usage = UsageCounts(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-        return ChoiceUsage(spec.index, spec.prompt_index, usage)
+    def _first_message(self, trace: RequestTrace) -> None:
+        if trace.first_token_s is None:
+            trace.first_token_s = time.perf_counter()
+            self._metrics.ttft_s.observe(trace.first_token_s - trace.arrival_s)

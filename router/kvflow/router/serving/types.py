@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 
-from kvflow.proto import worker_pb2 as pb
+from kvflow.router.protocol.requests import SamplingOptions
 from kvflow.router.protocol.responses import UsageCounts
 from kvflow.router.tenants.config import Tenant
 
@@ -15,9 +16,8 @@ class ChoiceSpec:
     index: int
     prompt_index: int  # which prompt (usage counts each prompt once, as OpenAI bills it)
     prompt_token_ids: list[int]
-    sampling: pb.SamplingParams
-    stop_strings: tuple[str, ...]
-    num_top_logprobs: int
+    # This choice's own: with n > 1 and a seed, choice j of a prompt samples with seed + j.
+    sampling: SamplingOptions
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,21 @@ class ChoiceUsage:
     usage: UsageCounts
 
 
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex
+
+
 @dataclass
 class RequestTrace:
-    """What happened to a request, for headers and metrics."""
+    """What happened to a request, for headers, logs and metrics."""
 
+    # The one id of the request: from `x-request-id` or made here; every worker sees it,
+    # suffixed per choice and attempt ("<id>-c0-a1"), and every log line names it.
+    request_id: str = field(default_factory=new_request_id)
     arrival_s: float = field(default_factory=time.perf_counter)
     routes: list[str] = field(default_factory=list)
     first_token_s: float | None = None
+
+    def attempt_id(self, choice: int, attempt: int) -> str:
+        """The id a worker sees: unique per choice and attempt, so never twice on a worker."""
+        return f"{self.request_id}-c{choice}-a{attempt}"

@@ -1,13 +1,38 @@
-"""A gRPC client for one worker (kvflow.worker.v1), over one long-lived channel."""
+"""A gRPC client for one worker (kvflow.worker.v1), over one long-lived channel.
+
+The serving calls take and return typed records (workers/records.py) and raise typed
+errors (workers/errors.py); Health, Load and the KV event stream are read by the pool.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.router.workers.convert import (
+    from_generate_response,
+    from_prefill_response,
+    to_generate_request,
+    to_prefill_request,
+)
+from kvflow.router.workers.errors import (
+    WorkerCallError,
+    WorkerError,
+    WorkerTimeoutError,
+    from_rpc_error,
+)
+from kvflow.router.workers.records import (
+    GenerateInput,
+    KvReservation,
+    PrefillInput,
+    PrefillResult,
+    TokenChunk,
+    WorkerUsage,
+)
 
 # A snapshot of 2**18 cached blocks is about 2.4 MB; 64 MiB leaves room for any worker.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -40,20 +65,94 @@ class WorkerClient:
         response: pb.LoadResponse = await self._stub.Load(pb.LoadRequest(), timeout=timeout_s)
         return response
 
-    def generate(self, request: pb.GenerateRequest) -> GenerateCall:
-        """The response stream; cancelling it aborts the request on the worker."""
-        call: GenerateCall = self._stub.Generate(request)
-        return call
-
-    async def abort(self, request_id: str, timeout_s: float) -> bool:
-        response: pb.AbortResponse = await self._stub.Abort(
-            pb.AbortRequest(request_id=request_id), timeout=timeout_s
-        )
-        return response.found
-
     def subscribe_kv_events(self) -> KvEventsCall:
         call: KvEventsCall = self._stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
         return call
 
+    def generate(self, request: GenerateInput) -> WorkerStream:
+        """Start generating; the stream must be cancelled or read to its end."""
+        call: GenerateCall = self._stub.Generate(to_generate_request(request))
+        return WorkerStream(self, request.request_id, call)
+
+    async def abort(self, request_id: str, timeout_s: float) -> bool:
+        """Abort a running request (it still sends its final message); found or not."""
+        try:
+            response: pb.AbortResponse = await self._stub.Abort(
+                pb.AbortRequest(request_id=request_id), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(self.address, exc) from exc
+        return response.found
+
+    async def prefill(
+        self, request: PrefillInput, destination: KvReservation, timeout_s: float
+    ) -> PrefillResult:
+        """Compute the prompt and send ``destination``'s blocks; returns once they are sent.
+        Cancelling the awaiting task cancels the call, which frees the worker's blocks."""
+        try:
+            response: pb.PrefillResponse = await self._stub.Prefill(
+                to_prefill_request(request, destination), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(self.address, exc) from exc
+        return from_prefill_response(response)
+
+    async def cancel_kv_transfer(self, request_id: str, timeout_s: float) -> bool:
+        """Tell a decode worker to stop waiting for blocks and prefill locally; found or not."""
+        try:
+            response: pb.CancelKvTransferResponse = await self._stub.CancelKvTransfer(
+                pb.CancelKvTransferRequest(request_id=request_id), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(self.address, exc) from exc
+        return response.found
+
     async def close(self) -> None:
         await self._channel.close(grace=None)
+
+
+class WorkerStream:
+    """One Generate call as typed chunks. `cancel()` aborts the request on the worker and
+    frees its blocks (a no-op once the stream has finished)."""
+
+    def __init__(self, client: WorkerClient, request_id: str, call: GenerateCall) -> None:
+        self.worker_id = client.address
+        self.request_id = request_id
+        self._client = client
+        self._call = call
+        self._messages = aiter(call)
+
+    async def next(self) -> TokenChunk | KvReservation:
+        """The next message. Raises WorkerError, also for a stream that ends unfinished."""
+        try:
+            message = await anext(self._messages, None)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(self.worker_id, exc) from exc
+        if message is None:
+            raise WorkerCallError(self.worker_id, "the stream ended without a final message")
+        return from_generate_response(message)
+
+    async def next_within(self, timeout_s: float) -> TokenChunk | KvReservation:
+        """`next()`, or WorkerTimeoutError after ``timeout_s`` (the stream is then unusable)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self.next()
+        except TimeoutError:
+            self.cancel()
+            raise WorkerTimeoutError(self.worker_id, f"no answer within {timeout_s:g} s") from None
+
+    async def abort_and_drain(self, timeout_s: float) -> WorkerUsage | None:
+        """Abort on the worker and wait at most ``timeout_s`` (twice: the Abort call, then
+        the drain) for the final message, which has the usage; None if it does not come."""
+        try:
+            await self._client.abort(self.request_id, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    item = await self.next()
+                    if isinstance(item, TokenChunk) and item.finish_reason is not None:
+                        return item.usage
+        except (WorkerError, TimeoutError):
+            return None
+
+    def cancel(self) -> None:
+        self._call.cancel()

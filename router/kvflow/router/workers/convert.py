@@ -1,0 +1,103 @@
+"""Typed records <-> kvflow.worker.v1 messages. The only place the router builds or reads
+the worker's wire format (the probes' Health/Load aside)."""
+
+from __future__ import annotations
+
+from kvflow.proto import worker_pb2 as pb
+from kvflow.router.protocol.requests import SamplingOptions
+from kvflow.router.workers.records import (
+    FinishReason,
+    GenerateInput,
+    KvReservation,
+    PrefillInput,
+    PrefillResult,
+    TokenChunk,
+    TokenLogprobs,
+    WorkerUsage,
+)
+
+_FINISH_REASONS: dict[int, FinishReason] = {
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_ABORT: "abort",
+}
+
+
+def to_sampling_params(s: SamplingOptions) -> pb.SamplingParams:
+    params = pb.SamplingParams(
+        top_k=s.top_k,
+        min_p=s.min_p,
+        stop_token_ids=s.stop_token_ids,
+        ignore_eos=s.ignore_eos,
+        logprobs=s.logprobs,
+        top_logprobs=s.top_logprobs,
+    )
+    if s.temperature is not None:
+        params.temperature = s.temperature
+    if s.top_p is not None:
+        params.top_p = s.top_p
+    if s.seed is not None:
+        params.seed = s.seed % 2**64
+    if s.max_tokens is not None:
+        params.max_tokens = s.max_tokens
+    return params
+
+
+def to_generate_request(g: GenerateInput) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(
+        request_id=g.request_id,
+        prompt_token_ids=g.prompt_token_ids,
+        sampling=to_sampling_params(g.sampling),
+        cache_salt=g.cache_salt,
+        priority=g.priority,
+        num_public_blocks=g.num_public_blocks,
+    )
+    if g.remote_prefill_timeout_s is not None:
+        request.remote_prefill.version = pb.KV_HANDOFF_VERSION_1
+        request.remote_prefill.timeout_s = g.remote_prefill_timeout_s
+    return request
+
+
+def from_generate_response(message: pb.GenerateResponse) -> TokenChunk | KvReservation:
+    if message.HasField("kv_reservation"):
+        r = message.kv_reservation
+        return KvReservation(r.first_token, r.end_token, r.SerializeToString())
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    if message.logprobs:  # only when the request asked for them
+        logprobs = tuple(
+            TokenLogprobs(lp.logprob, tuple(lp.top_token_ids), tuple(lp.top_logprobs))
+            for lp in message.logprobs
+        )
+    usage = None
+    if message.HasField("usage"):
+        u = message.usage
+        usage = WorkerUsage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.remote_tokens)
+    return TokenChunk(
+        token_ids=message.token_ids,
+        logprobs=logprobs,
+        finish_reason=_FINISH_REASONS.get(message.finish_reason),
+        usage=usage,
+    )
+
+
+def to_prefill_request(p: PrefillInput, destination: KvReservation) -> pb.PrefillRequest:
+    return pb.PrefillRequest(
+        request_id=p.request_id,
+        prompt_token_ids=p.prompt_token_ids,
+        cache_salt=p.cache_salt,
+        num_public_blocks=p.num_public_blocks,
+        priority=p.priority,
+        destination=pb.KvReservation.FromString(destination.wire),
+    )
+
+
+def from_prefill_response(r: pb.PrefillResponse) -> PrefillResult:
+    return PrefillResult(
+        num_computed_tokens=r.num_computed_tokens,
+        num_cached_tokens=r.num_cached_tokens,
+        num_sent_blocks=r.num_sent_blocks,
+        num_sent_bytes=r.num_sent_bytes,
+        queued_s=r.queued_s,
+        prefill_s=r.prefill_s,
+        transfer_s=r.transfer_s,
+    )

@@ -1,0 +1,50 @@
+"""How a worker call failed, as types: mapped from gRPC status codes once, here.
+
+serving/ decides what each means for the request (fail over, 400, fall back to a local
+prefill); nothing above this module reads a status code or an exception's text.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class WorkerError(Exception):
+    """A call to a worker failed; ``detail`` is what the worker (or gRPC) said."""
+
+    def __init__(self, worker_id: str, detail: str) -> None:
+        super().__init__(f"{worker_id}: {detail}")
+        self.worker_id = worker_id
+        self.detail = detail
+
+
+class WorkerDownError(WorkerError):
+    """Gone, broken or draining (UNAVAILABLE, INTERNAL, UNKNOWN): route elsewhere."""
+
+
+class RequestRejectedError(WorkerError):
+    """The worker refused the request as invalid (INVALID_ARGUMENT): another worker would too."""
+
+
+class WorkerTimeoutError(WorkerError):
+    """No answer within the deadline (DEADLINE_EXCEEDED, or the router's own wait)."""
+
+
+class WorkerCallError(WorkerError):
+    """Anything else: aborted, out of resources, a stream that ended without finishing."""
+
+
+_DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
+                         grpc.StatusCode.UNKNOWN})  # fmt: skip
+
+
+def from_rpc_error(worker_id: str, exc: grpc.aio.AioRpcError) -> WorkerError:
+    code = exc.code()
+    detail = f"{code.name}: {exc.details()}"
+    if code in _DOWN_CODES:
+        return WorkerDownError(worker_id, detail)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return RequestRejectedError(worker_id, detail)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return WorkerTimeoutError(worker_id, detail)
+    return WorkerCallError(worker_id, detail)

@@ -25,6 +25,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "router": Command("kvflow.router.cli", "router", "run the OpenAI-compatible gateway"),
     "operator": Command("kvflow.operator.cli", "operator", "run the Kubernetes operator"),
+    "bench": Command(
+        "kvflow.cli.bench.cli", "router", "load an OpenAI-compatible endpoint and report latency"
+    ),
 }
 
 

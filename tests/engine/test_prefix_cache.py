@@ -18,6 +18,7 @@ def admit(kv: KVCacheManager, req: Request) -> tuple[list[int], int]:
     hits, num_hit = kv.get_computed_blocks(req)
     assert kv.allocate_slots(req, req.num_tokens - num_hit, hits) is not None
     req.num_computed_tokens = req.num_tokens
+    kv.commit(req, req.num_tokens)
     return kv.block_ids(req.request_id), num_hit
 
 

@@ -27,7 +27,7 @@ class WorkerProcess(KvflowProcess):
 def launch_worker(args: Sequence[str], *, timeout_s: float = 180.0) -> WorkerProcess:
     """Start `kvflow worker ARGS --port 0 --metrics-port 0` and wait for its ready line."""
     started = launch_kvflow(
-        ["worker", "--port", "0", "--metrics-port", "0", *args],
+        ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0", *args],
         ready_prefix=READY_PREFIX,
         timeout_s=timeout_s,
     )

@@ -187,7 +187,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         common = ["--served-model-name", args.served_model_name, *model_args]
         workers = []
         for i in range(args.workers):
-            worker_args = ["worker", "--port", "0", "--metrics-port", "0",
+            worker_args = ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0",
                            "--kv-cache-gib", str(args.kv_cache_gib), *common]  # fmt: skip
             if args.simulate:
                 worker_args.append("--simulate")

@@ -5,19 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.engine import Engine, EngineConfig, ModelRunner
-from kvflow.engine_worker.engine_loop import EngineLoop
+from kvflow.engine_worker.engine_loop import BlockIO, EngineLoop
 from kvflow.engine_worker.http_server import start_http_server
+from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
+from kvflow.engine_worker.kv_transfer.base import KvTransportKind
 from kvflow.engine_worker.metrics import WorkerMetrics
-from kvflow.engine_worker.server import WorkerService
+from kvflow.engine_worker.server import KV_TRANSPORTS, WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.engine_worker.sim_runner import SimulatedRunner, StepTiming
 from kvflow.proto import worker_pb2 as pb
@@ -37,10 +40,15 @@ SIM_MAX_MODEL_LEN = 8192
 SIM_BYTES_PER_BLOCK_PER_TOKEN = 2 * 30 * 3 * 64 * 4
 
 
+class BlockRunner(ModelRunner, BlockIO, Protocol):
+    """A runner that also reads and writes whole blocks for PD (both runners do)."""
+
+
 @dataclass
 class BuiltWorker:
     engine: Engine
     info: pb.WorkerInfo
+    runner: BlockRunner
 
 
 def _num_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
@@ -61,7 +69,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
     ``loaded`` is a ``(model, config)`` pair from ``load_model`` to reuse (tests build
     several engines over one model).
     """
-    runner: ModelRunner
+    runner: BlockRunner
     if settings.simulate:
         name = settings.served_model_name or "simulated"
         vocab, eos, model_len = SIM_VOCAB_SIZE, SIM_EOS_TOKEN_IDS, SIM_MAX_MODEL_LEN
@@ -74,6 +82,8 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
                 settings.sim_per_token_ms / 1e3,
                 settings.sim_per_seq_ms / 1e3,
             ),
+            kv_bytes_per_block=SIM_BYTES_PER_BLOCK_PER_TOKEN * settings.block_size,
+            block_size=settings.block_size,
         )
     else:
         import torch  # only a real worker pays for torch
@@ -154,18 +164,43 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
         num_total_blocks=num_blocks,
         vocab_size=vocab,
         eos_token_ids=list(eos),
+        kv_transport=KV_TRANSPORTS[KvTransportKind(settings.resolved_kv_transport())],
     )
-    return BuiltWorker(engine, info)
+    return BuiltWorker(engine, info, runner)
+
+
+def advertised_host(settings: WorkerSettings) -> str:
+    if settings.advertise_host:
+        return settings.advertise_host
+    if settings.host not in ("0.0.0.0", "::", ""):
+        return settings.host
+    return socket.gethostbyname(socket.gethostname())
+
+
+def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgent:
+    kind = KvTransportKind(settings.resolved_kv_transport())
+    transport = make_transport(
+        kind,
+        host=settings.host,
+        port=settings.kv_port,
+        advertise_host=advertised_host(settings),
+        instance_id=instance_id,
+    )
+    return KvTransferAgent(
+        transport, instance_id=instance_id, max_timeout_s=settings.max_kv_transfer_timeout_s
+    )
 
 
 async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
-    loop = EngineLoop(built.engine, on_step=metrics.observe_step)
+    kv = start_kv_agent(settings, built.info.instance_id)
+    loop = EngineLoop(built.engine, on_step=metrics.observe_step, kv=kv, blocks=built.runner)
     loop.start()
 
     server = grpc.aio.server()
-    pb_grpc.add_WorkerServicer_to_server(WorkerService(loop, built.info), server)
+    service = WorkerService(loop, built.info, built.runner.kv_layout)
+    pb_grpc.add_WorkerServicer_to_server(service, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     http = start_http_server(
         settings.host,
@@ -184,7 +219,11 @@ async def serve(settings: WorkerSettings) -> None:
         metrics_port,
     )
     # One machine-readable line for whoever started us with port 0 (tests, `kvflow up`).
-    print(f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port}", flush=True)
+    print(
+        f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port} "
+        f"kv_port={kv.endpoint.rpartition(':')[2]}",
+        flush=True,
+    )
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -201,4 +240,5 @@ async def serve(settings: WorkerSettings) -> None:
     await server.stop(grace=1.0)
     http.shutdown()
     loop.stop()
+    kv.close()
     log.info("stopped")

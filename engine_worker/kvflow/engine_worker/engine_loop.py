@@ -5,22 +5,31 @@ callers post commands to an inbox; the thread wakes, applies them, runs a step, 
 each request's outputs back to its asyncio queue with ``call_soon_threadsafe``. KV events
 are fanned out from the same thread right after the step that caused them, which is what
 makes a snapshot plus the events after it exact.
+
+For prefill/decode disaggregation the loop also wires the engine to the KV transfer
+agent: a decode-side reservation gets a receive buffer and a ticket (published to the
+request's stream), a prefill-side request whose blocks are computed has them gathered and
+sent; transfers end with an event posted back to this thread like any other command.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
 from kvflow.engine_worker.core.errors import EngineError, EngineOverloadedError
 from kvflow.engine_worker.core.kv_events import KvEvent
-from kvflow.engine_worker.core.request import FinishReason
+from kvflow.engine_worker.core.request import FinishReason, KvBlockRange
 from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats, Ticket
+from kvflow.engine_worker.kv_transfer.base import KvTransferError, SendTarget
 from kvflow.proto.block_hash import BlockHash
 
 log = logging.getLogger(__name__)
@@ -28,6 +37,39 @@ log = logging.getLogger(__name__)
 # A subscriber more than 4096 batches behind (tens of seconds of a busy worker) gets a
 # fresh snapshot instead: cheaper than an unbounded queue, and exact.
 MAX_PENDING_KV_BATCHES = 4096
+# When every request waits on a KV transfer, the loop sleeps this long between looks at
+# the queue (commands still wake it at once): no busy spin, a few ms of latency at worst.
+IDLE_WAIT_S = 0.005
+
+
+class BlockIO(Protocol):
+    """The runner's whole-block access (TorchModelRunner, SimulatedRunner)."""
+
+    kv_layout: str
+
+    def empty_blocks(self, num_blocks: int) -> Any: ...
+
+    def read_blocks(self, block_ids: Sequence[int]) -> Any: ...
+
+    def write_blocks(self, block_ids: Sequence[int], data: Any) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KvReservationOut:
+    """A decode-side request's first stream item: the blocks it waits for and where a
+    prefill worker sends them (no ticket: it lacks nothing a prefill worker could send)."""
+
+    request_id: str
+    first_token: int
+    end_token: int
+    ticket: Ticket | None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    output: RequestOutput  # the final one: usage and timings
+    num_sent_blocks: int
+    send: SendStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +81,7 @@ class LoadSnapshot:
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     prefix_hit_rate: float = 0.0
+    num_kv_transfers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +115,21 @@ StepObserver = Callable[[Engine, list[RequestOutput], float], None]
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, on_step: StepObserver | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        on_step: StepObserver | None = None,
+        kv: KvTransferAgent | None = None,
+        blocks: BlockIO | None = None,
+    ) -> None:
         self.engine = engine
         self.on_step = on_step
+        self.kv = kv
+        self.blocks = blocks
+        assert (kv is None) == (blocks is None)
+        self._remote_timeouts: dict[str, float] = {}  # decode: request id -> seconds
+        self._send_targets: dict[str, tuple[SendTarget, float]] = {}  # prefill
         self.load = LoadSnapshot(num_total_blocks=engine.kv_cache.num_total_blocks)
         self._cond = threading.Condition()
         self._inbox: list[Callable[[], None]] = []
@@ -113,30 +168,106 @@ class EngineLoop:
         cache_salt: str = "",
         num_public_blocks: int = 0,
         priority: int = 0,
-    ) -> AsyncIterator[RequestOutput]:
+        remote_kv_timeout_s: float | None = None,
+    ) -> AsyncGenerator[RequestOutput | KvReservationOut]:
         """Outputs of one request until it finishes. Leaving early aborts it and frees its
-        blocks. Raises the engine's InvalidRequestError before the first output."""
+        blocks. Raises the engine's InvalidRequestError before the first output.
+
+        With ``remote_kv_timeout_s`` (PD, decode side) the first item is a KvReservationOut;
+        the request then waits up to that long for a prefill worker's blocks, else computes
+        them itself."""
+        self._check_accepting()
+        wants_remote_kv = remote_kv_timeout_s is not None and self.kv is not None
+
+        def add() -> None:
+            if wants_remote_kv:
+                assert remote_kv_timeout_s is not None
+                self._remote_timeouts[request_id] = remote_kv_timeout_s
+            self.engine.add_request(
+                request_id,
+                prompt_token_ids,
+                sampling,
+                cache_salt=cache_salt,
+                num_public_blocks=num_public_blocks,
+                priority=priority,
+                wants_remote_kv=wants_remote_kv,
+            )
+
+        # aclosing: leaving this generator early must close the inner one now (it aborts
+        # the request), not whenever the event loop finalizes it.
+        async with contextlib.aclosing(self._stream(request_id, add)) as stream:
+            async for item in stream:
+                assert isinstance(item, RequestOutput | KvReservationOut)
+                yield item
+
+    async def prefill(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        target: SendTarget,
+        *,
+        first_token: int,
+        end_token: int,
+        timeout_s: float,
+        cache_salt: str = "",
+        num_public_blocks: int = 0,
+        priority: int = 0,
+    ) -> PrefillResult:
+        """PD, prefill side: compute the prompt's KV and send blocks [first_token, end_token)
+        to ``target``. Raises InvalidRequestError, EngineOverloadedError or KvTransferError;
+        cancelling it aborts the request and frees its blocks."""
+        self._check_accepting()
+        if self.kv is None:
+            raise EngineOverloadedError("this worker has no KV transport; it cannot prefill")
+
+        def add() -> None:
+            self._send_targets[request_id] = (target, timeout_s)
+            self.engine.add_prefill_request(
+                request_id,
+                prompt_token_ids,
+                first_token=first_token,
+                end_token=end_token,
+                cache_salt=cache_salt,
+                num_public_blocks=num_public_blocks,
+                priority=priority,
+            )
+
+        stats: SendStats | None = None
+        async with contextlib.aclosing(self._stream(request_id, add)) as stream:
+            async for item in stream:
+                if isinstance(item, SendStats):
+                    stats = item
+                elif isinstance(item, RequestOutput) and item.finish_reason is not None:
+                    assert stats is not None, "a prefill finishes only after its send"
+                    num_blocks = (end_token - first_token) // self._block_size
+                    return PrefillResult(item, num_blocks, stats)
+        raise AssertionError("a prefill stream ends with its final output")
+
+    @property
+    def _block_size(self) -> int:
+        return self.engine.config.scheduler.block_size
+
+    def _check_accepting(self) -> None:
         if self.is_draining:
             raise EngineOverloadedError("this worker is shutting down; send the request elsewhere")
+
+    async def _stream(self, request_id: str, add: Callable[[], None]) -> AsyncGenerator[object]:
+        """Post ``add`` to the engine thread and yield what it delivers for the request
+        until its final output; an exception delivered is raised. Leaving early aborts."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
 
-        def add() -> None:
+        def register() -> None:
             try:
-                self.engine.add_request(
-                    request_id,
-                    prompt_token_ids,
-                    sampling,
-                    cache_salt=cache_salt,
-                    num_public_blocks=num_public_blocks,
-                    priority=priority,
-                )
+                add()
             except EngineError as exc:
+                self._remote_timeouts.pop(request_id, None)
+                self._send_targets.pop(request_id, None)
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
                 return
             self._streams[request_id] = (loop, queue)
 
-        self._post(add)
+        self._post(register)
         finished = False
         try:
             while True:
@@ -144,8 +275,7 @@ class EngineLoop:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                assert isinstance(item, RequestOutput)
-                finished = item.finish_reason is not None
+                finished = isinstance(item, RequestOutput) and item.finish_reason is not None
                 yield item
                 if finished:
                     return
@@ -153,8 +283,16 @@ class EngineLoop:
             if not finished:
                 self.abort(request_id)
 
+    def cancel_kv_transfer(self, request_id: str) -> bool:
+        """PD decode: stop waiting for remote KV; the request computes its prompt here."""
+        return self.kv is not None and self.kv.cancel(request_id)
+
     def abort(self, request_id: str) -> None:
         def abort() -> None:
+            if self.kv is not None:
+                self.kv.cancel(request_id)
+            self._remote_timeouts.pop(request_id, None)
+            self._send_targets.pop(request_id, None)
             out = self.engine.abort_request(request_id)
             if out is not None:
                 self._deliver(out)
@@ -172,12 +310,78 @@ class EngineLoop:
     # -- engine thread -----------------------------------------------------------------------
 
     def _deliver(self, out: RequestOutput) -> None:
-        target = self._streams.get(out.request_id)
+        self._push(out.request_id, out)
         if out.finish_reason is not None:
             self._streams.pop(out.request_id, None)
+
+    def _push(self, request_id: str, item: object) -> None:
+        target = self._streams.get(request_id)
         if target is not None:
             loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, out)
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _handle(self, out: RequestOutput) -> None:
+        if out.kv_reserved is not None:
+            self._on_reserved(out.request_id, out.kv_reserved)
+        elif out.kv_to_send is not None:
+            self._on_kv_ready(out.request_id, out.kv_to_send)
+        else:
+            self._deliver(out)
+
+    # -- PD on the engine thread -------------------------------------------------------------
+
+    def _on_reserved(self, request_id: str, kv_range: KvBlockRange) -> None:
+        timeout_s = self._remote_timeouts.pop(request_id, 0.0)
+        if not kv_range.block_ids:
+            reservation = KvReservationOut(
+                request_id, kv_range.first_token, kv_range.end_token, None
+            )
+            self._push(request_id, reservation)
+            return
+        assert self.kv is not None and self.blocks is not None
+        buffer = self.blocks.empty_blocks(len(kv_range.block_ids))
+
+        def on_done(error: KvTransferError | None) -> None:
+            self._post(lambda: self._on_received(request_id, kv_range, buffer, error))
+
+        ticket = self.kv.receive(request_id, buffer, timeout_s, on_done)
+        self._push(
+            request_id,
+            KvReservationOut(request_id, kv_range.first_token, kv_range.end_token, ticket),
+        )
+
+    def _on_received(
+        self, request_id: str, kv_range: KvBlockRange, buffer: Any, error: KvTransferError | None
+    ) -> None:
+        request = self.engine.scheduler.waiting_for_kv.get(request_id)
+        if request is None or request.kv_range != kv_range:
+            return  # aborted meanwhile: its blocks are already free
+        if error is None:
+            assert self.blocks is not None
+            self.blocks.write_blocks(kv_range.block_ids, buffer)
+            self.engine.remote_kv_landed(request_id)
+            return
+        log.warning("request %s: no remote KV (%s); computing the prompt here", request_id, error)
+        self.engine.remote_kv_failed(request_id)
+
+    def _on_kv_ready(self, request_id: str, kv_range: KvBlockRange) -> None:
+        assert self.kv is not None and self.blocks is not None
+        target, timeout_s = self._send_targets.pop(request_id)
+        data = self.blocks.read_blocks(kv_range.block_ids)
+
+        def on_done(result: SendStats | KvTransferError) -> None:
+            self._post(lambda: self._on_sent(request_id, result))
+
+        self.kv.send(target, data, timeout_s, on_done)
+
+    def _on_sent(self, request_id: str, result: SendStats | KvTransferError) -> None:
+        if isinstance(result, KvTransferError):
+            log.warning("request %s: sending KV failed: %s", request_id, result)
+        out = self.engine.complete_kv_send(request_id, is_sent=isinstance(result, SendStats))
+        if out is None:
+            return  # aborted meanwhile
+        self._push(request_id, result)  # an error is raised in the caller
+        self._deliver(out)
 
     def _run(self) -> None:
         while True:
@@ -185,7 +389,7 @@ class EngineLoop:
                 while not (
                     self._stopped
                     or self._inbox
-                    or self.engine.has_unfinished_requests
+                    or self.engine.has_schedulable_work
                     or any(s.needs_snapshot for s in self._subscribers)
                 ):
                     self._cond.wait()
@@ -193,16 +397,25 @@ class EngineLoop:
                     return
                 commands, self._inbox = self._inbox, []
             for command in commands:
-                command()
+                try:
+                    command()
+                except Exception:  # a bug in one command must not stop the engine thread
+                    log.exception("engine command failed")
             outputs: list[RequestOutput] = []
-            if self.engine.has_unfinished_requests:
+            if self.engine.has_schedulable_work:
                 try:
                     outputs = self.engine.step()
                 except Exception:  # a bug or out of memory: fail the batch, keep serving
                     log.exception("engine step failed; aborting every request in flight")
                     outputs = self._abort_all()
                 for out in outputs:
-                    self._deliver(out)
+                    self._handle(out)
+                if self.engine.last_step_was_idle:
+                    # Waiting requests that cannot be admitted until a transfer frees
+                    # blocks: nap until a command arrives instead of spinning.
+                    with self._cond:
+                        if not self._inbox and not self._stopped:
+                            self._cond.wait(IDLE_WAIT_S)
             self._publish_kv_events()
             self._update_load()
             if self.on_step is not None:
@@ -235,4 +448,5 @@ class EngineLoop:
             num_free_blocks=kv.pool.num_free_blocks,
             num_total_blocks=kv.num_total_blocks,
             prefix_hit_rate=kv.stats.hit_rate,
+            num_kv_transfers=self.engine.scheduler.num_kv_transfers,
         )

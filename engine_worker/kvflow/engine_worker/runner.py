@@ -8,6 +8,7 @@ rows that sample, one per request: a 512-token prefill chunk costs 1 row of the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -65,6 +66,34 @@ class TorchModelRunner:
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
         ]
+        dtype_name = str(dtype).removeprefix("torch.")
+        self.kv_layout = f"L{num_layers}/H{num_kv_heads}/D{head_dim}/B{block_size}/{dtype_name}"
+
+    # -- whole blocks in and out (PD) ------------------------------------------------------
+    # One buffer [layers, 2, kv_heads, num_blocks, block_size, head_dim] per transfer: the
+    # layout of the paged cache itself with the pool axis cut to the blocks moved, so a read
+    # is one index_select per layer and the buffer moves as a single message.
+
+    def empty_blocks(self, num_blocks: int) -> torch.Tensor:
+        """A receive buffer for ``num_blocks`` blocks of every layer."""
+        _, heads, _, block_size, head_dim = self.kv_caches[0].shape
+        shape = (len(self.kv_caches), 2, heads, num_blocks, block_size, head_dim)
+        return torch.empty(shape, dtype=self.kv_caches[0].dtype, device=self.device)
+
+    @torch.inference_mode()
+    def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
+        """A contiguous copy of these blocks' K/V in every layer (safe to send while the
+        engine goes on: the cache may reuse the blocks once this returns)."""
+        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        return torch.stack([kv.index_select(2, ids) for kv in self.kv_caches])
+
+    @torch.inference_mode()
+    def write_blocks(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
+        """Scatter a buffer from ``read_blocks`` (of a peer) into these blocks."""
+        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
+        assert data.shape[0] == len(self.kv_caches) and data.shape[3] == len(ids)
+        for kv, layer in zip(self.kv_caches, data.to(self.device), strict=True):
+            kv.index_copy_(2, ids, layer)
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,16 @@ from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.engine_worker.core.errors import EngineOverloadedError, InvalidRequestError
 from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
-from kvflow.engine_worker.engine_loop import EngineLoop, KvSnapshot
+from kvflow.engine_worker.engine_loop import EngineLoop, KvReservationOut, KvSnapshot
+from kvflow.engine_worker.kv_transfer.base import (
+    KvTransferError,
+    KvTransportKind,
+    PeerUnreachableError,
+    SendTarget,
+    TransferCancelledError,
+    TransferRejectedError,
+    TransferTimeoutError,
+)
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
@@ -53,6 +63,38 @@ def sampling_from_proto(s: pb.SamplingParams) -> SamplingParams:
     )
 
 
+KV_TRANSPORTS = {
+    KvTransportKind.TCP: pb.KV_TRANSPORT_TCP,
+    KvTransportKind.GLOO: pb.KV_TRANSPORT_GLOO,
+    KvTransportKind.NCCL: pb.KV_TRANSPORT_NCCL,
+}
+_TRANSFER_ERROR_CODES: dict[type[KvTransferError], grpc.StatusCode] = {
+    PeerUnreachableError: grpc.StatusCode.UNAVAILABLE,
+    TransferTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    TransferCancelledError: grpc.StatusCode.CANCELLED,
+    TransferRejectedError: grpc.StatusCode.ABORTED,
+}
+
+
+def reservation_to_proto(
+    r: KvReservationOut, *, instance_id: str, kv_layout: str
+) -> pb.GenerateResponse:
+    msg = pb.GenerateResponse(request_id=r.request_id)
+    res = msg.kv_reservation
+    res.version = pb.KV_HANDOFF_VERSION_1
+    res.decode_instance_id = instance_id
+    res.first_token = r.first_token
+    res.end_token = r.end_token
+    res.kv_layout = kv_layout
+    if r.ticket is not None:
+        res.transfer_id = r.ticket.transfer_id
+        res.transport = KV_TRANSPORTS[r.ticket.kind]
+        res.endpoint = r.ticket.endpoint
+        res.tag = r.ticket.tag
+        res.deadline_s = r.ticket.timeout_s
+    return msg
+
+
 def output_to_proto(out: RequestOutput) -> pb.GenerateResponse:
     msg = pb.GenerateResponse(request_id=out.request_id)
     msg.token_ids.extend(t.token_id for t in out.new_tokens)
@@ -68,6 +110,7 @@ def output_to_proto(out: RequestOutput) -> pb.GenerateResponse:
         msg.usage.prompt_tokens = out.num_prompt_tokens
         msg.usage.completion_tokens = out.num_output_tokens
         msg.usage.cached_tokens = out.num_cached_tokens
+        msg.usage.remote_tokens = out.num_remote_tokens
         if out.timings is not None:
             msg.timings.queued_s = out.timings.queued_s
             msg.timings.ttft_s = out.timings.ttft_s
@@ -77,9 +120,10 @@ def output_to_proto(out: RequestOutput) -> pb.GenerateResponse:
 
 
 class WorkerService(pb_grpc.WorkerServicer):
-    def __init__(self, loop: EngineLoop, info: pb.WorkerInfo) -> None:
+    def __init__(self, loop: EngineLoop, info: pb.WorkerInfo, kv_layout: str = "") -> None:
         self.loop = loop
         self.info = info
+        self.kv_layout = kv_layout
 
     async def Generate(  # noqa: N802 (gRPC method names)
         self, request: pb.GenerateRequest, context: Context
@@ -91,6 +135,15 @@ class WorkerService(pb_grpc.WorkerServicer):
                 f"unknown fields {unknown} in the request: this worker speaks "
                 "kvflow.worker.v1 and does not understand them; upgrade the worker",
             )
+        remote_kv_timeout_s = None
+        if request.HasField("remote_prefill"):
+            if request.remote_prefill.version != pb.KV_HANDOFF_VERSION_1:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"KV handoff version {request.remote_prefill.version} is not supported "
+                    "(this worker speaks 1); upgrade the router or the worker",
+                )
+            remote_kv_timeout_s = request.remote_prefill.timeout_s
         try:
             stream = self.loop.generate(
                 request.request_id,
@@ -99,13 +152,85 @@ class WorkerService(pb_grpc.WorkerServicer):
                 cache_salt=request.cache_salt,
                 num_public_blocks=request.num_public_blocks,
                 priority=request.priority,
+                remote_kv_timeout_s=remote_kv_timeout_s,
             )
-            async for out in stream:
-                yield output_to_proto(out)
+            # A client that goes away closes this handler at a yield: close the engine's
+            # stream right then, which aborts the request and frees its blocks.
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    if isinstance(out, KvReservationOut):
+                        yield reservation_to_proto(
+                            out, instance_id=self.info.instance_id, kv_layout=self.kv_layout
+                        )
+                    else:
+                        yield output_to_proto(out)
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except EngineOverloadedError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def Prefill(  # noqa: N802
+        self, request: pb.PrefillRequest, context: Context
+    ) -> pb.PrefillResponse:
+        dest = request.destination
+        problem = self._destination_problem(dest)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        target = SendTarget(dest.transfer_id, dest.endpoint, dest.tag, dest.decode_instance_id)
+        try:
+            result = await self.loop.prefill(
+                request.request_id,
+                list(request.prompt_token_ids),
+                target,
+                first_token=dest.first_token,
+                end_token=dest.end_token,
+                timeout_s=dest.deadline_s,
+                cache_salt=request.cache_salt,
+                num_public_blocks=request.num_public_blocks,
+                priority=request.priority,
+            )
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except EngineOverloadedError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except KvTransferError as exc:
+            code = _TRANSFER_ERROR_CODES.get(type(exc), grpc.StatusCode.ABORTED)
+            await context.abort(code, f"sending KV to {dest.endpoint} failed: {exc}")
+        out = result.output
+        timings = out.timings
+        return pb.PrefillResponse(
+            num_computed_tokens=out.num_prompt_tokens - out.num_cached_tokens,
+            num_cached_tokens=out.num_cached_tokens,
+            num_sent_blocks=result.num_sent_blocks,
+            num_sent_bytes=result.send.num_bytes,
+            queued_s=timings.queued_s if timings else 0.0,
+            prefill_s=(timings.e2e_s - result.send.transfer_s) if timings else 0.0,
+            transfer_s=result.send.transfer_s,
+        )
+
+    def _destination_problem(self, dest: pb.KvReservation) -> str:
+        """Why this worker cannot serve a reservation, or "" (a config bug, never retried)."""
+        if dest.version != pb.KV_HANDOFF_VERSION_1:
+            return f"KV handoff version {dest.version} is not supported (this worker speaks 1)"
+        if dest.transport != self.info.kv_transport:
+            return (
+                f"the decode worker expects KV over {pb.KvTransport.Name(dest.transport)} but "
+                f"this worker sends over {pb.KvTransport.Name(self.info.kv_transport)}; give "
+                "every worker of a pool the same --kv-transport"
+            )
+        if dest.kv_layout != self.kv_layout:
+            return (
+                f"KV layouts differ: decode {dest.kv_layout!r}, this worker {self.kv_layout!r}; "
+                "prefill and decode workers must serve the same model, dtype and block size"
+            )
+        if not dest.transfer_id or not dest.endpoint:
+            return "the destination names no transfer: nothing to send"
+        return ""
+
+    async def CancelKvTransfer(  # noqa: N802
+        self, request: pb.CancelKvTransferRequest, context: Context
+    ) -> pb.CancelKvTransferResponse:
+        return pb.CancelKvTransferResponse(found=self.loop.cancel_kv_transfer(request.request_id))
 
     async def Abort(  # noqa: N802
         self, request: pb.AbortRequest, context: Context
@@ -130,6 +255,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             num_cached_blocks=load.num_cached_blocks,
             num_free_blocks=load.num_free_blocks,
             num_total_blocks=load.num_total_blocks,
+            num_kv_transfers=load.num_kv_transfers,
         )
 
     async def SubscribeKvEvents(  # noqa: N802

@@ -10,6 +10,7 @@ from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 
 ROLES = ("both", "prefill", "decode")
 DTYPES = ("float32", "bfloat16", "float16")
+KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,15 @@ class WorkerSettings:
     sim_per_seq_ms: float = 0.0
     drain_timeout_s: float = 30.0
     seed: int = 0
+    kv_transport: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    kv_port: int = 50052  # KV receiver (tcp) or rendezvous store (gloo, nccl); 0: any free
+    advertise_host: str | None = None  # how peers reach kv_port; None: from --host
+    max_kv_transfer_timeout_s: float = 30.0
+
+    def resolved_kv_transport(self) -> str:
+        if self.kv_transport != "auto":
+            return self.kv_transport
+        return "nccl" if self.device.startswith("cuda") else "gloo"
 
 
 def parse_args(argv: Sequence[str]) -> WorkerSettings:
@@ -91,6 +101,30 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="on SIGTERM, how long to let running requests finish",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling")
+    p.add_argument(
+        "--kv-transport",
+        choices=KV_TRANSPORTS,
+        default=d.kv_transport,
+        help="how KV blocks move between prefill and decode workers (auto: nccl on CUDA, "
+        "gloo on CPU); every worker of a pool must use the same",
+    )
+    p.add_argument(
+        "--kv-port",
+        type=int,
+        default=d.kv_port,
+        help="port of the KV receiver / rendezvous store (0: any free port)",
+    )
+    p.add_argument(
+        "--advertise-host",
+        help="address other workers reach this one at for KV (default: --host, or this "
+        "machine's address when --host is 0.0.0.0; in a pod, its IP)",
+    )
+    p.add_argument(
+        "--max-kv-transfer-timeout-s",
+        type=float,
+        default=d.max_kv_transfer_timeout_s,
+        help="the longest a KV transfer may take, whatever the router asks",
+    )
     a = p.parse_args(list(argv))
     return WorkerSettings(
         model=a.model,
@@ -114,4 +148,8 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         sim_per_seq_ms=a.sim_per_seq_ms,
         drain_timeout_s=a.drain_timeout_s,
         seed=a.seed,
+        kv_transport=a.kv_transport,
+        kv_port=a.kv_port,
+        advertise_host=a.advertise_host,
+        max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
     )

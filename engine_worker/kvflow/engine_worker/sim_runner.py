@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
@@ -40,6 +41,8 @@ class SimulatedRunner:
         timing: StepTiming = StepTiming(),
         eos_probability: float = 1 / 128,
         sleep: Callable[[float], None] = time.sleep,
+        kv_bytes_per_block: int = 1,
+        block_size: int = 16,
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
@@ -47,6 +50,10 @@ class SimulatedRunner:
         # Scaled to 2**32 so the draw is an integer comparison.
         self._eos_threshold = int(eos_probability * 2**32)
         self.sleep = sleep
+        # PD moves this many (meaningless) bytes per block, so a simulated transfer costs
+        # what a real one of that model would on the same link.
+        self.kv_bytes_per_block = kv_bytes_per_block
+        self.kv_layout = f"simulated/B{block_size}/{kv_bytes_per_block}"
 
     def next_token(self, token_ids: list[int], *, ignore_eos: bool) -> int:
         tail = ",".join(map(str, token_ids[-4:])) + f"/{len(token_ids)}"
@@ -72,3 +79,18 @@ class SimulatedRunner:
 
     def release(self, request_id: str) -> None:
         pass
+
+    # -- whole blocks in and out (PD): torch only when a simulated worker transfers -------
+
+    def empty_blocks(self, num_blocks: int) -> Any:
+        import torch
+
+        return torch.empty((num_blocks, self.kv_bytes_per_block), dtype=torch.uint8)
+
+    def read_blocks(self, block_ids: Sequence[int]) -> Any:
+        import torch
+
+        return torch.zeros((len(block_ids), self.kv_bytes_per_block), dtype=torch.uint8)
+
+    def write_blocks(self, block_ids: Sequence[int], data: Any) -> None:
+        assert data.shape[0] == len(block_ids)

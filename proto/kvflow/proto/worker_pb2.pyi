@@ -21,6 +21,18 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
 
+class KvHandoffVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_HANDOFF_VERSION_UNSPECIFIED: _ClassVar[KvHandoffVersion]
+    KV_HANDOFF_VERSION_1: _ClassVar[KvHandoffVersion]
+
+class KvTransport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_TRANSPORT_UNSPECIFIED: _ClassVar[KvTransport]
+    KV_TRANSPORT_TCP: _ClassVar[KvTransport]
+    KV_TRANSPORT_GLOO: _ClassVar[KvTransport]
+    KV_TRANSPORT_NCCL: _ClassVar[KvTransport]
+
 class KvEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     KV_EVENT_KIND_UNSPECIFIED: _ClassVar[KvEventKind]
@@ -35,6 +47,12 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+KV_HANDOFF_VERSION_UNSPECIFIED: KvHandoffVersion
+KV_HANDOFF_VERSION_1: KvHandoffVersion
+KV_TRANSPORT_UNSPECIFIED: KvTransport
+KV_TRANSPORT_TCP: KvTransport
+KV_TRANSPORT_GLOO: KvTransport
+KV_TRANSPORT_NCCL: KvTransport
 KV_EVENT_KIND_UNSPECIFIED: KvEventKind
 KV_EVENT_KIND_STORED: KvEventKind
 KV_EVENT_KIND_REMOVED: KvEventKind
@@ -65,20 +83,100 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "priority", "num_public_blocks")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "priority", "num_public_blocks", "remote_prefill")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     NUM_PUBLIC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_PREFILL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     cache_salt: str
     priority: int
     num_public_blocks: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ...) -> None: ...
+    remote_prefill: RemotePrefillParams
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ..., remote_prefill: _Optional[_Union[RemotePrefillParams, _Mapping]] = ...) -> None: ...
+
+class RemotePrefillParams(_message.Message):
+    __slots__ = ("version", "timeout_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    version: KvHandoffVersion
+    timeout_s: float
+    def __init__(self, version: _Optional[_Union[KvHandoffVersion, str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class KvReservation(_message.Message):
+    __slots__ = ("version", "transfer_id", "decode_instance_id", "transport", "endpoint", "first_token", "end_token", "kv_layout", "tag", "deadline_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    END_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    version: KvHandoffVersion
+    transfer_id: str
+    decode_instance_id: str
+    transport: KvTransport
+    endpoint: str
+    first_token: int
+    end_token: int
+    kv_layout: str
+    tag: int
+    deadline_s: float
+    def __init__(self, version: _Optional[_Union[KvHandoffVersion, str]] = ..., transfer_id: _Optional[str] = ..., decode_instance_id: _Optional[str] = ..., transport: _Optional[_Union[KvTransport, str]] = ..., endpoint: _Optional[str] = ..., first_token: _Optional[int] = ..., end_token: _Optional[int] = ..., kv_layout: _Optional[str] = ..., tag: _Optional[int] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "cache_salt", "num_public_blocks", "priority", "destination")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    NUM_PUBLIC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    cache_salt: str
+    num_public_blocks: int
+    priority: int
+    destination: KvReservation
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., num_public_blocks: _Optional[int] = ..., priority: _Optional[int] = ..., destination: _Optional[_Union[KvReservation, _Mapping]] = ...) -> None: ...
+
+class PrefillResponse(_message.Message):
+    __slots__ = ("num_computed_tokens", "num_cached_tokens", "num_sent_blocks", "num_sent_bytes", "queued_s", "prefill_s", "transfer_s")
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SENT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    num_computed_tokens: int
+    num_cached_tokens: int
+    num_sent_blocks: int
+    num_sent_bytes: int
+    queued_s: float
+    prefill_s: float
+    transfer_s: float
+    def __init__(self, num_computed_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_sent_blocks: _Optional[int] = ..., num_sent_bytes: _Optional[int] = ..., queued_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ...) -> None: ...
+
+class CancelKvTransferRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class CancelKvTransferResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
     __slots__ = ("logprob", "top_token_ids", "top_logprobs")
@@ -91,14 +189,16 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "remote_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    remote_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., remote_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queued_s", "ttft_s", "e2e_s", "num_preemptions")
@@ -113,7 +213,7 @@ class Timings(_message.Message):
     def __init__(self, queued_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "logprobs", "finish_reason", "stop_token_id", "usage", "timings")
+    __slots__ = ("request_id", "token_ids", "logprobs", "finish_reason", "stop_token_id", "usage", "timings", "kv_reservation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +221,7 @@ class GenerateResponse(_message.Message):
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    KV_RESERVATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
@@ -128,7 +229,8 @@ class GenerateResponse(_message.Message):
     stop_token_id: int
     usage: Usage
     timings: Timings
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    kv_reservation: KvReservation
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., kv_reservation: _Optional[_Union[KvReservation, _Mapping]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -143,7 +245,7 @@ class AbortResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("instance_id", "model", "role", "block_size", "hash_seed", "max_model_len", "num_total_blocks", "vocab_size", "eos_token_ids")
+    __slots__ = ("instance_id", "model", "role", "block_size", "hash_seed", "max_model_len", "num_total_blocks", "vocab_size", "eos_token_ids", "kv_transport")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +255,7 @@ class WorkerInfo(_message.Message):
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     model: str
     role: Role
@@ -162,7 +265,8 @@ class WorkerInfo(_message.Message):
     num_total_blocks: int
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., block_size: _Optional[int] = ..., hash_seed: _Optional[bytes] = ..., max_model_len: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    kv_transport: KvTransport
+    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., block_size: _Optional[int] = ..., hash_seed: _Optional[bytes] = ..., max_model_len: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_transport: _Optional[_Union[KvTransport, str]] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()
@@ -181,20 +285,22 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "kv_usage", "num_cached_blocks", "num_free_blocks", "num_total_blocks")
+    __slots__ = ("num_waiting", "num_running", "kv_usage", "num_cached_blocks", "num_free_blocks", "num_total_blocks", "num_kv_transfers")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     kv_usage: float
     num_cached_blocks: int
     num_free_blocks: int
     num_total_blocks: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_cached_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ...) -> None: ...
+    num_kv_transfers: int
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_cached_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_kv_transfers: _Optional[int] = ...) -> None: ...
 
 class SubscribeKvEventsRequest(_message.Message):
     __slots__ = ()

@@ -59,6 +59,16 @@ class WorkerStub:
                 request_serializer=kvflow_dot_proto_dot_worker__pb2.SubscribeKvEventsRequest.SerializeToString,
                 response_deserializer=kvflow_dot_proto_dot_worker__pb2.KvEventBatch.FromString,
                 _registered_method=True)
+        self.Prefill = channel.unary_unary(
+                '/kvflow.worker.v1.Worker/Prefill',
+                request_serializer=kvflow_dot_proto_dot_worker__pb2.PrefillRequest.SerializeToString,
+                response_deserializer=kvflow_dot_proto_dot_worker__pb2.PrefillResponse.FromString,
+                _registered_method=True)
+        self.CancelKvTransfer = channel.unary_unary(
+                '/kvflow.worker.v1.Worker/CancelKvTransfer',
+                request_serializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferRequest.SerializeToString,
+                response_deserializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -102,6 +112,26 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefill(self, request, context):
+        """Prefill/decode disaggregation (docs/disaggregation.md). The router opens Generate on a
+        decode worker with `remote_prefill` set; its first message is a KvReservation. The
+        router hands that reservation to a prefill worker's Prefill, which computes the
+        prompt's blocks (its own prefix cache counts) and sends exactly the reserved ones.
+        The decode worker then continues as if they were prefix-cache hits.
+        Prefill returns once the blocks are sent; every block it held is freed either way.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelKvTransfer(self, request, context):
+        """Decode side: stop waiting for a remote prefill and compute the prompt locally (the
+        router calls it when the prefill worker failed). Reserved blocks are reused, never read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +159,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.SubscribeKvEvents,
                     request_deserializer=kvflow_dot_proto_dot_worker__pb2.SubscribeKvEventsRequest.FromString,
                     response_serializer=kvflow_dot_proto_dot_worker__pb2.KvEventBatch.SerializeToString,
+            ),
+            'Prefill': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefill,
+                    request_deserializer=kvflow_dot_proto_dot_worker__pb2.PrefillRequest.FromString,
+                    response_serializer=kvflow_dot_proto_dot_worker__pb2.PrefillResponse.SerializeToString,
+            ),
+            'CancelKvTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelKvTransfer,
+                    request_deserializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferRequest.FromString,
+                    response_serializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +306,60 @@ class Worker:
             '/kvflow.worker.v1.Worker/SubscribeKvEvents',
             kvflow_dot_proto_dot_worker__pb2.SubscribeKvEventsRequest.SerializeToString,
             kvflow_dot_proto_dot_worker__pb2.KvEventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvflow.worker.v1.Worker/Prefill',
+            kvflow_dot_proto_dot_worker__pb2.PrefillRequest.SerializeToString,
+            kvflow_dot_proto_dot_worker__pb2.PrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelKvTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvflow.worker.v1.Worker/CancelKvTransfer',
+            kvflow_dot_proto_dot_worker__pb2.CancelKvTransferRequest.SerializeToString,
+            kvflow_dot_proto_dot_worker__pb2.CancelKvTransferResponse.FromString,
             options,
             channel_credentials,
             insecure,

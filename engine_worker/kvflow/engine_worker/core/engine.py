@@ -15,7 +15,7 @@ from typing import Protocol
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.errors import DuplicateRequestError, InvalidRequestError
 from kvflow.engine_worker.core.kv_cache_manager import KVCacheManager
-from kvflow.engine_worker.core.request import FinishReason, Request
+from kvflow.engine_worker.core.request import FinishReason, KvBlockRange, Request
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.core.scheduler import Scheduler, SchedulerOutput
 
@@ -72,7 +72,12 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_remote_tokens: int = 0
     timings: Timings | None = None
+    # PD: set on a decode-side request's first output (the blocks it waits for; empty when
+    # it needs none), and on a prefill-side request's output once the blocks are computed.
+    kv_reserved: KvBlockRange | None = None
+    kv_to_send: KvBlockRange | None = None
 
 
 class Engine:
@@ -93,6 +98,7 @@ class Engine:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv_cache)
         self.requests: dict[str, Request] = {}
+        self.last_step_was_idle = False  # scheduled, reserved and sent nothing
         # A request can never grow past what the whole cache holds, or it would preempt
         # itself forever.
         self.max_len = min(
@@ -103,6 +109,12 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def has_schedulable_work(self) -> bool:
+        """Whether ``step`` could make progress now; requests waiting on a KV transfer
+        need an event (landed, failed, sent) first."""
+        return self.scheduler.has_work
+
     def add_request(
         self,
         request_id: str,
@@ -112,8 +124,71 @@ class Engine:
         cache_salt: str = "",
         num_public_blocks: int = 0,
         priority: int = 0,
+        wants_remote_kv: bool = False,
     ) -> Request:
-        """Validate and queue a request; raises InvalidRequestError saying what is wrong."""
+        """Validate and queue a request; raises InvalidRequestError saying what is wrong.
+
+        ``wants_remote_kv`` (PD, decode side): reserve blocks for the prompt part this worker
+        lacks and wait for a prefill worker to send them; the first output says which."""
+        self._validate(request_id, prompt_token_ids, num_public_blocks)
+        sampling.validate(self.config.vocab_size)
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling=sampling,
+            arrival_time_s=self.clock(),
+            cache_salt=cache_salt,
+            num_public_blocks=num_public_blocks,
+            priority=priority,
+            wants_remote_kv=wants_remote_kv,
+        )
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+        return request
+
+    def add_prefill_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        first_token: int,
+        end_token: int,
+        cache_salt: str = "",
+        num_public_blocks: int = 0,
+        priority: int = 0,
+    ) -> Request:
+        """PD, prefill side: compute the KV of prompt positions [0, end_token) (its own
+        prefix cache counts) and, once done, hand blocks [first_token, end_token) out as
+        ``kv_to_send``; they stay held until ``complete_kv_send``."""
+        self._validate(request_id, prompt_token_ids, num_public_blocks)
+        block_size = self.config.scheduler.block_size
+        if not (
+            0 <= first_token < end_token < len(prompt_token_ids)
+            and first_token % block_size == 0
+            and end_token % block_size == 0
+        ):
+            raise InvalidRequestError(
+                f"cannot send prompt positions [{first_token}, {end_token}) of a "
+                f"{len(prompt_token_ids)}-token prompt: both ends must be multiples of the "
+                f"block size {block_size}, first < end, and end below the prompt length"
+            )
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids[:end_token]),
+            sampling=SamplingParams(),
+            arrival_time_s=self.clock(),
+            cache_salt=cache_salt,
+            num_public_blocks=num_public_blocks,
+            priority=priority,
+            send_from_token=first_token,
+        )
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+        return request
+
+    def _validate(
+        self, request_id: str, prompt_token_ids: Sequence[int], num_public_blocks: int
+    ) -> None:
         if not request_id:
             raise InvalidRequestError("request_id must not be empty")
         if request_id in self.requests:
@@ -133,19 +208,6 @@ class Engine:
             )
         if num_public_blocks < 0:
             raise InvalidRequestError(f"num_public_blocks must be >= 0, got {num_public_blocks}")
-        sampling.validate(vocab)
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids),
-            sampling=sampling,
-            arrival_time_s=self.clock(),
-            cache_salt=cache_salt,
-            num_public_blocks=num_public_blocks,
-            priority=priority,
-        )
-        self.requests[request_id] = request
-        self.scheduler.add_request(request)
-        return request
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free its blocks; None if it is unknown or already done."""
@@ -155,11 +217,46 @@ class Engine:
         self.scheduler.finish(request, FinishReason.ABORT)
         return self._finish(request, [])
 
+    def remote_kv_landed(self, request_id: str) -> bool:
+        """PD decode: the reserved blocks now hold the sent KV (the caller wrote them)."""
+        request = self._waiting_for_kv(request_id)
+        if request is None:
+            return False
+        self.scheduler.remote_kv_landed(request)
+        return True
+
+    def remote_kv_failed(self, request_id: str) -> bool:
+        """PD decode: no KV will land; the request computes its prompt here instead."""
+        request = self._waiting_for_kv(request_id)
+        if request is None:
+            return False
+        self.scheduler.remote_kv_failed(request)
+        return True
+
+    def _waiting_for_kv(self, request_id: str) -> Request | None:
+        return self.scheduler.waiting_for_kv.get(request_id)
+
+    def complete_kv_send(self, request_id: str, *, is_sent: bool) -> RequestOutput | None:
+        """PD prefill: the blocks were sent (or the send failed); free them and finish."""
+        request = self.scheduler.sending.get(request_id)
+        if request is None:
+            return None
+        reason = FinishReason.STOP if is_sent else FinishReason.ABORT
+        self.scheduler.finish(request, reason)
+        return self._finish(request, [])
+
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch. Returns an output for every request that sampled."""
+        """Run one scheduled batch. Returns an output for every request that sampled, and
+        the PD handoffs the step made (blocks reserved, blocks ready to send)."""
         output = self.scheduler.schedule(self.clock())
-        if output.is_empty:
-            return []
+        self.last_step_was_idle = output.is_empty and not output.reserved and not output.kv_ready
+        results = [RequestOutput(r.request_id, [], kv_reserved=r.kv_range) for r in output.reserved]
+        if not output.is_empty:
+            results += self._run(output)
+        results += [RequestOutput(r.request_id, [], kv_to_send=r.kv_range) for r in output.kv_ready]
+        return results
+
+    def _run(self, output: SchedulerOutput) -> list[RequestOutput]:
         sampled = self.runner.execute(output)
         self.scheduler.update_from_output(output)
         now = self.clock()
@@ -211,6 +308,7 @@ class Engine:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
+            num_remote_tokens=request.num_remote_tokens,
             timings=Timings(
                 queued_s=(first_scheduled if first_scheduled is not None else now) - arrival,
                 ttft_s=(first_token if first_token is not None else now) - arrival,

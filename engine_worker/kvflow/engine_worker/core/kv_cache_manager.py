@@ -1,8 +1,13 @@
 """The narrow facade the scheduler uses for KV memory (STYLE.md, item 2).
 
 ``get_computed_blocks`` finds a request's cached prefix, ``allocate_slots`` reserves room
-for the tokens a step will compute (None when it cannot), ``free`` releases a request.
+for the tokens a step will compute (None when it cannot), ``commit`` registers the blocks
+those tokens filled once the step has written them, ``free`` releases a request.
 The scheduler never sees the free queue or the hash map.
+
+A block enters the prefix cache (and a STORED event goes out) only in ``commit``, after its
+KV exists: a step that fails, or a remote transfer that never lands, leaves nothing cached
+that another request could reuse (STYLE.md, item 18).
 """
 
 from __future__ import annotations
@@ -75,13 +80,15 @@ class KVCacheManager:
         """The longest cached chain of the request's leading blocks, and its length in tokens.
 
         The last token is never served from cache: the step must compute it to get logits,
-        so a fully cached prompt of 32 tokens with blocks of 16 reuses 1 block, not 2.
+        so a fully cached prompt of 32 tokens with blocks of 16 reuses 1 block, not 2. A
+        prefill-only request (PD) samples nothing, so all its blocks may be hits.
         No reference is taken; pass the blocks to ``allocate_slots``.
         """
         if not self.enable_prefix_caching:
             return [], 0
         self._update_hashes(request)
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        num_needing_logits = 0 if request.is_prefill_only else 1
+        max_blocks = (request.num_tokens - num_needing_logits) // self.block_size
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_blocks]:
             block = self.pool.get_cached_block(block_hash)
@@ -103,10 +110,11 @@ class KVCacheManager:
 
         ``new_computed_blocks`` are prefix-cache hits found at admission (they extend
         ``request.num_computed_tokens``). Returns the newly allocated blocks, or None, with
-        nothing changed, when the pool cannot supply them. Blocks that these tokens fill
-        are registered in the prefix cache right away: the step that follows computes them.
+        nothing changed, when the pool cannot supply them. Nothing is cached here: call
+        ``commit`` once the tokens' KV is written. ``num_new_tokens`` is 0 only for a
+        request whose every needed block was a hit (a prefill-only request).
         """
-        assert num_new_tokens >= 1
+        assert num_new_tokens >= 1 or new_computed_blocks is not None
         hits = new_computed_blocks or []
         held = self._blocks.get(request.request_id, [])
         num_computed = request.num_computed_tokens + len(hits) * self.block_size
@@ -122,13 +130,14 @@ class KVCacheManager:
         blocks.extend(new_blocks)
         num_cached = self._num_cached_blocks.get(request.request_id, 0) + len(hits)
         self._num_cached_blocks[request.request_id] = num_cached
-        self._cache_full_blocks(request, num_computed + num_new_tokens)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
-        if not self.enable_prefix_caching:
+    def commit(self, request: Request, num_computed_tokens: int) -> None:
+        """The KV of the request's first ``num_computed_tokens`` tokens is now written:
+        register every full block among them in the prefix cache (STORED events)."""
+        if not self.enable_prefix_caching or request.request_id not in self._blocks:
             return
-        num_full = num_tokens // self.block_size
+        num_full = num_computed_tokens // self.block_size
         start = self._num_cached_blocks[request.request_id]
         if num_full <= start:
             return

@@ -19,7 +19,26 @@ class RequestStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()  # waiting again; its KV is dropped and will be recomputed
+    # PD, decode side: blocks reserved for KV a prefill worker computes; not scheduled
+    # until they land (or the transfer fails and the request computes them itself).
+    WAITING_FOR_REMOTE_KV = enum.auto()
+    # PD, prefill side: every block computed; held until they have been sent.
+    SENDING_KV = enum.auto()
     FINISHED = enum.auto()
+
+
+@dataclass(frozen=True, slots=True)
+class KvBlockRange:
+    """Prompt positions [first_token, end_token), both multiples of the block size, and
+    the blocks that hold them (PD: what a decode worker reserved or a prefill worker sends)."""
+
+    first_token: int
+    end_token: int
+    block_ids: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end_token - self.first_token
 
 
 @dataclass(eq=False)
@@ -38,10 +57,17 @@ class Request:
     cache_salt: str = ""
     num_public_blocks: int = 0
     priority: int = 0  # lower runs first
+    # PD, decode side: wait for a prefill worker to send the prompt blocks this worker lacks.
+    wants_remote_kv: bool = False
+    # PD, prefill side: compute the prompt's KV (no sampling), then send blocks from this
+    # token on; None for every other request.
+    send_from_token: int | None = None
 
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    num_remote_tokens: int = 0  # prompt tokens whose KV a prefill worker sent (PD)
+    kv_range: KvBlockRange | None = None  # PD: reserved (decode) or to send (prefill)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
@@ -69,6 +95,10 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def is_prefill_only(self) -> bool:
+        return self.send_from_token is not None
 
     @property
     def is_finished(self) -> bool:

@@ -6,6 +6,13 @@ gets what the budget allows, which is chunked prefill. Waiting requests are admi
 priority order, then first come first served, after their cached prefix is subtracted.
 When blocks run out, the lowest-priority, latest-arrived running request is preempted: its
 blocks are freed and it waits again to be recomputed (its cached blocks often survive).
+
+Prefill/decode disaggregation adds two states outside the running list. A decode-side
+request that wants remote KV is admitted by reserving blocks for the prompt part it lacks
+and then waits, unscheduled, until the blocks land (``remote_kv_landed``) or the transfer
+fails (``remote_kv_failed``: it computes them itself). A prefill-side request runs like any
+other but samples nothing; once its prompt is computed it leaves the running list and holds
+its blocks until they are sent (``finish``). Both count against ``max_num_seqs``.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from kvflow.engine_worker.core.block_pool import KVCacheBlock
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.kv_cache_manager import KVCacheManager
-from kvflow.engine_worker.core.request import FinishReason, Request, RequestStatus
+from kvflow.engine_worker.core.request import FinishReason, KvBlockRange, Request, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +38,20 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """Whether this step reaches the end of the known tokens and so samples one more."""
-        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        """Whether this step reaches the end of the known tokens and so samples one more
+        (a prefill-only request never samples: its decode worker does)."""
+        return (
+            self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+            and not self.request.is_prefill_only
+        )
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    reserved: list[Request] = field(default_factory=list)  # PD decode: kv_range reserved
+    kv_ready: list[Request] = field(default_factory=list)  # PD prefill: kv_range computed
 
     @property
     def num_batched_tokens(self) -> int:
@@ -80,6 +94,8 @@ class Scheduler:
         self.kv_cache = kv_cache
         self.waiting = _WaitingQueue()
         self.running: list[Request] = []
+        self.waiting_for_kv: dict[str, Request] = {}
+        self.sending: dict[str, Request] = {}
 
     @property
     def num_waiting(self) -> int:
@@ -88,6 +104,15 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def num_kv_transfers(self) -> int:
+        return len(self.waiting_for_kv) + len(self.sending)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a step could do something (requests in transfer wait for an event)."""
+        return bool(self.waiting or self.running)
 
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -99,6 +124,10 @@ class Scheduler:
             self.running.remove(request)
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
+        elif request.status is RequestStatus.WAITING_FOR_REMOTE_KV:
+            del self.waiting_for_kv[request.request_id]
+        elif request.status is RequestStatus.SENDING_KV:
+            del self.sending[request.request_id]
         self.kv_cache.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -129,24 +158,99 @@ class Scheduler:
             not out.preempted
             and self.waiting
             and budget > 0
-            and len(self.running) < self.config.max_num_seqs
+            and len(self.running) + len(self.waiting_for_kv) < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(request)
+            if request.wants_remote_kv:
+                end_token = self._remote_end_token(request)
+                if end_token > num_hit_tokens:
+                    if not self._reserve_remote(request, hits, num_hit_tokens, end_token, now_s):
+                        break
+                    out.reserved.append(request)
+                    continue
+                # It already holds every block a prefill worker could send: say so, and
+                # compute the rest here like any other request.
+                request.wants_remote_kv = False
+                request.kv_range = KvBlockRange(num_hit_tokens, num_hit_tokens, ())
+                out.reserved.append(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
             if self.kv_cache.allocate_slots(request, num_new, hits) is None:
                 break  # head-of-line blocking keeps priority order
-            self.waiting.pop()
-            request.num_computed_tokens = num_hit_tokens
-            if request.num_preemptions == 0:
-                request.num_cached_tokens = num_hit_tokens
-            if request.first_scheduled_time_s is None:
-                request.first_scheduled_time_s = now_s
-            request.status = RequestStatus.RUNNING
+            self._admit(request, num_hit_tokens, now_s)
+            if num_new == 0:  # a prefill-only request whose every block was cached
+                self._start_sending(request, out)
+                continue
             self.running.append(request)
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         return out
+
+    def _admit(self, request: Request, num_hit_tokens: int, now_s: float) -> None:
+        self.waiting.pop()
+        request.num_computed_tokens = num_hit_tokens
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = num_hit_tokens
+        if request.first_scheduled_time_s is None:
+            request.first_scheduled_time_s = now_s
+        request.status = RequestStatus.RUNNING
+
+    def _remote_end_token(self, request: Request) -> int:
+        """The prompt's full blocks short of its last token: what a prefill worker can
+        send (the last token is computed here, for its logits, as after a cache hit)."""
+        block_size = self.kv_cache.block_size
+        return (request.num_prompt_tokens - 1) // block_size * block_size
+
+    def _reserve_remote(
+        self, request: Request, hits: list[KVCacheBlock], num_hit_tokens: int,
+        end_token: int, now_s: float,
+    ) -> bool:  # fmt: skip
+        if self.kv_cache.allocate_slots(request, end_token - num_hit_tokens, hits) is None:
+            return False
+        self._admit(request, num_hit_tokens, now_s)
+        block_size = self.kv_cache.block_size
+        block_ids = self.kv_cache.block_ids(request.request_id)
+        request.kv_range = KvBlockRange(
+            num_hit_tokens,
+            end_token,
+            tuple(block_ids[num_hit_tokens // block_size : end_token // block_size]),
+        )
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        self.waiting_for_kv[request.request_id] = request
+        return True
+
+    def remote_kv_landed(self, request: Request) -> None:
+        """The reserved blocks hold the prefill worker's KV: cache them and run."""
+        assert request.kv_range is not None
+        del self.waiting_for_kv[request.request_id]
+        end_token = request.kv_range.end_token
+        request.num_computed_tokens = end_token
+        request.num_remote_tokens = request.kv_range.num_tokens
+        self.kv_cache.commit(request, end_token)
+        self._resume(request)
+
+    def remote_kv_failed(self, request: Request) -> None:
+        """No KV will land: compute the reserved part here, overwriting the blocks (which
+        were never cached, so nothing read them)."""
+        del self.waiting_for_kv[request.request_id]
+        self._resume(request)
+
+    def _resume(self, request: Request) -> None:
+        request.wants_remote_kv = False
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def _start_sending(self, request: Request, out: SchedulerOutput) -> None:
+        assert request.send_from_token is not None
+        block_size = self.kv_cache.block_size
+        block_ids = self.kv_cache.block_ids(request.request_id)
+        first, end = request.send_from_token, request.num_tokens
+        request.kv_range = KvBlockRange(
+            first, end, tuple(block_ids[first // block_size : end // block_size])
+        )
+        request.status = RequestStatus.SENDING_KV
+        self.sending[request.request_id] = request
+        out.kv_ready.append(request)
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         return ScheduledRequest(
@@ -165,6 +269,13 @@ class Scheduler:
         self.waiting.push(request)
 
     def update_from_output(self, output: SchedulerOutput) -> None:
-        """Account the tokens a step computed (sampled tokens are appended by the engine)."""
+        """Account the tokens a step computed, once it succeeded: their full blocks enter
+        the prefix cache now, and a prefill-only request that is done starts sending.
+        (Sampled tokens are appended by the engine.)"""
         for s in output.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+            request = s.request
+            request.num_computed_tokens += s.num_new_tokens
+            self.kv_cache.commit(request, request.num_computed_tokens)
+            if request.is_prefill_only and request.num_computed_tokens == request.num_tokens:
+                self.running.remove(request)
+                self._start_sending(request, output)

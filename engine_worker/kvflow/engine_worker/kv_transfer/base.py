@@ -1,0 +1,89 @@
+"""The transport contract: one decode-side receive, one prefill-side send, typed failures.
+
+Both calls block (they run on the agent's transfer threads, never the engine thread or
+the event loop) and either complete with every byte in place or raise a KvTransferError.
+A receive writes only into the buffer it is given; the engine scatters that buffer into
+the paged cache after the receive returned, so a failed or partial transfer never reaches
+the cache.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class KvTransportKind(enum.Enum):
+    TCP = "tcp"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class KvTransferError(Exception):
+    """A transfer did not complete; ``kind`` names why, for metrics and status codes."""
+
+    kind = "failed"
+
+
+class PeerUnreachableError(KvTransferError):
+    """The other worker could not be reached (down, wrong address, not listening)."""
+
+    kind = "unreachable"
+
+
+class TransferTimeoutError(KvTransferError):
+    kind = "timeout"
+
+
+class TransferCancelledError(KvTransferError):
+    """The receiver stopped waiting (the router cancelled, or the request was aborted)."""
+
+    kind = "cancelled"
+
+
+class TransferRejectedError(KvTransferError):
+    """The peer refused the transfer: unknown id (already given up), or a layout mismatch."""
+
+    kind = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class SendTarget:
+    """Where a prefill worker sends: copied from the decode worker's reservation."""
+
+    transfer_id: str
+    endpoint: str  # host:port
+    tag: int
+    decode_instance_id: str
+
+
+class Transport(Protocol):
+    kind: KvTransportKind
+    endpoint: str  # host:port peers send to (the receiver or the rendezvous store)
+
+    def expect(self, transfer_id: str, tag: int, buffer: Any) -> None:
+        """Register a transfer a sender may deliver into ``buffer`` (a contiguous tensor)
+        from now on. Called before the reservation leaves this worker, so a fast sender
+        always finds it."""
+        ...
+
+    def receive(self, transfer_id: str, deadline_s: float, cancel: threading.Event) -> None:
+        """Block until the expected buffer holds the transfer, or raise: TransferTimeoutError
+        at ``deadline_s`` (time.monotonic), TransferCancelledError once ``cancel`` is set, or
+        another KvTransferError. Either way the transfer is forgotten afterwards."""
+        ...
+
+    def send(self, target: SendTarget, data: Any, timeout_s: float) -> None:
+        """Deliver ``data`` (a contiguous tensor) to the receiver of ``target`` or raise."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise PeerUnreachableError(f"bad KV endpoint {endpoint!r}: expected host:port")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,213 @@
+"""KV blocks over torch.distributed point-to-point: gloo for CPU tensors, NCCL for CUDA.
+
+Workers come and go, so there is no global world: every pair of workers that transfers
+gets its own two-rank process group, formed on demand. The decode worker hosts a TCPStore
+(its KV port) as the rendezvous. To send, a prefill worker connects to that store, writes
+``kvflow/xfer/<transfer id> = <group name>`` and joins the group as rank 0; the decode
+worker reads the name and joins as rank 1 (a PrefixStore keeps each group's keys apart).
+Groups are cached per pair, so only a pair's first transfer pays the rendezvous; later ones
+cost one store write and read. Concurrent transfers of a pair share the group under
+distinct tags (the decode worker numbers them).
+
+A group whose transfer failed or timed out may still hold a half-done send or receive, so
+it is never reused: the side that notices marks it ``kvflow/broken/<name>`` in the store
+and the next transfer forms a fresh group with a new name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as _dist
+
+from kvflow.engine_worker.kv_transfer.base import (
+    KvTransferError,
+    KvTransportKind,
+    PeerUnreachableError,
+    SendTarget,
+    TransferCancelledError,
+    TransferTimeoutError,
+    split_endpoint,
+)
+
+log = logging.getLogger(__name__)
+# torch.distributed's stubs do not export the store and group classes used here.
+dist: Any = _dist
+
+_STORE_POLL = timedelta(milliseconds=20)
+
+
+@dataclass(eq=False)
+class _Expected:
+    tag: int
+    buffer: torch.Tensor
+
+
+def _make_group(kind: KvTransportKind, store: Any, name: str, rank: int, timeout_s: float) -> Any:
+    prefixed = dist.PrefixStore(f"kvflow/group/{name}/", store)
+    timeout = timedelta(seconds=max(timeout_s, 0.001))
+    if kind is KvTransportKind.NCCL:
+        return dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
+    return dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
+
+
+def _wait(work: Any, deadline_s: float, what: str) -> None:
+    """Wait for a send or receive until the deadline. Gloo's point-to-point work reports
+    completion only through wait(), and a wait cannot be interrupted: cancellation is the
+    agent's (it stops listening and lets this thread run out its deadline)."""
+    timeout = timedelta(seconds=max(deadline_s - time.monotonic(), 0.001))
+    try:
+        work.wait(timeout)
+    except RuntimeError as exc:
+        if time.monotonic() >= deadline_s:
+            raise TransferTimeoutError(f"{what} timed out") from exc
+        raise KvTransferError(f"{what} failed: {exc}") from exc
+
+
+class TorchDistTransport:
+    def __init__(
+        self, kind: KvTransportKind, host: str, port: int, advertise_host: str, instance_id: str
+    ) -> None:
+        assert kind in (KvTransportKind.GLOO, KvTransportKind.NCCL)
+        self.kind: KvTransportKind = kind
+        self._instance_id = instance_id
+        self._store = dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+        )
+        self.port = self._store.port
+        self.endpoint = f"{advertise_host}:{self.port}"
+        self._expected: dict[str, _Expected] = {}
+        self._lock = threading.Lock()
+        # Both sides: group name -> (process group, its creation lock).
+        self._groups: dict[str, Any] = {}
+        self._group_locks: dict[str, threading.Lock] = {}
+        self._broken: list[Any] = []  # never destroyed: they may hold a pending operation
+        # Sender side: endpoint -> store client, and the group currently used per peer.
+        self._clients: dict[str, Any] = {}
+        self._send_group: dict[str, str] = {}
+        self._names = itertools.count()
+
+    # -- groups ----------------------------------------------------------------------------
+
+    def _group(self, store: Any, name: str, rank: int, deadline_s: float) -> Any:
+        with self._lock:
+            lock = self._group_locks.setdefault(name, threading.Lock())
+        with lock:
+            group = self._groups.get(name)
+            if group is None:
+                started = time.monotonic()
+                try:
+                    group = _make_group(self.kind, store, name, rank, deadline_s - time.monotonic())
+                except RuntimeError as exc:
+                    raise PeerUnreachableError(f"forming KV group {name} failed: {exc}") from exc
+                self._groups[name] = group
+                log.info("KV group %s formed in %.1f ms", name, (time.monotonic() - started) * 1e3)
+            return group
+
+    def _retire(self, store: Any, name: str) -> None:
+        with self._lock:
+            group = self._groups.pop(name, None)
+            if group is not None:
+                self._broken.append(group)
+        with contextlib.suppress(RuntimeError):  # the peer's store is gone: no reuse either
+            store.set(f"kvflow/broken/{name}", "1")
+
+    # -- receiving (decode side) -------------------------------------------------------------
+
+    def expect(self, transfer_id: str, tag: int, buffer: Any) -> None:
+        with self._lock:
+            self._expected[transfer_id] = _Expected(tag, buffer)
+
+    def receive(self, transfer_id: str, deadline_s: float, cancel: threading.Event) -> None:
+        with self._lock:
+            expected = self._expected[transfer_id]
+        key = f"kvflow/xfer/{transfer_id}"
+        name = None
+        try:
+            while True:
+                if cancel.is_set():
+                    raise TransferCancelledError(f"transfer {transfer_id} cancelled")
+                if time.monotonic() >= deadline_s:
+                    raise TransferTimeoutError(
+                        f"transfer {transfer_id}: no sender before the deadline"
+                    )
+                try:
+                    self._store.wait([key], _STORE_POLL)
+                    break
+                except RuntimeError:
+                    continue  # not there yet
+            name = self._store.get(key).decode()
+            group = self._group(self._store, name, 1, deadline_s)
+            work = group.recv([expected.buffer], 0, expected.tag)
+            _wait(work, deadline_s, f"receiving transfer {transfer_id}")
+        except KvTransferError:
+            if name is not None:
+                self._retire(self._store, name)
+            raise
+        finally:
+            with self._lock:
+                self._expected.pop(transfer_id, None)
+            self._store.delete_key(key)
+
+    # -- sending (prefill side) ---------------------------------------------------------------
+
+    def _client(self, endpoint: str, timeout_s: float) -> Any:
+        with self._lock:
+            client = self._clients.get(endpoint)
+        if client is None:
+            host, port = split_endpoint(endpoint)
+            try:
+                client = dist.TCPStore(
+                    host, port, is_master=False, timeout=timedelta(seconds=max(timeout_s, 0.1))
+                )
+            except RuntimeError as exc:
+                raise PeerUnreachableError(
+                    f"cannot reach the KV store at {endpoint}: {exc}"
+                ) from exc
+            with self._lock:
+                self._clients[endpoint] = client
+        return client
+
+    def send(self, target: SendTarget, data: Any, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        store = self._client(target.endpoint, timeout_s)
+        peer = f"{target.endpoint}/{target.decode_instance_id}"
+        with self._lock:
+            name = self._send_group.get(peer)
+        try:
+            if name is not None and store.check([f"kvflow/broken/{name}"]):
+                self._retire(store, name)
+                name = None
+            if name is None:
+                name = (
+                    f"{self._instance_id[:12]}-{target.decode_instance_id[:12]}-{next(self._names)}"
+                )
+                with self._lock:
+                    self._send_group[peer] = name
+            store.set(f"kvflow/xfer/{target.transfer_id}", name)
+        except RuntimeError as exc:
+            with self._lock:
+                self._clients.pop(target.endpoint, None)
+            raise PeerUnreachableError(f"the KV store at {target.endpoint} failed: {exc}") from exc
+        try:
+            group = self._group(store, name, 0, deadline)
+            payload = data.contiguous()
+            work = group.send([payload], 1, target.tag)
+            _wait(work, deadline, f"sending transfer {target.transfer_id}")
+        except KvTransferError:
+            with self._lock:
+                if self._send_group.get(peer) == name:
+                    del self._send_group[peer]
+            self._retire(store, name)
+            raise
+
+    def close(self) -> None:
+        pass  # daemon threads and the store die with the process

@@ -95,7 +95,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_ranges(args: argparse.Namespace) -> None:
+    if args.duration_s is not None and args.duration_s <= 0:
+        raise OptionError("--duration-s must be > 0")
+    if args.warmup_s < 0:
+        raise OptionError("--warmup-s must be >= 0")
+    if args.max_requests is not None and args.max_requests < 1:
+        raise OptionError("--max-requests must be at least 1")
+    if args.request_timeout_s <= 0 or args.max_lag_ms <= 0:
+        raise OptionError("--request-timeout-s and --max-lag-ms must be > 0")
+    if args.slo_ttft_ms <= 0 or args.slo_tpot_ms <= 0:
+        raise OptionError("--slo-ttft-ms and --slo-tpot-ms must be > 0")
+    if args.block_size < 1:
+        raise OptionError("--block-size must be at least 1")
+    lengths = ("output_tokens", "groups", "users_per_group", "question_words", "conversations",
+               "turns", "first_message_words", "message_words", "prompt_words")  # fmt: skip
+    for name in lengths:
+        if getattr(args, name) < 1:
+            raise OptionError(f"--{name.replace('_', '-')} must be at least 1")
+
+
 def load_points(args: argparse.Namespace) -> list[LoadPoint]:
+    check_ranges(args)
     given = [name for name in ("rates", "speedups", "users") if getattr(args, name)]
     if len(given) > 1:
         raise OptionError(f"give one of --rates, --speedups, --users, not {', '.join(given)}")

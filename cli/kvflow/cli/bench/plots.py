@@ -46,7 +46,8 @@ def plot_ladders(
         best = knee(points)
         if best is not None:
             ax_ttft.axvline(best.qps, color="grey", alpha=0.4)
-            ax_ttft.annotate(f"knee {arm}", (best.qps, slo.ttft_s * 1e3), fontsize=8)
+            ax_ttft.annotate(f"knee {arm} ", (best.qps, slo.ttft_s * 1e3), fontsize=8,
+                             ha="right", va="bottom")  # fmt: skip
     ax_ttft.axhline(slo.ttft_s * 1e3, color="red", alpha=0.5, label="SLO")
     ax_tpot.axhline(slo.tpot_s * 1e3, color="red", alpha=0.5, label="SLO")
     ax_ttft.set(title="TTFT", xlabel="QPS (req/s)", ylabel="ms", yscale="log")

@@ -51,7 +51,7 @@ def latency_table(points: Sequence[LoadPointSummary]) -> str:
 
 
 def throughput_table(points: Sequence[LoadPointSummary]) -> str:
-    header = ["load", "sent/s", "lag p99 ms", "ok", "errors", "req/s", "out tok/s",
+    header = ["load", "sched/s", "sent/s", "lag p99 ms", "ok", "errors", "req/s", "out tok/s",
               "goodput/s", "in SLO", "cache hit", "valid"]  # fmt: skip
     rows = []
     for p in points:
@@ -60,6 +60,7 @@ def throughput_table(points: Sequence[LoadPointSummary]) -> str:
         rows.append(
             [
                 p.label,
+                _rate(s.scheduled_rate_per_s),
                 _rate(s.achieved_rate_per_s),
                 _ms(s.lag_s.p99),
                 str(t.num_ok),

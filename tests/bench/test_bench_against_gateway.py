@@ -82,6 +82,38 @@ def test_bench_shared_prefix_against_the_gateway(gateway: GatewayProcess, tmp_pa
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_replays_a_trace_and_runs_closed_loop(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    # 30 requests 100 ms apart sharing their first two 512-token blocks; at 2x, 20 req/s.
+    trace = tmp_path / "trace.jsonl"
+    lines = [{"timestamp": 100 * i, "input_length": 1500, "output_length": 40,
+              "hash_ids": [0, 1, 100 + i]} for i in range(30)]  # fmt: skip
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "trace.json"
+    done = bench("--url", gateway.url, "--workload", "trace", "--trace", str(trace),
+                 "--speedups", "2", "--input-scale", "0.1", "--output-scale", "0.2",
+                 "--warmup-s", "0.5", "--max-lag-ms", "200", "--quiet",
+                 "--json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [point] = json.loads(out.read_text())["load_points"]
+    assert point["label"] == "trace x2" and point["num_warmup"] == 10  # offsets 0..0.45 s
+    assert point["throughput"]["num_ok"] == 20 and point["throughput"]["errors"] == {}
+    assert point["schedule"]["offered_rate_per_s"] == pytest.approx(20.0)
+    assert point["throughput"]["mean_output_tokens"] == 8  # 40 x 0.2
+    assert point["cache"]["hit_rate"] > 0.3  # 102 of each 150 words are the shared blocks
+
+    out = tmp_path / "closed.json"
+    done = bench("--url", gateway.url, "--api", "completions", "--workload", "multi-turn",
+                 "--users", "3", "--warmup-s", "0.5", "--duration-s", "2", "--output-tokens",
+                 "4", "--quiet", "--json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [point] = json.loads(out.read_text())["load_points"]
+    assert point["label"] == "3 users" and point["schedule"]["offered_rate_per_s"] is None
+    assert point["throughput"]["num_ok"] > 3 and point["throughput"]["errors"] == {}
+    assert point["cache"]["hit_rate"] > 0  # later turns resend earlier ones
+
+
 def test_bench_reports_an_endpoint_that_does_not_answer() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     done = bench("--url", url, "--model", "m", "--workload", "no-reuse", "--rates", "20",

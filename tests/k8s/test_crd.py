@@ -44,7 +44,7 @@ def test_defaults_are_filled_in_by_the_api_server(
     assert out.returncode == 0, out.stderr
     spec = json.loads(out.stdout)["spec"]
     assert spec["mode"] == "colocated"
-    assert spec["kvTransport"] == "tcp"
+    assert spec["kvTransport"] == "auto"
     assert spec["colocated"] == {
         "replicas": 1,
         "minReplicas": 0,
@@ -91,6 +91,16 @@ def test_defaults_are_filled_in_by_the_api_server(
                 "kvTransport": "nccl",
             },
             "kvTransport nccl needs gpusPerPod > 0 on both prefill and decode",
+        ),
+        (
+            "auto-on-mixed-devices",
+            {
+                "model": {"servedName": "m"},
+                "mode": "disaggregated",
+                "prefill": {"gpusPerPod": 1},
+                "decode": {},
+            },
+            "kvTransport auto needs prefill and decode both on GPUs or both on CPUs",
         ),
         (
             "unknown-mode",

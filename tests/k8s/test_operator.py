@@ -10,6 +10,7 @@ import copy
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from k8s.controlplane import ControlPlane
 from k8s.operator_process import DRIFT_INTERVAL_S, WORKER_IMAGE, OperatorProcess
@@ -145,6 +146,43 @@ def test_spec_change_rolls_out_and_mode_switch_replaces_roles(
     args = decode["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--role") + 1] == "decode"
     assert "Deleted" in event_reasons(cluster, namespace, "smol")
+
+
+def test_disaggregated_status_tells_whether_the_pool_can_serve(
+    cluster: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    spec = {
+        **SMALL_SPEC,
+        "mode": "disaggregated",
+        "prefill": {"replicas": 1, "minReplicas": 0},
+        "decode": {"replicas": 1, "minReplicas": 0},
+    }
+    apply_pool(cluster, namespace, "pd", spec)
+    wait_ready(cluster, namespace, "pd")
+
+    def settled(reason: str) -> dict[str, Any] | None:
+        pool = get_pool(cluster, namespace, "pd")
+        current = pool["status"].get("observedGeneration") == pool["metadata"]["generation"]
+        degraded = condition(pool, "Degraded")
+        return pool if current and degraded["reason"] == reason else None
+
+    # No decode worker: prefill workers cannot serve alone, so the pool is not Ready.
+    apply_pool(cluster, namespace, "pd", {**spec, "decode": {"replicas": 0, "minReplicas": 0}})
+    pool = wait_for(lambda: settled("NoDecodeWorkerReady"), CONVERGE_S, "NoDecodeWorkerReady")
+    assert pool["status"]["phase"] == "Degraded"
+    assert (condition(pool, "Ready")["status"], condition(pool, "Ready")["reason"]) == (
+        "False",
+        "NoDecodeWorkerReady",
+    )
+
+    # No prefill worker: decode workers prefill themselves; it serves, degraded.
+    apply_pool(cluster, namespace, "pd", {**spec, "prefill": {"replicas": 0, "minReplicas": 0}})
+    pool = wait_for(lambda: settled("NoPrefillWorkerReady"), CONVERGE_S, "NoPrefillWorkerReady")
+    assert pool["status"]["phase"] == "Degraded"
+    assert condition(pool, "Ready")["status"] == "True"
+    assert (
+        "decode workers prefill every prompt themselves" in condition(pool, "Degraded")["message"]
+    )
 
 
 def test_drift_is_repaired(

@@ -1,0 +1,179 @@
+"""The operator's output actually serves.
+
+The sample pools are applied to the real API server; once the operator has made them
+Ready, the containers of the pods it caused to exist are started as local processes,
+from their command, args and env as the API server holds them (`pod_processes`), and real
+requests go through each pool's own gateway with the official `openai` client. KWOK alone
+marks pods Ready without running them: that is how a disaggregated pool that answered 503
+to every request once passed as Ready.
+
+Workers are real `kvflow worker` processes serving the built-in SmolLM2-135M-Instruct
+(about 1 GB each); the two pools run four of them and two routers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+from k8s.controlplane import REPO, ControlPlane
+from k8s.operator_process import OperatorProcess
+from k8s.pod_processes import LoopbackNetwork
+from k8s.served_pools import RunningPool, run_pool
+from k8s.support import wait_for
+
+pytestmark = pytest.mark.slow
+
+COLOCATED_SAMPLE = REPO / "samples" / "cpu-smollm2.yaml"
+DISAGGREGATED_SAMPLE = REPO / "samples" / "cpu-smollm2-disaggregated.yaml"
+ROUTE_HEADER = "x-kvflow-route"
+
+# Several hundred tokens, well above the disaggregated sample's minRemotePrefillTokens:
+# the decode worker holds none of it, so the router should hand it to the prefill worker.
+PARAGRAPH = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a "
+    "brass lantern and a notebook in which she recorded the wind, the height of the waves "
+    "and the names of the ships that passed the rocks below the tower. "
+)
+LONG_PROMPT = (
+    "".join(f"Day {day}. {PARAGRAPH}" for day in range(1, 13))
+    + "On the last day of the year, the lighthouse keeper"
+)
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def serving_operator(
+    cluster: ControlPlane, operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(
+        cluster, operator_kubeconfig, tmp_path_factory.mktemp("serve-operator"), "op-serve"
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def network() -> LoopbackNetwork:
+    return LoopbackNetwork()
+
+
+@contextmanager
+def _served(
+    cluster: ControlPlane, namespace: str, sample: Path, network: LoopbackNetwork, workdir: Path
+) -> Iterator[RunningPool]:
+    cluster.kubectl("create", "namespace", namespace)
+    wait_for(  # pods are refused until the namespace's default ServiceAccount exists
+        lambda: (
+            cluster.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0
+        ),
+        60,
+        f"namespace {namespace}'s default ServiceAccount",
+    )
+    try:
+        with run_pool(cluster, namespace, sample, network, workdir) as pool:
+            yield pool
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def colocated(
+    cluster: ControlPlane,
+    serving_operator: OperatorProcess,
+    network: LoopbackNetwork,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RunningPool]:
+    workdir = tmp_path_factory.mktemp("colocated-pods")
+    with _served(cluster, "t-serve-colocated", COLOCATED_SAMPLE, network, workdir) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def disaggregated(
+    cluster: ControlPlane,
+    serving_operator: OperatorProcess,
+    network: LoopbackNetwork,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RunningPool]:
+    workdir = tmp_path_factory.mktemp("disaggregated-pods")
+    with _served(cluster, "t-serve-disaggregated", DISAGGREGATED_SAMPLE, network, workdir) as pool:
+        yield pool
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    route: str  # the x-kvflow-route header: the worker(s) that served the request
+    num_prompt_tokens: int
+
+
+def complete(pool: RunningPool, prompt: str) -> Answer:
+    """A greedy completion through the pool's gateway, asking for the route header."""
+    client = openai.OpenAI(
+        base_url=f"{pool.gateway_url}/v1",
+        api_key="unused",  # a pool's gateway has no tenants yet (docs/operator.md)
+        max_retries=0,
+        timeout=180,
+    )
+    raw = client.completions.with_raw_response.create(
+        model=pool.spec["model"]["servedName"],
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_headers={ROUTE_HEADER: "1"},
+    )
+    completion = raw.parse()
+    assert completion.usage is not None
+    return Answer(
+        completion.choices[0].text,
+        raw.headers.get(ROUTE_HEADER, ""),
+        completion.usage.prompt_tokens,
+    )
+
+
+def test_colocated_sample_serves(colocated: RunningPool) -> None:
+    workers = colocated.grpc_addresses("colocated")
+    assert len(workers) == colocated.spec["colocated"]["replicas"]
+
+    answer = complete(colocated, "The capital of France is")
+    assert "Paris" in answer.text
+    assert any(w in answer.route for w in workers), answer.route
+
+    client = openai.OpenAI(base_url=f"{colocated.gateway_url}/v1", api_key="unused")
+    chat = client.chat.completions.create(
+        model=colocated.spec["model"]["servedName"],
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    assert "Paris" in (chat.choices[0].message.content or "")
+
+
+def test_disaggregated_sample_serves_like_the_colocated_one(
+    colocated: RunningPool, disaggregated: RunningPool
+) -> None:
+    (prefill,) = disaggregated.grpc_addresses("prefill")
+    (decode,) = disaggregated.grpc_addresses("decode")
+    threshold = disaggregated.spec["router"]["disaggregation"]["minRemotePrefillTokens"]
+
+    # A short prompt stays on the decode worker: shipping its KV would cost more than
+    # computing it there.
+    short = complete(disaggregated, "The capital of France is")
+    assert "Paris" in short.text
+    assert decode in short.route and prefill not in short.route, short.route
+
+    # A long one is prefilled by the prefill worker, its KV blocks move to the decode
+    # worker, which generates: greedy text equal to the colocated pool's.
+    reference = complete(colocated, LONG_PROMPT)
+    answer = complete(disaggregated, LONG_PROMPT)
+    assert answer.num_prompt_tokens >= threshold + 200, answer.num_prompt_tokens
+    assert prefill in answer.route and decode in answer.route, (
+        f"{ROUTE_HEADER}: {answer.route!r} should name prefill {prefill} and decode {decode}"
+    )
+    assert answer.text == reference.text

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from kvflow.router.routing.placement import DisaggregationConfig
 from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.settings import ConfigError, parse_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key
@@ -27,6 +28,7 @@ def test_config_defaults_and_overrides() -> None:
             "tenants": [{"name": "a", "api_key_sha256": hash_api_key("k")}],
             "public_prefixes": [{"system": "be nice"}, {"text": "<|im_start|>"}],
             "limits": {"max_body_bytes": 1000},
+            "disaggregation": {"min_remote_prefill_tokens": 512, "transfer_timeout_s": 2},
         }
     )
     assert config.weights["kv_usage"] == 0 and config.weights["prefix_blocks"] == 1.0
@@ -34,6 +36,16 @@ def test_config_defaults_and_overrides() -> None:
     assert config.tenants.lookup("k") is not None
     assert [p.system for p in config.public_prefixes] == ["be nice", None]
     assert config.max_body_bytes == 1000
+    assert default.disaggregation == DisaggregationConfig(
+        enabled=True, min_remote_prefill_tokens=256, max_prefill_queue_depth=8,
+        transfer_timeout_s=10.0,
+    )  # fmt: skip
+    assert config.disaggregation == DisaggregationConfig(
+        enabled=True, min_remote_prefill_tokens=512, max_prefill_queue_depth=8,
+        transfer_timeout_s=2.0,
+    )  # fmt: skip
+    off = parse_config({"disaggregation": {"enabled": False, "max_prefill_queue_depth": 0}})
+    assert not off.disaggregation.enabled and off.disaggregation.max_prefill_queue_depth == 0
 
 
 @pytest.mark.parametrize(
@@ -45,6 +57,14 @@ def test_config_defaults_and_overrides() -> None:
         ({"public_prefixes": [{"system": "a", "text": "b"}]}, "public_prefixes[0]"),
         ({"tenants": {"name": "a"}}, "must be a list"),
         ([1, 2], "YAML mapping"),
+        ({"disaggregation": {"min_prefill_tokens": 1}}, "disaggregation has unknown fields"),
+        ({"disaggregation": {"enabled": "yes"}}, "disaggregation.enabled must be true or false"),
+        ({"disaggregation": {"min_remote_prefill_tokens": -1}}, "integer >= 0"),
+        ({"disaggregation": {"max_prefill_queue_depth": 2.5}}, "integer >= 0"),
+        ({"disaggregation": {"max_prefill_queue_depth": True}}, "integer >= 0"),
+        ({"disaggregation": {"transfer_timeout_s": 0}}, "transfer_timeout_s must be a number"),
+        ({"disaggregation": {"transfer_timeout_s": "10s"}}, "transfer_timeout_s must be a number"),
+        ({"disaggregation": [1]}, "disaggregation must be a mapping"),
     ],
 )
 def test_config_errors_name_the_field(raw: object, fragment: str) -> None:

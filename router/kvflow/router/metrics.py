@@ -17,6 +17,30 @@ _DECISION_BUCKETS_S = (
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+# A KV transfer: 1 ms (a few blocks on one host) to 10 s (the default transfer timeout).
+_TRANSFER_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+# Every label value of the PD counters, so each series exists (at 0) from the start and the
+# label sets stay bounded: dashboards can divide without waiting for the first event.
+PD_DECISIONS = {
+    "colocated": ("colocated_worker", "disabled", "no_prefill_worker", "few_missing_tokens",
+                  "prefill_busy"),
+    "disaggregated": ("many_missing_tokens",),
+}  # fmt: skip
+# sent: the prefill worker sent the blocks; nothing_to_send: the decode worker already held
+# them all; not_reserved: the decode worker answered without a reservation; fallback: the
+# prefill side failed and the decode worker prefilled the prompt itself.
+PD_TRANSFER_OUTCOMES = ("sent", "nothing_to_send", "not_reserved", "fallback")
+PD_FAILURE_KINDS = (
+    "prefill_rejected",  # INVALID_ARGUMENT: a kv layout or version mismatch, a config bug
+    "prefill_unavailable",  # the prefill worker is down or draining, or cannot reach decode
+    "prefill_timeout",  # no PrefillResponse within transfer_timeout_s
+    "prefill_failed",  # any other error (ABORTED: the send failed midway)
+    "reservation_timeout",  # the decode worker did not reserve within transfer_timeout_s
+    "decode_failed",  # the decode worker failed before its first token: re-planned
+)
 
 
 class RouterMetrics:
@@ -55,6 +79,53 @@ class RouterMetrics:
         self.failovers = Counter(
             "kvflow_router_failovers_total",
             "Requests moved to another worker after one failed before the first token",
+            registry=r,
+        )
+        self.pd_decisions = Counter(
+            "kvflow_router_pd_decisions_total",
+            "Execution plans by shape (colocated, disaggregated) and why",
+            ["decision", "reason"],
+            registry=r,
+        )
+        for decision, reasons in PD_DECISIONS.items():
+            for reason in reasons:
+                self.pd_decisions.labels(decision, reason)
+        self.pd_transfers = Counter(
+            "kvflow_router_pd_transfers_total",
+            "Disaggregated attempts by what became of the KV handoff",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in PD_TRANSFER_OUTCOMES:
+            self.pd_transfers.labels(outcome)
+        self.pd_failures = Counter(
+            "kvflow_router_pd_failures_total",
+            "Failures of the prefill/decode handoff by kind",
+            ["kind"],
+            registry=r,
+        )
+        for kind in PD_FAILURE_KINDS:
+            self.pd_failures.labels(kind)
+        self.pd_transfer_tokens = Counter(
+            "kvflow_router_pd_transfer_tokens_total",
+            "Prompt tokens whose KV a prefill worker sent (the decode worker's reservation)",
+            registry=r,
+        )
+        self.pd_transfer_bytes = Counter(
+            "kvflow_router_pd_transfer_bytes_total",
+            "KV bytes prefill workers sent, as they report",
+            registry=r,
+        )
+        self.pd_transfer_s = Histogram(
+            "kvflow_router_pd_transfer_seconds",
+            "Gathering and sending one request's KV blocks, as the prefill worker reports",
+            buckets=_TRANSFER_BUCKETS_S,
+            registry=r,
+        )
+        self.pd_prefill_s = Histogram(
+            "kvflow_router_pd_prefill_seconds",
+            "Prefill call arrival to its blocks computed, as the prefill worker reports",
+            buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.tenant_requests = Counter(

@@ -19,6 +19,11 @@ public_prefixes:
   - text: "<|im_start|>system\\n..."              # or raw prompt text
 limits:
   max_body_bytes: 8388608
+disaggregation:                                   # pools with prefill and decode workers
+  enabled: true
+  min_remote_prefill_tokens: 256                  # ship a prompt only when decode lacks this many
+  max_prefill_queue_depth: 8                      # ... and a prefill worker has fewer queued
+  transfer_timeout_s: 10.0                        # the longest wait of each handoff step
 ```
 """
 
@@ -33,6 +38,7 @@ import yaml
 
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
 from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
+from kvflow.router.routing.placement import DisaggregationConfig
 from kvflow.router.tenants.config import TenantDirectory, parse_tenants
 
 # 8 MiB: an 8k-token prompt is about 32 KB of text; even a 128k-token context with JSON
@@ -59,6 +65,7 @@ class RouterConfig:
     tenants: TenantDirectory = field(default_factory=lambda: parse_tenants(None))
     public_prefixes: tuple[PublicPrefixSpec, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    disaggregation: DisaggregationConfig = field(default_factory=DisaggregationConfig)
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,11 @@ def parse_config(raw: object) -> RouterConfig:
         return RouterConfig()
     if not isinstance(raw, dict):
         raise ConfigError("the configuration must be a YAML mapping")
-    _check_keys(raw, {"routing", "tenants", "public_prefixes", "limits"}, "the configuration")
+    _check_keys(
+        raw,
+        {"routing", "tenants", "public_prefixes", "limits", "disaggregation"},
+        "the configuration",
+    )
     routing = _section(raw, "routing")
     _check_keys(routing, {"weights", "session_header", "max_blocks_per_worker"}, "routing")
     weights = dict(DEFAULT_WEIGHTS)
@@ -127,6 +138,33 @@ def parse_config(raw: object) -> RouterConfig:
         tenants=parse_tenants(tenants),
         public_prefixes=tuple(prefixes),
         max_body_bytes=max_body,
+        disaggregation=_disaggregation(_section(raw, "disaggregation")),
+    )
+
+
+def _disaggregation(raw: Mapping[str, Any]) -> DisaggregationConfig:
+    d = DisaggregationConfig()
+    _check_keys(raw, {"enabled", "min_remote_prefill_tokens", "max_prefill_queue_depth",
+                      "transfer_timeout_s"}, "disaggregation")  # fmt: skip
+    enabled = raw.get("enabled", d.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"disaggregation.enabled must be true or false, got {enabled!r}")
+    counts = {}
+    for name in ("min_remote_prefill_tokens", "max_prefill_queue_depth"):
+        value = raw.get(name, getattr(d, name))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"disaggregation.{name} must be an integer >= 0, got {value!r}")
+        counts[name] = value
+    timeout_s = raw.get("transfer_timeout_s", d.transfer_timeout_s)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise ConfigError(
+            f"disaggregation.transfer_timeout_s must be a number of seconds > 0, got {timeout_s!r}"
+        )
+    return DisaggregationConfig(
+        enabled=enabled,
+        min_remote_prefill_tokens=counts["min_remote_prefill_tokens"],
+        max_prefill_queue_depth=counts["max_prefill_queue_depth"],
+        transfer_timeout_s=float(timeout_s),
     )
 
 

@@ -117,11 +117,16 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
             await stream.aclose()
             await accounting.finish()
     try:
-        first = await anext(stream)  # errors before any output keep their HTTP status
+        # Errors before any output keep their HTTP status.
+        first = await _first_unless_disconnected(request, stream)
     except BaseException:
         await stream.aclose()
         await accounting.finish()
         raise
+    if first is None:  # the client left before the first token; the workers' calls are gone
+        await stream.aclose()
+        await accounting.finish()
+        return Response(status_code=499)
     writer = ChunkWriter(
         response_id,
         created_s,
@@ -142,6 +147,24 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     if want_route:
         headers[ROUTE_DEBUG_HEADER] = ", ".join(trace.routes)
     return ManagedStreamingResponse(body_iter, close, headers)
+
+
+async def _first_unless_disconnected(
+    request: Request, stream: AsyncGenerator[ChoiceDelta | ChoiceUsage]
+) -> ChoiceDelta | ChoiceUsage | None:
+    """The stream's first item, or None if the client leaves first. The wait can be long (a
+    queued worker, a KV handoff) and nothing is sent yet that would reveal a disconnect, so
+    watch for it: leaving cancels the choices, which aborts the workers' requests."""
+    getter = asyncio.ensure_future(anext(stream))
+    watcher = asyncio.create_task(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not getter.done():
+            getter.cancel()
+        await asyncio.gather(getter, watcher, return_exceptions=True)
+    return None if getter.cancelled() else getter.result()
 
 
 async def _collect(

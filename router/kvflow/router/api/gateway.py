@@ -18,8 +18,7 @@ from kvflow.router.protocol.errors import (
     no_worker_available,
 )
 from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.pipeline import build_pipeline
-from kvflow.router.routing.placement import Placement
+from kvflow.router.routing.placement import build_placement
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.serving.executor import PlanExecutor
 from kvflow.router.serving.generate import GenerationService
@@ -140,12 +139,14 @@ def build_gateway(settings: RouterSettings) -> Gateway:
     index = BlockIndex(config.max_blocks_per_worker)
     sessions = SessionTable()
     rng = random.Random(settings.seed)
-    placement = Placement(build_pipeline(config.weights, index=index, sessions=sessions, rng=rng))
+    placement = build_placement(
+        config.weights, config.disaggregation, index=index, sessions=sessions, rng=rng
+    )
     pool = WorkerPool(index, sessions)
     service = GenerationService(
         pool,
         placement,
-        PlanExecutor(pool),
+        PlanExecutor(pool, metrics, config.disaggregation),
         sessions,
         text.tokenizer,
         _public_prefixes(settings, text),

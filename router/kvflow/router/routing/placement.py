@@ -1,26 +1,94 @@
 """Placement: where one choice of a request runs, as an execution plan. Pure: no I/O.
 
-The decode profile (`both` and `decode` workers, scored as configured: cached prefix blocks
-minus queue depth by default) picks the worker that streams tokens. A plan names its
-workers and why; serving/ carries it out. A retry asks for a new plan with the failed
-workers excluded; a plan is never patched.
+1. The decode profile (`both` and `decode` workers, scored as configured: cached prefix
+   blocks minus queue depth by default) picks the worker that streams tokens.
+2. A `both` worker serves colocated. A `decode` worker gets a prefill worker only when that
+   pays (`decide`): it lacks at least `min_remote_prefill_tokens` of the prompt, and the
+   least-loaded prefill worker has fewer than `max_prefill_queue_depth` requests. Otherwise
+   it prefills itself.
+3. The prefill profile (`prefill` workers) scores each by its own cached blocks of what the
+   decode worker lacks, minus its queue.
+
+A plan names its workers and why; serving/ carries it out. A retry asks for a new plan with
+the failed workers excluded; a plan is never patched.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from kvflow.proto.block_hash import BlockHash
-from kvflow.router.routing.pipeline import RoutingPipeline
-from kvflow.router.routing.types import RouteDecision, RouteRequest, WorkerId, WorkerView
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.pipeline import SERVING_ROLES, RoutingPipeline, build_pipeline
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import (
+    RouteDecision,
+    RouteRequest,
+    WorkerId,
+    WorkerRole,
+    WorkerView,
+)
+
+# Provisional, until measured on real workers: 256 tokens is 16 blocks; below that a local
+# prefill costs the decode worker a few milliseconds, less than the extra round trips of a
+# handoff (reserve, Prefill, send), and llm-d's simulator saw short chat turns lose 2-3x
+# TTFT when disaggregated.
+DEFAULT_MIN_REMOTE_PREFILL_TOKENS = 256
+# A prefill worker with 8 prompts queued or running keeps a new one waiting for about 8
+# prefills; the decode worker, chunking the prompt in with its decodes, is then sooner.
+DEFAULT_MAX_PREFILL_QUEUE_DEPTH = 8
+# An 8k-token prompt of Llama-3-8B is 1 GiB of KV: about 1 s over 10 Gb/s TCP, plus its
+# prefill; 10 s leaves room for a queue and still fails a stuck transfer well before a
+# client's usual 60 s timeout.
+DEFAULT_TRANSFER_TIMEOUT_S = 10.0
+
+PREFILL_ROLES = frozenset({WorkerRole.PREFILL})
+
+
+@dataclass(frozen=True)
+class DisaggregationConfig:
+    """The router's `disaggregation:` section."""
+
+    enabled: bool = True
+    min_remote_prefill_tokens: int = DEFAULT_MIN_REMOTE_PREFILL_TOKENS
+    max_prefill_queue_depth: int = DEFAULT_MAX_PREFILL_QUEUE_DEPTH
+    # The longest wait for each handoff step: the decode worker's reservation, the prefill
+    # worker's Prefill call, and the decode worker's own wait for the blocks.
+    transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S
 
 
 class PlanReason(enum.Enum):
     """Why a plan has the shape it has (a bounded metric label)."""
 
-    COLOCATED_WORKER = "colocated_worker"  # the best worker serves prefill and decode itself
+    COLOCATED_WORKER = "colocated_worker"  # the best worker is a `both` worker
+    DISABLED = "disabled"  # disaggregation.enabled is false
+    NO_PREFILL_WORKER = "no_prefill_worker"  # none healthy, or all failed this request
+    FEW_MISSING_TOKENS = "few_missing_tokens"  # decode lacks too little to be worth shipping
+    PREFILL_BUSY = "prefill_busy"  # even the least-loaded prefill worker is backed up
+    MANY_MISSING_TOKENS = "many_missing_tokens"  # disaggregated: it pays
+
+
+def missing_prompt_tokens(num_prompt_tokens: int, block_size: int, num_cached_blocks: int) -> int:
+    """Prompt tokens a prefill worker could send that the decode worker lacks: whole blocks
+    that end before the last prompt token (the decode worker always computes that one
+    itself, KV_HANDOFF_VERSION_1), past the ones it caches."""
+    num_sendable_blocks = (num_prompt_tokens - 1) // block_size
+    return max(0, num_sendable_blocks - num_cached_blocks) * block_size
+
+
+def decide(
+    num_missing_tokens: int, min_prefill_queue_depth: int, config: DisaggregationConfig
+) -> PlanReason:
+    """Whether a decode worker that lacks ``num_missing_tokens`` gets a prefill worker, when
+    the least-loaded prefill worker has ``min_prefill_queue_depth`` requests."""
+    if num_missing_tokens == 0 or num_missing_tokens < config.min_remote_prefill_tokens:
+        return PlanReason.FEW_MISSING_TOKENS  # (nothing to send is never worth a handoff)
+    if min_prefill_queue_depth >= config.max_prefill_queue_depth:
+        return PlanReason.PREFILL_BUSY
+    return PlanReason.MANY_MISSING_TOKENS
 
 
 @dataclass(frozen=True)
@@ -58,21 +126,101 @@ class Colocated:
                           f"reason={self.reason.value}", *self.worker.explain()])  # fmt: skip
 
 
-ExecutionPlan = Colocated
+@dataclass(frozen=True)
+class Disaggregated:
+    """A prefill worker computes what the decode worker lacks and ships its KV there; the
+    decode worker streams the tokens."""
+
+    prefill: RouteDecision
+    decode: RouteDecision
+    reason: PlanReason
+    num_missing_tokens: int  # the router's estimate; the decode worker's reservation decides
+    decision = "disaggregated"
+
+    @property
+    def stream_worker(self) -> WorkerId:
+        return self.decode.worker_id
+
+    @property
+    def matched_blocks(self) -> float:
+        return self.decode.scores.get("prefix_blocks", 0.0)
+
+    def header_value(self) -> str:
+        return "; ".join([f"prefill={self.prefill.worker_id} decode={self.decode.worker_id}",
+                          f"plan={self.decision}", f"reason={self.reason.value}",
+                          f"missing_tokens={self.num_missing_tokens}", *self.decode.explain(),
+                          *self.prefill.explain("prefill_")])  # fmt: skip
+
+
+ExecutionPlan = Colocated | Disaggregated
 
 
 class Placement:
-    def __init__(self, decode: RoutingPipeline) -> None:
+    def __init__(
+        self,
+        decode: RoutingPipeline,
+        prefill: RoutingPipeline,
+        index: BlockIndex,
+        config: DisaggregationConfig,
+    ) -> None:
         self._decode = decode
+        self._prefill = prefill
+        self._index = index
+        self.config = config
 
     def plan(
         self, request: PlacementRequest, workers: Sequence[WorkerView]
     ) -> ExecutionPlan | None:
-        """The plan for ``request``, or None when no worker can take it."""
+        """The plan for ``request``, or None when no worker can stream it."""
         route = RouteRequest(
             request.model, request.block_hashes, request.session_id, request.excluded
         )
         decode = self._decode.route(route, workers)
         if decode is None:
             return None
-        return Colocated(decode, PlanReason.COLOCATED_WORKER)
+        if decode.role is not WorkerRole.DECODE:
+            return Colocated(decode, PlanReason.COLOCATED_WORKER)
+        if not self.config.enabled:
+            return Colocated(decode, PlanReason.DISABLED)
+        prefill_candidates = self._prefill.candidates(route, workers)
+        if not prefill_candidates:
+            return Colocated(decode, PlanReason.NO_PREFILL_WORKER)
+        num_cached_blocks = self._num_cached_blocks(decode, request)
+        num_missing = missing_prompt_tokens(
+            request.num_prompt_tokens, request.block_size, num_cached_blocks
+        )
+        min_queue_depth = min(w.queue_depth for w in prefill_candidates)
+        reason = decide(num_missing, min_queue_depth, self.config)
+        if reason is not PlanReason.MANY_MISSING_TOKENS:
+            return Colocated(decode, reason)
+        prefill = self._prefill.route(
+            replace(route, num_skip_blocks=num_cached_blocks), prefill_candidates
+        )
+        assert prefill is not None, "the candidates passed the same filters"
+        return Disaggregated(prefill, decode, reason, num_missing)
+
+    def _num_cached_blocks(self, decode: RouteDecision, request: PlacementRequest) -> int:
+        """The decode worker's cached prefix blocks: the scorer's count, or the index's
+        when the prefix scorer is weighted out."""
+        scored = decode.scores.get("prefix_blocks")
+        if scored is not None:
+            return int(scored)
+        matched = self._index.match_prefix(request.block_hashes, [decode.worker_id])
+        return matched[decode.worker_id]
+
+
+def build_placement(
+    weights: Mapping[str, float],
+    config: DisaggregationConfig,
+    *,
+    index: BlockIndex,
+    sessions: SessionTable,
+    rng: random.Random,
+) -> Placement:
+    """The decode profile with every configured scorer; the prefill profile without
+    session affinity (a conversation returns to its decode worker, where its KV lives)."""
+    decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng, roles=SERVING_ROLES)
+    prefill_weights = {name: w for name, w in weights.items() if name != "session"}
+    prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
+                             roles=PREFILL_ROLES)  # fmt: skip
+    return Placement(decode, prefill, index, config)

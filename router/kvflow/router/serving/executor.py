@@ -1,21 +1,57 @@
 """Carry out one attempt of an execution plan: open the workers' calls, feed the choice
 stream, and turn a worker's failure into what it means for the request.
 
-A failure before the client saw anything (or any failure of a buffered choice) raises
-AttemptFailedError naming the workers to exclude: the caller asks placement for a new plan. A
-refused request is a 400 wherever it runs; a failure after the client saw text is a 502
-event in the stream.
+A failure of the stream the client reads, before the client saw anything (or any failure
+of a buffered choice), raises AttemptFailedError naming the workers to exclude: the caller
+asks placement for a new plan. A refused request is a 400 wherever it runs; a failure after
+the client saw text is a 502 event in the stream.
+
+A disaggregated plan (docs/router.md, "Disaggregated serving"):
+
+1. Generate on the decode worker with `remote_prefill`; its first message is a
+   KvReservation, awaited at most transfer_timeout_s (else: re-plan without it).
+2. If the reservation covers any tokens, Prefill on the prefill worker (deadline
+   transfer_timeout_s) runs beside the decode stream, which the client reads as usual.
+3. A failed Prefill -> CancelKvTransfer on the decode worker, which then prefills locally:
+   the request still succeeds. A decode stream that fails -> the Prefill call is cancelled
+   (the prefill worker frees its blocks) and the attempt fails as any other. Leaving early
+   (client gone) cancels both calls, which aborts and frees on both workers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from dataclasses import replace
+
+from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import ApiError, invalid_request, worker_failed
-from kvflow.router.routing.placement import Colocated, ExecutionPlan
+from kvflow.router.routing.placement import (
+    Colocated,
+    Disaggregated,
+    DisaggregationConfig,
+    ExecutionPlan,
+)
 from kvflow.router.routing.types import WorkerId
 from kvflow.router.serving.choice_stream import ChoiceStream
-from kvflow.router.workers.errors import RequestRejectedError, WorkerDownError, WorkerError
+from kvflow.router.workers.client import WorkerClient
+from kvflow.router.workers.errors import (
+    RequestRejectedError,
+    WorkerDownError,
+    WorkerError,
+    WorkerTimeoutError,
+)
 from kvflow.router.workers.pool import WorkerPool
-from kvflow.router.workers.records import GenerateInput
+from kvflow.router.workers.records import GenerateInput, KvReservation, PrefillInput
+
+log = logging.getLogger("kvflow.router.serving")
+
+# CancelKvTransfer is a small call to a worker that is streaming to us; 2 s is generous.
+CANCEL_TRANSFER_TIMEOUT_S = 2.0
+# The decode worker streams once the blocks have landed, while the PrefillResponse is
+# still on its way: a 1-token answer can finish first. Wait this long for it (for metrics)
+# before cancelling; a prefill that takes longer was given up on by the decode worker.
+PREFILL_RESULT_GRACE_S = 1.0
 
 
 class AttemptFailedError(Exception):
@@ -26,32 +62,127 @@ class AttemptFailedError(Exception):
         self.worker_ids = worker_ids
 
 
+def prefill_failure_kind(exc: WorkerError) -> str:
+    """The `kvflow_router_pd_failures_total` kind of a failed Prefill call."""
+    if isinstance(exc, RequestRejectedError):
+        return "prefill_rejected"
+    if isinstance(exc, WorkerDownError):
+        return "prefill_unavailable"
+    if isinstance(exc, WorkerTimeoutError):
+        return "prefill_timeout"
+    return "prefill_failed"
+
+
 class PlanExecutor:
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(
+        self, pool: WorkerPool, metrics: RouterMetrics, config: DisaggregationConfig
+    ) -> None:
         self._pool = pool
+        self._metrics = metrics
+        self._config = config
 
     async def run(
         self, plan: ExecutionPlan, request: GenerateInput, choice: ChoiceStream, *,
         is_buffered: bool,
     ) -> None:  # fmt: skip
         """Run ``plan`` to the end of the choice. Raises AttemptFailedError or ApiError."""
-        assert isinstance(plan, Colocated)
-        await self._run_colocated(plan, request, choice, is_buffered)
+        try:
+            if isinstance(plan, Colocated):
+                await self._run_colocated(plan, request, choice)
+            else:
+                await self._run_disaggregated(plan, request, choice)
+        except WorkerError as exc:
+            raise self._stream_failed(exc, choice, is_buffered) from exc
 
     async def _run_colocated(
-        self, plan: Colocated, request: GenerateInput, choice: ChoiceStream, is_buffered: bool
+        self, plan: Colocated, request: GenerateInput, choice: ChoiceStream
     ) -> None:
         worker_id = plan.stream_worker
         stream = self._pool.client(worker_id).generate(request)
         try:
             with self._pool.request_open(worker_id):
                 await choice.run(stream)
-        except WorkerError as exc:
-            raise self.stream_failed(exc, choice, is_buffered) from exc
         finally:
             stream.cancel()  # no-op when finished; aborts the worker's request otherwise
 
-    def stream_failed(
+    async def _run_disaggregated(
+        self, plan: Disaggregated, request: GenerateInput, choice: ChoiceStream
+    ) -> None:
+        timeout_s = self._config.transfer_timeout_s
+        decode_id = plan.decode.worker_id
+        decode = self._pool.client(decode_id)
+        prefill_client = self._pool.client(plan.prefill.worker_id)  # now: the pool may change
+        stream = decode.generate(replace(request, remote_prefill_timeout_s=timeout_s))
+        prefill: asyncio.Task[None] | None = None
+        outcomes = self._metrics.pd_transfers
+        try:
+            with self._pool.request_open(decode_id):
+                try:
+                    first = await stream.next_within(timeout_s)
+                except WorkerTimeoutError as exc:
+                    self._metrics.pd_failures.labels("reservation_timeout").inc()
+                    raise AttemptFailedError(str(exc), frozenset({decode_id})) from exc
+                if not isinstance(first, KvReservation):  # prefilling itself after all
+                    outcomes.labels("not_reserved").inc()
+                    await choice.run(stream, first)
+                    return
+                if first.num_tokens > 0:
+                    prefill = asyncio.create_task(
+                        self._prefill(prefill_client, decode, request, first)
+                    )
+                else:
+                    outcomes.labels("nothing_to_send").inc()
+                await choice.run(stream)
+                if prefill is not None:
+                    await asyncio.wait({prefill}, timeout=PREFILL_RESULT_GRACE_S)
+                    if not prefill.done():
+                        log.warning("%s: the decode worker finished without the prefill worker's "
+                                    "blocks (it gave up waiting)", request.request_id)  # fmt: skip
+                        self._metrics.pd_failures.labels("prefill_timeout").inc()
+                        outcomes.labels("fallback").inc()
+        except WorkerError:
+            if not choice.has_output:
+                self._metrics.pd_failures.labels("decode_failed").inc()
+            raise
+        finally:
+            if prefill is not None and not prefill.done():
+                prefill.cancel()  # cancels the Prefill call: the prefill worker frees its blocks
+                await asyncio.gather(prefill, return_exceptions=True)
+            stream.cancel()
+
+    async def _prefill(
+        self,
+        client: WorkerClient,
+        decode: WorkerClient,
+        request: GenerateInput,
+        reservation: KvReservation,
+    ) -> None:
+        """The prefill half; if it fails, the decode worker is told to prefill locally."""
+        job = PrefillInput(request.request_id, request.prompt_token_ids, request.cache_salt,
+                           request.priority, request.num_public_blocks)  # fmt: skip
+        metrics = self._metrics
+        try:
+            with self._pool.request_open(WorkerId(client.address)):
+                result = await client.prefill(job, reservation, self._config.transfer_timeout_s)
+        except WorkerError as exc:
+            metrics.pd_failures.labels(prefill_failure_kind(exc)).inc()
+            metrics.pd_transfers.labels("fallback").inc()
+            # A rejection is a configuration bug (kv layout, handoff version): say so louder.
+            level = logging.ERROR if isinstance(exc, RequestRejectedError) else logging.WARNING
+            log.log(level, "%s: prefill failed (%s); %s prefills locally",
+                    request.request_id, exc, decode.address)  # fmt: skip
+            try:
+                await decode.cancel_kv_transfer(request.request_id, CANCEL_TRANSFER_TIMEOUT_S)
+            except WorkerError as cancel_exc:  # the decode stream will fail and say so
+                log.warning("%s: CancelKvTransfer failed: %s", request.request_id, cancel_exc)
+            return
+        metrics.pd_transfers.labels("sent").inc()
+        metrics.pd_transfer_tokens.inc(reservation.num_tokens)
+        metrics.pd_transfer_bytes.inc(result.num_sent_bytes)
+        metrics.pd_transfer_s.observe(result.transfer_s)
+        metrics.pd_prefill_s.observe(result.prefill_s)
+
+    def _stream_failed(
         self, exc: WorkerError, choice: ChoiceStream, is_buffered: bool
     ) -> ApiError | AttemptFailedError:
         """What the failure of the stream the client reads means for the request."""

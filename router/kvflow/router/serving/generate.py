@@ -127,6 +127,8 @@ class GenerationService:
         )
         plan = self._placement.plan(request, self._pool.views())
         self._metrics.decision_s.observe(time.perf_counter() - started_s)
+        if plan is not None:
+            self._metrics.pd_decisions.labels(plan.decision, plan.reason.value).inc()
         return plan
 
     async def _run_choice(

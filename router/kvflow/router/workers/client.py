@@ -20,10 +20,11 @@ from kvflow.router.workers.convert import (
     to_prefill_request,
 )
 from kvflow.router.workers.errors import (
+    GRPC_CALL_ERRORS,
     WorkerCallError,
     WorkerError,
     WorkerTimeoutError,
-    from_rpc_error,
+    from_grpc_error,
 )
 from kvflow.router.workers.records import (
     GenerateInput,
@@ -70,8 +71,12 @@ class WorkerClient:
         return call
 
     def generate(self, request: GenerateInput) -> WorkerStream:
-        """Start generating; the stream must be cancelled or read to its end."""
-        call: GenerateCall = self._stub.Generate(to_generate_request(request))
+        """Start generating; the stream must be cancelled or read to its end. Raises
+        WorkerError."""
+        try:
+            call: GenerateCall = self._stub.Generate(to_generate_request(request))
+        except grpc.aio.UsageError as exc:
+            raise from_grpc_error(self.address, exc) from exc
         return WorkerStream(self, request.request_id, call)
 
     async def abort(self, request_id: str, timeout_s: float) -> bool:
@@ -80,8 +85,8 @@ class WorkerClient:
             response: pb.AbortResponse = await self._stub.Abort(
                 pb.AbortRequest(request_id=request_id), timeout=timeout_s
             )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(self.address, exc) from exc
+        except GRPC_CALL_ERRORS as exc:
+            raise from_grpc_error(self.address, exc) from exc
         return response.found
 
     async def prefill(
@@ -93,8 +98,8 @@ class WorkerClient:
             response: pb.PrefillResponse = await self._stub.Prefill(
                 to_prefill_request(request, destination), timeout=timeout_s
             )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(self.address, exc) from exc
+        except GRPC_CALL_ERRORS as exc:
+            raise from_grpc_error(self.address, exc) from exc
         return from_prefill_response(response)
 
     async def cancel_kv_transfer(self, request_id: str, timeout_s: float) -> bool:
@@ -103,8 +108,8 @@ class WorkerClient:
             response: pb.CancelKvTransferResponse = await self._stub.CancelKvTransfer(
                 pb.CancelKvTransferRequest(request_id=request_id), timeout=timeout_s
             )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(self.address, exc) from exc
+        except GRPC_CALL_ERRORS as exc:
+            raise from_grpc_error(self.address, exc) from exc
         return response.found
 
     async def close(self) -> None:
@@ -126,8 +131,8 @@ class WorkerStream:
         """The next message. Raises WorkerError, also for a stream that ends unfinished."""
         try:
             message = await anext(self._messages, None)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(self.worker_id, exc) from exc
+        except GRPC_CALL_ERRORS as exc:
+            raise from_grpc_error(self.worker_id, exc) from exc
         if message is None:
             raise WorkerCallError(self.worker_id, "the stream ended without a final message")
         return from_generate_response(message)

@@ -38,7 +38,15 @@ _DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                          grpc.StatusCode.UNKNOWN})  # fmt: skip
 
 
-def from_rpc_error(worker_id: str, exc: grpc.aio.AioRpcError) -> WorkerError:
+# What a gRPC call can raise: a status from the worker, or a call on a channel the pool has
+# already closed (the worker left the pool while a request was being placed on it).
+GRPC_CALL_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError)
+
+
+def from_grpc_error(worker_id: str, exc: Exception) -> WorkerError:
+    """The typed error for one of GRPC_CALL_ERRORS."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return WorkerDownError(worker_id, f"the worker left the pool ({exc})")
     code = exc.code()
     detail = f"{code.name}: {exc.details()}"
     if code in _DOWN_CODES:

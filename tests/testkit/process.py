@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,10 +50,17 @@ def _pump(
     ready.set()  # exited: wake the waiter, who will find no ready line
 
 
-def launch_kvflow(args: Sequence[str], *, ready_prefix: str, timeout_s: float) -> KvflowProcess:
-    """Run `kvflow ARGS` and return once it prints a line starting with ``ready_prefix``."""
+def launch_kvflow(
+    args: Sequence[str],
+    *,
+    ready_prefix: str,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+) -> KvflowProcess:
+    """Run `kvflow ARGS` and return once it prints a line starting with ``ready_prefix``;
+    ``env`` adds to this process's environment."""
     cmd = [sys.executable, "-m", "kvflow.cli.main", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=Path.cwd()
     )

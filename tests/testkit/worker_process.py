@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from testkit.process import KvflowProcess, launch_kvflow
@@ -24,12 +24,16 @@ class WorkerProcess(KvflowProcess):
         return f"127.0.0.1:{self.grpc_port}"
 
 
-def launch_worker(args: Sequence[str], *, timeout_s: float = 180.0) -> WorkerProcess:
-    """Start `kvflow worker ARGS --port 0 --metrics-port 0` and wait for its ready line."""
+def launch_worker(
+    args: Sequence[str], *, timeout_s: float = 180.0, env: Mapping[str, str] | None = None
+) -> WorkerProcess:
+    """Start `kvflow worker ARGS --port 0 --metrics-port 0 --kv-port 0` and wait for its
+    ready line."""
     started = launch_kvflow(
         ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0", *args],
         ready_prefix=READY_PREFIX,
         timeout_s=timeout_s,
+        env=env,
     )
     return WorkerProcess(started.proc, started.ready_line, started.output)
 

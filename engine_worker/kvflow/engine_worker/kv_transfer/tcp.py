@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import struct
 import threading
@@ -44,6 +45,9 @@ _ACCEPT, _REJECT = b"\x01", b"\x00"
 _POLL_S = 0.02
 # 4 MiB socket buffers: a 1 GB/s stream with 2 ms of scheduling jitter needs ~2 MB in flight.
 _SOCKET_BUFFER_BYTES = 4 << 20
+# Fault injection for tests only: pause this long after sending half of every payload, so
+# a test can kill a worker mid-transfer. Never set in production.
+_FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
@@ -148,14 +152,19 @@ class TcpTransport:
                     slot.done.set()
 
     def _read_payload(self, conn: socket.socket, slot: _Slot) -> None:
+        """Read until the buffer is full. A quiet sender is waited for as long as the
+        receiver waits (its deadline, or a cancel, marks the slot abandoned)."""
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
-        conn.settimeout(_POLL_S * 50)
+        conn.settimeout(_POLL_S * 5)
         view = byte_view(slot.buffer)
         received = 0
         while received < len(view):
             if slot.is_abandoned:
                 raise ConnectionError("the receiver gave up")
-            n = conn.recv_into(view[received:])
+            try:
+                n = conn.recv_into(view[received:])
+            except TimeoutError:
+                continue
             if n == 0:
                 raise ConnectionError("the sender closed the stream early")
             received += n
@@ -188,6 +197,12 @@ class TcpTransport:
                         f"of {len(view)} bytes (it gave up, or the KV layouts differ)"
                     )
                 sock.settimeout(_remaining(deadline))
+                if _FAULT_PAUSE_S > 0:
+                    half = len(view) // 2
+                    sock.sendall(view[:half])
+                    time.sleep(_FAULT_PAUSE_S)
+                    view = view[half:]
+                    sock.settimeout(_remaining(deadline))
                 sock.sendall(view)
                 sock.settimeout(_remaining(deadline))
                 if _recv_exact(sock, 1) != _ACCEPT:

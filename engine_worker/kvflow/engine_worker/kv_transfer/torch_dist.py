@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 dist: Any = _dist
 
 _STORE_POLL = timedelta(milliseconds=20)
+# Fault injection for tests only: pause this long between joining the pair's group and
+# sending, so a test can kill a worker mid-transfer. Never set in production.
+_FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
 
 
 @dataclass(eq=False)
@@ -199,6 +203,8 @@ class TorchDistTransport:
             raise PeerUnreachableError(f"the KV store at {target.endpoint} failed: {exc}") from exc
         try:
             group = self._group(store, name, 0, deadline)
+            if _FAULT_PAUSE_S > 0:
+                time.sleep(_FAULT_PAUSE_S)
             payload = data.contiguous()
             work = group.send([payload], 1, target.tag)
             _wait(work, deadline, f"sending transfer {target.transfer_id}")

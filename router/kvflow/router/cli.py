@@ -46,7 +46,10 @@ def _parser() -> argparse.ArgumentParser:
         help="NAME:PORT of a headless Service; its A records are the workers, re-resolved",
     )
     p.add_argument("--dns-interval-s", type=float, default=d.dns_interval_s)
-    p.add_argument("--config", help="YAML: routing weights, tenants, public prefixes, limits")
+    p.add_argument(
+        "--config",
+        help="YAML: routing weights, tenants, public prefixes, limits, disaggregation",
+    )
     p.add_argument(
         "--redis-url",
         help="share quotas across router replicas (redis://host:6379/0); default: in-process",

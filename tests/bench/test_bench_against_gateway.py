@@ -30,8 +30,7 @@ def gateway() -> Iterator[GatewayProcess]:
     with ExitStack() as stack:
         workers = []
         for _ in range(2):
-            args = ["--simulate", "--served-model-name", MODEL, "--kv-port", "0",
-                    "--sim-base-step-ms", str(STEP_MS)]  # fmt: skip
+            args = ["--simulate", "--served-model-name", MODEL, "--sim-base-step-ms", str(STEP_MS)]
             w = launch_worker(args, timeout_s=120)
             stack.callback(w.stop, timeout_s=10)
             workers.append(w)

@@ -6,7 +6,11 @@ import io
 
 import pytest
 
-from kvflow.cli.bench.cli import base_url, main
+from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
+from kvflow.cli.bench.cli import base_url, main, refuses_ignore_eos
+from kvflow.cli.bench.metrics import Slo
+from kvflow.cli.bench.records import RequestRecord
+from kvflow.cli.bench.summary import summarize
 from kvflow.cli.main import main as kvflow_main
 
 URL = ["--url", "http://127.0.0.1:9", "--model", "m"]
@@ -53,3 +57,15 @@ def test_base_url_accepts_host_or_v1() -> None:
 def test_kvflow_lists_bench(capsys: pytest.CaptureFixture[str]) -> None:
     assert kvflow_main([]) == 0
     assert "bench" in capsys.readouterr().out
+
+
+def test_a_server_refusing_ignore_eos_is_named() -> None:
+    detail = "HTTP 400: Unrecognized request argument: ignore_eos"
+    refused = RequestRecord("r", 0.0, 0.0, 0.01, error="http_400", error_detail=detail)
+    other = RequestRecord("r", 0.0, 0.0, 0.01, error="http_400", error_detail="HTTP 400: bad")
+    slo = Slo(1.0, 0.1)
+    point = LoadPoint(ArrivalKind.POISSON, 1.0)
+    summary = summarize(point, [refused], warmup_s=0, offered_rate_per_s=1.0, slo=slo)
+    assert refuses_ignore_eos([summary])
+    summary = summarize(point, [other], warmup_s=0, offered_rate_per_s=1.0, slo=slo)
+    assert not refuses_ignore_eos([summary])

@@ -98,7 +98,11 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     )
     print(f"kvflow bench: {workload.name} against {config.url} (model {model!r}), "
           f"{len(points)} load point(s)", file=err, flush=True)  # fmt: skip
-    summaries = asyncio.run(_run(config, plan, None if args.quiet else err))
+    try:
+        summaries = asyncio.run(_run(config, plan, None if args.quiet else err))
+    except KeyboardInterrupt:
+        print("\nkvflow bench: interrupted; no report", file=err)
+        return 130
     print(render_report(summaries, slo), file=out, flush=True)
     recorded: dict[str, Any] = {
         k: v for k, v in vars(args).items() if k != "api_key" and not k.startswith("_")
@@ -116,7 +120,14 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
             return 2
         plot_ladders({workload.name: summaries}, slo, args.plot, f"kvflow bench: {workload.name}")
         print(f"kvflow bench: wrote {args.plot}", file=err)
+    if refuses_ignore_eos(summaries):
+        print("kvflow bench: the server refuses ignore_eos; pass --no-ignore-eos", file=err)
     if not any(s.throughput.num_ok for s in summaries):
         print("kvflow bench: no request succeeded; see the errors above", file=err)
         return 1
     return 0
+
+
+def refuses_ignore_eos(summaries: Sequence[LoadPointSummary]) -> bool:
+    """A 400 naming ``ignore_eos`` (OpenAI's own API and some servers do not take it)."""
+    return any("ignore_eos" in s.throughput.error_examples.get("http_400", "") for s in summaries)

@@ -83,8 +83,9 @@ def test_worker_and_router_accept_the_operators_command_lines(
             assert settings.drain_timeout_s == spec.engine.drain_timeout_seconds
             if spec.mode == "disaggregated":
                 assert settings.role in ("prefill", "decode")
-                assert settings.kv_transport == spec.kv_transport  # type: ignore[attr-defined]
-                assert settings.advertise_host == "10.0.0.7"  # type: ignore[attr-defined]
+                assert settings.kv_transport == spec.kv_transport
+                assert settings.kv_port == 50052
+                assert settings.advertise_host == "10.0.0.7"
             else:
                 assert settings.role == "both"
             seen.add("worker")
@@ -132,6 +133,8 @@ def test_router_accepts_the_disaggregation_policy() -> None:
             },
         }
     )
-    config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(spec))))
-    assert str(config) != str(parse_config({}))  # the policy was read, not dropped
-    assert "300" in str(config) and "2.5" in str(config)
+    policy = parse_config(yaml.safe_load(yaml.safe_dump(router_config(spec)))).disaggregation
+    assert policy.enabled is True
+    assert policy.min_remote_prefill_tokens == 300
+    assert policy.max_prefill_queue_depth == 4
+    assert policy.transfer_timeout_s == 2.5

@@ -135,3 +135,32 @@ def test_kvflow_up_with_the_default_model_answers() -> None:
         )
         assert "Paris" in (answer.choices[0].message.content or "")
         stop_and_check_clean(proc)
+
+
+def test_kvflow_up_disaggregated_ships_a_long_prompt() -> None:
+    with kvflow_up("--simulate", "--prefill-workers", "1", "--decode-workers", "1") as (
+        proc,
+        output,
+    ):
+        assert "worker 1 (prefill): ready on" in output
+        assert "worker 2 (decode): ready on" in output
+        url, _, _ = printed_examples(output)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        raw = client.completions.with_raw_response.create(
+            model="smollm2",
+            prompt="tell me a story " * 200,  # about 800 tokens: worth a remote prefill
+            max_tokens=8,
+            extra_body={"ignore_eos": True},
+            extra_headers={"x-kvflow-route": "1"},
+        )
+        assert "prefill=" in raw.headers["x-kvflow-route"]
+        assert raw.parse().usage.completion_tokens == 8  # type: ignore[union-attr]
+        stop_and_check_clean(proc)
+
+
+def test_kvflow_up_refuses_half_a_disaggregated_pool() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvflow.cli.main", "up", "--prefill-workers", "1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--decode-workers" in done.stderr

@@ -155,6 +155,15 @@ def _parser() -> argparse.ArgumentParser:
         prog="kvflow up", description="Run a kvflow gateway and workers on this machine."
     )
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument(
+        "--prefill-workers",
+        type=int,
+        default=0,
+        help="disaggregated: this many prefill workers (with --decode-workers; replaces --workers)",
+    )
+    p.add_argument(
+        "--decode-workers", type=int, default=0, help="disaggregated: this many decode workers"
+    )
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default: loopback)")
     p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
     p.add_argument("--model", help="HF folder or .gguf (default: built-in SmolLM2-135M-Instruct)")
@@ -178,20 +187,32 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     if args.workers < 1:
         print("kvflow up: --workers must be at least 1", file=sys.stderr)
         return 2
+    roles = ["both"] * args.workers
+    if args.prefill_workers or args.decode_workers:
+        if args.prefill_workers < 1 or args.decode_workers < 1:
+            print(
+                "kvflow up: a disaggregated pool needs --prefill-workers and --decode-workers, "
+                "both at least 1",
+                file=sys.stderr,
+            )
+            return 2
+        roles = ["prefill"] * args.prefill_workers + ["decode"] * args.decode_workers
     log_dir = Path(tempfile.mkdtemp(prefix="kvflow-up-"))
     launcher = Launcher(log_dir, out)
     what = "simulated workers" if args.simulate else (args.model or "SmolLM2-135M-Instruct")
-    launcher.say(f"starting {args.workers} worker(s) of {what}; logs in {log_dir}")
+    launcher.say(f"starting {len(roles)} worker(s) of {what}; logs in {log_dir}")
     try:
         model_args = ["--model", args.model] if args.model else []
         common = ["--served-model-name", args.served_model_name, *model_args]
         workers = []
-        for i in range(args.workers):
+        for i, role in enumerate(roles):
             worker_args = ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0",
-                           "--kv-cache-gib", str(args.kv_cache_gib), *common]  # fmt: skip
+                           "--role", role, "--kv-cache-gib", str(args.kv_cache_gib),
+                           *common]  # fmt: skip
             if args.simulate:
                 worker_args.append("--simulate")
-            workers.append(launcher.start(f"worker {i + 1}", worker_args, "KVFLOW_WORKER_READY"))
+            name = f"worker {i + 1}" + ("" if role == "both" else f" ({role})")
+            workers.append(launcher.start(name, worker_args, "KVFLOW_WORKER_READY"))
         addresses = []
         for child in workers:
             line = launcher.wait_ready(child, args.startup_timeout_s)
@@ -207,7 +228,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         port = launcher.wait_ready(gateway, args.startup_timeout_s).split("port=")[1]
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         url = f"http://{host}:{port}"
-        _wait_gateway_ready(url, args.workers, args.startup_timeout_s)
+        _wait_gateway_ready(url, len(roles), args.startup_timeout_s)
         launcher.say(f"gateway: ready on {url}")
         print(examples(url, args.served_model_name), file=out, flush=True)
         while (exited := launcher.first_exited()) is None:

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import random
 
 import pytest
 
-from kvflow.cli.bench.arrivals import mean_rate_per_s, poisson_offsets_s, trace_offsets_s
+from kvflow.cli.bench.arrivals import (
+    ArrivalKind,
+    LoadPoint,
+    mean_rate_per_s,
+    poisson_offsets_s,
+    trace_offsets_s,
+)
 from kvflow.cli.bench.client import BenchClient, Clock
+from kvflow.cli.bench.ladder import LadderPlan, open_loop_schedule
+from kvflow.cli.bench.metrics import Slo
 from kvflow.cli.bench.no_reuse import NoReuseWorkload
 from kvflow.cli.bench.payloads import EndpointConfig
 from kvflow.cli.bench.progress import Progress
 from kvflow.cli.bench.records import RequestRecord
 from kvflow.cli.bench.runner import run_closed_loop, run_open_loop
+from kvflow.cli.bench.summary import ScheduleLimits
+from kvflow.cli.bench.trace import TraceRecord
+from kvflow.cli.bench.trace_replay import TraceWorkload
+from kvflow.cli.bench.workload import Workload
 
 
 def test_poisson_schedule_is_seeded_and_has_its_rate() -> None:
@@ -80,3 +93,31 @@ def test_closed_loop_users_wait_for_their_answers() -> None:
         assert sends[i] - sends[i - 2] >= 0.2 - 1e-3
     for r in records:
         assert sum(o.sent_s <= r.sent_s < o.end_s for o in records) <= 2
+
+
+def plan(workload: Workload, **changes: object) -> LadderPlan:
+    base = LadderPlan(workload=workload, points=(), seed=3, warmup_s=1.0, duration_s=4.0,
+                      max_requests=None, slo=Slo(1.0, 0.1), limits=ScheduleLimits(),
+                      block_size=16)  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_open_loop_schedule_per_rung() -> None:
+    p = plan(NoReuseWorkload(8))
+    poisson = LoadPoint(ArrivalKind.POISSON, 10.0)
+    first = open_loop_schedule(p, poisson, 0)
+    assert first == open_loop_schedule(p, poisson, 0)  # seeded
+    assert 20 < len(first.requests) == len(first.offsets_s) < 80  # about 10/s over 5 s
+    assert max(first.offsets_s) < 5.0 and first.offered_rate_per_s == 10.0
+    assert open_loop_schedule(p, poisson, 1).offsets_s != first.offsets_s  # another rung
+    capped = open_loop_schedule(plan(NoReuseWorkload(8), max_requests=5), poisson, 0)
+    assert capped.offsets_s == first.offsets_s[:5] and len(capped.requests) == 5
+
+    records = [TraceRecord(1000.0 * i, 600, 4, (0, 1)) for i in range(12)]
+    trace = plan(TraceWorkload(records), warmup_s=0.0, duration_s=None)
+    whole = open_loop_schedule(trace, LoadPoint(ArrivalKind.TRACE, 2.0), 0)
+    assert whole.offsets_s == [0.5 * i for i in range(12)]  # 1 s apart, twice as fast
+    assert whole.offered_rate_per_s == pytest.approx(2.0)
+    cut = open_loop_schedule(dataclasses.replace(trace, duration_s=2.0),
+                             LoadPoint(ArrivalKind.TRACE, 2.0), 0)  # fmt: skip
+    assert cut.offsets_s == [0.0, 0.5, 1.0, 1.5]

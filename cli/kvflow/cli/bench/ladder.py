@@ -57,7 +57,6 @@ def open_loop_schedule(plan: LadderPlan, point: LoadPoint, index: int) -> OpenLo
         assert horizon_s is not None, "a Poisson ladder needs a duration"
         rng = random.Random(f"{plan.seed}/{namespace}/arrivals")
         offsets = poisson_offsets_s(point.value, horizon_s, rng)
-        offered = point.value
     else:
         assert point.kind is ArrivalKind.TRACE
         listed = list(requests)
@@ -66,11 +65,13 @@ def open_loop_schedule(plan: LadderPlan, point: LoadPoint, index: int) -> OpenLo
             raise ValueError(f"{plan.workload.name} has no arrival times to replay")
         offsets = trace_offsets_s([t or 0.0 for t in trace_times], point.value, horizon_s)
         requests = iter(listed)
-        offered = mean_rate_per_s(offsets)
-    if plan.max_requests is not None:
-        offsets = offsets[: plan.max_requests]
     chosen = list(itertools.islice(requests, len(offsets)))
-    return OpenLoopSchedule(chosen, offsets[: len(chosen)], offered)
+    if plan.max_requests is not None:
+        chosen = chosen[: plan.max_requests]
+    offsets = offsets[: len(chosen)]
+    # A trace offers the rate of the part replayed, after any cut.
+    offered = point.value if point.kind is ArrivalKind.POISSON else mean_rate_per_s(offsets)
+    return OpenLoopSchedule(chosen, offsets, offered)
 
 
 async def run_point(

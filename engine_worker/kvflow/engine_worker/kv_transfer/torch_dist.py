@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -83,10 +84,20 @@ class TorchDistTransport:
         assert kind in (KvTransportKind.GLOO, KvTransportKind.NCCL)
         self.kind: KvTransportKind = kind
         self._instance_id = instance_id
+        # TCPStore binds every address when it opens its own socket; bind --host ourselves
+        # so two workers on different addresses of one machine can share a port.
+        listener = socket.create_server((host, port), backlog=128)
+        bound_port = listener.getsockname()[1]
         self._store = dist.TCPStore(
-            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+            host,
+            bound_port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=30),
+            master_listen_fd=listener.detach(),
+            use_libuv=True,
         )
-        self.port = self._store.port
+        self.port = bound_port
         self.endpoint = f"{advertise_host}:{self.port}"
         self._expected: dict[str, _Expected] = {}
         self._lock = threading.Lock()

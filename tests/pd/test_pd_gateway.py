@@ -1,6 +1,6 @@
 """The whole disaggregated path with the built-in SmolLM2: the openai client asks a real
 gateway; the gateway sends a long prompt's prefill to a prefill worker, which ships its KV
-over gloo to a decode worker, which streams the answer. The text equals what a colocated
+over gloo or TCP to a decode worker, which streams the answer. The text equals what a colocated
 gateway answers, and a short prompt stays with the decode worker (it would not pay)."""
 
 from __future__ import annotations
@@ -24,20 +24,21 @@ LONG = (
 SHORT = "What is the capital of France?"
 
 
-@pytest.fixture(scope="module")
-def workers() -> Iterator[dict[str, WorkerProcess]]:
-    common = ["--served-model-name", MODEL, "--kv-transport", "gloo", "--kv-cache-gib", "0.25"]
-    roles = ("both", "prefill", "decode")
-    with ThreadPoolExecutor(3) as pool:
-        futures = {r: pool.submit(launch_worker, [*common, "--role", r], timeout_s=300)
+COMMON = ["--served-model-name", MODEL, "--kv-cache-gib", "0.25"]
+
+
+def start_workers(roles: list[str], transport: str) -> dict[str, WorkerProcess]:
+    """Workers of these roles, started in parallel (each loads the model)."""
+    args = [*COMMON, "--kv-transport", transport]
+    with ThreadPoolExecutor(len(roles)) as pool:
+        futures = {r: pool.submit(launch_worker, [*args, "--role", r], timeout_s=300)
                    for r in roles}  # fmt: skip
     started = {r: f.result() for r, f in futures.items() if f.exception() is None}
-    try:
-        assert len(started) == 3, {r: f.exception() for r, f in futures.items()}
-        yield started
-    finally:
+    if len(started) < len(roles):
         for w in started.values():
             w.stop(timeout_s=10)
+        raise RuntimeError({r: f.exception() for r, f in futures.items()})
+    return started
 
 
 def gateway_for(addresses: list[str]) -> GatewayProcess:
@@ -47,14 +48,33 @@ def gateway_for(addresses: list[str]) -> GatewayProcess:
 
 
 @pytest.fixture(scope="module")
-def gateways(workers: dict[str, WorkerProcess]) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
-    colocated = gateway_for([workers["both"].address])
-    disaggregated = gateway_for([workers["prefill"].address, workers["decode"].address])
+def colocated() -> Iterator[GatewayProcess]:
+    workers = start_workers(["both"], "tcp")
+    gateway = gateway_for([workers["both"].address])
     try:
-        yield colocated, disaggregated
+        yield gateway
     finally:
-        colocated.stop()
-        disaggregated.stop()
+        gateway.stop()
+        workers["both"].stop(timeout_s=10)
+
+
+@pytest.fixture(scope="module", params=["gloo", "tcp"])
+def workers(request: pytest.FixtureRequest) -> Iterator[dict[str, WorkerProcess]]:
+    started = start_workers(["prefill", "decode"], request.param)
+    try:
+        yield started
+    finally:
+        for w in started.values():
+            w.stop(timeout_s=10)
+
+
+@pytest.fixture(scope="module")
+def disaggregated(workers: dict[str, WorkerProcess]) -> Iterator[GatewayProcess]:
+    gateway = gateway_for([workers["prefill"].address, workers["decode"].address])
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 def ask(gateway: GatewayProcess, content: str) -> tuple[str, str, openai.types.CompletionUsage]:
@@ -76,9 +96,8 @@ def ask(gateway: GatewayProcess, content: str) -> tuple[str, str, openai.types.C
 
 
 def test_a_long_prompt_is_prefilled_remotely_and_answers_the_same(
-    gateways: tuple[GatewayProcess, GatewayProcess], workers: dict[str, WorkerProcess]
+    colocated: GatewayProcess, disaggregated: GatewayProcess, workers: dict[str, WorkerProcess]
 ) -> None:
-    colocated, disaggregated = gateways
     want, _, usage = ask(colocated, LONG)
     assert usage.prompt_tokens > 400  # well above the default min_remote_prefill_tokens
     got, route, _ = ask(disaggregated, LONG)
@@ -88,9 +107,8 @@ def test_a_long_prompt_is_prefilled_remotely_and_answers_the_same(
 
 
 def test_a_short_prompt_stays_on_the_decode_worker(
-    gateways: tuple[GatewayProcess, GatewayProcess], workers: dict[str, WorkerProcess]
+    colocated: GatewayProcess, disaggregated: GatewayProcess, workers: dict[str, WorkerProcess]
 ) -> None:
-    colocated, disaggregated = gateways
     want, _, _ = ask(colocated, SHORT)
     got, route, _ = ask(disaggregated, SHORT)
     assert "prefill=" not in route and workers["decode"].address in route

@@ -5,6 +5,7 @@ TCP or gloo, with prompts partly cached on either side and prompts of one block 
 from __future__ import annotations
 
 import sys
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,3 +89,28 @@ def test_prefill_reuses_its_own_cache(trio: list[WorkerProcess]) -> None:
     assert run.tokens == pc.colocated(dec, "ref-b", p, N_OUT)
     for w in trio:
         pc.wait_idle(pc.stub(w.address))
+
+
+def metric(worker: WorkerProcess, name: str, labels: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics").read()
+    for line in body.decode().splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_both_sides_count_their_transfers(trio: list[WorkerProcess]) -> None:
+    _, pre_w, dec_w = trio
+    sent = metric(pre_w, "kvflow_worker_kv_transfers_total", 'direction="send",outcome="ok"')
+    got = metric(dec_w, "kvflow_worker_kv_transfers_total", 'direction="receive",outcome="ok"')
+    got_bytes = metric(dec_w, "kvflow_worker_kv_transfer_bytes_total", 'direction="receive"')
+    run = pc.disaggregated(
+        pc.stub(dec_w.address), pc.stub(pre_w.address), "pd-m", prompt(12, 70), 2
+    )
+    assert run.prefill is not None
+    assert metric(pre_w, "kvflow_worker_kv_transfers_total",
+                  'direction="send",outcome="ok"') == sent + 1  # fmt: skip
+    assert metric(dec_w, "kvflow_worker_kv_transfers_total",
+                  'direction="receive",outcome="ok"') == got + 1  # fmt: skip
+    received = metric(dec_w, "kvflow_worker_kv_transfer_bytes_total", 'direction="receive"')
+    assert received - got_bytes == run.prefill.num_sent_bytes > 0

@@ -195,7 +195,13 @@ async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
     kv = start_kv_agent(settings, built.info.instance_id)
-    loop = EngineLoop(built.engine, on_step=metrics.observe_step, kv=kv, blocks=built.runner)
+    loop = EngineLoop(
+        built.engine,
+        on_step=metrics.observe_step,
+        on_transfer=metrics.observe_transfer,
+        kv=kv,
+        blocks=built.runner,
+    )
     loop.start()
 
     server = grpc.aio.server()

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,17 +115,32 @@ class KvSubscription:
 StepObserver = Callable[[Engine, list[RequestOutput], float], None]
 
 
+@dataclass(frozen=True, slots=True)
+class TransferRecord:
+    """How one KV transfer ended, for metrics: ``outcome`` is "ok" or the error's kind."""
+
+    direction: str  # "send" or "receive"
+    outcome: str
+    num_bytes: int
+    seconds: float
+
+
+TransferObserver = Callable[[TransferRecord], None]
+
+
 class EngineLoop:
     def __init__(
         self,
         engine: Engine,
         *,
         on_step: StepObserver | None = None,
+        on_transfer: TransferObserver | None = None,
         kv: KvTransferAgent | None = None,
         blocks: BlockIO | None = None,
     ) -> None:
         self.engine = engine
         self.on_step = on_step
+        self.on_transfer = on_transfer
         self.kv = kv
         self.blocks = blocks
         assert (kv is None) == (blocks is None)
@@ -340,8 +356,10 @@ class EngineLoop:
             return
         assert self.kv is not None and self.blocks is not None
         buffer = self.blocks.empty_blocks(len(kv_range.block_ids))
+        started_s = time.perf_counter()
 
         def on_done(error: KvTransferError | None) -> None:
+            self._observe("receive", error, buffer, time.perf_counter() - started_s)
             self._post(lambda: self._on_received(request_id, kv_range, buffer, error))
 
         ticket = self.kv.receive(request_id, buffer, timeout_s, on_done)
@@ -374,7 +392,19 @@ class EngineLoop:
 
         self.kv.send(target, data, timeout_s, on_done)
 
+    def _observe(self, direction: str, error: KvTransferError | None, data: Any, s: float) -> None:
+        if self.on_transfer is not None:
+            num_bytes = 0 if error is not None else data.numel() * data.element_size()
+            outcome = "ok" if error is None else error.kind
+            self.on_transfer(TransferRecord(direction, outcome, num_bytes, s))
+
     def _on_sent(self, request_id: str, result: SendStats | KvTransferError) -> None:
+        if self.on_transfer is not None:
+            if isinstance(result, SendStats):
+                record = TransferRecord("send", "ok", result.num_bytes, result.transfer_s)
+            else:
+                record = TransferRecord("send", result.kind, 0, 0.0)
+            self.on_transfer(record)
         if isinstance(result, KvTransferError):
             log.warning("request %s: sending KV failed: %s", request_id, result)
         out = self.engine.complete_kv_send(request_id, is_sent=isinstance(result, SendStats))

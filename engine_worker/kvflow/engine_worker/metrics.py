@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
+from kvflow.engine_worker.engine_loop import TransferRecord
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
@@ -69,6 +70,27 @@ class WorkerMetrics:
         self.step_duration = Histogram(
             p + "step_duration_seconds", "One engine step", buckets=LATENCY_BUCKETS_S, registry=r
         )
+        self.kv_transfers = Counter(
+            p + "kv_transfers",
+            "PD KV transfers by direction (send, receive) and outcome (ok, or why not)",
+            ["direction", "outcome"],
+            registry=r,
+        )
+        self.kv_transfer_bytes = Counter(
+            p + "kv_transfer_bytes", "KV bytes moved by PD transfers", ["direction"], registry=r
+        )
+        self.kv_transfer_duration = Histogram(
+            p + "kv_transfer_duration_seconds",
+            "A send (gather to ack) or a receive (reservation to landed)",
+            ["direction"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.kv_transfers_in_flight = Gauge(
+            p + "kv_transfers_in_flight",
+            "Requests waiting for remote KV or holding blocks until sent",
+            registry=r,
+        )
         self._last_token_time_s: dict[str, float] = {}
         self._last_step_time_s: float | None = None
         self._seen_queried = 0
@@ -81,6 +103,7 @@ class WorkerMetrics:
         self.kv_usage.set(kv.pool.usage)
         self.cached_blocks.set(kv.pool.num_cached_blocks)
         self.hit_rate.set(kv.stats.hit_rate)
+        self.kv_transfers_in_flight.set(engine.scheduler.num_kv_transfers)
         self.queried.inc(kv.stats.num_queried_tokens - self._seen_queried)
         self.hits.inc(kv.stats.num_hit_tokens - self._seen_hits)
         self._seen_queried, self._seen_hits = kv.stats.num_queried_tokens, kv.stats.num_hit_tokens
@@ -89,6 +112,8 @@ class WorkerMetrics:
         self._last_step_time_s = now_s if engine.has_unfinished_requests else None
 
         for out in outputs:
+            if not out.new_tokens and out.finish_reason is None:
+                continue  # a PD handoff (blocks reserved or ready to send), not a token
             self.generation_tokens.inc(len(out.new_tokens))
             last = self._last_token_time_s.get(out.request_id)
             if last is not None and out.new_tokens:
@@ -109,3 +134,10 @@ class WorkerMetrics:
                 self.ttft.observe(timings.ttft_s)
             if out.num_output_tokens >= 2:
                 self.tpot.observe((timings.e2e_s - timings.ttft_s) / (out.num_output_tokens - 1))
+
+    def observe_transfer(self, record: TransferRecord) -> None:
+        """Called from transfer threads; prometheus_client's metrics are thread-safe."""
+        self.kv_transfers.labels(record.direction, record.outcome).inc()
+        if record.outcome == "ok":
+            self.kv_transfer_bytes.labels(record.direction).inc(record.num_bytes)
+            self.kv_transfer_duration.labels(record.direction).observe(record.seconds)

@@ -14,7 +14,8 @@ from kvflow.engine_worker.core.errors import EngineOverloadedError, InvalidReque
 from kvflow.engine_worker.core.kv_events import KvEventKind
 from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
-from kvflow.engine_worker.engine_loop import EngineLoop, KvSnapshot
+from kvflow.engine_worker.engine_loop import EngineLoop
+from kvflow.engine_worker.loop_records import KvSnapshot
 
 BS = 4
 

@@ -15,7 +15,8 @@ import grpc
 
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.engine import Engine, EngineConfig, ModelRunner
-from kvflow.engine_worker.engine_loop import BlockIO, EngineLoop
+from kvflow.engine_worker.engine_loop import EngineLoop
+from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.http_server import start_http_server
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind

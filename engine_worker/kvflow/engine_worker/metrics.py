@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
-from kvflow.engine_worker.engine_loop import TransferRecord
+from kvflow.engine_worker.loop_records import TransferRecord
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,

@@ -14,7 +14,7 @@ from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.engine_worker.core.errors import EngineOverloadedError, InvalidRequestError
 from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
-from kvflow.engine_worker.engine_loop import EngineLoop, KvReservationOut, KvSnapshot
+from kvflow.engine_worker.engine_loop import EngineLoop
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
     KvTransportKind,
@@ -24,6 +24,7 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferRejectedError,
     TransferTimeoutError,
 )
+from kvflow.engine_worker.loop_records import KvReservationOut, KvSnapshot
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 

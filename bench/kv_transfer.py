@@ -1,0 +1,238 @@
+"""KV transfer for prefill/decode disaggregation: kvflow's path against the raw ceiling.
+
+Two peer processes on loopback (bench/kv_transfer_peer.py), a "prefill" one that sends and a
+"decode" one that receives, each holding a real TorchModelRunner paged cache shaped like
+Llama-3-8B's KV (32 layers, 8 KV heads, head_dim 128, block size 16: 128 KiB per token in
+bf16) with room for the largest transfer. Arms, interleaved (their order rotates every
+repetition) between the same two processes:
+
+  kvflow-tcp, kvflow-gloo   read_blocks of scattered block ids, the KvTransferAgent and its
+                            transport, write_blocks into the receiver's cache; timed from
+                            the start of the gather to the end of the scatter
+  raw-gloo                  one contiguous tensor of the same bytes, gloo send/recv on a
+                            group that already exists
+  raw-socket                sendall of the same bytes into recv_into, one open connection
+
+The ceiling of a transport is the better of raw-gloo and raw-socket for gloo, raw-socket
+for TCP (a contiguous tensor over TCP is a socket blast). Setup per transfer is the median
+latency of a tiny (16 bytes) transfer through the agent once a pair exists (for gloo, the
+store handshake), and the first transfer of a fresh pair (group formation) is reported
+apart. The full run adds kvflow-pooled-{tcp,gloo} (the same transports with staging
+buffers reused instead of allocated per transfer) and a profile of the gather and scatter.
+
+    python bench/kv_transfer.py [--quick] [--json PATH] [--dtype bfloat16|float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from kv_transfer_peer import TINY_BYTES, PeerConfig, run_peer
+from kv_transfer_report import summarize, table
+
+# Llama-3-8B: 32 layers x 8 KV heads x 128 dims x (K and V) x 2 bytes = 128 KiB per token.
+LLAMA3_8B_KV = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
+REPLY_TIMEOUT_S = 300.0
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class PeerHandle:
+    def __init__(self, ctx: Any, cfg: PeerConfig) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=run_peer, args=(cfg, child), name=cfg.role, daemon=True)
+        self.proc.start()
+        self.role = cfg.role
+
+    def reply(self) -> Any:
+        if not self.conn.poll(REPLY_TIMEOUT_S):
+            raise RuntimeError(f"the {self.role} peer did not answer in {REPLY_TIMEOUT_S} s")
+        status, value = self.conn.recv()
+        if status == "error":
+            raise RuntimeError(f"the {self.role} peer failed:\n{value}")
+        return value
+
+    def ask(self, name: str, **kwargs: Any) -> Any:
+        self.conn.send((name, kwargs))
+        return self.reply()
+
+    def post(self, name: str, **kwargs: Any) -> None:
+        self.conn.send((name, kwargs))
+
+
+class Bench:
+    def __init__(self, pre: PeerHandle, dec: PeerHandle) -> None:
+        self.pre, self.dec = pre, dec
+        self._rid = 0
+        self._tag = 0
+
+    def kvflow(
+        self, transport: str, num_blocks: int, pooled: bool = False, verify: bool = False
+    ) -> dict[str, Any]:
+        self._rid += 1
+        ticket = self.dec.ask(
+            "expect", transport=transport, num_blocks=num_blocks, pooled=pooled, rid=f"r{self._rid}"
+        )
+        self.dec.post("land", verify=verify)
+        sent = self.pre.ask(
+            "send", transport=transport, num_blocks=num_blocks, pooled=pooled, ticket=ticket
+        )
+        landed = self.dec.reply()
+        out = {
+            "total_s": landed["scatter_end"] - sent["gather_start"],
+            "gather_s": sent["gather_end"] - sent["gather_start"],
+            "send_s": landed["recv_done"] - sent["gather_end"],
+            "scatter_s": landed["scatter_end"] - landed["recv_done"],
+        }
+        if verify:
+            want = self.pre.ask("checksum", num_blocks=num_blocks)
+            got = landed["checksum"]
+            out["verified"] = len(got) == len(want) and all(
+                math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-6)
+                for g, w in zip(got, want, strict=True)
+            )
+        return out
+
+    def tiny(self, transport: str) -> float:
+        """One-way latency (s) of a 16-byte transfer through the agent: the fixed cost."""
+        self._rid += 1
+        ticket = self.dec.ask("expect_tiny", transport=transport, rid=f"t{self._rid}")
+        self.dec.post("land_tiny")
+        started = self.pre.ask("send_tiny", transport=transport, ticket=ticket)
+        return self.dec.reply() - started
+
+    def raw(self, backend: str, num_bytes: int) -> float:
+        self._tag += 1
+        self.dec.post("raw_recv", backend=backend, num_bytes=num_bytes, tag=self._tag)
+        assert self.dec.conn.poll(REPLY_TIMEOUT_S) and self.dec.conn.recv()[0] == "ready"
+        started = self.pre.ask("raw_send", backend=backend, num_bytes=num_bytes, tag=self._tag)
+        return self.dec.reply() - started
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    tokens = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192]
+    reps = args.reps or (3 if args.quick else 5)
+    block_size = LLAMA3_8B_KV["block_size"]
+    max_blocks = max(tokens) // block_size
+    # A cache a quarter larger than the largest transfer, so its block ids are scattered.
+    common = dict(LLAMA3_8B_KV, num_cache_blocks=max_blocks * 5 // 4,
+                  max_transfer_blocks=max_blocks, dtype=args.dtype, seed=args.seed)  # fmt: skip
+    load_start = os.getloadavg()
+    log(f"load average {load_start}; spawning the prefill and decode peers")
+    # The gloo receive polls its store every 20 ms and c10d logs two warnings per poll.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    ctx = mp.get_context("spawn")
+    dec = PeerHandle(ctx, PeerConfig(role="decode", **common))  # type: ignore[arg-type]
+    pre = PeerHandle(ctx, PeerConfig(role="prefill", **common))  # type: ignore[arg-type]
+    bytes_per_block = dec.reply()["bytes_per_block"]
+    pre.reply()
+    try:
+        ends = dec.ask("endpoints")
+        pre.post("connect_raw", store_port=ends["store_port"], sock_port=ends["sock_port"])
+        raw_group_s = dec.ask("connect_raw")["raw_group_s"]
+        pre.reply()
+        bench = Bench(pre, dec)
+        transports = ["tcp", "gloo"]
+        setup: dict[str, Any] = {}
+        for t in transports:  # a fresh pair: the first transfer forms the gloo group
+            setup[t] = {"first_transfer_ms": bench.tiny(t) * 1e3}
+        setup["raw_gloo_group_ms"] = raw_group_s * 1e3
+        log("warm-up: one transfer per arm, each checked against the sender's blocks")
+        verified: dict[str, bool] = {}
+        arms = [f"kvflow-{t}" for t in transports] + ["raw-gloo", "raw-socket"]
+        if not args.quick:
+            arms += [f"kvflow-pooled-{t}" for t in transports]
+        for arm in arms:
+            sample = run_arm(bench, arm, tokens[0] // block_size, bytes_per_block, verify=True)
+            if "verified" in sample:
+                verified[f"{arm}/{tokens[0]}"] = sample["verified"]
+        tiny_reps = 10 if args.quick else 30
+        for t in transports:
+            setup[t]["per_transfer_ms"] = [bench.tiny(t) * 1e3 for _ in range(tiny_reps)]
+        setup["raw_gloo_tiny_ms"] = [bench.raw("gloo", TINY_BYTES) * 1e3 for _ in range(tiny_reps)]
+        samples: dict[tuple[int, str], list[dict[str, float]]] = {}
+        for rep in range(reps):
+            log(f"repetition {rep + 1}/{reps} (load average {os.getloadavg()[0]:.2f})")
+            for n_tok in tokens:
+                order = arms[rep % len(arms) :] + arms[: rep % len(arms)]
+                for arm in order:
+                    s = run_arm(bench, arm, n_tok // block_size, bytes_per_block)
+                    samples.setdefault((n_tok, arm), []).append(s)
+        profile = {}
+        if not args.quick:
+            log("profile of the gather and scatter at the largest size")
+            profile = {
+                "num_blocks": max_blocks,
+                "seconds": pre.ask("profile", num_blocks=max_blocks, reps=3),
+            }
+        pre.ask("stop")
+        dec.ask("stop")
+    finally:
+        for p in (pre, dec):
+            p.proc.join(timeout=10)
+            if p.proc.is_alive():
+                p.proc.terminate()
+    return {
+        "benchmark": "kv_transfer",
+        "command": " ".join(["python", "bench/kv_transfer.py", *sys.argv[1:]]),
+        "quick": args.quick,
+        "repetitions": reps,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "torch_threads_per_peer": torch.get_num_threads(),
+            "load_average_start": list(load_start),
+            "load_average_end": list(os.getloadavg()),
+        },
+        "kv": dict(common, bytes_per_token=bytes_per_block // block_size),
+        "verified": verified,
+        **summarize(samples, setup, bytes_per_block, block_size),
+        "profile": profile,
+    }
+
+
+def run_arm(
+    bench: Bench, arm: str, num_blocks: int, bytes_per_block: int, verify: bool = False
+) -> dict[str, Any]:
+    if arm.startswith("raw-"):
+        return {"total_s": bench.raw(arm.removeprefix("raw-"), num_blocks * bytes_per_block)}
+    transport = arm.rsplit("-", 1)[1]
+    return bench.kvflow(transport, num_blocks, pooled="pooled" in arm, verify=verify)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="1k and 4k tokens, 3 repetitions")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--reps", type=int, default=0, help="repetitions (default 5, quick 3)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    result = run(args)
+    result["wall_s"] = time.monotonic() - started
+    print(table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,8 +17,16 @@ The ceiling of a transport is the better of raw-gloo and raw-socket for gloo, ra
 for TCP (a contiguous tensor over TCP is a socket blast). Setup per transfer is the median
 latency of a tiny (16 bytes) transfer through the agent once a pair exists (for gloo, the
 store handshake), and the first transfer of a fresh pair (group formation) is reported
-apart. The full run adds kvflow-pooled-{tcp,gloo} (the same transports with staging
-buffers reused instead of allocated per transfer) and a profile of the gather and scatter.
+apart. The full run adds two what-ifs on the same transports, and a profile of the
+gather and scatter:
+
+  kvflow-pooled-*           staging buffers reused (already touched) instead of allocated
+                            per transfer; gather by index_select into the buffer
+  kvflow-tuned-*            pooled, moved as 8 messages of 4 layers each (the sender
+                            gathers the next group while one is on the wire, the receiver
+                            scatters each group as it lands), scattered one copy per block
+  zerocopy-tcp              no gather, no scatter: sendmsg/recvmsg_into over the blocks'
+                            own memory on the raw socket (bench/kv_transfer_zerocopy.py)
 
     python bench/kv_transfer.py [--quick] [--json PATH] [--dtype bfloat16|float32]
 """
@@ -43,6 +51,8 @@ from kv_transfer_report import summarize, table
 # Llama-3-8B: 32 layers x 8 KV heads x 128 dims x (K and V) x 2 bytes = 128 KiB per token.
 LLAMA3_8B_KV = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
 REPLY_TIMEOUT_S = 300.0
+# The tuned what-if moves 8 messages of 4 layers each (32 MiB each at 2k tokens).
+PIPELINE_GROUPS = 8
 
 
 def log(msg: str) -> None:
@@ -72,6 +82,12 @@ class PeerHandle:
         self.conn.send((name, kwargs))
 
 
+def _same(got: list[float], want: list[float]) -> bool:
+    return len(got) == len(want) and all(
+        math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-6) for g, w in zip(got, want, strict=True)
+    )
+
+
 class Bench:
     def __init__(self, pre: PeerHandle, dec: PeerHandle) -> None:
         self.pre, self.dec = pre, dec
@@ -79,17 +95,21 @@ class Bench:
         self._tag = 0
 
     def kvflow(
-        self, transport: str, num_blocks: int, pooled: bool = False, verify: bool = False
+        self,
+        transport: str,
+        num_blocks: int,
+        pooled: bool = False,
+        num_groups: int = 1,
+        verify: bool = False,
     ) -> dict[str, Any]:
         self._rid += 1
-        ticket = self.dec.ask(
-            "expect", transport=transport, num_blocks=num_blocks, pooled=pooled, rid=f"r{self._rid}"
-        )
+        spec = {"transport": transport, "num_blocks": num_blocks, "pooled": pooled}
+        tickets = self.dec.ask("expect", **spec, num_groups=num_groups, rid=f"r{self._rid}")
         self.dec.post("land", verify=verify)
-        sent = self.pre.ask(
-            "send", transport=transport, num_blocks=num_blocks, pooled=pooled, ticket=ticket
-        )
+        sent = self.pre.ask("send", **spec, tickets=tickets)
         landed = self.dec.reply()
+        # gather: until the sender's last gather ended; send: until the last byte landed;
+        # scatter: until the last scatter ended (one of each unless layer groups overlap).
         out = {
             "total_s": landed["scatter_end"] - sent["gather_start"],
             "gather_s": sent["gather_end"] - sent["gather_start"],
@@ -98,11 +118,7 @@ class Bench:
         }
         if verify:
             want = self.pre.ask("checksum", num_blocks=num_blocks)
-            got = landed["checksum"]
-            out["verified"] = len(got) == len(want) and all(
-                math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-6)
-                for g, w in zip(got, want, strict=True)
-            )
+            out["verified"] = _same(landed["checksum"], want)
         return out
 
     def tiny(self, transport: str) -> float:
@@ -113,6 +129,16 @@ class Bench:
         started = self.pre.ask("send_tiny", transport=transport, ticket=ticket)
         return self.dec.reply() - started
 
+    def zerocopy(self, num_blocks: int, verify: bool = False) -> dict[str, Any]:
+        self.dec.post("zerocopy_recv", num_blocks=num_blocks)
+        assert self.dec.conn.poll(REPLY_TIMEOUT_S) and self.dec.conn.recv()[0] == "ready"
+        started = self.pre.ask("zerocopy_send", num_blocks=num_blocks)
+        out: dict[str, Any] = {"total_s": self.dec.reply() - started}
+        if verify:
+            want = self.pre.ask("checksum", num_blocks=num_blocks)
+            out["verified"] = _same(self.dec.ask("checksum", num_blocks=num_blocks), want)
+        return out
+
     def raw(self, backend: str, num_bytes: int) -> float:
         self._tag += 1
         self.dec.post("raw_recv", backend=backend, num_bytes=num_bytes, tag=self._tag)
@@ -122,13 +148,16 @@ class Bench:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    tokens = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192]
+    tokens = args.tokens or ([1024, 4096] if args.quick else [1024, 2048, 4096, 8192])
     reps = args.reps or (3 if args.quick else 5)
     block_size = LLAMA3_8B_KV["block_size"]
     max_blocks = max(tokens) // block_size
-    # A cache a quarter larger than the largest transfer, so its block ids are scattered.
-    common = dict(LLAMA3_8B_KV, num_cache_blocks=max_blocks * 5 // 4,
+    # A cache an eighth larger than the largest transfer; block ids are drawn at random
+    # from all of it, so even the largest transfer reads scattered blocks.
+    num_cache_blocks = max_blocks * 9 // 8
+    common = dict(LLAMA3_8B_KV, num_cache_blocks=num_cache_blocks,
                   max_transfer_blocks=max_blocks, dtype=args.dtype, seed=args.seed)  # fmt: skip
+    check_memory(num_cache_blocks, max_blocks, args.dtype)
     load_start = os.getloadavg()
     log(f"load average {load_start}; spawning the prefill and decode peers")
     # The gloo receive polls its store every 20 ms and c10d logs two warnings per poll.
@@ -153,7 +182,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         verified: dict[str, bool] = {}
         arms = [f"kvflow-{t}" for t in transports] + ["raw-gloo", "raw-socket"]
         if not args.quick:
-            arms += [f"kvflow-pooled-{t}" for t in transports]
+            arms += [f"kvflow-{w}-{t}" for w in ("pooled", "tuned") for t in transports]
+            arms.append("zerocopy-tcp")
         for arm in arms:
             sample = run_arm(bench, arm, tokens[0] // block_size, bytes_per_block, verify=True)
             if "verified" in sample:
@@ -204,13 +234,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def check_memory(num_cache_blocks: int, max_blocks: int, dtype: str) -> None:
+    """Refuse to start when both peers would not fit in the memory available now (the
+    machine is shared: running out kills someone's process). Per side: the cache and a
+    staging buffer; the sender also holds read_blocks' result and its per-layer copies
+    (twice the transfer), the receiver one fresh receive buffer; about 0.5 GiB of runtime."""
+    block_bytes = 2 * LLAMA3_8B_KV["num_layers"] * LLAMA3_8B_KV["num_kv_heads"]
+    block_bytes *= LLAMA3_8B_KV["head_dim"] * LLAMA3_8B_KV["block_size"]
+    block_bytes *= torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    per_side = (num_cache_blocks + max_blocks) * block_bytes + (1 << 29)
+    need = 2 * per_side + 3 * max_blocks * block_bytes
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    available = int(fields["MemAvailable"].split()[0]) * 1024
+    if need > available:
+        raise SystemExit(
+            f"needs about {need / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available: "
+            "wait for other jobs, or run --quick (4k tokens at most)"
+        )
+    log(f"memory: needs about {need / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available")
+
+
 def run_arm(
     bench: Bench, arm: str, num_blocks: int, bytes_per_block: int, verify: bool = False
 ) -> dict[str, Any]:
+    if arm == "zerocopy-tcp":
+        return bench.zerocopy(num_blocks, verify)
     if arm.startswith("raw-"):
         return {"total_s": bench.raw(arm.removeprefix("raw-"), num_blocks * bytes_per_block)}
     transport = arm.rsplit("-", 1)[1]
-    return bench.kvflow(transport, num_blocks, pooled="pooled" in arm, verify=verify)
+    if "-tuned-" in arm:
+        return bench.kvflow(transport, num_blocks, True, PIPELINE_GROUPS, verify)
+    return bench.kvflow(transport, num_blocks, "-pooled-" in arm, 1, verify)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1k and 4k tokens, 3 repetitions")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument(
+        "--tokens",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="transfer sizes in tokens, comma-separated, multiples of 16 (default 1k-8k)",
+    )
     parser.add_argument("--reps", type=int, default=0, help="repetitions (default 5, quick 3)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import queue
 import random
 import socket
-import statistics
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as _dist
+from kv_transfer_profile import profile_block_io, scatter_by_block
+from kv_transfer_zerocopy import block_runs, recv_runs, send_runs
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
@@ -107,12 +108,20 @@ class Peer:
     def raw_view(self, num_bytes: int) -> torch.Tensor:
         return self.staging.view(-1).view(torch.uint8)[:num_bytes]
 
-    def pooled(self, num_blocks: int) -> torch.Tensor:
-        """A contiguous, already touched buffer of ``num_blocks`` blocks (the staging memory
-        reused, as a pool of staging buffers would)."""
+    def pooled(self, num_blocks: int, first_layer: int = 0, num_layers: int = 0) -> torch.Tensor:
+        """A contiguous, already touched buffer of ``num_blocks`` blocks of layers
+        ``first_layer`` on (all by default): the staging memory reused, as a pool of staging
+        buffers would be. Layer groups of one transfer lie side by side."""
         shape = list(self.staging.shape)
+        shape[0] = num_layers or self.cfg.num_layers
         shape[3] = num_blocks
-        return self.staging.view(-1)[: self.block_numel * num_blocks].view(shape)
+        layer_numel = self.block_numel // self.cfg.num_layers * num_blocks
+        start = first_layer * layer_numel
+        return self.staging.view(-1)[start : start + shape[0] * layer_numel].view(shape)
+
+    def layer_groups(self, num_groups: int) -> list[range]:
+        size = self.cfg.num_layers // num_groups
+        return [range(g * size, (g + 1) * size) for g in range(num_groups)]
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -144,57 +153,85 @@ class Peer:
 
     # -- kvflow's path -------------------------------------------------------------------------
 
-    def expect(self, transport: str, num_blocks: int, pooled: bool, rid: str) -> dict[str, Any]:
-        """Decode side, part 1: the reservation (a receive buffer and a ticket)."""
-        # EngineLoop allocates a fresh buffer per reservation (empty_blocks).
-        buffer = self.pooled(num_blocks) if pooled else self.runner.empty_blocks(num_blocks)
-        self._pending = (buffer, num_blocks)
+    # With num_groups > 1 (the "tuned" what-if, pooled buffers only) a transfer moves as
+    # one message per group of layers: the sender gathers group g + 1 while group g is on
+    # the wire, and the receiver scatters each group as it lands, one copy per block.
+
+    def expect(
+        self, transport: str, num_blocks: int, pooled: bool, num_groups: int, rid: str
+    ) -> list[dict[str, Any]]:
+        """Decode side, part 1: the reservation (receive buffers and tickets)."""
+        assert pooled or num_groups == 1
+        if pooled:
+            buffers = [
+                self.pooled(num_blocks, layers.start, len(layers))
+                for layers in self.layer_groups(num_groups)
+            ]
+        else:
+            buffers = [self.runner.empty_blocks(num_blocks)]  # what EngineLoop does
+        self._pending = (buffers, num_blocks)
         agent = self.agents[KvTransportKind(transport)]
-        ticket = agent.receive(
-            rid, buffer, TRANSFER_TIMEOUT_S, lambda err: self.done.put((err, time.monotonic()))
-        )
-        return {"transfer_id": ticket.transfer_id, "tag": ticket.tag, "endpoint": ticket.endpoint}
+        tickets = []
+        for g, buffer in enumerate(buffers):
+            ticket = agent.receive(
+                f"{rid}/{g}",
+                buffer,
+                TRANSFER_TIMEOUT_S,
+                lambda err, g=g: self.done.put((g, err, time.monotonic())),
+            )
+            tickets.append(
+                {"transfer_id": ticket.transfer_id, "tag": ticket.tag, "endpoint": ticket.endpoint}
+            )
+        return tickets
 
     def land(self, verify: bool) -> dict[str, Any]:
-        """Decode side, part 2: wait for the completion, scatter into the cache."""
-        error, recv_done = self.done.get(timeout=TRANSFER_TIMEOUT_S + 5)
-        if error is not None:
-            raise RuntimeError(f"receive failed: {error}")
-        buffer, num_blocks = self._pending
-        scatter_start = time.monotonic()
-        self.runner.write_blocks(self.block_ids[:num_blocks], buffer)
-        scatter_end = time.monotonic()
-        out = {"recv_done": recv_done, "scatter_start": scatter_start, "scatter_end": scatter_end}
+        """Decode side, part 2: wait for each completion, scatter into the cache."""
+        buffers, num_blocks = self._pending
+        ids = self.block_ids[:num_blocks]
+        groups = self.layer_groups(len(buffers))
+        recv_done = 0.0
+        for _ in buffers:
+            g, error, recv_done = self.done.get(timeout=TRANSFER_TIMEOUT_S + 5)
+            if error is not None:
+                raise RuntimeError(f"receive failed: {error}")
+            if len(buffers) == 1:
+                self.runner.write_blocks(ids, buffers[0])  # kvflow's scatter
+                continue
+            with torch.inference_mode():
+                for layer, data in zip(groups[g], buffers[g], strict=True):
+                    scatter_by_block(self.runner.kv_caches[layer], ids, data)
+        out = {"recv_done": recv_done, "scatter_end": time.monotonic()}
         if verify:
             out["checksum"] = self.checksum(num_blocks)
         del self._pending
         return out
 
     def send(
-        self, transport: str, num_blocks: int, pooled: bool, ticket: dict[str, Any]
+        self, transport: str, num_blocks: int, pooled: bool, tickets: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        """Prefill side: gather the blocks, send them, wait for the send to end."""
+        """Prefill side: gather the blocks, send them, wait for the sends to end."""
         ids = self.block_ids[:num_blocks]
+        idx = torch.tensor(ids, dtype=torch.int64)
+        agent = self.agents[KvTransportKind(transport)]
+        sent: queue.Queue[Any] = queue.Queue()
         gather_start = time.monotonic()
-        if pooled:
-            data = self.pooled(num_blocks)
-            idx = torch.tensor(ids, dtype=torch.int64)
-            for layer, kv in enumerate(self.runner.kv_caches):
-                torch.index_select(kv, 2, idx, out=data[layer])
-        else:
-            data = self.runner.read_blocks(ids)
+        for ticket, layers in zip(tickets, self.layer_groups(len(tickets)), strict=True):
+            if pooled:
+                data = self.pooled(num_blocks, layers.start, len(layers))
+                for i, layer in enumerate(layers):
+                    torch.index_select(self.runner.kv_caches[layer], 2, idx, out=data[i])
+            else:
+                data = self.runner.read_blocks(ids)  # kvflow's gather
+            target = SendTarget(
+                ticket["transfer_id"], ticket["endpoint"], ticket["tag"], "bench-decode"
+            )
+            agent.send(target, data, TRANSFER_TIMEOUT_S, sent.put)
         gather_end = time.monotonic()
-        target = SendTarget(
-            ticket["transfer_id"], ticket["endpoint"], ticket["tag"], "bench-decode"
-        )
-        sent: queue.Queue[tuple[Any, float]] = queue.Queue()
-        self.agents[KvTransportKind(transport)].send(
-            target, data, TRANSFER_TIMEOUT_S, lambda r: sent.put((r, time.monotonic()))
-        )
-        result, send_end = sent.get(timeout=TRANSFER_TIMEOUT_S + 5)
-        if not hasattr(result, "transfer_s"):
-            raise RuntimeError(f"send failed: {result}")
-        return {"gather_start": gather_start, "gather_end": gather_end, "send_end": send_end}
+        for _ in tickets:
+            result = sent.get(timeout=TRANSFER_TIMEOUT_S + 5)
+            if not hasattr(result, "transfer_s"):
+                raise RuntimeError(f"send failed: {result}")
+        return {"gather_start": gather_start, "gather_end": gather_end}
 
     # -- a tiny transfer: what a transfer costs beyond its bytes ------------------------------
 
@@ -272,43 +309,25 @@ class Peer:
             self.sock.sendall(byte_view(view))
         return started
 
-    # -- where the gather and scatter time goes ---------------------------------------------
+    # -- the zero-copy what-if (vectored I/O straight from and into the caches) ------------
+
+    def zerocopy_recv(self, num_blocks: int, conn: Connection) -> float:
+        assert self.sock is not None
+        runs = block_runs(self.runner.kv_caches, self.block_ids[:num_blocks])
+        conn.send(("ready", None))
+        recv_runs(self.sock, runs)
+        return time.monotonic()
+
+    def zerocopy_send(self, num_blocks: int) -> float:
+        assert self.sock is not None
+        started = time.monotonic()
+        send_runs(self.sock, block_runs(self.runner.kv_caches, self.block_ids[:num_blocks]))
+        return started
 
     def profile(self, num_blocks: int, reps: int) -> dict[str, float]:
-        """Medians (s) of read_blocks and its two parts (an index_select per layer into fresh
-        memory, then torch.stack into more fresh memory), the same gather into a touched
-        buffer, the first touch of a fresh buffer of the transfer's size (what a receive into
-        empty_blocks pays in page faults), and write_blocks from a touched buffer."""
-        ids = self.block_ids[:num_blocks]
-        idx = torch.tensor(ids, dtype=torch.int64)
-        warm = self.pooled(num_blocks)
-        caches = self.runner.kv_caches
-        samples: dict[str, list[float]] = {}
-
-        def lap(name: str, started: float) -> float:
-            now = time.monotonic()
-            samples.setdefault(name, []).append(now - started)
-            return now
-
-        with torch.inference_mode():
-            for _ in range(reps):
-                t = time.monotonic()
-                out = self.runner.read_blocks(ids)
-                del out
-                t = lap("read_blocks", t)
-                parts = [kv.index_select(2, idx) for kv in caches]
-                t = lap("read_blocks.index_select", t)
-                out = torch.stack(parts)
-                del out, parts
-                t = lap("read_blocks.stack", t)
-                for layer, kv in enumerate(caches):
-                    torch.index_select(kv, 2, idx, out=warm[layer])
-                t = lap("index_select_into_touched_buffer", t)
-                self.runner.empty_blocks(num_blocks).fill_(0)
-                t = lap("empty_blocks_first_touch", t)
-                self.runner.write_blocks(ids, warm)
-                lap("write_blocks", t)
-        return {k: statistics.median(v) for k, v in samples.items()}
+        return profile_block_io(
+            self.runner, self.block_ids[:num_blocks], self.pooled(num_blocks), reps
+        )
 
 
 def run_peer(cfg: PeerConfig, conn: Connection) -> None:
@@ -321,7 +340,7 @@ def run_peer(cfg: PeerConfig, conn: Connection) -> None:
             if name == "stop":
                 conn.send(("ok", None))
                 return
-            if name == "raw_recv":
+            if name in ("raw_recv", "zerocopy_recv"):
                 kwargs["conn"] = conn
             conn.send(("ok", getattr(peer, name)(**kwargs)))
     except Exception:

@@ -10,6 +10,8 @@ from typing import Any
 TARGET_RATIO = 0.70
 TARGET_MIN_BYTES = 4_000_000
 TARGET_SETUP_MS = 2.0
+PHASES = ("total_s", "gather_s", "send_s", "scatter_s")
+WHATIFS = ("pooled", "tuned")
 
 
 def _median(samples: list[dict[str, float]], key: str) -> float:
@@ -50,24 +52,24 @@ def summarize(
                 "ceiling_arm": ceiling_arm,
                 "raw_gloo_gbps": raw["gloo"],
                 "raw_socket_gbps": raw["socket"],
-                **{
-                    f"{k}_median": _median(arm, k)
-                    for k in ("total_s", "gather_s", "send_s", "scatter_s")
-                },
+                **{f"{k}_median": _median(arm, k) for k in PHASES},
                 "samples": arm,
             }
             row["ratio"] = row["kvflow_gbps"] / ceiling
-            pooled = samples.get((n_tok, f"kvflow-pooled-{t}"))
-            if pooled:
-                row["pooled"] = {
-                    "gbps": _gbps(num_bytes, _median(pooled, "total_s")),
-                    "ratio": _gbps(num_bytes, _median(pooled, "total_s")) / ceiling,
-                    **{
-                        f"{k}_median": _median(pooled, k)
-                        for k in ("total_s", "gather_s", "send_s", "scatter_s")
-                    },
-                    "samples": pooled,
-                }
+            for whatif in WHATIFS:
+                other = samples.get((n_tok, f"kvflow-{whatif}-{t}"))
+                if other:
+                    gbps = _gbps(num_bytes, _median(other, "total_s"))
+                    row[whatif] = {
+                        "gbps": gbps,
+                        "ratio": gbps / ceiling,
+                        **{f"{k}_median": _median(other, k) for k in PHASES},
+                        "samples": other,
+                    }
+            zerocopy = samples.get((n_tok, f"zerocopy-{t}"))
+            if zerocopy:
+                gbps = _gbps(num_bytes, _median(zerocopy, "total_s"))
+                row["zerocopy"] = {"gbps": gbps, "ratio": gbps / ceiling, "samples": zerocopy}
             results.append(row)
     raw_samples = {
         f"{a}/{t}": [s["total_s"] for s in v]
@@ -119,23 +121,27 @@ def table(result: dict[str, Any]) -> str:
             f"{setup[r['transport']]['per_transfer_ms_median']:.2f}",
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    pooled = [r for r in result["results"] if "pooled" in r]
-    if pooled:
+    whatifs = [r for r in result["results"] if "pooled" in r]
+    if whatifs:
         lines += [
             "",
-            "| tokens | transport | pooled staging GB/s | ratio | gather / send / scatter s |",
-            "|---|---|---|---|---|",
+            "| tokens | transport | pooled GB/s | ratio | gather / send / scatter s "
+            "| tuned GB/s | ratio | gather / send / scatter s |",
+            "|---|---|---|---|---|---|---|---|",
         ]
-        for r in pooled:
-            p = r["pooled"]
-            cells = [
-                r["tokens"],
-                r["transport"],
-                f"{p['gbps']:.2f}",
-                f"{p['ratio']:.0%}",
-                _split(p),
-            ]
+        for r in whatifs:
+            cells = [r["tokens"], r["transport"]]
+            for w in WHATIFS:
+                p = r[w]
+                cells += [f"{p['gbps']:.2f}", f"{p['ratio']:.0%}", _split(p)]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
+    for r in result["results"]:
+        if "zerocopy" in r:
+            z = r["zerocopy"]
+            lines.append(
+                f"zero-copy TCP what-if, {r['tokens']} tokens: {z['gbps']:.2f} GB/s, "
+                f"{z['ratio']:.0%} of the ceiling"
+            )
     lines.append("")
     for t in ("tcp", "gloo"):
         s = setup[t]

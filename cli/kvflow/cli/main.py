@@ -28,6 +28,16 @@ COMMANDS: dict[str, Command] = {
     "bench": Command(
         "kvflow.cli.bench.cli", "router", "load an OpenAI-compatible endpoint and report latency"
     ),
+    "sim": Command(
+        "kvflow.cli.sim.cli",
+        "dev",
+        "simulated clusters in virtual time (bench, compare, calibrate)",
+    ),
+    "profile": Command(
+        "kvflow.engine_worker.sim.profile_cli",
+        "worker",
+        "fit a simulated-worker profile to the engine",
+    ),
 }
 
 

@@ -16,13 +16,14 @@ import grpc
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.engine import Engine, EngineConfig, ModelRunner
 from kvflow.engine_worker.engine_loop import EngineLoop
-from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.http_server import start_http_server
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind
+from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.metrics import WorkerMetrics
 from kvflow.engine_worker.server import KV_TRANSPORTS, WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
+from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.engine_worker.sim_runner import SimulatedRunner, StepTiming
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
@@ -64,6 +65,30 @@ def _num_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
     return num
 
 
+def _simulated_geometry(settings: WorkerSettings) -> tuple[StepTiming, int, int]:
+    """A simulated worker's step timing, KV bytes per block and block count: from its
+    profile, or the legacy --sim-*-ms flags and SmolLM2's float32 KV."""
+    legacy = StepTiming.legacy(
+        settings.sim_base_step_ms / 1e3,
+        settings.sim_per_token_ms / 1e3,
+        settings.sim_per_seq_ms / 1e3,
+    )
+    if settings.sim_profile is None:
+        per_block = SIM_BYTES_PER_BLOCK_PER_TOKEN * settings.block_size
+        return legacy, per_block, _num_blocks(settings, per_block)
+    if not legacy.is_zero:
+        raise SystemExit("--sim-profile sets the step timing: drop the --sim-*-ms flags")
+    try:
+        profile = resolve_profile(settings.sim_profile)
+    except ProfileError as exc:
+        raise SystemExit(f"--sim-profile: {exc}") from None
+    per_block = profile.kv_bytes_per_block // profile.block_size * settings.block_size
+    num_blocks = settings.num_kv_blocks
+    if num_blocks is None:
+        num_blocks = profile.num_kv_blocks * profile.block_size // settings.block_size
+    return profile.timing, per_block, num_blocks
+
+
 def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = None) -> BuiltWorker:
     """Load the model (or the simulator) and size the KV cache; slow for a real model.
 
@@ -74,16 +99,12 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
     if settings.simulate:
         name = settings.served_model_name or "simulated"
         vocab, eos, model_len = SIM_VOCAB_SIZE, SIM_EOS_TOKEN_IDS, SIM_MAX_MODEL_LEN
-        num_blocks = _num_blocks(settings, SIM_BYTES_PER_BLOCK_PER_TOKEN * settings.block_size)
+        timing, per_block, num_blocks = _simulated_geometry(settings)
         runner = SimulatedRunner(
             vocab_size=vocab,
             eos_token_ids=eos,
-            timing=StepTiming(
-                settings.sim_base_step_ms / 1e3,
-                settings.sim_per_token_ms / 1e3,
-                settings.sim_per_seq_ms / 1e3,
-            ),
-            kv_bytes_per_block=SIM_BYTES_PER_BLOCK_PER_TOKEN * settings.block_size,
+            timing=timing,
+            kv_bytes_per_block=per_block,
             block_size=settings.block_size,
         )
     else:

@@ -31,6 +31,9 @@ class WorkerSettings:
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
     enable_prefix_caching: bool = True
     simulate: bool = False
+    # A profile's name (h100-llama3-8b...) or a file `kvflow profile` wrote: the step
+    # timing, KV bytes per block and block count of that GPU and model.
+    sim_profile: str | None = None
     sim_base_step_ms: float = 0.0
     sim_per_token_ms: float = 0.0
     sim_per_seq_ms: float = 0.0
@@ -91,6 +94,13 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         action="store_true",
         help="no model: the real scheduler and KV accounting with a timing model",
     )
+    p.add_argument(
+        "--sim-profile",
+        help="with --simulate: step timing and KV geometry of a GPU and model, by name "
+        "(h100-llama3-8b, h200-llama3-8b, h100x4-llama3-70b, h200x2-llama3-70b) or a "
+        "file from `kvflow profile`; the KV block count is the profile's unless "
+        "--num-kv-blocks is given (instead of the --sim-*-ms flags)",
+    )
     p.add_argument("--sim-base-step-ms", type=float, default=d.sim_base_step_ms)
     p.add_argument("--sim-per-token-ms", type=float, default=d.sim_per_token_ms)
     p.add_argument("--sim-per-seq-ms", type=float, default=d.sim_per_seq_ms)
@@ -143,6 +153,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         num_kv_blocks=a.num_kv_blocks,
         enable_prefix_caching=not a.no_prefix_caching,
         simulate=a.simulate,
+        sim_profile=a.sim_profile,
         sim_base_step_ms=a.sim_base_step_ms,
         sim_per_token_ms=a.sim_per_token_ms,
         sim_per_seq_ms=a.sim_per_seq_ms,

@@ -2,12 +2,15 @@
 
 It lets one CPU host dozens of workers for routing tests and policy benchmarks. Tokens are
 a fixed function of the sequence so far (the same prompt always continues the same way,
-so prefix caching behaves as with a real model), and a step sleeps for
+so prefix caching behaves as with a real model), and a step sleeps for as long as its
+timing model says (``sim/timing.py``: a linear model of prefill tokens, decoding sequences
+and KV read, with coefficients from a profile, ``sim/profiles.py``).
 
-    step_s = base_step_s + per_token_s * batched_tokens + per_seq_s * num_seqs
-
-Calibrate the three constants against the real engine before trusting policy results;
-zeros give a worker that streams instantly (for measuring gateway overhead).
+``sleep`` is how time passes: ``time.sleep`` in a worker process (wall time), a
+worker-local clock's advance in the virtual-time cluster (``kvflow.cli.sim``), where one
+process steps dozens of these over a discrete-event clock. A zero model streams instantly
+(for measuring gateway overhead). Fit a profile to the real engine (``kvflow profile``)
+before trusting policy results.
 """
 
 from __future__ import annotations
@@ -15,21 +18,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
+from kvflow.engine_worker.sim.timing import StepTimer, StepTiming
 
-
-@dataclass(frozen=True, slots=True)
-class StepTiming:
-    base_step_s: float = 0.0
-    per_token_s: float = 0.0
-    per_seq_s: float = 0.0
-
-    def step_s(self, num_batched_tokens: int, num_seqs: int) -> float:
-        return self.base_step_s + self.per_token_s * num_batched_tokens + self.per_seq_s * num_seqs
+__all__ = ["SimulatedRunner", "StepTimer", "StepTiming"]
 
 
 class SimulatedRunner:
@@ -38,7 +33,7 @@ class SimulatedRunner:
         *,
         vocab_size: int,
         eos_token_ids: tuple[int, ...],
-        timing: StepTiming = StepTiming(),
+        timing: StepTimer = StepTiming(),
         eos_probability: float = 1 / 128,
         sleep: Callable[[float], None] = time.sleep,
         kv_bytes_per_block: int = 1,
@@ -66,7 +61,7 @@ class SimulatedRunner:
         return token
 
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
-        delay_s = self.timing.step_s(output.num_batched_tokens, len(output.scheduled))
+        delay_s = self.timing.step_s(output)
         if delay_s > 0:
             self.sleep(delay_s)
         return {

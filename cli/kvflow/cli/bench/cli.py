@@ -62,6 +62,10 @@ async def _run(
 
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    if argv[:1] == ["sim"]:  # the same options against a simulated cluster, in virtual time
+        from kvflow.cli.sim.run_cli import main as sim_main
+
+        return sim_main(argv[1:], out, err)
     args = parse(argv)
     try:
         points = load_points(args)

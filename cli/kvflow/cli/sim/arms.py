@@ -1,0 +1,147 @@
+"""The routing policies a comparison runs side by side, each built on the real pipeline.
+
+- ``kvflow``: the gateway's placement with its default weights (what ships).
+- ``round-robin``: the default filters and a picker that takes the next worker in turn.
+- ``random``: the default filters, no scorer: every worker ties and the picker draws.
+- ``least-loaded``: the queue-depth scorer alone.
+- ``session``: sticky sessions: the session scorer at a weight no queue outweighs, new
+  sessions to the least loaded.
+- ``ideal``: least-loaded routing whose workers are charged nothing for any prompt block
+  that any worker computed before (one infinite cache shared by all): perfect balance and
+  perfect hits, the upper bound no router reaches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.pipeline import (
+    DEFAULT_WEIGHTS,
+    SERVING_ROLES,
+    RoutingPipeline,
+    build_pipeline,
+)
+from kvflow.router.routing.placement import (
+    Colocated,
+    DisaggregationConfig,
+    ExecutionPlan,
+    PlacementRequest,
+    PlanReason,
+    build_placement,
+)
+from kvflow.router.routing.plugins import (
+    ExcludedFilter,
+    HealthyFilter,
+    MaxScorePicker,
+    ModelFilter,
+    RoleFilter,
+)
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import RouteRequest, WorkerView
+
+# Sticky: a session returns to its worker unless that worker has 1,000 more requests.
+STICKY_SESSION_WEIGHT = 1000.0
+
+
+class Planner(Protocol):
+    def plan(
+        self, request: PlacementRequest, workers: Sequence[WorkerView]
+    ) -> ExecutionPlan | None: ...
+
+
+class RoundRobinPicker:
+    """The next candidate in turn (candidates come in the pool's fixed order)."""
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def pick(self, scored: Sequence[tuple[WorkerView, float]]) -> WorkerView:
+        return scored[next(self._turn) % len(scored)][0]
+
+
+class ColocatedPlanner:
+    """A single pipeline that always serves colocated (the baselines)."""
+
+    def __init__(self, pipeline: RoutingPipeline) -> None:
+        self._pipeline = pipeline
+
+    def plan(self, request: PlacementRequest, workers: Sequence[WorkerView]) -> Colocated | None:
+        route = RouteRequest(
+            request.model, request.block_hashes, request.session_id, request.excluded
+        )
+        decision = self._pipeline.route(route, workers)
+        return None if decision is None else Colocated(decision, PlanReason.COLOCATED_WORKER)
+
+
+def _filters() -> list[HealthyFilter | ModelFilter | RoleFilter | ExcludedFilter]:
+    return [HealthyFilter(), ModelFilter(), RoleFilter(SERVING_ROLES), ExcludedFilter()]
+
+
+Builder = Callable[[BlockIndex, SessionTable, random.Random], Planner]
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    build: Builder
+    is_ideal: bool = False  # workers charge nothing for globally cached prompt blocks
+
+
+def _weights(weights: dict[str, float]) -> Builder:
+    def build(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+        return ColocatedPlanner(build_pipeline(weights, index=index, sessions=sessions, rng=rng))
+
+    return build
+
+
+def _placement(weights: Mapping[str, float]) -> Builder:
+    def build(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+        return build_placement(
+            weights, DisaggregationConfig(), index=index, sessions=sessions, rng=rng
+        )
+
+    return build
+
+
+def _round_robin(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+    return ColocatedPlanner(RoutingPipeline(_filters(), [], RoundRobinPicker()))
+
+
+def _random(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+    return ColocatedPlanner(RoutingPipeline(_filters(), [], MaxScorePicker(rng)))
+
+
+ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        Arm("kvflow", _placement(DEFAULT_WEIGHTS)),
+        Arm("round-robin", _round_robin),
+        Arm("least-loaded", _weights({"queue_depth": 1.0})),
+        Arm("random", _random),
+        Arm("session", _weights({"session": STICKY_SESSION_WEIGHT, "queue_depth": 1.0})),
+        Arm("ideal", _weights({"queue_depth": 1.0}), is_ideal=True),
+    )
+}
+
+
+def resolve_arm(spec: str) -> Arm:
+    """An arm by name, or ``kvflow:<scorer>=<weight>,...``: the gateway's placement with
+    those routing weights (the others at their defaults), as a router config would set."""
+    if spec in ARMS:
+        return ARMS[spec]
+    name, _, weights_text = spec.partition(":")
+    if name != "kvflow" or not weights_text:
+        raise ValueError(f"unknown arm {spec!r}: use one of {', '.join(ARMS)} or kvflow:w=1,...")
+    weights = dict(DEFAULT_WEIGHTS)
+    for item in weights_text.split(","):
+        key, _, value = item.partition("=")
+        try:
+            weights[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"arm {spec!r}: {item!r} is not <scorer>=<number>") from None
+    return Arm(spec, _placement(weights))

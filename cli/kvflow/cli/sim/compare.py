@@ -1,0 +1,169 @@
+"""The routing comparison (issue 8; docs/benchmarks.md): every arm on every workload.
+
+One invocation, one seed, one cluster spec (8 workers, the same profile and KV size for
+every arm). Workloads:
+
+- ``shared-prefix``: llm-d's shape (a 6,000-token system prompt per group, 1,200-token
+  questions) with 300 groups of 5 users, so the prefixes (1.8 M tokens) are 4.4x one
+  H100's KV for Llama-3-8B (411 k tokens) and half the cluster's; 200 output tokens (llm-d
+  asks 1,000; the simulator's cost is per decoded token, and decode is not what routing
+  changes). A Poisson ladder, each rung 800 warm-up then 800 measured requests.
+- ``mooncake``: the Mooncake FAST'25 synthetic trace, full lengths, at 1x, 2x, 4x speed.
+- ``no-reuse``: 7,200-token prompts of fresh text, the same Poisson ladder shape.
+
+``--quick`` keeps the shapes and cuts the rungs and requests (a few minutes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
+from kvflow.cli.bench.metrics import Slo
+from kvflow.cli.bench.no_reuse import NoReuseWorkload
+from kvflow.cli.bench.shared_prefix import SharedPrefixWorkload
+from kvflow.cli.bench.summary import LoadPointSummary
+from kvflow.cli.bench.trace import load_trace
+from kvflow.cli.bench.trace_replay import TraceWorkload
+from kvflow.cli.sim.arms import resolve_arm
+from kvflow.cli.sim.cluster import ClusterSpec, WorkerStats
+from kvflow.cli.sim.ladders import SimLadder, run_ladder
+from kvflow.cli.sim.targets import (
+    Verdict,
+    balance_target,
+    hit_rate_target,
+    knee_target,
+    parity_target,
+    ttft_targets,
+)
+
+ARMS = ("kvflow", "round-robin", "least-loaded", "random", "session", "ideal")
+SHARED_PREFIX_RATES: tuple[float, ...] = (10, 20, 25, 30, 40, 50, 60, 70, 80)
+NO_REUSE_RATES: tuple[float, ...] = (5, 10, 15, 20, 25, 30, 35)
+TRACE_SPEEDUPS: tuple[float, ...] = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class ComparisonConfig:
+    trace_path: str
+    profile: str = "h100-llama3-8b"
+    num_workers: int = 8
+    num_kv_blocks: int | None = None
+    arms: Sequence[str] = ARMS
+    workloads: Sequence[str] = ("shared-prefix", "mooncake", "no-reuse")
+    slo: Slo = field(default_factory=lambda: Slo(ttft_s=1.0, tpot_s=0.1))
+    seed: int = 0
+    quick: bool = False
+    jobs: int = 1
+
+
+def ladders(config: ComparisonConfig) -> list[SimLadder]:
+    quick = config.quick
+
+    def poisson(rates: Sequence[float]) -> list[LoadPoint]:
+        return [LoadPoint(ArrivalKind.POISSON, r) for r in rates]
+
+    n = 200 if quick else 800
+    sizes = {"warmup_requests": n, "measured_requests": n}
+    out = []
+    for name in config.workloads:
+        if name == "shared-prefix":
+            workload = SharedPrefixWorkload(300, 5, (6000,), 1200, 200)
+            rates: Sequence[float] = (10, 30, 60) if quick else SHARED_PREFIX_RATES
+            out.append(SimLadder(name, workload, poisson(rates), config.slo, config.seed, **sizes))
+        elif name == "no-reuse":
+            rates = (10, 25) if quick else NO_REUSE_RATES
+            out.append(SimLadder(name, NoReuseWorkload(7200, 200), poisson(rates), config.slo,
+                                 config.seed, **sizes))  # fmt: skip
+        elif name == "mooncake":
+            records = load_trace(config.trace_path)
+            if quick:
+                records = records[:1000]
+            speeds = [LoadPoint(ArrivalKind.TRACE, s) for s in TRACE_SPEEDUPS]
+            out.append(SimLadder(name, TraceWorkload(records), speeds, config.slo, config.seed))
+        else:
+            raise ValueError(f"unknown workload {name!r}: shared-prefix, mooncake or no-reuse")
+    return out
+
+
+@dataclass
+class ArmLadder:
+    workload: str
+    arm: str
+    points: list[LoadPointSummary]
+    workers: list[list[WorkerStats]]
+    wall_s: float
+
+
+@dataclass
+class ComparisonResult:
+    config: ComparisonConfig
+    spec: ClusterSpec
+    ladders: list[ArmLadder] = field(default_factory=list)
+
+    def by_workload(self, workload: str) -> dict[str, list[LoadPointSummary]]:
+        return {r.arm: r.points for r in self.ladders if r.workload == workload}
+
+
+def _run_one(spec: ClusterSpec, arm_name: str, ladder: SimLadder) -> ArmLadder:
+    started_s = time.perf_counter()
+    results = run_ladder(spec, resolve_arm(arm_name), ladder)
+    return ArmLadder(ladder.name, arm_name, [r.summary for r in results],
+                     [r.workers for r in results], time.perf_counter() - started_s)  # fmt: skip
+
+
+def run_comparison(
+    config: ComparisonConfig, spec: ClusterSpec, on_done: Callable[[ArmLadder], None] | None = None
+) -> ComparisonResult:
+    """Every (workload, arm) ladder; ``jobs`` processes side by side (each is
+    deterministic on its own, so the result does not depend on ``jobs``)."""
+    jobs = [(spec, arm, ladder) for ladder in ladders(config) for arm in config.arms]
+    result = ComparisonResult(config, spec)
+    if config.jobs <= 1:
+        done = (_run_one(*job) for job in jobs)
+        for item in done:
+            result.ladders.append(item)
+            if on_done is not None:
+                on_done(item)
+        return result
+    with ProcessPoolExecutor(config.jobs) as pool:
+        futures = [pool.submit(_run_one, *job) for job in jobs]
+        for future in futures:
+            item = future.result()
+            result.ladders.append(item)
+            if on_done is not None:
+                on_done(item)
+    return result
+
+
+def verdicts(result: ComparisonResult) -> list[Verdict]:
+    """The issue's targets for the default router, on the workloads that were run."""
+    slo = result.config.slo
+    out: list[Verdict] = []
+    sp = result.by_workload("shared-prefix")
+    if {"kvflow", "round-robin", "least-loaded"} <= set(sp):
+        out.append(knee_target(sp, ["round-robin", "least-loaded"]))
+        out += ttft_targets(sp, "round-robin", slo)
+    for workload in ("shared-prefix", "mooncake"):
+        ladders_ = result.by_workload(workload)
+        if {"kvflow", "ideal"} <= set(ladders_):
+            out.append(hit_rate_target(workload, ladders_))
+    for workload in ("shared-prefix", "mooncake", "no-reuse"):
+        ladders_ = result.by_workload(workload)
+        if "kvflow" in ladders_:
+            out.append(balance_target(workload, ladders_))
+    nr = result.by_workload("no-reuse")
+    if {"kvflow", "least-loaded"} <= set(nr):
+        out.append(parity_target(nr, slo))
+    mc = result.by_workload("mooncake")
+    if {"kvflow", "round-robin"} <= set(mc):
+        ours, theirs = mc["kvflow"], mc["round-robin"]
+        for o, t in zip(ours, theirs, strict=True):
+            p_o, p_t = o.latency.ttft_s.p90 or 0.0, t.latency.ttft_s.p90 or 0.0
+            out.append(Verdict(f"mooncake {o.label}: TTFT P90 vs round-robin", True,
+                               p_t / p_o if p_o else 0.0, "(reported)",
+                               f"{p_t:.3f} s vs {p_o:.3f} s"))  # fmt: skip
+    return out

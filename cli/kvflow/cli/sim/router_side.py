@@ -1,0 +1,80 @@
+"""What the gateway's worker pool computes for routing, without its gRPC.
+
+``kvflow.router.workers.pool.WorkerPool`` polls each worker's Load every
+``LOAD_INTERVAL_S`` and corrects the report by the requests it has started or finished
+there since (``estimate_queue_depth``); ``KvEventFollower`` applies each worker's KV
+events to the ``BlockIndex``. This does the same in virtual time: the polls are events on
+the clock, the KV events arrive when a step ends, and the views are built the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvflow.cli.sim.worker import LoadReport
+from kvflow.engine_worker.core.kv_events import KvEvent, KvEventKind
+from kvflow.proto.block_hash import BlockHash
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.workers.pool import LOAD_INTERVAL_S, estimate_queue_depth
+
+__all__ = ["LOAD_INTERVAL_S", "RouterSide"]
+
+
+@dataclass
+class _Counters:
+    role: WorkerRole
+    num_reported: int = 0  # waiting + running at the last poll
+    kv_usage: float = 0.0
+    num_local: int = 0  # this router's open requests there
+    num_local_at_report: int = 0
+
+
+class RouterSide:
+    def __init__(self, model: str, workers: Iterable[tuple[WorkerId, WorkerRole]]) -> None:
+        self.model = model
+        self.index = BlockIndex()
+        self.sessions = SessionTable()
+        self._workers = {worker_id: _Counters(role) for worker_id, role in workers}
+
+    def poll(self, worker_id: WorkerId, load: LoadReport) -> None:
+        """A Load answer (WorkerPool._monitor)."""
+        w = self._workers[worker_id]
+        w.num_reported = load.num_waiting + load.num_running
+        w.kv_usage = load.kv_usage
+        w.num_local_at_report = w.num_local
+
+    def apply_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent]) -> None:
+        """A batch of the worker's KV events (KvEventFollower._apply)."""
+        for event in events:
+            hashes = (BlockHash(h) for h in event.block_hashes)
+            if event.kind is KvEventKind.STORED:
+                self.index.add(worker_id, hashes)
+            elif event.kind is KvEventKind.REMOVED:
+                self.index.remove(worker_id, hashes)
+            else:
+                self.index.clear(worker_id)
+
+    def open(self, worker_id: WorkerId) -> None:
+        self._workers[worker_id].num_local += 1
+
+    def close(self, worker_id: WorkerId) -> None:
+        self._workers[worker_id].num_local -= 1
+
+    def views(self) -> list[WorkerView]:
+        """WorkerPool.views: every worker healthy, serving ``model``."""
+        return [
+            WorkerView(
+                worker_id=worker_id,
+                model=self.model,
+                role=w.role,
+                is_healthy=True,
+                queue_depth=estimate_queue_depth(
+                    w.num_reported, w.num_local, w.num_local_at_report
+                ),
+                kv_usage=w.kv_usage,
+            )
+            for worker_id, w in self._workers.items()
+        ]

@@ -51,10 +51,12 @@ proto: setup
 bench: setup
 	$(PY) bench/engine_throughput.py --json out/bench/engine.json
 	$(PY) bench/gateway_overhead.py --json out/bench/gateway.json
+	$(PY) bench/kv_transfer.py --json out/bench/kv_transfer.json
 
 bench-quick: setup
 	$(PY) bench/engine_throughput.py --quick --json out/bench/engine-quick.json
 	$(PY) bench/gateway_overhead.py --quick --json out/bench/gateway-quick.json
+	$(PY) bench/kv_transfer.py --quick --json out/bench/kv_transfer-quick.json
 
 # Debian packages the tests start for real: redis-server (quotas shared by gateways) and
 # openssl (the test control plane's certificates). Installed only when missing.

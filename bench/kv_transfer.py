@@ -44,13 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from kv_transfer_peer import TINY_BYTES, PeerConfig, run_peer
 from kv_transfer_report import summarize, table
 
 # Llama-3-8B: 32 layers x 8 KV heads x 128 dims x (K and V) x 2 bytes = 128 KiB per token.
 LLAMA3_8B_KV = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
 REPLY_TIMEOUT_S = 300.0
+ELEMENT_BYTES = {"bfloat16": 2, "float32": 4}  # the parent does not import torch (~3 s)
 # The tuned what-if moves 8 messages of 4 layers each (32 MiB each at 2k tokens).
 PIPELINE_GROUPS = 8
 
@@ -165,14 +165,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     dec = PeerHandle(ctx, PeerConfig(role="decode", **common))  # type: ignore[arg-type]
     pre = PeerHandle(ctx, PeerConfig(role="prefill", **common))  # type: ignore[arg-type]
-    bytes_per_block = dec.reply()["bytes_per_block"]
+    peer_info = dec.reply()
+    bytes_per_block = peer_info.pop("bytes_per_block")
     pre.reply()
+    log("peers ready")
     try:
         ends = dec.ask("endpoints")
         pre.post("connect_raw", store_port=ends["store_port"], sock_port=ends["sock_port"])
         raw_group_s = dec.ask("connect_raw")["raw_group_s"]
         pre.reply()
         bench = Bench(pre, dec)
+        log("pair formed; first transfers")
         transports = ["tcp", "gloo"]
         setup: dict[str, Any] = {}
         for t in transports:  # a fresh pair: the first transfer forms the gloo group
@@ -188,6 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sample = run_arm(bench, arm, tokens[0] // block_size, bytes_per_block, verify=True)
             if "verified" in sample:
                 verified[f"{arm}/{tokens[0]}"] = sample["verified"]
+        log("setup per transfer (16-byte transfers)")
         tiny_reps = 10 if args.quick else 30
         for t in transports:
             setup[t]["per_transfer_ms"] = [bench.tiny(t) * 1e3 for _ in range(tiny_reps)]
@@ -222,8 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
-            "torch": torch.__version__,
-            "torch_threads_per_peer": torch.get_num_threads(),
+            **peer_info,
             "load_average_start": list(load_start),
             "load_average_end": list(os.getloadavg()),
         },
@@ -241,7 +244,7 @@ def check_memory(num_cache_blocks: int, max_blocks: int, dtype: str) -> None:
     (twice the transfer), the receiver one fresh receive buffer; about 0.5 GiB of runtime."""
     block_bytes = 2 * LLAMA3_8B_KV["num_layers"] * LLAMA3_8B_KV["num_kv_heads"]
     block_bytes *= LLAMA3_8B_KV["head_dim"] * LLAMA3_8B_KV["block_size"]
-    block_bytes *= torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    block_bytes *= ELEMENT_BYTES[dtype]
     per_side = (num_cache_blocks + max_blocks) * block_bytes + (1 << 29)
     need = 2 * per_side + 3 * max_blocks * block_bytes
     with open("/proc/meminfo") as f:

@@ -334,7 +334,12 @@ def run_peer(cfg: PeerConfig, conn: Connection) -> None:
     """The peer's command loop: (name, kwargs) in, ("ok", result) or ("error", text) out."""
     try:
         peer = Peer(cfg)
-        conn.send(("ok", {"bytes_per_block": peer.bytes_of(1)}))
+        info = {
+            "bytes_per_block": peer.bytes_of(1),
+            "torch": torch.__version__,
+            "torch_threads_per_peer": torch.get_num_threads(),
+        }
+        conn.send(("ok", info))
         while True:
             name, kwargs = conn.recv()
             if name == "stop":

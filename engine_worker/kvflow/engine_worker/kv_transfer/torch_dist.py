@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 # torch.distributed's stubs do not export the store and group classes used here.
 dist: Any = _dist
 
-_STORE_POLL = timedelta(milliseconds=20)
+# A receiver looks for its sender's key this often. check() is one local round trip and
+# logs nothing; wait() with a short timeout would raise and log two c10d warnings a time.
+_STORE_POLL_S = 0.002
 # Fault injection for tests only: pause this long between joining the pair's group and
 # sending, so a test can kill a worker mid-transfer. Never set in production.
 _FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
@@ -154,11 +156,9 @@ class TorchDistTransport:
                     raise TransferTimeoutError(
                         f"transfer {transfer_id}: no sender before the deadline"
                     )
-                try:
-                    self._store.wait([key], _STORE_POLL)
+                if self._store.check([key]):
                     break
-                except RuntimeError:
-                    continue  # not there yet
+                time.sleep(_STORE_POLL_S)
             name = self._store.get(key).decode()
             group = self._group(self._store, name, 1, deadline_s)
             work = group.recv([expected.buffer], 0, expected.tag)

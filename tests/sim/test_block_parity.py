@@ -81,7 +81,7 @@ class _Recorder:
             tuple(
                 (s.request.request_id, s.num_computed_tokens, s.num_new_tokens)
                 for s in output.scheduled
-            )  # fmt: skip
+            )
         )
         return self.inner.execute(output)
 

@@ -33,7 +33,7 @@ class SimulatedRunner:
         *,
         vocab_size: int,
         eos_token_ids: tuple[int, ...],
-        timing: StepTimer = StepTiming(),
+        timing: StepTimer | None = None,  # None: no step time (streams instantly)
         eos_probability: float = 1 / 128,
         sleep: Callable[[float], None] = time.sleep,
         kv_bytes_per_block: int = 1,
@@ -41,7 +41,7 @@ class SimulatedRunner:
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
-        self.timing = timing
+        self.timing: StepTimer = timing if timing is not None else StepTiming()
         # Scaled to 2**32 so the draw is an integer comparison.
         self._eos_threshold = int(eos_probability * 2**32)
         self.sleep = sleep

@@ -10,6 +10,10 @@ invocation, with the same seed and traffic (``pd_real_traffic``):
   policy        one prefill + one decode worker, the router's default config;
   policy-<T>    the same with `min_remote_prefill_tokens: T` (``--policy-thresholds``).
 
+``--transfer-timeout-s`` sets `transfer_timeout_s` in every PD arm (the router's 10 s is
+shorter than a long prompt's prefill on a prefill worker that gets half a core here).
+Each arm runs at every ``--stream-rates`` value.
+
 Runs alternate the arms' order (ABC, CBA, ...) to balance drift in the machine's load;
 each run records the load average, the CPU seconds of every process and of other jobs,
 and is marked invalid when the load generator could not keep its schedule. Before the
@@ -79,14 +83,17 @@ THRESHOLD_SIZES = (64, 128, 256, 512, 1024)
 SWEEP_REPETITIONS = 3
 
 
-def arms_for(policy_thresholds: Sequence[int]) -> list[Arm]:
+def arms_for(policy_thresholds: Sequence[int], transfer_timeout_s: float | None) -> list[Arm]:
+    """The arms; ``transfer_timeout_s`` goes into every PD arm's config when given."""
     pair = ("prefill", "decode")
+    extra = {} if transfer_timeout_s is None else {"transfer_timeout_s": transfer_timeout_s}
     arms = [
         Arm("colocated", ("both-0", "both-1")),
-        Arm("always-pd", pair, {"min_remote_prefill_tokens": 16}),
-        Arm("policy", pair),
+        Arm("always-pd", pair, {"min_remote_prefill_tokens": 16, **extra}),
+        Arm("policy", pair, extra or None),
     ]
-    arms += [Arm(f"policy-{t}", pair, {"min_remote_prefill_tokens": t}) for t in policy_thresholds]
+    arms += [Arm(f"policy-{t}", pair, {"min_remote_prefill_tokens": t, **extra})
+             for t in policy_thresholds]  # fmt: skip
     return arms
 
 
@@ -124,6 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="tcp by default: gloo took 4.5 s for 17-23 MB transfers here (docs/benchmarks.md)",
     )
     p.add_argument("--kv-cache-gib", type=float, default=0.5)
+    p.add_argument(
+        "--transfer-timeout-s",
+        type=float,
+        help="disaggregation.transfer_timeout_s of every PD arm (default: the router's)",
+    )
     p.add_argument("--no-sweep", action="store_true", help="skip the threshold sweep")
     p.add_argument(
         "--measure-s", type=float, help="measured arrivals per run (default: 60, quick 10)"
@@ -140,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates = [traffic.stream_rate_per_s] if args.quick else list(FULL_STREAM_RATES)
     traffics = [replace(traffic, stream_rate_per_s=r) for r in rates]
     thresholds = [int(x) for x in args.policy_thresholds.split(",") if x]
-    arms = arms_for(thresholds)
+    arms = arms_for(thresholds, args.transfer_timeout_s)
     sizes = (64, 512) if args.quick else THRESHOLD_SIZES
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     report: dict[str, Any] = {

@@ -44,6 +44,24 @@ def test_a_cost_the_steps_do_not_have_is_zero_not_negative() -> None:
     assert fit.timing.per_prefill_token_s == pytest.approx(2e-4, rel=0.05)
 
 
+def test_a_dropped_cost_is_refitted_not_just_clipped() -> None:
+    # Steps that get slightly faster with more KV read (nonphysical, as noise can make a
+    # real sweep look): that coefficient must go to 0 and the others absorb its share, so
+    # the profile still predicts the steps (clipping it alone would leave decode 6 % high).
+    rng = random.Random(0)
+    data = []
+    for _ in range(400):
+        decode, prefill = rng.randrange(1, 33), rng.randrange(0, 300)
+        shape = StepShape(prefill, 1 if prefill else 0, decode, decode * rng.randrange(200, 400))
+        seconds = 0.01 + 2e-4 * prefill + 1e-3 * decode - 2e-7 * shape.num_kv_tokens_read
+        data.append(StepSample(shape, seconds))
+    fit = fit_timing(data)
+    assert fit.timing.per_kv_token_s == 0.0
+    errors = sorted(abs(fit.timing.shape_s(s.shape) - s.seconds) / s.seconds for s in data)
+    assert errors[len(errors) // 2] < 0.01
+    assert fit.median_abs_error_fraction == pytest.approx(errors[len(errors) // 2])
+
+
 def test_too_few_steps_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least 5 measured steps"):
         fit_timing(samples(0.0, n=3))

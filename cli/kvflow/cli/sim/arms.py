@@ -1,6 +1,6 @@
 """The routing policies a comparison runs side by side, each built on the real pipeline.
 
-- ``kvflow``: the gateway's placement with its default weights (what ships).
+- ``kvflow``: the gateway's placement with its default weights and load gate (what ships).
 - ``round-robin``: the default filters and a picker that takes the next worker in turn.
 - ``random``: the default filters, no scorer: every worker ties and the picker draws.
 - ``least-loaded``: the queue-depth scorer alone.
@@ -21,15 +21,18 @@ from typing import Protocol
 
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import (
+    DEFAULT_LOAD_GATE,
     DEFAULT_WEIGHTS,
     SERVING_ROLES,
     RoutingPipeline,
     build_pipeline,
 )
 from kvflow.router.routing.placement import (
+    PREFILL_ROLES,
     Colocated,
     DisaggregationConfig,
     ExecutionPlan,
+    Placement,
     PlacementRequest,
     PlanReason,
     build_placement,
@@ -37,6 +40,7 @@ from kvflow.router.routing.placement import (
 from kvflow.router.routing.plugins import (
     ExcludedFilter,
     HealthyFilter,
+    LoadGate,
     MaxScorePicker,
     ModelFilter,
     RoleFilter,
@@ -93,17 +97,32 @@ class Arm:
 
 
 def _weights(weights: dict[str, float]) -> Builder:
+    """One pipeline, no load gate: the baselines are the plain policies users know."""
+
     def build(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
-        return ColocatedPlanner(build_pipeline(weights, index=index, sessions=sessions, rng=rng))
+        pipeline = build_pipeline(weights, index=index, sessions=sessions, rng=rng, gate=None)
+        return ColocatedPlanner(pipeline)
 
     return build
 
 
-def _placement(weights: Mapping[str, float]) -> Builder:
+def _default(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+    """Exactly what the gateway builds from a configuration without a routing section."""
+    return build_placement(
+        DEFAULT_WEIGHTS, DisaggregationConfig(), index=index, sessions=sessions, rng=rng
+    )
+
+
+def _placement(weights: Mapping[str, float], gate: LoadGate | None) -> Builder:
+    """The gateway's placement with other weights or another gate (build_placement's two
+    profiles: the prefill one without session affinity)."""
+
     def build(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
-        return build_placement(
-            weights, DisaggregationConfig(), index=index, sessions=sessions, rng=rng
-        )
+        decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng, gate=gate)
+        prefill_weights = {name: w for name, w in weights.items() if name != "session"}
+        prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
+                                 roles=PREFILL_ROLES, gate=gate)  # fmt: skip
+        return Placement(decode, prefill, index, DisaggregationConfig())
 
     return build
 
@@ -119,7 +138,7 @@ def _random(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Pl
 ARMS: dict[str, Arm] = {
     arm.name: arm
     for arm in (
-        Arm("kvflow", _placement(DEFAULT_WEIGHTS)),
+        Arm("kvflow", _default),
         Arm("round-robin", _round_robin),
         Arm("least-loaded", _weights({"queue_depth": 1.0})),
         Arm("random", _random),
@@ -130,18 +149,34 @@ ARMS: dict[str, Arm] = {
 
 
 def resolve_arm(spec: str) -> Arm:
-    """An arm by name, or ``kvflow:<scorer>=<weight>,...``: the gateway's placement with
-    those routing weights (the others at their defaults), as a router config would set."""
+    """An arm by name, or ``kvflow:<key>=<value>,...``: the gateway's placement with other
+    routing weights (scorer names) or load gate (``gate=off``, ``gate_fraction=``,
+    ``gate_requests=``), the rest at their defaults."""
     if spec in ARMS:
         return ARMS[spec]
-    name, _, weights_text = spec.partition(":")
-    if name != "kvflow" or not weights_text:
-        raise ValueError(f"unknown arm {spec!r}: use one of {', '.join(ARMS)} or kvflow:w=1,...")
+    name, _, settings = spec.partition(":")
+    if name != "kvflow" or not settings:
+        raise ValueError(
+            f"unknown arm {spec!r}: use one of {', '.join(ARMS)} or kvflow:key=value,..."
+        )
     weights = dict(DEFAULT_WEIGHTS)
-    for item in weights_text.split(","):
+    gate: LoadGate | None = DEFAULT_LOAD_GATE
+    fraction, requests = DEFAULT_LOAD_GATE.slack_fraction, DEFAULT_LOAD_GATE.slack_requests
+    for item in settings.split(","):
         key, _, value = item.partition("=")
+        if key == "gate" and value == "off":
+            gate = None
+            continue
         try:
-            weights[key.strip()] = float(value)
+            number = float(value)
         except ValueError:
-            raise ValueError(f"arm {spec!r}: {item!r} is not <scorer>=<number>") from None
-    return Arm(spec, _placement(weights))
+            raise ValueError(f"arm {spec!r}: {item!r} is not <key>=<number>") from None
+        if key == "gate_fraction":
+            fraction = number
+        elif key == "gate_requests":
+            requests = number
+        else:
+            weights[key] = number
+    if gate is not None:
+        gate = LoadGate(fraction, requests)
+    return Arm(spec, _placement(weights, gate))

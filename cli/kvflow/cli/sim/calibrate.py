@@ -4,14 +4,20 @@ The same open-loop traffic (a bench workload, Poisson arrivals, seeded) runs twi
 real engine in this process in wall time, and on one simulated worker with the profile in
 virtual time. Both sides build the same engine configuration (block size, step budget,
 sequences, KV blocks, context), so they schedule alike; the P50s of TTFT and TPOT are
-compared. The wall-time side is sensitive to whatever else the machine runs: run it on a
-quiet machine, with the same torch thread count the profile was fitted with.
+compared.
+
+The real side keeps time one of two ways. ``wall``: the wall clock, as a worker lives it;
+on a machine other jobs share, their load inflates every step. ``cpu`` (the default): the
+engine's own clock advances by the CPU time each step took on this thread (torch on one
+thread does all its work there) and jumps over idle time to the next arrival: what the
+steps cost on a core of their own, whatever else runs. Use the clock the profile was
+fitted with.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
@@ -26,8 +32,6 @@ from kvflow.cli.sim.prompts import PromptBuilder
 from kvflow.engine_worker.core.engine import Engine
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.sim.profiles import SimProfile
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -54,21 +58,26 @@ def run_real(
     engine: Engine,
     requests: Sequence[BenchRequest],
     offsets_s: Sequence[float],
-    clock: Clock = time.perf_counter,
+    *,
+    clock: str = "cpu",
 ) -> list[RequestRecord]:
     """Open loop on the real engine: each request is added at the first step boundary
     after its time (as the worker's engine loop does), its tokens stamped when the step
-    that made them ends."""
+    that made them ends. ``clock``: ``cpu`` or ``wall`` (module docstring)."""
     prompts = PromptBuilder()
     pending = sorted(zip(offsets_s, range(len(requests)), strict=True))
     token_times: dict[str, list[float]] = {}
     arrivals: dict[str, float] = {}
     records: list[RequestRecord] = []
-    start_s = clock()
+    wall_start_s = time.perf_counter()
+    now_s = 0.0  # the cpu clock
     next_arrival = 0
+
+    def elapsed() -> float:
+        return time.perf_counter() - wall_start_s if clock == "wall" else now_s
+
     while next_arrival < len(pending) or engine.has_unfinished_requests:
-        now_s = clock() - start_s
-        while next_arrival < len(pending) and pending[next_arrival][0] <= now_s:
+        while next_arrival < len(pending) and pending[next_arrival][0] <= elapsed():
             offset_s, i = pending[next_arrival]
             request = requests[i]
             params = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
@@ -77,10 +86,16 @@ def run_real(
             token_times[request.request_id] = []
             next_arrival += 1
         if not engine.has_schedulable_work:
-            time.sleep(max(0.0, pending[next_arrival][0] - (clock() - start_s)))
+            idle_s = pending[next_arrival][0] - elapsed()
+            if clock == "wall":
+                time.sleep(max(0.0, idle_s))
+            else:
+                now_s += max(0.0, idle_s)
             continue
+        cpu_start_s = time.thread_time()
         outputs = engine.step()
-        done_s = clock() - start_s
+        now_s += time.thread_time() - cpu_start_s
+        done_s = elapsed()
         for out in outputs:
             token_times[out.request_id].extend([done_s] * len(out.new_tokens))
             if out.finish_reason is None:
@@ -110,6 +125,7 @@ def calibrate(
     duration_s: float,
     warmup_s: float,
     seed: int = 0,
+    clock: str = "cpu",
 ) -> Calibration:
     """Run the traffic on ``engine`` (wall time), then on the profile (virtual time)."""
     point = LoadPoint(ArrivalKind.POISSON, rate_per_s)
@@ -119,7 +135,7 @@ def calibrate(
                       ScheduleLimits(max_lag_s=1e9, min_rate_fraction=0.0),
                       engine.config.scheduler.block_size)  # fmt: skip
     schedule = open_loop_schedule(plan, point, 0)
-    real_records = run_real(engine, schedule.requests, schedule.offsets_s)
+    real_records = run_real(engine, schedule.requests, schedule.offsets_s, clock=clock)
     scheduler = engine.config.scheduler
     spec = ClusterSpec(
         profile,
@@ -128,7 +144,11 @@ def calibrate(
         max_model_len=engine.max_len,
     )
     cluster = VirtualCluster(spec, ARMS["round-robin"], seed=seed)
-    assert spec.engine_config().scheduler == scheduler, "the simulated worker must schedule alike"
+    if spec.engine_config().scheduler != scheduler:
+        raise ValueError(
+            f"the profile's limits ({spec.engine_config().scheduler}) differ from the "
+            f"engine's ({scheduler}): fit the profile with the same settings"
+        )
     for request, offset_s in zip(schedule.requests, schedule.offsets_s, strict=True):
         cluster.submit(request, offset_s)
     sim_records = cluster.run()

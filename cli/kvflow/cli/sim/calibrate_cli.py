@@ -22,6 +22,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", required=True, help="a file from `kvflow profile`")
     p.add_argument("--model", help="the model it was fitted on (default: SmolLM2-135M)")
     p.add_argument("--threads", type=int, default=1, help="torch threads, as when fitted")
+    p.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="the real side's clock, as the profile was fitted (calibrate.py)",
+    )
     p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals, req/s")
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--warmup-s", type=float, default=10.0)
@@ -70,6 +76,7 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         duration_s=args.duration_s,
         warmup_s=args.warmup_s,
         seed=args.seed,
+        clock=args.clock,
     )
     real, sim = result.real, result.simulated
     for name, side in (("real engine", real), ("simulated", sim)):

@@ -5,11 +5,18 @@ every arm). Workloads:
 
 - ``shared-prefix``: llm-d's shape (a 6,000-token system prompt per group, 1,200-token
   questions) with 300 groups of 5 users, so the prefixes (1.8 M tokens) are 4.4x one
-  H100's KV for Llama-3-8B (411 k tokens) and half the cluster's; 200 output tokens (llm-d
-  asks 1,000; the simulator's cost is per decoded token, and decode is not what routing
-  changes). A Poisson ladder, each rung 800 warm-up then 800 measured requests.
-- ``mooncake``: the Mooncake FAST'25 synthetic trace, full lengths, at 1x, 2x, 4x speed.
-- ``no-reuse``: 7,200-token prompts of fresh text, the same Poisson ladder shape.
+  H100's KV for Llama-3-8B (411 k tokens) and half the cluster's; 100 output tokens (llm-d
+  asks 1,000: the simulator pays per decoded token, and decode is not what routing
+  changes). A Poisson ladder, each rung 1,200 warm-up requests (4 per group: 98 % of the
+  groups seen, so the measured P90 is the steady state, not the first sight of a group)
+  then 600 measured.
+- ``hot-prefix``: the same shape with 8 groups of 20 users: each prefix carries an eighth
+  of the traffic, a worker's worth, so a router that follows prefixes alone piles a hot
+  one onto one worker (the robustness check of the default's load gate).
+- ``mooncake``: the Mooncake FAST'25 synthetic trace, full lengths, at 1x, 2x, 4x speed,
+  its first 60 s (divided by the speed-up) unmeasured.
+- ``no-reuse``: 7,200-token prompts of fresh text and 100 output tokens; nothing to warm,
+  so 100 warm-up requests then 400 measured.
 
 ``--quick`` keeps the shapes and cuts the rungs and requests (a few minutes).
 """
@@ -40,9 +47,10 @@ from kvflow.cli.sim.targets import (
     ttft_targets,
 )
 
-ARMS = ("kvflow", "round-robin", "least-loaded", "random", "session", "ideal")
-SHARED_PREFIX_RATES: tuple[float, ...] = (10, 20, 25, 30, 40, 50, 60, 70, 80)
-NO_REUSE_RATES: tuple[float, ...] = (5, 10, 15, 20, 25, 30, 35)
+ARMS = ("kvflow", "round-robin", "least-loaded", "random", "session", "ideal", "kvflow:gate=off")
+SHARED_PREFIX_RATES: tuple[float, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90)
+HOT_PREFIX_RATES: tuple[float, ...] = (20, 40, 60)
+NO_REUSE_RATES: tuple[float, ...] = (5, 10, 15, 20, 25, 30)
 TRACE_SPEEDUPS: tuple[float, ...] = (1, 2, 4)
 
 
@@ -53,7 +61,7 @@ class ComparisonConfig:
     num_workers: int = 8
     num_kv_blocks: int | None = None
     arms: Sequence[str] = ARMS
-    workloads: Sequence[str] = ("shared-prefix", "mooncake", "no-reuse")
+    workloads: Sequence[str] = ("shared-prefix", "mooncake", "no-reuse", "hot-prefix")
     slo: Slo = field(default_factory=lambda: Slo(ttft_s=1.0, tpot_s=0.1))
     seed: int = 0
     quick: bool = False
@@ -66,18 +74,24 @@ def ladders(config: ComparisonConfig) -> list[SimLadder]:
     def poisson(rates: Sequence[float]) -> list[LoadPoint]:
         return [LoadPoint(ArrivalKind.POISSON, r) for r in rates]
 
-    n = 200 if quick else 800
-    sizes = {"warmup_requests": n, "measured_requests": n}
-    out = []
+    n = 200 if quick else 600
+    out: list[SimLadder] = []
     for name in config.workloads:
         if name == "shared-prefix":
-            workload = SharedPrefixWorkload(300, 5, (6000,), 1200, 200)
-            rates: Sequence[float] = (10, 30, 60) if quick else SHARED_PREFIX_RATES
-            out.append(SimLadder(name, workload, poisson(rates), config.slo, config.seed, **sizes))
+            workload = SharedPrefixWorkload(300, 5, (6000,), 1200, 100)
+            rates: Sequence[float] = (10, 40, 70) if quick else SHARED_PREFIX_RATES
+            out.append(SimLadder(name, workload, poisson(rates), config.slo, config.seed,
+                                 warmup_requests=2 * n, measured_requests=n))  # fmt: skip
+        elif name == "hot-prefix":
+            workload = SharedPrefixWorkload(8, 20, (6000,), 1200, 100)
+            rates = (20, 60) if quick else HOT_PREFIX_RATES
+            out.append(SimLadder(name, workload, poisson(rates), config.slo, config.seed,
+                                 warmup_requests=n // 3, measured_requests=n))  # fmt: skip
         elif name == "no-reuse":
             rates = (10, 25) if quick else NO_REUSE_RATES
-            out.append(SimLadder(name, NoReuseWorkload(7200, 200), poisson(rates), config.slo,
-                                 config.seed, **sizes))  # fmt: skip
+            out.append(SimLadder(name, NoReuseWorkload(7200, 100), poisson(rates), config.slo,
+                                 config.seed, warmup_requests=n // 6,
+                                 measured_requests=2 * n // 3))  # fmt: skip
         elif name == "mooncake":
             records = load_trace(config.trace_path)
             if quick:
@@ -85,7 +99,9 @@ def ladders(config: ComparisonConfig) -> list[SimLadder]:
             speeds = [LoadPoint(ArrivalKind.TRACE, s) for s in TRACE_SPEEDUPS]
             out.append(SimLadder(name, TraceWorkload(records), speeds, config.slo, config.seed))
         else:
-            raise ValueError(f"unknown workload {name!r}: shared-prefix, mooncake or no-reuse")
+            raise ValueError(
+                f"unknown workload {name!r}: shared-prefix, mooncake, no-reuse or hot-prefix"
+            )
     return out
 
 
@@ -147,11 +163,11 @@ def verdicts(result: ComparisonResult) -> list[Verdict]:
     if {"kvflow", "round-robin", "least-loaded"} <= set(sp):
         out.append(knee_target(sp, ["round-robin", "least-loaded"]))
         out += ttft_targets(sp, "round-robin", slo)
-    for workload in ("shared-prefix", "mooncake"):
+    for workload in ("shared-prefix", "mooncake", "hot-prefix"):
         ladders_ = result.by_workload(workload)
         if {"kvflow", "ideal"} <= set(ladders_):
-            out.append(hit_rate_target(workload, ladders_))
-    for workload in ("shared-prefix", "mooncake", "no-reuse"):
+            out.append(hit_rate_target(workload, ladders_, slo))
+    for workload in ("shared-prefix", "mooncake", "no-reuse", "hot-prefix"):
         ladders_ = result.by_workload(workload)
         if "kvflow" in ladders_:
             out.append(balance_target(workload, ladders_))

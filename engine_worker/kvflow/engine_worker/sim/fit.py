@@ -65,8 +65,9 @@ def fit_timing(samples: Sequence[StepSample]) -> Fit:
             break
         active.remove(min(negative, key=lambda i: coef[i]))
         coef[:] = 0.0
-    timing = StepTiming(**{name: float(max(c, 0.0)) for name, c in zip(COLUMNS, coef, strict=True)})
-    predicted = x @ coef
+    coef = np.maximum(coef, 0.0)  # float noise around an exact zero
+    timing = StepTiming(**{name: float(c) for name, c in zip(COLUMNS, coef, strict=True)})
+    predicted = x @ coef  # what the returned timing predicts
     residual = float(np.sum((y - predicted) ** 2))
     total = float(np.sum((y - y.mean()) ** 2))
     errors = sorted(abs(p - m) / m for p, m in zip(predicted, y, strict=True) if m > 0)

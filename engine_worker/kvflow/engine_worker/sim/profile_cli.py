@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +37,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's own)")
+    p.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="time steps by this thread's CPU time (the default: what a step costs on a "
+        "core of its own, whatever else runs; needs --threads 1) or by the wall clock",
+    )
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=2048)
@@ -56,6 +64,9 @@ def main(argv: Sequence[str]) -> int:
     from kvflow.engine_worker.app import build_worker
     from kvflow.engine_worker.settings import WorkerSettings
 
+    if args.clock == "cpu" and args.threads != 1:
+        print("kvflow profile: --clock cpu times one thread: pass --threads 1", file=sys.stderr)
+        return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     settings = WorkerSettings(
@@ -78,7 +89,8 @@ def main(argv: Sequence[str]) -> int:
     def progress(index: int, point: SweepPoint) -> None:
         print(f"kvflow profile: {index + 1}/{len(points)} {point}", file=sys.stderr, flush=True)
 
-    samples = run_sweep(engine, points, seed=args.seed, on_point=progress)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    samples = run_sweep(engine, points, seed=args.seed, clock=clock, on_point=progress)
     fit = fit_timing(samples)
     config = engine.config
     model_name = built.info.model
@@ -92,7 +104,7 @@ def main(argv: Sequence[str]) -> int:
         max_num_seqs=config.scheduler.max_num_seqs,
         kv_link_bytes_per_s=CPU_KV_LINK_BYTES_PER_S,
         source=f"fitted: {model_name} on {args.device} ({args.dtype}, {torch.get_num_threads()} "
-        f"threads), {fit.num_samples} steps of {len(points)} sweep points, "
+        f"threads, {args.clock} clock), {fit.num_samples} steps of {len(points)} sweep points, "
         f"R^2 {fit.r_squared:.3f}, median step error {fit.median_abs_error_fraction:.1%}",
     )
     write_profile(profile, Path(args.out))

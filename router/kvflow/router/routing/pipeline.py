@@ -12,6 +12,7 @@ from kvflow.router.routing.plugins import (
     Filter,
     HealthyFilter,
     KvUsageScorer,
+    LoadGate,
     MaxScorePicker,
     ModelFilter,
     Picker,
@@ -41,6 +42,10 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
     "session": 8.0,
 }
 
+# A worker whose queue is over 1.5 x the pool's mean + 4 gets nothing while another is
+# under that line (plugins.LoadGate; why these numbers: docs/router.md, "Routing").
+DEFAULT_LOAD_GATE = LoadGate(slack_fraction=0.5, slack_requests=4.0)
+
 # Workers that stream tokens to clients: `both` workers serve colocated, `decode` workers
 # prefill locally or receive a prefill worker's blocks (placement.py).
 SERVING_ROLES = frozenset({WorkerRole.BOTH, WorkerRole.DECODE})
@@ -58,11 +63,16 @@ class WeightedScorer:
 
 class RoutingPipeline:
     def __init__(
-        self, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker
+        self,
+        filters: Sequence[Filter],
+        scorers: Sequence[WeightedScorer],
+        picker: Picker,
+        gate: LoadGate | None = None,
     ) -> None:
         self._filters = tuple(filters)
         self._scorers = tuple(scorers)
         self._picker = picker
+        self._gate = gate
 
     def candidates(self, request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
         """The workers every filter keeps."""
@@ -73,6 +83,8 @@ class RoutingPipeline:
         candidates = self.candidates(request, workers)
         if not candidates:
             return None
+        if self._gate is not None:
+            candidates = self._gate.keep(candidates)
         totals = dict.fromkeys((w.worker_id for w in candidates), 0.0)
         per_scorer: dict[str, dict[WorkerId, float]] = {}
         for weighted in self._scorers:
@@ -97,9 +109,10 @@ def build_pipeline(
     sessions: SessionTable,
     rng: random.Random,
     roles: Iterable[WorkerRole] = SERVING_ROLES,
+    gate: LoadGate | None = DEFAULT_LOAD_GATE,
 ) -> RoutingPipeline:
-    """The default filters, workers of ``roles`` only, and the scorers named in ``weights``
-    (weight 0 drops a scorer)."""
+    """The default filters, workers of ``roles`` only, the load gate, and the scorers named
+    in ``weights`` (weight 0 drops a scorer)."""
     available: dict[str, Scorer] = {
         "prefix_blocks": PrefixBlocksScorer(index),
         "queue_depth": QueueDepthScorer(),
@@ -119,4 +132,4 @@ def build_pipeline(
         if weight > 0:
             scorers.append(WeightedScorer(available[name], float(weight)))
     filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(roles), ExcludedFilter()]
-    return RoutingPipeline(filters, scorers, MaxScorePicker(rng))
+    return RoutingPipeline(filters, scorers, MaxScorePicker(rng), gate)

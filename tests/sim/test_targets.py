@@ -1,0 +1,77 @@
+"""The routing comparison's targets, judged from hand-made ladders."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
+from kvflow.cli.bench.metrics import Slo
+from kvflow.cli.bench.records import RequestRecord
+from kvflow.cli.bench.summary import LoadPointSummary, summarize
+from kvflow.cli.sim.targets import (
+    balance_target,
+    hit_rate_target,
+    knee_target,
+    parity_target,
+    saturation_index,
+    ttft_targets,
+)
+
+SLO = Slo(ttft_s=1.0, tpot_s=0.1)
+
+
+def point(rate: float, ttft_s: float, hit: float = 0.0, workers: tuple[int, ...] = (5, 5)
+          ) -> LoadPointSummary:  # fmt: skip
+    """``sum(workers)`` requests at ``rate``, each with this TTFT and hit rate, spread over
+    workers as given."""
+    records = []
+    names = [f"w{i}" for i, n in enumerate(workers) for _ in range(n)]
+    for i, worker in enumerate(names):
+        sent = i / rate
+        records.append(RequestRecord(f"r{i}", sent, sent, sent + ttft_s + 0.1,
+                                     (sent + ttft_s, sent + ttft_s + 0.1), 2, 100,
+                                     round(100 * hit), worker=worker))  # fmt: skip
+    return summarize(LoadPoint(ArrivalKind.POISSON, rate), records, warmup_s=0.0,
+                     offered_rate_per_s=rate, slo=SLO)  # fmt: skip
+
+
+def ladder(ttfts: list[float], **kw: object) -> list[LoadPointSummary]:
+    return [point(10.0 * (i + 1), t, **kw) for i, t in enumerate(ttfts)]  # type: ignore[arg-type]
+
+
+def test_knee_ratio_against_the_worse_of_two_baselines() -> None:
+    ladders = {
+        "kvflow": ladder([0.1, 0.1, 0.2, 0.5, 3.0]),  # knee 40
+        "round-robin": ladder([0.2, 0.9, 5.0, 9.0, 9.0]),  # knee 20
+        "least-loaded": ladder([0.2, 1.5, 5.0, 9.0, 9.0]),  # knee 10
+    }
+    verdict = knee_target(ladders, ["round-robin", "least-loaded"])
+    assert verdict.is_met and verdict.value == pytest.approx(2.0)
+    ladders["kvflow"] = ladder([0.1, 0.1, 0.2, 1.5, 3.0])  # knee 30: 1.5x round-robin's
+    assert not knee_target(ladders, ["round-robin", "least-loaded"]).is_met
+
+
+def test_ttft_at_and_before_the_baselines_saturation() -> None:
+    ours = ladder([0.05, 0.06, 0.2])
+    theirs = ladder([0.1, 0.08, 2.5])
+    assert saturation_index(theirs, SLO) == 2
+    at, before = ttft_targets({"kvflow": ours, "round-robin": theirs}, "round-robin", SLO)
+    assert at.value == pytest.approx(12.5) and at.is_met
+    assert before.value == pytest.approx(0.08 / 0.06) and not before.is_met  # 1.33x < 1.5x
+    [never] = ttft_targets({"kvflow": ours, "round-robin": ours}, "round-robin", SLO)
+    assert not never.is_met and math.isnan(never.value)
+
+
+def test_hit_rate_balance_and_parity() -> None:
+    ours = ladder([0.1, 0.1], hit=0.73, workers=(6, 4))
+    ideal = ladder([0.1, 0.1], hit=0.8)
+    hits = hit_rate_target("w", {"kvflow": ours, "ideal": ideal}, SLO)
+    assert hits.value == pytest.approx(0.9125) and hits.is_met
+    balance = balance_target("w", {"kvflow": ours})
+    assert balance.value == pytest.approx(1.2) and balance.is_met  # 6 of a mean 5
+    assert not balance_target("w", {"kvflow": ladder([0.1], workers=(7, 3))}).is_met
+    ll = ladder([0.10, 0.20, 3.0])
+    assert parity_target({"kvflow": ladder([0.104, 0.2, 3.0]), "least-loaded": ll}, SLO).is_met
+    assert not parity_target({"kvflow": ladder([0.11, 0.2, 3.0]), "least-loaded": ll}, SLO).is_met

@@ -62,6 +62,25 @@ def test_a_dropped_cost_is_refitted_not_just_clipped() -> None:
     assert fit.median_abs_error_fraction == pytest.approx(errors[len(errors) // 2])
 
 
+def test_short_steps_are_fitted_as_closely_as_long_ones() -> None:
+    # A serving run is mostly short decode steps; a sweep also has long prefills that the
+    # linear model cannot fit exactly (attention's square term). Relative errors keep the
+    # decode steps right; absolute ones let the long prefills bend the base step.
+    rng = random.Random(1)
+    data = []
+    for _ in range(300):
+        decode = rng.randrange(1, 17)
+        data.append(StepSample(StepShape(0, 0, decode, 0), 0.02 + 0.002 * decode))
+    for _ in range(60):
+        prefill = rng.randrange(500, 4000)
+        seconds = 0.02 + 2e-4 * prefill + 2e-7 * prefill**2
+        data.append(StepSample(StepShape(prefill, 1, 0, 0), seconds))
+    fit = fit_timing(data)
+    decode_errors = sorted(abs(fit.timing.shape_s(s.shape) - s.seconds) / s.seconds
+                           for s in data[:300])  # fmt: skip
+    assert decode_errors[150] < 0.05
+
+
 def test_too_few_steps_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least 5 measured steps"):
         fit_timing(samples(0.0, n=3))

@@ -69,6 +69,14 @@ def test_hit_rate_balance_and_parity() -> None:
     ideal = ladder([0.1, 0.1], hit=0.8)
     hits = hit_rate_target("w", {"kvflow": ours, "ideal": ideal}, SLO)
     assert hits.value == pytest.approx(0.9125) and hits.is_met
+    # Past its own saturation the default's rungs are listed, not judged: there requests
+    # queue without bound and evict each other's prefixes, while the ideal's oracle cannot.
+    ours_past = [*ours, point(30.0, 2.0, hit=0.73), point(40.0, 3.0, hit=0.4)]
+    ideal_past = [*ideal, point(30.0, 0.1, hit=0.8), point(40.0, 0.1, hit=0.8)]
+    judged = hit_rate_target("w", {"kvflow": ours_past, "ideal": ideal_past}, SLO)
+    assert judged.is_met and "judged up to 30 req/s" in judged.detail
+    ours_past[2] = point(30.0, 2.0, hit=0.4)  # the first rung past the knee is judged
+    assert not hit_rate_target("w", {"kvflow": ours_past, "ideal": ideal_past}, SLO).is_met
     balance = balance_target("w", {"kvflow": ours})
     assert balance.value == pytest.approx(1.2) and balance.is_met  # 6 of a mean 5
     assert not balance_target("w", {"kvflow": ladder([0.1], workers=(7, 3))}).is_met

@@ -8,6 +8,7 @@ whole, its first ``warmup_s`` of schedule unmeasured.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -60,8 +61,6 @@ Progress = Callable[[str, str, LoadPointSummary, float], None]
 def run_ladder(
     spec: ClusterSpec, arm: Arm, ladder: SimLadder, on_point: Progress | None = None
 ) -> list[PointResult]:
-    import time
-
     results = []
     for index, point in enumerate(ladder.points):
         started_s = time.perf_counter()

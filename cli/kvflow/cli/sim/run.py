@@ -24,7 +24,6 @@ class PointResult:
     summary: LoadPointSummary
     workers: list[WorkerStats]
     records: list[RequestRecord]
-    num_events: int
 
 
 def run_point(
@@ -44,4 +43,4 @@ def run_point(
         limits=plan.limits,
         block_size=spec.profile.block_size,
     )
-    return PointResult(arm.name, summary, cluster.worker_stats(), records, 0)
+    return PointResult(arm.name, summary, cluster.worker_stats(), records)

@@ -10,8 +10,9 @@ invocation, with the same seed and traffic (``pd_real_traffic``):
   policy        one prefill + one decode worker, the router's default config;
   policy-<T>    the same with `min_remote_prefill_tokens: T` (``--policy-thresholds``).
 
-``--transfer-timeout-s`` sets `transfer_timeout_s` in every PD arm (the router's 10 s is
-shorter than a long prompt's prefill on a prefill worker that gets half a core here).
+``--transfer-timeout-s`` sets `transfer_timeout_s` in every PD arm (the router's default
+was 10 s until the runs in docs/benchmarks.md showed it shorter than a long prompt's
+prefill on a prefill worker that gets half a core here; it is 30 s since).
 Each arm runs at every ``--stream-rates`` value.
 
 Runs alternate the arms' order (ABC, CBA, ...) to balance drift in the machine's load;

@@ -28,7 +28,7 @@ def test_config_defaults_and_overrides() -> None:
             "tenants": [{"name": "a", "api_key_sha256": hash_api_key("k")}],
             "public_prefixes": [{"system": "be nice"}, {"text": "<|im_start|>"}],
             "limits": {"max_body_bytes": 1000},
-            "disaggregation": {"min_remote_prefill_tokens": 512, "transfer_timeout_s": 2},
+            "disaggregation": {"min_remote_prefill_tokens": 300, "transfer_timeout_s": 2},
         }
     )
     assert config.weights["kv_usage"] == 0 and config.weights["prefix_blocks"] == 1.0
@@ -37,11 +37,11 @@ def test_config_defaults_and_overrides() -> None:
     assert [p.system for p in config.public_prefixes] == ["be nice", None]
     assert config.max_body_bytes == 1000
     assert default.disaggregation == DisaggregationConfig(
-        enabled=True, min_remote_prefill_tokens=256, max_prefill_queue_depth=8,
-        transfer_timeout_s=10.0,
+        enabled=True, min_remote_prefill_tokens=512, max_prefill_queue_depth=8,
+        transfer_timeout_s=30.0,
     )  # fmt: skip
     assert config.disaggregation == DisaggregationConfig(
-        enabled=True, min_remote_prefill_tokens=512, max_prefill_queue_depth=8,
+        enabled=True, min_remote_prefill_tokens=300, max_prefill_queue_depth=8,
         transfer_timeout_s=2.0,
     )  # fmt: skip
     off = parse_config({"disaggregation": {"enabled": False, "max_prefill_queue_depth": 0}})

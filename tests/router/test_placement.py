@@ -25,7 +25,7 @@ from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
 
 BOTH, PREFILL, DECODE = WorkerRole.BOTH, WorkerRole.PREFILL, WorkerRole.DECODE
-CONFIG = DisaggregationConfig()  # min 256 tokens, prefill queue below 8
+CONFIG = DisaggregationConfig()  # min 512 tokens, prefill queue below 8
 TOKENS = list(range(640))  # 40 blocks; 39 can be sent (the last token is always local)
 PROMPT = block_hashes(TOKENS, block_size=16, seed=make_hash_seed("m"))
 
@@ -33,10 +33,10 @@ PROMPT = block_hashes(TOKENS, block_size=16, seed=make_hash_seed("m"))
 @pytest.mark.parametrize(
     ("num_missing", "min_queue", "config", "expected"),
     [
-        (255, 0, CONFIG, PlanReason.FEW_MISSING_TOKENS),
-        (256, 0, CONFIG, PlanReason.MANY_MISSING_TOKENS),
-        (256, 7, CONFIG, PlanReason.MANY_MISSING_TOKENS),
-        (256, 8, CONFIG, PlanReason.PREFILL_BUSY),
+        (511, 0, CONFIG, PlanReason.FEW_MISSING_TOKENS),
+        (512, 0, CONFIG, PlanReason.MANY_MISSING_TOKENS),
+        (512, 7, CONFIG, PlanReason.MANY_MISSING_TOKENS),
+        (512, 8, CONFIG, PlanReason.PREFILL_BUSY),
         (4096, 30, CONFIG, PlanReason.PREFILL_BUSY),
         (16, 0, replace(CONFIG, min_remote_prefill_tokens=0), PlanReason.MANY_MISSING_TOKENS),
         (0, 0, replace(CONFIG, min_remote_prefill_tokens=0), PlanReason.FEW_MISSING_TOKENS),
@@ -108,11 +108,11 @@ PD_POOL = [view("p1", PREFILL), view("p2", PREFILL, queue=1), view("d1", DECODE)
         (PD_POOL, {}, ("p1", "d1", "many_missing_tokens")),
         # d2 caches 30 blocks (30 - 1 beats 0 - 0) and lacks only 144 tokens: it prefills.
         (PD_POOL, {"cached": {"d2": 30}}, ("colocated", "d2", "few_missing_tokens")),
-        # d2 caches 20 blocks and still lacks 304 tokens: shipped.
-        (PD_POOL, {"cached": {"d2": 20}}, ("p1", "d2", "many_missing_tokens")),
-        # Prefill workers are scored by what decode lacks: p1's 20 blocks are all on d2 too,
-        # p2's 35 reach 15 past them (15 - 1 queued beats 0).
-        (PD_POOL, {"cached": {"d2": 20, "p1": 20, "p2": 35}}, ("p2", "d2", "many_missing_tokens")),
+        # d2 caches 5 blocks and still lacks 544 tokens: shipped.
+        (PD_POOL, {"cached": {"d2": 5}}, ("p1", "d2", "many_missing_tokens")),
+        # Prefill workers are scored by what decode lacks: p1's 5 blocks are all on d2 too,
+        # p2's 20 reach 15 past them (15 - 1 queued beats 0).
+        (PD_POOL, {"cached": {"d2": 5, "p1": 5, "p2": 20}}, ("p2", "d2", "many_missing_tokens")),
         # The least-loaded prefill worker has 8 requests: decode prefills itself.
         (
             [view("p1", PREFILL, queue=8), view("p2", PREFILL, queue=9), view("d1", DECODE)],
@@ -160,16 +160,16 @@ def test_missing_tokens_come_from_the_index_when_the_prefix_scorer_is_off() -> N
     assert shape(plan_for(workers, {"d1": 30}, weights=weights)) == (
         "colocated", "d1", "few_missing_tokens",
     )  # fmt: skip
-    plan = plan_for(workers, {"d1": 20}, weights=weights)
-    assert isinstance(plan, Disaggregated) and plan.num_missing_tokens == 304
+    plan = plan_for(workers, {"d1": 5}, weights=weights)
+    assert isinstance(plan, Disaggregated) and plan.num_missing_tokens == 544
 
 
 def test_route_header_names_both_workers_and_why() -> None:
-    plan = plan_for(PD_POOL, {"d2": 20, "p1": 22})
+    plan = plan_for(PD_POOL, {"d2": 5, "p1": 7})
     assert isinstance(plan, Disaggregated)
     assert plan.header_value() == (
         "prefill=p1 decode=d2; plan=disaggregated; reason=many_missing_tokens; "
-        "missing_tokens=304; score=19; prefix_blocks=20; queue_depth=-1; kv_usage=0; "
+        "missing_tokens=544; score=4; prefix_blocks=5; queue_depth=-1; kv_usage=0; "
         "session=0; candidates=2; prefill_score=2; prefill_prefix_blocks=2; "
         "prefill_queue_depth=0; prefill_kv_usage=0; prefill_candidates=2"
     )

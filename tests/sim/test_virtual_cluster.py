@@ -103,12 +103,12 @@ def test_the_default_router_finds_the_prefixes_round_robin_scatters() -> None:
 
 
 def test_disaggregated_plans_move_kv_at_the_link_bandwidth() -> None:
-    # A prefill and a decode worker; a 512-token prompt lacks 496 tokens (31 blocks) on the
-    # decode worker, over min_remote_prefill_tokens: the router disaggregates.
+    # A prefill and a decode worker; a 1024-token prompt lacks 1008 tokens (63 blocks) on
+    # the decode worker, over min_remote_prefill_tokens: the router disaggregates.
     spec = ClusterSpec(profile(), num_workers=2, num_prefill_workers=1)
-    cluster, [record] = run(spec, "kvflow", [(request("a", 512, 3), 0.0)])
-    prefill_s = 0.010 + 0.001 * 496  # the prefill worker computes blocks 0-30
-    transfer_s = 31 * 16 * 1024 / 1.6e6  # 0.3174 s
+    cluster, [record] = run(spec, "kvflow", [(request("a", 1024, 3), 0.0)])
+    prefill_s = 0.010 + 0.001 * 1008  # the prefill worker computes blocks 0-62
+    transfer_s = 63 * 16 * 1024 / 1.6e6  # 0.645 s
     first_token_s = 0.010 + 0.001 * 16  # the decode worker computes the last block
     assert record.ttft_s == pytest.approx(prefill_s + transfer_s + first_token_s)
     assert record.worker == "sim-1"

@@ -21,9 +21,9 @@ limits:
   max_body_bytes: 8388608
 disaggregation:                                   # pools with prefill and decode workers
   enabled: true
-  min_remote_prefill_tokens: 256                  # ship a prompt only when decode lacks this many
+  min_remote_prefill_tokens: 512                  # ship a prompt only when decode lacks this many
   max_prefill_queue_depth: 8                      # ... and a prefill worker has fewer queued
-  transfer_timeout_s: 10.0                        # the longest wait of each handoff step
+  transfer_timeout_s: 30.0                        # the longest wait of each handoff step
 ```
 """
 

@@ -32,18 +32,20 @@ from kvflow.router.routing.types import (
     WorkerView,
 )
 
-# Provisional, until measured on real workers: 256 tokens is 16 blocks; below that a local
-# prefill costs the decode worker a few milliseconds, less than the extra round trips of a
-# handoff (reserve, Prefill, send), and llm-d's simulator saw short chat turns lose 2-3x
-# TTFT when disaggregated.
-DEFAULT_MIN_REMOTE_PREFILL_TOKENS = 256
+# Measured on real workers (docs/benchmarks.md, "The threshold"): on an idle prefill +
+# decode pair the handoff adds 34-137 ms to prompts of 64-256 tokens (+9-37 % TTFT) and
+# nothing measurable from 512 tokens (-1 to +2 %), where it spares the decode worker
+# 1.5-3.5 s of compute its running streams would wait through. llm-d's simulator saw short
+# chat turns lose 2-3x TTFT when disaggregated; always-PD here cost them 2.4-5x.
+DEFAULT_MIN_REMOTE_PREFILL_TOKENS = 512
 # A prefill worker with 8 prompts queued or running keeps a new one waiting for about 8
 # prefills; the decode worker, chunking the prompt in with its decodes, is then sooner.
 DEFAULT_MAX_PREFILL_QUEUE_DEPTH = 8
-# An 8k-token prompt of Llama-3-8B is 1 GiB of KV: about 1 s over 10 Gb/s TCP, plus its
-# prefill; 10 s leaves room for a queue and still fails a stuck transfer well before a
-# client's usual 60 s timeout.
-DEFAULT_TRANSFER_TIMEOUT_S = 10.0
+# Long enough for a queued long prefill: with 10 s, 14 of 24 shipped 600-1,500-token
+# prompts on CPU workers fell back to a local prefill after waiting the whole timeout (and
+# did worse than never shipped); with 30 s, 3 of 26 did. An 8k-token Llama-3-8B prompt is
+# 1 GiB of KV, about 1 s over 10 Gb/s. Still well under a client's usual 60 s timeout.
+DEFAULT_TRANSFER_TIMEOUT_S = 30.0
 
 PREFILL_ROLES = frozenset({WorkerRole.PREFILL})
 

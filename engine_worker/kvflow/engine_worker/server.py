@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from google.protobuf.message import Message
 
 from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.engine_worker.core.errors import EngineOverloadedError, InvalidRequestError
+from kvflow.engine_worker.core.kv_events import KvEventKind
 from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.engine_loop import EngineLoop
@@ -29,6 +31,11 @@ from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+# Fault injection for tests only: publish evictions with no block hashes, so that
+# subscribers (the router's index) go on believing this worker holds blocks it evicted,
+# as they would while events are lost or late. Never set in production.
+_FAULT_HIDE_REMOVALS = os.environ.get("KVFLOW_FAULT_HIDE_KV_REMOVALS") == "1"
 
 _FINISH_REASONS = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -277,8 +284,11 @@ class WorkerService(pb_grpc.WorkerServicer):
                     continue
                 batch = pb.KvEventBatch(instance_id=instance_id, seq=item[-1].seq)
                 for event in item:
+                    hidden = _FAULT_HIDE_REMOVALS and event.kind is KvEventKind.REMOVED
                     batch.events.add(
-                        seq=event.seq, kind=event.kind.value, block_hashes=event.block_hashes
+                        seq=event.seq,
+                        kind=event.kind.value,
+                        block_hashes=() if hidden else event.block_hashes,
                     )
                 yield batch
         finally:

@@ -99,3 +99,11 @@ def test_route_header_last_route_wins() -> None:
     assert no_prefix is not None and no_prefix.prefix_blocks is None
     assert parse_route_header(None) is None
     assert parse_route_header("garbage") is None
+
+
+def test_route_header_of_a_disaggregated_plan_names_the_decode_worker() -> None:
+    value = ("choice=0; prefill=10.0.0.9:50051 decode=10.0.0.8:50051; plan=disaggregated; "
+             "reason=many_missing_tokens; missing_tokens=544; score=4; prefix_blocks=5; "
+             "prefill_score=2; prefill_prefix_blocks=2")  # fmt: skip
+    route = parse_route_header(value)
+    assert route is not None and (route.worker, route.prefix_blocks) == ("10.0.0.8:50051", 5)

@@ -98,20 +98,24 @@ def parse_route_header(value: str | None) -> RouteInfo | None:
     """The last route of ``worker=w1; score=3; prefix_blocks=2; ...[, worker=w2; ...]``.
 
     Several routes appear when the gateway failed over; the last one served the request.
+    A disaggregated route names ``prefill=p1 decode=d1``: the decode worker streamed the
+    tokens and holds the prompt's KV afterwards, so it is the route's worker.
     """
     if not value:
         return None
     last = value.split(",")[-1]
     fields = {}
     for part in last.split(";"):
-        key, sep, val = part.strip().partition("=")
-        if sep:
-            fields[key] = val
-    if "worker" not in fields:
+        for word in part.split():
+            key, sep, val = word.partition("=")
+            if sep:
+                fields[key] = val
+    worker = fields.get("worker") or fields.get("decode")
+    if worker is None:
         return None
     blocks: int | None
     try:
         blocks = round(float(fields["prefix_blocks"]))
     except (KeyError, ValueError):
         blocks = None
-    return RouteInfo(fields["worker"], blocks)
+    return RouteInfo(worker, blocks)

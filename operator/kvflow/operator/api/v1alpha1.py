@@ -29,6 +29,7 @@ Mode = Literal["colocated", "disaggregated"]
 KvTransport = Literal["auto", "nccl", "gloo", "tcp"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 ServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
+WorkerRoleName = Literal["colocated", "prefill", "decode"]
 
 # A served model name travels in every OpenAI request body; keep it printable and short.
 _SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
@@ -291,17 +292,65 @@ class SloSpec:
     )
 
 
+@cel(
+    CelRule(
+        "has(self.replicaPromptTokensPerSecond) == has(self.replicaDecodeSequences)",
+        "autoscaling takes both replicaPromptTokensPerSecond and replicaDecodeSequences, "
+        "or neither",
+    )
+)
 @dataclass(frozen=True)
 class AutoscalingSpec:
-    """The SLO planner, meant to move each role's replicas within [minReplicas, maxReplicas].
+    """The SLO planner: moves each role's replicas within [minReplicas, maxReplicas].
 
-    Not built yet: these fields are accepted, and replicas stay as written.
+    Prefill replicas follow TTFT, prompt-token load and queue wait; decode replicas follow
+    TPOT, decode concurrency and KV usage (docs/planner.md). With the per-replica capacity
+    below, the planner also sizes each role for the load it forecasts one replica start-up
+    ahead, so new replicas are ready before the SLO breaks.
     """
 
     enabled: bool = field("Let the planner change replicas.", False)
     interval_seconds: int = field("Seconds between planner decisions.", 30, minimum=5, maximum=3600)
     scale_down_stabilization_seconds: int = field(
-        "A scale-down must be wanted this long before it happens.", 300, minimum=0
+        """A scale-down must be wanted this long before it happens (the planner takes the
+        most replicas it wanted over this window).""",
+        300,
+        minimum=0,
+        maximum=86400,
+    )
+    scale_up_cooldown_seconds: int = field(
+        """After a scale-up, the planner waits this long before adding more on latency
+        alone (the new replicas need time to take load).""",
+        60,
+        minimum=0,
+        maximum=3600,
+    )
+    replica_startup_seconds: int = field(
+        """How long a new worker takes to serve (image pull, weight loading): the planner
+        forecasts load this far ahead.""",
+        60,
+        minimum=0,
+        maximum=3600,
+    )
+    manual_roles: list[WorkerRoleName] = field(
+        """Roles whose replicas stay as written in the spec while the planner runs
+        (a manual override; the planner still judges SLOMet).""",
+        [],
+        max_items=3,
+    )
+    replica_prompt_tokens_per_second: float | None = field(
+        """Prompt tokens per second one worker prefills with TTFT within target (a
+        measured figure, or `kvflow plan`'s from a profile). Unset: no forecast sizing.""",
+        None,
+        minimum=0,
+        exclusive_minimum=True,
+    )
+    replica_decode_sequences: float | None = field(
+        """Sequences one worker decodes at once with TPOT within target. Set together
+        with replicaPromptTokensPerSecond.""",
+        None,
+        minimum=0,
+        exclusive_minimum=True,
     )
 
 
@@ -360,6 +409,7 @@ class InferencePoolSpec:
 ConditionStatus = Literal["True", "False", "Unknown"]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 RoleName = Literal["colocated", "prefill", "decode", "router"]
+WorkerRoleName = Literal["colocated", "prefill", "decode"]
 
 
 @dataclass(frozen=True)
@@ -385,9 +435,23 @@ class RoleStatus:
 
 
 @dataclass(frozen=True)
+class PlannedReplicas:
+    """The replicas the planner chose for one role."""
+
+    name: WorkerRoleName = field("colocated, prefill or decode.")
+    replicas: int = field("Replicas the operator applies to the role's Deployment.", 0)
+
+
+@dataclass(frozen=True)
 class PlannerStatus:
     """The SLO planner's last decision."""
 
+    roles: list[PlannedReplicas] = field(
+        """Replicas per role the planner decided; the operator applies them (here, not in
+        the spec, so the spec stays what the user wrote and survives operator restarts).""",
+        [],
+        map_keys=("name",),
+    )
     last_decision: str = field("e.g. 'decode 2->3'; empty before the first.", "")
     reason: str = field("Why, with the measured latencies.", "")
     decided_at: str = field("When (RFC 3339).", "")

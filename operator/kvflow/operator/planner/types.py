@@ -1,0 +1,240 @@
+"""The SLO planner's typed contract: what the operator feeds the model and what it gets back.
+
+The model (`plan` in `model.py`) is a pure function
+
+    plan(config: PlannerConfig, observations: Mapping[WorkerRole, Observation],
+         state: PlannerState) -> Plan
+
+called once per interval per pool. The operator gathers one `Observation` per worker role
+(colocated, or prefill and decode), passes the `PlannerState` the previous call returned
+(`PlannerState()` on the first call, or after an operator restart: the model then starts
+cautious, see docs/planner.md), applies `Plan.decisions[*].replicas`, writes
+`Plan.slo` as the SLOMet condition, and keeps `Plan.state` for the next call. Nothing here
+reads a clock or a metric: every time is `Observation.time_s`, a monotonic second count
+the caller chooses (the operator's loop clock; the benchmark's virtual clock).
+
+Any metric may be None (not scraped, no traffic, the query failed); the model never reads a
+None as zero and says in the decision's message which inputs it lacked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvflow.operator.builders.names import WorkerRole
+
+__all__ = [
+    "CapacityProfile",
+    "Decision",
+    "DecisionReason",
+    "Observation",
+    "Plan",
+    "PlannerConfig",
+    "PlannerState",
+    "RoleConfig",
+    "RoleState",
+    "SloReason",
+    "SloStatus",
+    "SloVerdict",
+    "Tuning",
+    "WorkerRole",
+]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One role's metrics over the planner's sliding window, and its pods, at `time_s`.
+
+    Latencies are at the SLO's percentile (`PlannerConfig.percentile`) over the window;
+    violation fractions are the share of the window's requests above the target. Per-replica
+    figures are means over the role's ready replicas.
+    """
+
+    time_s: float  # monotonic seconds (any origin; only differences are used)
+    desired_replicas: int  # what the role's Deployment asks for now
+    ready_replicas: int
+    pending_replicas: int = 0  # pods that exist but are not ready (starting, or unschedulable)
+    # Of pending_replicas: pods the scheduler could not place (PodScheduled=False,
+    # reason Unschedulable: no node with free GPUs). More replicas would only add more.
+    unschedulable_replicas: int = 0
+    request_rate_per_s: float | None = None  # requests this role served per second
+    mean_input_tokens: float | None = None  # prompt tokens per request
+    mean_output_tokens: float | None = None  # generated tokens per request
+    ttft_s: float | None = None  # time to first token at the SLO percentile
+    tpot_s: float | None = None  # time per output token at the SLO percentile
+    ttft_violation_fraction: float | None = None  # share of requests over the TTFT target
+    tpot_violation_fraction: float | None = None  # share of requests over the TPOT target
+    prefill_queue_wait_s: float | None = None  # mean wait before a prompt's first chunk
+    decode_batch_size: float | None = None  # running (decoding) requests per ready replica
+    kv_usage: float | None = None  # KV cache fill per ready replica, 0..1 (mean)
+
+
+@dataclass(frozen=True)
+class CapacityProfile:
+    """What one replica of a role sustains while meeting the SLO.
+
+    Derive it from a simulated or measured step-time profile with
+    `capacity.capacity_from_timing`, or give measured figures. Without one, the planner
+    only reacts (violations, queue wait, KV usage) and cannot size ahead of load.
+    """
+
+    max_prompt_tokens_per_s: float  # prefill throughput that keeps TTFT within target
+    max_decode_seqs: float  # concurrent decoding sequences that keep TPOT within target
+    source: str = ""  # where the numbers come from, for messages
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_tokens_per_s <= 0 or self.max_decode_seqs <= 0:
+            raise ValueError(
+                f"capacity profile {self.source!r}: both capacities must be > 0 "
+                f"(got {self.max_prompt_tokens_per_s} tokens/s, {self.max_decode_seqs} seqs)"
+            )
+
+
+@dataclass(frozen=True)
+class RoleConfig:
+    """One role's bounds and whether the planner may move it."""
+
+    spec_replicas: int  # RoleSpec.replicas: what the role runs when the planner may not move it
+    min_replicas: int
+    max_replicas: int
+    # False: spec replicas win (autoscaling off, or the role named in the manual override).
+    is_autoscaled: bool = True
+    capacity: CapacityProfile | None = None
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The model's thresholds. Defaults and their reasons are in docs/planner.md."""
+
+    # Size for this share of a replica's SLO capacity; scale down only when the remaining
+    # replicas would run below scale_down_utilization (the gap is the hysteresis band).
+    target_utilization: float = 0.8
+    scale_down_utilization: float = 0.6
+    # Latency at the percentile above target x this: violated. Below target x this: calm
+    # enough to consider removing a replica.
+    scale_down_latency_ratio: float = 0.6
+    # A reactive step never more than doubles a role (a latency ratio of 5 says "more", not
+    # "5x": queues drain superlinearly once capacity exceeds load).
+    max_scale_up_factor: float = 2.0
+    # Prefill queue wait above this share of the TTFT target: prefill is short of replicas.
+    queue_wait_ratio: float = 0.5
+    kv_usage_high: float = 0.85  # above: preemptions are near; add decode capacity
+    kv_usage_low: float = 0.5  # below (with the rest calm): KV does not block a scale-down
+    # Holt's linear smoothing of the load per second of samples' spacing.
+    forecast_level_alpha: float = 0.5
+    forecast_trend_beta: float = 0.3
+    forecast_history: int = 12  # load samples kept in the state (a few minutes at 30 s)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """The pool's SLO and autoscaling settings, in the model's units (see `config.py`)."""
+
+    roles: dict[WorkerRole, RoleConfig]
+    ttft_target_s: float
+    tpot_target_s: float
+    percentile: float = 90.0  # the targets hold at this percentile
+    interval_s: float = 30.0
+    scale_down_stabilization_s: float = 300.0
+    scale_up_cooldown_s: float = 60.0
+    # How long a new replica takes to serve (image pull, weights): the forecast horizon.
+    replica_startup_s: float = 60.0
+    enabled: bool = True
+    tuning: Tuning = field(default_factory=Tuning)
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """What the model remembers about one role between intervals (immutable)."""
+
+    role: WorkerRole
+    replicas: int | None = None  # last decided; None before the first decision
+    # Holt's forecast of the role's load (prefill: prompt tokens/s; decode: sequences).
+    load_level: float | None = None
+    load_trend_per_s: float = 0.0
+    load_time_s: float | None = None
+    decode_level: float | None = None  # colocated carries both loads
+    decode_trend_per_s: float = 0.0
+    # (time_s, replicas) the model wanted in each recent interval: a scale-down takes the
+    # max over the stabilization window, so one quiet interval never removes a replica.
+    recommendations: tuple[tuple[float, int], ...] = ()
+    last_scale_up_s: float | None = None
+    last_scale_down_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PlannerState:
+    """Everything carried between intervals; `PlannerState()` to start."""
+
+    roles: tuple[RoleState, ...] = ()
+
+    def role(self, role: WorkerRole) -> RoleState:
+        return next((s for s in self.roles if s.role == role), RoleState(role=role))
+
+
+# Bounded: used as a metrics label and a condition/Event reason (CamelCase).
+DecisionReason = Literal[
+    "AutoscalingDisabled",  # spec replicas: autoscaling is off
+    "ManualOverride",  # spec replicas: the role is pinned in autoscaling.manualRoles
+    "MetricsMissing",  # no usable input: replicas held
+    "TtftViolation",  # up: TTFT at the percentile over target
+    "TpotViolation",  # up: TPOT at the percentile over target
+    "QueueWait",  # up: prompts wait too long before prefill
+    "KvPressure",  # up: KV cache nearly full (preemptions near)
+    "ForecastLoad",  # up: the forecast load needs more replicas before the SLO breaks
+    "Underloaded",  # down: the load fits fewer replicas with the SLO met
+    "Stabilizing",  # a scale-down is wanted but not for the whole stabilization window
+    "Cooldown",  # more is wanted, but the last scale-up is too recent to judge
+    "PendingPods",  # more is wanted, but pods are Pending for lack of resources
+    "AtMaxReplicas",  # more is wanted, but the role is at maxReplicas
+    "BelowMinReplicas",  # raised to minReplicas
+    "AboveMaxReplicas",  # lowered to maxReplicas
+    "Steady",  # nothing to change
+]
+
+SloStatus = Literal["True", "False", "Unknown"]
+SloReason = Literal[
+    "WithinTargets",
+    "TtftAboveTarget",
+    "TpotAboveTarget",
+    "TtftAndTpotAboveTarget",
+    "AwaitingMetrics",  # no latency measured yet (no traffic, or not scraped)
+    "AutoscalingDisabled",
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One role's replicas for the coming interval, and why."""
+
+    role: WorkerRole
+    replicas: int  # what the role's Deployment should ask for
+    previous_replicas: int  # Observation.desired_replicas it was decided from
+    reason: DecisionReason
+    message: str  # for people: the numbers behind the reason
+
+    @property
+    def is_change(self) -> bool:
+        return self.replicas != self.previous_replicas
+
+
+@dataclass(frozen=True)
+class SloVerdict:
+    """The SLOMet condition the planner writes (status, CamelCase reason, message)."""
+
+    status: SloStatus
+    reason: SloReason
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The model's answer for one interval."""
+
+    decisions: tuple[Decision, ...]  # one per role observed, in the config's role order
+    slo: SloVerdict
+    state: PlannerState  # pass to the next call
+
+    def decision(self, role: WorkerRole) -> Decision | None:
+        return next((d for d in self.decisions if d.role == role), None)

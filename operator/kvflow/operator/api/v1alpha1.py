@@ -29,7 +29,6 @@ Mode = Literal["colocated", "disaggregated"]
 KvTransport = Literal["auto", "nccl", "gloo", "tcp"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 ServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
-WorkerRoleName = Literal["colocated", "prefill", "decode"]
 
 # A served model name travels in every OpenAI request body; keep it printable and short.
 _SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"

@@ -140,6 +140,38 @@ def test_chat_streaming_sends_openai_chunks_and_the_same_text(
     assert "usage" not in json.loads(events[1][6:])  # only with include_usage
 
 
+def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(
+    client: openai.OpenAI,
+) -> None:
+    # vLLM's extension, sent by guidellm and vLLM's benchmarks with every streaming request.
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=[list(range(100, 140)), list(range(200, 230))],
+            max_tokens=6,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={**NO_EOS, "stream_options": {"include_usage": True,
+                                                     "continuous_usage_stats": True}},
+        )
+    )  # fmt: skip
+    *deltas, last = chunks
+    assert last.choices == [] and last.usage is not None
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (40 + 30, 24)
+    seen: dict[int, list[int]] = {}
+    for chunk in deltas:
+        assert chunk.usage is not None, chunk
+        (choice,) = chunk.choices
+        prompt_tokens = 40 if choice.index < 2 else 30
+        assert chunk.usage.prompt_tokens == prompt_tokens
+        assert chunk.usage.total_tokens == prompt_tokens + chunk.usage.completion_tokens
+        seen.setdefault(choice.index, []).append(chunk.usage.completion_tokens)
+    assert sorted(seen) == [0, 1, 2, 3]
+    for counts in seen.values():  # per choice: growing, up to its 6 tokens
+        assert counts == sorted(counts) and counts[-1] == 6 and counts[0] >= 1
+
+
 def test_completions_prompt_forms_and_n(client: openai.OpenAI) -> None:
     text = client.completions.create(model=MODEL, prompt="Once upon a time", extra_body=NO_EOS)
     assert text.object == "text_completion" and text.id.startswith("cmpl-")

@@ -7,7 +7,11 @@ from typing import Any
 import pytest
 
 from kvflow.router.protocol.errors import ApiError
-from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
+from kvflow.router.protocol.requests import (
+    StreamOptions,
+    parse_chat_request,
+    parse_completion_request,
+)
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi"}
@@ -106,6 +110,16 @@ def test_chat_all_supported_parameters() -> None:
         ({"top_logprobs": 3}, "top_logprobs", "requires 'logprobs'"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "<= 20"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when"),
+        (
+            {"stream": True, "stream_options": {"continuous_usage_stats": 1}},
+            "stream_options.continuous_usage_stats",
+            "expected a boolean",
+        ),
+        (
+            {"stream": True, "stream_options": {"include_usage_stats": True}},
+            "stream_options.include_usage_stats",
+            "not supported",
+        ),
         ({"tools": [{"type": "function"}]}, "tools", "not supported"),
         ({"frequency_penalty": 0.5}, "frequency_penalty", "pass 0"),
         ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
@@ -174,3 +188,18 @@ def test_completion_logprobs_and_echo() -> None:
     assert request.sampling.logprobs and request.sampling.top_logprobs == 3
     assert parse_completion_request({**COMPLETION, "logprobs": 0}).sampling.logprobs
     assert parse_completion_request({**COMPLETION, "echo": True}).echo
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (None, StreamOptions(False, False)),
+        ({"include_usage": True}, StreamOptions(True, False)),
+        ({"include_usage": True, "continuous_usage_stats": True}, StreamOptions(True, True)),
+        # vLLM's meaning: per-chunk usage only when usage is asked for at all.
+        ({"continuous_usage_stats": True}, StreamOptions(False, False)),
+    ],
+)
+def test_stream_options(options: dict[str, bool] | None, expected: StreamOptions) -> None:
+    body = {**CHAT, "stream": True, **({"stream_options": options} if options else {})}
+    assert parse_chat_request(body).stream_options == expected

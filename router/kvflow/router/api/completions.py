@@ -134,6 +134,7 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
         is_chat=is_chat,
         with_logprobs=sampling.logprobs,
         include_usage=parsed.include_usage,
+        continuous_usage=parsed.stream_options.continuous_usage_stats,
     )
     body_iter = sse_body(first, stream, writer, accounting, sampling.n * len(prompts),
                           is_chat, echo, sampling.n)  # fmt: skip

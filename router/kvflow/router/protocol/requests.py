@@ -40,12 +40,24 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class StreamOptions:
+    include_usage: bool = False  # a last chunk with the request's usage
+    # vLLM's extension: every chunk also carries its choice's usage so far. Load generators
+    # (guidellm, vLLM's benchmarks) send it with every streaming request.
+    continuous_usage_stats: bool = False
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     messages: tuple[ChatMessage, ...]
     sampling: SamplingOptions
     stream: bool
-    include_usage: bool
+    stream_options: StreamOptions
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options.include_usage
 
 
 Prompt = str | tuple[int, ...]
@@ -57,8 +69,12 @@ class CompletionRequest:
     prompts: tuple[Prompt, ...]
     sampling: SamplingOptions
     stream: bool
-    include_usage: bool
+    stream_options: StreamOptions
     echo: bool
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options.include_usage
 
 
 def _stop(fields: Fields) -> tuple[str, ...]:
@@ -101,23 +117,30 @@ def _max_tokens(fields: Fields, default: int | None) -> int | None:
     return default if chosen is None else chosen
 
 
-def _stream_options(fields: Fields, stream: bool) -> bool:
+def _stream_options(fields: Fields, stream: bool) -> StreamOptions:
     value = fields.raw("stream_options")
     if value is None:
-        return False
+        return StreamOptions()
     if not stream:
         raise invalid_request(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
             param="stream_options",
         )
     options = as_mapping(value, "stream_options")
-    unknown = set(options) - {"include_usage", "include_obfuscation"}
+    known = {"include_usage", "include_obfuscation", "continuous_usage_stats"}
+    unknown = set(options) - known
     if unknown:
         raise unsupported_parameter(f"stream_options.{sorted(unknown)[0]}")
-    include = options.get("include_usage", False)
-    if not isinstance(include, bool):
-        raise invalid_type("stream_options.include_usage", "a boolean", include)
-    return include
+    flags = {}
+    for name in known:
+        flag = options.get(name, False)
+        if not isinstance(flag, bool):
+            raise invalid_type(f"stream_options.{name}", "a boolean", flag)
+        flags[name] = flag
+    # As vLLM: per-chunk usage only when usage is asked for at all.
+    return StreamOptions(
+        flags["include_usage"], flags["include_usage"] and flags["continuous_usage_stats"]
+    )
 
 
 def _common_sampling(
@@ -165,7 +188,7 @@ def parse_chat_request(body: object) -> ChatRequest:
         fields, logprobs=logprobs, top_logprobs=top_logprobs, max_tokens_default=None
     )
     stream = fields.boolean("stream")
-    include_usage = _stream_options(fields, stream)
+    stream_options = _stream_options(fields, stream)
     for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
         fields.reject_if_set(name, "is not supported by kvflow")
     fields.reject_if_set("tool_choice", "is not supported by kvflow", allowed=("none", "auto"))
@@ -180,7 +203,7 @@ def parse_chat_request(body: object) -> ChatRequest:
         raise unsupported_parameter("response_format", 'supports only {"type": "text"}')
     fields.ignore(*_IGNORED, "parallel_tool_calls")
     fields.reject_unknown()
-    return ChatRequest(model, messages, sampling, stream, include_usage)
+    return ChatRequest(model, messages, sampling, stream, stream_options)
 
 
 def _prompts(fields: Fields) -> tuple[Prompt, ...]:
@@ -221,7 +244,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
         max_tokens_default=16,
     )
     stream = fields.boolean("stream")
-    include_usage = _stream_options(fields, stream)
+    stream_options = _stream_options(fields, stream)
     echo = fields.boolean("echo")
     if echo and num_logprobs is not None:
         raise unsupported_parameter("echo", "with 'logprobs' is not supported by kvflow")
@@ -231,4 +254,4 @@ def parse_completion_request(body: object) -> CompletionRequest:
         raise unsupported_parameter("best_of", "is supported only when equal to 'n'")
     fields.ignore(*_IGNORED)
     fields.reject_unknown()
-    return CompletionRequest(model, prompts, sampling, stream, include_usage, echo)
+    return CompletionRequest(model, prompts, sampling, stream, stream_options, echo)

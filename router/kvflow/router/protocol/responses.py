@@ -35,6 +35,9 @@ class ChoiceDelta:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None
+    # The choice's tokens so far, for per-chunk usage (vLLM's continuous_usage_stats).
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
 
 
 @dataclass
@@ -169,6 +172,7 @@ class ChunkWriter:
         is_chat: bool,
         with_logprobs: bool,
         include_usage: bool,
+        continuous_usage: bool = False,
     ) -> None:
         self._header = _header(
             response_id,
@@ -179,6 +183,7 @@ class ChunkWriter:
         self._is_chat = is_chat
         self._with_logprobs = with_logprobs
         self.include_usage = include_usage
+        self._continuous_usage = continuous_usage
         self._text_offsets: dict[int, int] = {}
 
     def _event(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> bytes:
@@ -211,7 +216,12 @@ class ChunkWriter:
             logprobs = _completion_logprobs(delta.logprobs, start) if delta.logprobs else None
         choice["logprobs"] = logprobs if self._with_logprobs else None
         choice["finish_reason"] = delta.finish_reason
-        return self._event([choice], None)
+        usage = None
+        if self._continuous_usage:
+            prompt, completion = delta.num_prompt_tokens, delta.num_completion_tokens
+            usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                     "total_tokens": prompt + completion}  # fmt: skip
+        return self._event([choice], usage)
 
     def usage(self, usage: UsageCounts) -> bytes:
         return self._event([], usage.as_dict())

@@ -39,6 +39,7 @@ class ChoiceStream:
             spec.sampling.stop_strings,
             with_logprobs=spec.sampling.logprobs,
             num_top_logprobs=spec.sampling.top_logprobs,
+            num_prompt_tokens=len(spec.prompt_token_ids),
         )
         self._emit = emit
         self._on_first_message = on_first_message

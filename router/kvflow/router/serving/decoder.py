@@ -36,8 +36,10 @@ class ChoiceDecoder:
         *,
         with_logprobs: bool,
         num_top_logprobs: int,
+        num_prompt_tokens: int = 0,
     ) -> None:
         self.index = index
+        self._num_prompt_tokens = num_prompt_tokens
         self._tokenizer = tokenizer
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringMatcher(stop_strings) if stop_strings else None
@@ -80,7 +82,7 @@ class ChoiceDecoder:
         token_logprobs = self._logprobs(token_ids, logprobs)
         if not text and not token_logprobs:
             return None
-        return ChoiceDelta(self.index, text, token_logprobs)
+        return ChoiceDelta(self.index, text, token_logprobs, None, *self._counts())
 
     def finish(self, finish_reason: str) -> ChoiceDelta:
         """The last delta: what was held back (unless a stop string ended it), the reason."""
@@ -92,4 +94,7 @@ class ChoiceDecoder:
                 text += self._stops.flush()
                 if self._stops.is_stopped:  # the last characters completed a stop string
                     finish_reason = "stop"
-        return ChoiceDelta(self.index, text, (), finish_reason)
+        return ChoiceDelta(self.index, text, (), finish_reason, *self._counts())
+
+    def _counts(self) -> tuple[int, int]:
+        return self._num_prompt_tokens, self.num_tokens

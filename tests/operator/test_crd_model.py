@@ -55,7 +55,13 @@ def test_every_field_is_described_and_the_crd_is_wired() -> None:
         "(it picks nccl on GPUs, gloo on CPUs)",
     ]
     role = spec["properties"]["colocated"]
-    assert role["default"] == {"replicas": 1, "minReplicas": 0, "maxReplicas": 8, "gpusPerPod": 0}
+    assert role["default"] == {
+        "replicas": 1,
+        "minReplicas": 0,
+        "maxReplicas": 8,
+        "gpusPerPod": 0,
+        "externalAutoscaler": False,
+    }
     status = root["properties"]["status"]["properties"]
     assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
     assert set(status) >= {"phase", "conditions", "observedGeneration", "roles", "planner"}

@@ -10,7 +10,7 @@ import pytest
 
 from kvflow.operator.builders.desired import ChildKey
 from kvflow.operator.builders.names import Images
-from kvflow.operator.kube import KubeError
+from kvflow.operator.kube import FIELD_MANAGER, KubeError
 from kvflow.operator.reconcile import Reconciler
 
 NOW = "2026-01-01T00:00:00Z"
@@ -26,6 +26,14 @@ class FakeKube:
         self.deleted: list[str] = []
         self.status_patches: list[dict[str, Any]] = []
         self.reject: dict[str, KubeError] = {}  # "Kind name" -> the error apply raises
+        self.replica_owners: dict[tuple[str, str], set[str]] = {}
+
+    def scale(self, name: str, replicas: int, manager: str = "hpa") -> None:
+        """What an HPA does: an update of the scale subresource takes the field over."""
+        stored = self.objects[("Deployment", name)]
+        stored["spec"]["replicas"] = replicas
+        self.replica_owners[("Deployment", name)] = {manager}
+        _record_owners(stored, {manager})
 
     def get_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.pool)
@@ -38,21 +46,40 @@ class FakeKube:
     def list_children(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Any]:
         return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind]
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         key = (obj["kind"], obj["metadata"]["name"])
         if f"{key[0]} {key[1]}" in self.reject:
             raise self.reject[f"{key[0]} {key[1]}"]
         self.applied.append(f"{key[0]} {key[1]}")
         before = self.objects.get(key)
+        if field_manager != FIELD_MANAGER:  # the replicas handover: a partial apply
+            assert before is not None and set(obj["spec"]) == {"replicas"}, obj
+            before["spec"]["replicas"] = obj["spec"]["replicas"]
+            self.replica_owners[key].add(field_manager)
+            _record_owners(before, self.replica_owners[key])
+            return copy.deepcopy(before)
         stored = copy.deepcopy(obj)
-        body = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+        if obj["kind"] == "Deployment":
+            # Server-side apply's rule for a field: applying it (forced) makes us its only
+            # owner; leaving it out drops our claim, and a field nobody owns is removed
+            # (a Deployment's replicas then default to 1).
+            owners = self.replica_owners.setdefault(key, set())
+            if "replicas" in obj["spec"]:
+                owners.clear()
+                owners.add(field_manager)
+            else:
+                owners.discard(field_manager)
+                kept = before is not None and owners
+                stored["spec"]["replicas"] = before["spec"]["replicas"] if kept else 1
+            _record_owners(stored, owners)
+        body = {k: v for k, v in stored.items() if k not in ("metadata", "status")}
         generation = 1
         if before is not None:
             old_body = {k: v for k, v in before.items() if k not in ("metadata", "status")}
             generation = before["metadata"]["generation"] + (old_body != body)
         stored["metadata"]["generation"] = generation
         if obj["kind"] == "Deployment":
-            replicas = obj["spec"]["replicas"]
+            replicas = stored["spec"]["replicas"]
             stored["status"] = {
                 "readyReplicas": replicas,
                 "updatedReplicas": replicas,
@@ -64,6 +91,13 @@ class FakeKube:
     def delete(self, key: ChildKey, namespace: str) -> None:
         self.deleted.append(str(key))
         del self.objects[(key.kind, key.name)]
+
+
+def _record_owners(obj: dict[str, Any], owners: set[str]) -> None:
+    obj["metadata"]["managedFields"] = [
+        {"manager": m, "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+        for m in sorted(owners)
+    ]
 
 
 def pool_body(spec: dict[str, Any], generation: int = 1) -> dict[str, Any]:
@@ -178,3 +212,60 @@ def test_children_of_another_pool_with_the_same_name_are_not_adopted(events: lis
     r.reconcile("ns", "p")
     assert [e[1] for e in events].count("Created") == 7  # treated as missing, not as ours
     assert kube.deleted == []  # and never deleted by us
+
+
+def deployment_replicas(kube: FakeKube, name: str) -> int:
+    replicas: int = kube.objects[("Deployment", name)]["spec"]["replicas"]
+    return replicas
+
+
+def test_an_externally_scaled_role_is_created_with_its_replicas_then_left_alone(
+    events: list[Any],
+) -> None:
+    spec = {**SPEC, "colocated": {"replicas": 3, "externalAutoscaler": True}}
+    kube = FakeKube(pool_body(spec))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    assert deployment_replicas(kube, "p-colocated") == 3  # seeded from the spec
+    assert FIELD_MANAGER not in kube.replica_owners[("Deployment", "p-colocated")]
+    kube.scale("p-colocated", 6)  # the HPA
+    r.reconcile("ns", "p")
+    r.reconcile("ns", "p")
+    assert deployment_replicas(kube, "p-colocated") == 6
+    assert kube.pool is not None
+    (colocated,) = [x for x in kube.pool["status"]["roles"] if x["name"] == "colocated"]
+    assert colocated["desiredReplicas"] == 6  # status reports what the autoscaler asks
+
+
+def test_handing_a_role_to_an_external_autoscaler_keeps_its_replicas(events: list[Any]) -> None:
+    kube = FakeKube(pool_body({**SPEC, "colocated": {"replicas": 3}}))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    assert kube.replica_owners[("Deployment", "p-colocated")] == {FIELD_MANAGER}
+    kube.pool = pool_body({**SPEC, "colocated": {"replicas": 3, "externalAutoscaler": True}}, 2)
+    r.reconcile("ns", "p")
+    # Dropping a field we alone owned would reset it to 1: it is handed over first.
+    assert deployment_replicas(kube, "p-colocated") == 3
+    kube.scale("p-colocated", 5)
+    r.reconcile("ns", "p")
+    assert deployment_replicas(kube, "p-colocated") == 5
+    kube.pool = pool_body({**SPEC, "colocated": {"replicas": 2}}, 3)  # taken back
+    r.reconcile("ns", "p")
+    assert deployment_replicas(kube, "p-colocated") == 2
+
+
+def test_with_autoscaling_the_planners_decision_is_applied_and_kept(events: list[Any]) -> None:
+    spec = {**SPEC, "autoscaling": {"enabled": True}, "colocated": {"replicas": 1}}
+    kube = FakeKube(pool_body(spec))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    assert deployment_replicas(kube, "p-colocated") == 1  # before any decision: the spec
+    assert kube.pool is not None
+    kube.pool["status"]["planner"]["roles"] = [{"name": "colocated", "replicas": 4}]
+    r.reconcile("ns", "p")
+    r.reconcile("ns", "p")  # a drift sweep does not undo it
+    assert deployment_replicas(kube, "p-colocated") == 4
+    assert kube.pool["status"]["desiredReplicas"] == 4
+    kube.pool["spec"]["autoscaling"]["enabled"] = False  # off: the spec's count again
+    r.reconcile("ns", "p")
+    assert deployment_replicas(kube, "p-colocated") == 1

@@ -260,16 +260,17 @@ class Kube:
         items: list[Json] = listed.get("items", [])
         return items
 
-    def apply(self, obj: Json) -> Json:
+    def apply(self, obj: Json, field_manager: str = FIELD_MANAGER) -> Json:
         """Server-side apply: create, or update the fields we manage; force=True takes
-        back fields someone edited by hand (that is the drift being repaired)."""
+        back fields someone edited by hand (that is the drift being repaired). Another
+        `field_manager` only for the replicas handover (`builders.replicas`)."""
         meta = obj["metadata"]
         return _call(
             self._kinds[obj["kind"]].patch,
             meta["name"],
             meta["namespace"],
             obj,
-            field_manager=FIELD_MANAGER,
+            field_manager=field_manager,
             force=True,
             _content_type=APPLY,
         )

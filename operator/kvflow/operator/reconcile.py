@@ -19,8 +19,22 @@ from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import Json, SchemaError, from_json, to_json
 from kvflow.operator.api.validation import spec_problems
 from kvflow.operator.builders.desired import OWNED_KINDS, ChildKey, desired_children
-from kvflow.operator.builders.names import Images, PoolRef, pool_labels
-from kvflow.operator.kube import KubeError
+from kvflow.operator.builders.names import (
+    Images,
+    PoolRef,
+    WorkerRole,
+    pool_labels,
+    worker_deployment_name,
+    worker_roles,
+)
+from kvflow.operator.builders.replicas import (
+    HANDOVER_MANAGER,
+    applied_replicas,
+    handover_patch,
+    needs_handover,
+    planned_replicas,
+)
+from kvflow.operator.kube import FIELD_MANAGER, KubeError
 from kvflow.operator.status import (
     DeploymentObservation,
     Problem,
@@ -40,7 +54,7 @@ class KubeApi(Protocol):
     def get_pool(self, namespace: str, name: str) -> Json | None: ...
     def patch_pool_status(self, namespace: str, name: str, status: Json) -> None: ...
     def list_children(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Json]: ...
-    def apply(self, obj: Json) -> Json: ...
+    def apply(self, obj: Json, field_manager: str = FIELD_MANAGER) -> Json: ...
     def delete(self, key: ChildKey, namespace: str) -> None: ...
 
 
@@ -92,9 +106,10 @@ class Reconciler:
             return
         problems = [Problem("InvalidSpec", p) for p in spec_problems(spec)]
         observed = self._observe(pool)
+        replicas = applied_replicas(spec, planned_replicas(_previous_status(body)))
         if not problems and apply:
-            problems += self._apply(body, pool, spec, observed)
-        self._write_status(body, pool, spec, observed, problems)
+            problems += self._apply(body, pool, spec, observed, replicas)
+        self._write_status(body, pool, spec, observed, problems, replicas)
 
     def _observe(self, pool: PoolRef) -> dict[ChildKey, Json]:
         """The pool's children now: labelled as ours and controlled by this very pool (a
@@ -115,13 +130,17 @@ class Reconciler:
         pool: PoolRef,
         spec: v1alpha1.InferencePoolSpec,
         observed: dict[ChildKey, Json],
+        replicas: dict[WorkerRole, int | None],
     ) -> list[Problem]:
         problems: list[Problem] = []
-        desired = desired_children(pool, spec, self.images)
+        desired = desired_children(pool, spec, self.images, replicas)
+        seeds = {worker_deployment_name(pool, role): rs.replicas for role, rs in worker_roles(spec)}
         for obj in desired:
             key = ChildKey.of(obj)
             before = observed.get(key)
             try:
+                if key.kind == "Deployment" and key.name in seeds and "replicas" not in obj["spec"]:
+                    self._hand_over_replicas(obj, before, seeds[key.name])
                 after = self.kube.apply(obj)
             except KubeError as exc:
                 if exc.status not in _REJECTED:
@@ -141,6 +160,18 @@ class Reconciler:
             self.post_event(body, "Normal", "Deleted", f"Deleted {key}: no longer in the spec")
         return problems
 
+    def _hand_over_replicas(self, obj: Json, before: Json | None, seed: int) -> None:
+        """Before the operator applies a Deployment without replicas (an external
+        autoscaler's role), make sure it is not the field's only owner: server-side apply
+        would remove the field, and the Deployment would drop to 1 replica. A new
+        Deployment is created with `seed` replicas first."""
+        if not needs_handover(before, FIELD_MANAGER):
+            return
+        if before is None:
+            before = self.kube.apply({**obj, "spec": {**obj["spec"], "replicas": seed}})
+        current = int(before.get("spec", {}).get("replicas", seed))
+        self.kube.apply(handover_patch(obj, current), field_manager=HANDOVER_MANAGER)
+
     def _write_status(
         self,
         body: Json,
@@ -148,6 +179,7 @@ class Reconciler:
         spec: v1alpha1.InferencePoolSpec,
         observed: dict[ChildKey, Json],
         problems: list[Problem],
+        replicas: dict[WorkerRole, int | None],
     ) -> None:
         status = compute_status(
             pool=pool,
@@ -160,6 +192,7 @@ class Reconciler:
             problems=problems,
             previous=_previous_status(body),
             now=self.now(),
+            replicas=replicas,
         )
         self._write(body, pool, status)
 

@@ -17,6 +17,7 @@ from kvflow.operator.api.schema import Json
 from kvflow.operator.api.v1alpha1 import Condition, ConditionStatus, RoleStatus
 from kvflow.operator.builders.names import (
     PoolRef,
+    WorkerRole,
     gateway_endpoint,
     router_name,
     worker_deployment_name,
@@ -43,6 +44,7 @@ class DeploymentObservation:
     generation: int
     observed_generation: int
     progress_deadline_exceeded: bool
+    replicas: int = 0  # spec.replicas: what its scaler (spec, planner or external) asks for
 
     @staticmethod
     def from_object(obj: Mapping[str, Json]) -> DeploymentObservation:
@@ -57,6 +59,7 @@ class DeploymentObservation:
                 c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
                 for c in conditions
             ),
+            replicas=int((obj.get("spec") or {}).get("replicas") or 0),
         )
 
     def is_rolled_out(self, desired: int) -> bool:
@@ -113,11 +116,19 @@ def compute_status(
     problems: Sequence[Problem],
     previous: v1alpha1.InferencePoolStatus,
     now: str,
+    replicas: Mapping[WorkerRole, int | None] | None = None,
 ) -> v1alpha1.InferencePoolStatus:
-    """The status to write. `deployments` maps the names of the pool's observed Deployments."""
-    expected: list[tuple[v1alpha1.RoleName, str, int]] = [
-        (role, worker_deployment_name(pool, role), rs.replicas) for role, rs in worker_roles(spec)
-    ]
+    """The status to write. `deployments` maps the names of the pool's observed Deployments;
+    `replicas` what the operator applies per worker role (`builders.replicas`; None: an
+    external autoscaler's role, whose Deployment says how many). Unset: spec.replicas."""
+    applied = replicas or {}
+    expected: list[tuple[v1alpha1.RoleName, str, int]] = []
+    for role, rs in worker_roles(spec):
+        name = worker_deployment_name(pool, role)
+        wanted = applied.get(role, rs.replicas)
+        if wanted is None:
+            wanted = deployments[name].replicas if name in deployments else rs.replicas
+        expected.append((role, name, wanted))
     expected.append(("router", router_name(pool), spec.router.replicas))
     roles = [
         RoleStatus(

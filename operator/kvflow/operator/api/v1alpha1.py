@@ -171,13 +171,21 @@ class RoleSpec:
     """One role's workers: how many, their accelerators and where they run."""
 
     replicas: int = field(
-        "Worker pods of this role (the planner changes it when autoscaling is on).",
+        """Worker pods of this role. With autoscaling enabled it is where the planner
+        starts; the planner's decisions then live in status.planner.roles.""",
         1,
         minimum=0,
         maximum=1024,
     )
     min_replicas: int = field("Autoscaling lower bound.", 0, minimum=0, maximum=1024)
     max_replicas: int = field("Autoscaling upper bound.", 8, minimum=0, maximum=1024)
+    external_autoscaler: bool = field(
+        """Hand this role's replicas to an autoscaler outside kvflow (a
+        HorizontalPodAutoscaler, KEDA, or `kubectl scale`) that targets its Deployment,
+        <pool>-<role>. The operator creates the Deployment with `replicas` and never
+        writes its replica count again; the planner leaves the role alone.""",
+        False,
+    )
     gpus_per_pod: int = field(
         """nvidia.com/gpu requested per pod. Above zero the worker runs with
         --device cuda (and gets a memory-backed /dev/shm for NCCL).""",

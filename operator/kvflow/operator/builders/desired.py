@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvflow.operator.api import v1alpha1
@@ -9,10 +10,12 @@ from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import (
     Images,
     PoolRef,
+    WorkerRole,
     router_name,
     worker_deployment_name,
     worker_roles,
 )
+from kvflow.operator.builders.replicas import applied_replicas
 from kvflow.operator.builders.router import router_configmap, router_deployment
 from kvflow.operator.builders.services import disruption_budget, gateway_service, workers_service
 from kvflow.operator.builders.workers import worker_deployment
@@ -45,16 +48,26 @@ OWNED_KINDS: tuple[tuple[str, str], ...] = (
 
 
 def desired_children(
-    pool: PoolRef, spec: v1alpha1.InferencePoolSpec, images: Images
+    pool: PoolRef,
+    spec: v1alpha1.InferencePoolSpec,
+    images: Images,
+    replicas: Mapping[WorkerRole, int | None] | None = None,
 ) -> list[dict[str, Json]]:
-    """The pool's children in apply order; each is complete (server-side apply sends it as is)."""
+    """The pool's children in apply order; each is complete (server-side apply sends it as
+    is). `replicas` per worker role (`replicas.applied_replicas`; None for a role: its
+    Deployment carries no replica count); unset: each role's spec.replicas, or none for
+    roles scaled by an external autoscaler."""
     roles = worker_roles(spec)
+    if replicas is None:
+        replicas = applied_replicas(spec, {})
     children: list[dict[str, Json]] = [
         router_configmap(pool, spec),
         workers_service(pool),
         gateway_service(pool, spec.router),
     ]
-    children += [worker_deployment(pool, spec, role, rs, images) for role, rs in roles]
+    children += [
+        worker_deployment(pool, spec, role, rs, images, replicas[role]) for role, rs in roles
+    ]
     children.append(router_deployment(pool, spec, images))
     children += [
         disruption_budget(pool, worker_deployment_name(pool, role), role) for role, _ in roles

@@ -81,7 +81,9 @@ def worker_deployment(
     role: WorkerRole,
     role_spec: v1alpha1.RoleSpec,
     images: Images,
+    replicas: int | None,
 ) -> dict[str, Json]:
+    """The role's Deployment; `replicas` None leaves the count out, to whoever scales it."""
     engine = spec.engine
     gpus = role_spec.gpus_per_pod
     select = selector_labels(pool, role)
@@ -126,21 +128,23 @@ def worker_deployment(
         affinity=role_spec.affinity,
     )
 
+    deployment_spec: dict[str, Json] = {
+        "selector": {"matchLabels": dict(select)},
+        # Surge one pod, never go below the replica count: a worker that is still
+        # loading its model serves nothing, so taking one down first halves capacity.
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        },
+        "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": STARTUP_PERIOD_S * STARTUP_FAILURES + 120,
+        "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
+    }
+    if replicas is not None:
+        deployment_spec = {"replicas": replicas, **deployment_spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta,
-        "spec": {
-            "replicas": role_spec.replicas,
-            "selector": {"matchLabels": dict(select)},
-            # Surge one pod, never go below the replica count: a worker that is still
-            # loading its model serves nothing, so taking one down first halves capacity.
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "revisionHistoryLimit": 3,
-            "progressDeadlineSeconds": STARTUP_PERIOD_S * STARTUP_FAILURES + 120,
-            "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
-        },
+        "spec": deployment_spec,
     }

@@ -9,6 +9,7 @@ the gateway's JSON answers, and about 10x cheaper.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 
 class _Connection:
@@ -29,18 +30,21 @@ class HttpClient:
         reader, writer = await asyncio.open_connection(self._host, self._port)
         return _Connection(reader, writer)
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """(status, body) of one POST with a JSON body."""
+    async def post(
+        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """(status, body) of one POST with a JSON body and any extra headers."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         try:
-            return await self._post(path, body, fresh=False)
+            return await self._post(path, body, extra, fresh=False)
         except (ConnectionError, asyncio.IncompleteReadError):
             # The server closes keep-alive connections idle for 5 s: retry once, anew.
-            return await self._post(path, body, fresh=True)
+            return await self._post(path, body, extra, fresh=True)
 
-    async def _post(self, path: str, body: bytes, *, fresh: bool) -> tuple[int, bytes]:
+    async def _post(self, path: str, body: bytes, extra: str, *, fresh: bool) -> tuple[int, bytes]:
         conn = await self._connect(fresh=fresh)
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n{extra}"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         conn.writer.write(head + body)

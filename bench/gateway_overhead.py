@@ -5,30 +5,41 @@ Three parts, one invocation, same seed:
              picker) for 8k-token prompts over 16 workers; cached, half-cached and cold
              prompts, and hashing without the per-block memo for comparison.
   latency    open-loop Poisson arrivals at --rate req/s of a short chat request (16 output
-             tokens), two arms: client -> stub workers directly over gRPC (pre-tokenized
-             prompt), and client -> gateway (HTTP, template, tokenizer, quotas, routing,
-             detokenization) -> the same stub workers. Added latency = gateway - direct.
-  throughput the highest rate the gateway holds with 1-token answers: closed loop at a
-             fixed concurrency, and an open-loop check at --target-rate.
+             tokens). The direct arm: client -> stub workers over gRPC (pre-tokenized
+             prompt), measured while no gateway runs (no probes, no event streams), first
+             and once more at the end as a drift check. Then each gateway arm in turn, its
+             gateway (and redis-server) started for it and stopped after it: client ->
+             gateway (HTTP, auth, template, tokenizer, quotas, routing, detokenization) ->
+             the same stubs. Arms (bench/gateway_procs.py): open (no tenants),
+             tenants (in-process quotas), tenants-redis (quotas in a real redis-server: the
+             multi-tenant deployment's path), tenants-redis-deferred (a what-if: quota
+             settlement after the response). Added latency = arm - direct. Each arm also
+             reports the CPU its processes spent per request.
+  throughput the highest rate each arm holds with 1-token answers: closed loop at a fixed
+             concurrency, and an open-loop check at --target-rate.
+
+--stages re-runs tenants-redis with wall-clock timers around the request's stages
+(bench/gateway_instrumented.py): where the time goes.
 
 Stub workers (bench/gateway_stub_worker.py) answer instantly and publish KV events, so
 the numbers are the gateway's own cost plus loopback gRPC. Everything shares this
-machine's cores: the load generator, the gateway and the stubs.
+machine's cores: the load generator, the gateway, redis-server and the stubs.
 
-    python bench/gateway_overhead.py [--quick] [--json PATH]
+    python bench/gateway_overhead.py [--quick] [--stages] [--arms open,...] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
 import random
-import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -41,6 +52,16 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from gateway_http import HttpClient  # noqa: E402
+from gateway_procs import (  # noqa: E402
+    GATEWAY_ARMS,
+    MODEL,
+    GatewayArm,
+    cpu_s,
+    start,
+    start_gateway_arm,
+    stop,
+)
+from gateway_report import print_report  # noqa: E402
 
 from kvflow.proto import worker_pb2 as pb  # noqa: E402
 from kvflow.proto import worker_pb2_grpc as pb_grpc  # noqa: E402
@@ -52,8 +73,10 @@ from kvflow.router.routing.sessions import SessionTable  # noqa: E402
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView  # noqa: E402
 from kvflow.router.text.model_files import load_text_model  # noqa: E402
 
-MODEL = "stub"
 MESSAGES = [{"role": "user", "content": "Summarize the plot of Hamlet in two sentences."}]
+
+
+Sender = Callable[[], Awaitable[None]]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -121,38 +144,6 @@ def decision_benchmark(num_workers: int, prompt_tokens: int, num_decisions: int)
         times.append(time.perf_counter() - started)
     results["cached_without_hash_memo"] = summary_ms(times)
     return results
-
-
-# -- processes ------------------------------------------------------------------------------
-
-
-def start(cmd: list[str], ready: str, timeout_s: float = 120) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    for line in proc.stdout:
-        if line.startswith(ready):
-            return proc, line.strip()
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise RuntimeError(f"{cmd} did not start")
-
-
-def wait_gateway(url: str, num_workers: int, timeout_s: float = 60) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
-                if json.load(r)["workers_healthy"] >= num_workers:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("gateway not ready")
 
 
 # -- load generation ------------------------------------------------------------------------
@@ -224,65 +215,143 @@ async def closed_loop(
     return done / (time.perf_counter() - begin)
 
 
-async def run_arms(url: str, addresses: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    text = load_text_model(None)
-    assert text.chat_template is not None
-    prompt_ids = text.tokenizer.encode(
-        text.chat_template.render(MESSAGES), add_special_tokens=False
-    )
-    channels = [grpc.aio.insecure_channel(a) for a in addresses]
-    stubs = [pb_grpc.WorkerStub(c) for c in channels]
-    http = HttpClient("127.0.0.1", int(url.rsplit(":", 1)[1]))
-    counter = 0
+# -- arms -----------------------------------------------------------------------------------
 
-    def direct(max_tokens: int) -> Callable[[], Awaitable[None]]:
+
+def direct_sender(stubs: list[Any], prompt_ids: list[int]) -> Callable[[int], Sender]:
+    counter = itertools.count()
+
+    def make(max_tokens: int) -> Sender:
         async def send() -> None:
-            nonlocal counter
-            counter += 1
+            n = next(counter)
             request = pb.GenerateRequest(
-                request_id=f"direct-{counter}",
+                request_id=f"direct-{n}",
                 prompt_token_ids=prompt_ids,
                 sampling=pb.SamplingParams(max_tokens=max_tokens),
             )
-            async for message in stubs[counter % len(stubs)].Generate(request):
+            async for message in stubs[n % len(stubs)].Generate(request):
                 if message.finish_reason:
                     return
 
         return send
 
-    def gateway(max_tokens: int) -> Callable[[], Awaitable[None]]:
+    return make
+
+
+def gateway_sender(http: HttpClient, headers: dict[str, str]) -> Callable[[int], Sender]:
+    def make(max_tokens: int) -> Sender:
         body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens}).encode()
 
         async def send() -> None:
-            status, _ = await http.post("/v1/chat/completions", body)
+            status, _ = await http.post("/v1/chat/completions", body, headers)
             if status != 200:
                 raise RuntimeError(f"HTTP {status}")
 
         return send
 
-    results: dict[str, Any] = {}
-    # Warm up both paths (connections, tokenizer, hash memo, JIT-free but cache-warm).
-    await closed_loop(direct(16), 8, 1.0)
-    await closed_loop(gateway(16), 8, 1.0)
-    latency = {}
-    for arm, make in (("direct", direct), ("gateway", gateway)):
-        latency[arm] = asdict(await open_loop(arm, make(16), args.rate, args.duration_s, seed=1))
-    results["latency"] = latency
-    results["added_ms"] = {
-        q: latency["gateway"]["latency"][q] - latency["direct"]["latency"][q]
-        for q in ("p50_ms", "p90_ms", "p99_ms")
-    }
-    results["throughput_closed_loop"] = {
-        arm: await closed_loop(make(1), args.concurrency, args.throughput_s)
-        for arm, make in (("direct", direct), ("gateway", gateway))
-    }
-    results["target_rate_check"] = asdict(
-        await open_loop("gateway", gateway(1), args.target_rate, args.throughput_s, seed=2)
-    )
-    await http.close()
-    for c in channels:
-        await c.close()
-    return results
+    return make
+
+
+async def measure(
+    arm: str,
+    make: Callable[[int], Sender],
+    args: argparse.Namespace,
+    cpu: Callable[[], dict[str, float]],
+    *,
+    with_throughput: bool,
+    measurement_starts: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Warm-up, the open-loop latency run (with each process's CPU per request), and
+    optionally the closed-loop throughput and the open-loop check at --target-rate."""
+    await closed_loop(make(16), 8, 1.0)  # connections, tokenizer, hash memo, caches
+    measurement_starts()
+    cpu_before, client_before = cpu(), time.process_time()
+    result: dict[str, Any] = asdict(await open_loop(arm, make(16), args.rate, args.duration_s, 1))
+    num = result["latency"]["n"] or 1
+    cpu_after = cpu()
+    result["cpu_ms_per_request"] = {
+        name: 1e3 * (cpu_after[name] - cpu_before[name]) / num for name in cpu_after
+    } | {"load_generator": 1e3 * (time.process_time() - client_before) / num}
+    if with_throughput:
+        result["throughput_closed_loop"] = await closed_loop(
+            make(1), args.concurrency, args.throughput_s
+        )
+        if arm != "direct":
+            result["target_rate_check"] = asdict(
+                await open_loop(arm, make(1), args.target_rate, args.throughput_s, seed=2)
+            )
+    return result
+
+
+async def direct_arm(
+    addresses: list[str], prompt_ids: list[int], stub_cpu: Callable[[], float],
+    args: argparse.Namespace, *, with_throughput: bool,
+) -> dict[str, Any]:  # fmt: skip
+    channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    make = direct_sender([pb_grpc.WorkerStub(c) for c in channels], prompt_ids)
+    try:
+        return await measure("direct", make, args, lambda: {"stubs": stub_cpu()},
+                             with_throughput=with_throughput)  # fmt: skip
+    finally:
+        for c in channels:
+            await c.close()
+
+
+async def gateway_arm(
+    arm: GatewayArm, stub_cpu: Callable[[], float], args: argparse.Namespace,
+    *, with_throughput: bool,
+) -> dict[str, Any]:  # fmt: skip
+    http = HttpClient("127.0.0.1", int(arm.url.rsplit(":", 1)[1]))
+    try:
+        result = await measure(arm.name, gateway_sender(http, arm.headers), args,
+                               lambda: arm.cpu_s() | {"stubs": stub_cpu()},
+                               with_throughput=with_throughput,
+                               measurement_starts=arm.measurement_starts)  # fmt: skip
+    finally:
+        await http.close()
+    if arm.name != "open":
+        # What the quota store recorded: "cluster" scope means Redis held it; its request
+        # count shows every request was settled (the deferred arm's after its response).
+        await asyncio.sleep(0.5)
+        result["usage"] = await asyncio.to_thread(read_usage, arm)
+    return result
+
+
+def read_usage(arm: GatewayArm) -> dict[str, Any]:
+    import urllib.request
+
+    request = urllib.request.Request(f"{arm.url}/v1/usage", headers=arm.headers)
+    with urllib.request.urlopen(request, timeout=10) as r:
+        usage: dict[str, Any] = json.load(r)
+        return usage
+
+
+def run_gateway_arm(
+    name: str, addresses: list[str], stub_cpu: Callable[[], float], args: argparse.Namespace,
+    workdir: Path, *, stage_times: Path | None = None, with_throughput: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    print(f"  {name}{' (instrumented)' if stage_times else ''}", flush=True)
+    arm = start_gateway_arm(name, addresses, workdir, stage_times=stage_times)
+    try:
+        wait_gateway(arm.url, len(addresses))
+        return asyncio.run(gateway_arm(arm, stub_cpu, args, with_throughput=with_throughput))
+    finally:
+        arm.stop()
+
+
+def wait_gateway(url: str, num_workers: int, timeout_s: float = 60) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
+                if json.load(r)["workers_healthy"] >= num_workers:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("gateway not ready")
 
 
 def main() -> None:
@@ -293,87 +362,95 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=100.0, help="req/s of the latency arms")
     p.add_argument("--target-rate", type=float, default=300.0, help="req/s to check")
     p.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
+    p.add_argument(
+        "--arms",
+        default="open,tenants-redis,tenants-redis-deferred",
+        help=f"gateway arms, of {','.join(GATEWAY_ARMS)}",
+    )
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="then re-run tenants-redis instrumented: wall time per request stage",
+    )
+    p.add_argument("--duration-s", type=float, help="each latency run (30; quick 8)")
+    p.add_argument("--throughput-s", type=float, help="each throughput run (15; quick 5)")
     args = p.parse_args()
     args.workers = args.workers or (4 if args.quick else 16)
-    args.duration_s = 8.0 if args.quick else 30.0
-    args.throughput_s = 5.0 if args.quick else 15.0
+    args.duration_s = args.duration_s or (8.0 if args.quick else 30.0)
+    args.throughput_s = args.throughput_s or (5.0 if args.quick else 15.0)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = set(arms) - set(GATEWAY_ARMS)
+    if unknown:
+        p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(GATEWAY_ARMS)}")
     num_decisions = 300 if args.quick else 2000
+    load_before = os.getloadavg()
 
     print(f"decision time: 8192-token prompts, 16 workers, {num_decisions} decisions", flush=True)
     decision = decision_benchmark(16, 8192, num_decisions)
-    procs: list[subprocess.Popen[str]] = []
+    text = load_text_model(None)
+    assert text.chat_template is not None
+    prompt_ids = text.tokenizer.encode(
+        text.chat_template.render(MESSAGES), add_special_tokens=False
+    )
+    stubs: list[subprocess.Popen[str]] = []
+    results: dict[str, Any] = {}
+    stages = None
     try:
         addresses = []
         for _ in range(args.workers):
             proc, line = start([sys.executable, str(ROOT / "gateway_stub_worker.py"),
                                 "--model", MODEL], "STUB_WORKER_READY")  # fmt: skip
-            procs.append(proc)
+            stubs.append(proc)
             addresses.append(f"127.0.0.1:{line.split('port=')[1]}")
-        proc, line = start([sys.executable, "-m", "kvflow.cli.main", "router", "--host",
-                            "127.0.0.1", "--port", "0", "--served-model-name", MODEL,
-                            "--workers", ",".join(addresses), "--log-level", "warning"],
-                           "KVFLOW_ROUTER_READY")  # fmt: skip
-        procs.append(proc)
-        url = f"http://127.0.0.1:{line.split('port=')[1]}"
-        wait_gateway(url, args.workers)
-        print(f"{args.workers} stub workers and the gateway are up; measuring", flush=True)
-        arms = asyncio.run(run_arms(url, addresses, args))
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
+        def stub_cpu() -> float:
+            return sum(cpu_s(s.pid) for s in stubs)
+
+        print(f"{args.workers} stub workers up; arms (one process set at a time):", flush=True)
+        print("  direct (no gateway running)", flush=True)
+        results["direct"] = asyncio.run(
+            direct_arm(addresses, prompt_ids, stub_cpu, args, with_throughput=True)
+        )
+        with tempfile.TemporaryDirectory(prefix="kvflow-gw-bench-") as tmp:
+            workdir = Path(tmp)
+            for name in arms:
+                results[name] = run_gateway_arm(name, addresses, stub_cpu, args, workdir)
+            if args.stages:
+                path = workdir / "stages.json"
+                results["tenants-redis (instrumented)"] = run_gateway_arm(
+                    "tenants-redis", addresses, stub_cpu, args, workdir,
+                    stage_times=path, with_throughput=False,
+                )  # fmt: skip
+                stages = json.loads(path.read_text())
+        print("  direct again (drift check)", flush=True)
+        results["direct (again)"] = asyncio.run(
+            direct_arm(addresses, prompt_ids, stub_cpu, args, with_throughput=False)
+        )
+    finally:
+        stop(stubs)
+
+    direct = results["direct"]["latency"]
+    added = {
+        arm: {q: r["latency"][q] - direct[q] for q in ("p50_ms", "p90_ms", "p99_ms")}
+        for arm, r in results.items()
+        if not arm.startswith("direct")
+    }
     report = {
         "benchmark": "gateway_overhead",
         "command": " ".join(sys.argv),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_1m_at_end": os.getloadavg()[0],
-        },
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "settings": {k: v for k, v in vars(args).items() if k != "json"} | {"json": str(args.json)},
         "decision": decision,
-        **arms,
-    }
+        "arms": results,
+        "added_ms": added,
+        "stages": stages,
+    }  # fmt: skip
     print_report(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
-
-
-def print_report(r: dict[str, Any]) -> None:
-    d = r["decision"]
-    print(
-        f"\nrouting decision, {d['prompt_tokens']}-token prompts, {d['num_workers']} workers (ms)"
-    )
-    for kind in ("cached", "three_quarters_cached", "cold", "cached_without_hash_memo"):
-        s = d[kind]
-        print(f"  {kind:<26} p50 {s['p50_ms']:7.3f}  p99 {s['p99_ms']:7.3f}")
-    print(f"\nlatency at {r['settings']['rate']:.0f} req/s, 16 output tokens (ms)")
-    for arm in ("direct", "gateway"):
-        a = r["latency"][arm]
-        lat, delay = a["latency"], a["schedule_delay"]
-        validity = "valid" if a["is_valid"] else "INVALID"
-        print(f"  {arm:<8} p50 {lat['p50_ms']:7.2f}  p90 {lat['p90_ms']:7.2f}"
-              f"  p99 {lat['p99_ms']:7.2f}  achieved {a['achieved_rate']:6.1f}/s"
-              f"  sched-delay p99 {delay['p99_ms']:5.2f}  {validity}")  # fmt: skip
-    added = r["added_ms"]
-    print(f"  added by the gateway: p50 {added['p50_ms']:.2f}  p90 {added['p90_ms']:.2f}"
-          f"  p99 {added['p99_ms']:.2f}")  # fmt: skip
-    t = r["throughput_closed_loop"]
-    print(f"\nthroughput, 1-token answers, {r['settings']['concurrency']} clients: "
-          f"direct {t['direct']:.0f}/s, gateway {t['gateway']:.0f}/s "
-          f"(ratio {t['gateway'] / t['direct']:.2f})")  # fmt: skip
-    c = r["target_rate_check"]
-    print(f"open loop at {c['target_rate']:.0f}/s through the gateway: achieved "
-          f"{c['achieved_rate']:.1f}/s, p50 {c['latency']['p50_ms']:.2f} ms, "
-          f"p99 {c['latency']['p99_ms']:.2f} ms, "
-          f"{'valid' if c['is_valid'] else 'INVALID'}")  # fmt: skip
 
 
 if __name__ == "__main__":

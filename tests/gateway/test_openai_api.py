@@ -172,6 +172,36 @@ def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(
         assert counts == sorted(counts) and counts[-1] == 6 and counts[0] >= 1
 
 
+def test_vllm_text_and_template_options_through_the_gateway(client: openai.OpenAI) -> None:
+    def chat(**extra: object) -> openai.types.chat.ChatCompletion:
+        return client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=12, extra_body={**NO_EOS, **extra}
+        )
+
+    full = chat().choices[0].message.content
+    assert full and len(full) > 6
+    stop = full[3:6]
+    cut = full[: full.index(stop)]
+    assert (
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=12, stop=[stop], extra_body=NO_EOS
+        )
+        .choices[0]
+        .message.content
+        == cut
+    )
+    kept = chat(stop=[stop], include_stop_str_in_output=True).choices[0].message.content
+    assert kept == cut + stop
+    # Without the generation prompt the template leaves out "<|im_start|>assistant\n".
+    with_header, without = chat().usage, chat(add_generation_prompt=False).usage
+    assert with_header is not None and without is not None
+    header = load_text_model(None).tokenizer.encode(
+        "<|im_start|>assistant\n", add_special_tokens=False
+    )
+    assert with_header.prompt_tokens - without.prompt_tokens == len(header)
+    assert chat(chat_template_kwargs={"enable_thinking": False}).choices[0].message.content == full
+
+
 def test_completions_prompt_forms_and_n(client: openai.OpenAI) -> None:
     text = client.completions.create(model=MODEL, prompt="Once upon a time", extra_body=NO_EOS)
     assert text.object == "text_completion" and text.id.startswith("cmpl-")

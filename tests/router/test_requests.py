@@ -203,3 +203,18 @@ def test_completion_logprobs_and_echo() -> None:
 def test_stream_options(options: dict[str, bool] | None, expected: StreamOptions) -> None:
     body = {**CHAT, "stream": True, **({"stream_options": options} if options else {})}
     assert parse_chat_request(body).stream_options == expected
+
+
+def test_vllm_extensions_keep_vllms_defaults_and_meaning() -> None:
+    plain = parse_chat_request(CHAT)
+    assert plain.add_generation_prompt and plain.chat_template_kwargs == {}
+    assert plain.sampling.skip_special_tokens and not plain.sampling.include_stop_str_in_output
+    body = {**CHAT, "chat_template_kwargs": {"enable_thinking": False},
+            "add_generation_prompt": False, "skip_special_tokens": False,
+            "include_stop_str_in_output": True}  # fmt: skip
+    request = parse_chat_request(body)
+    assert request.chat_template_kwargs == {"enable_thinking": False}
+    assert not request.add_generation_prompt and not request.sampling.skip_special_tokens
+    assert request.sampling.include_stop_str_in_output
+    completion = parse_completion_request({**COMPLETION, "include_stop_str_in_output": True})
+    assert completion.sampling.include_stop_str_in_output

@@ -41,6 +41,16 @@ def test_special_tokens_are_dropped(tokenizer) -> None:
     assert detok.push(ids) + detok.flush() == "assistant\nHi"
 
 
+def test_special_tokens_kept_by_name_when_asked(tokenizer) -> None:
+    # vLLM's skip_special_tokens=false, on both detokenizer paths.
+    text = "<|im_start|>assistant\nHi 🙂<|im_end|>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+    assert "".join(detok.push([t]) for t in ids) + detok.flush() == text
+    window = IncrementalDetokenizer(_metaspace_tokenizer(), skip_special_tokens=False)
+    assert window.push([1, 2]) + window.flush() == "hello world"
+
+
 def test_a_truncated_character_becomes_one_replacement_char(tokenizer) -> None:
     ids = tokenizer.encode("🙂", add_special_tokens=False)
     assert len(ids) > 1
@@ -87,6 +97,20 @@ def test_stop_strings_cut_exactly(stops, chunks, emitted, stopped) -> None:
     assert matcher.is_stopped is stopped
     if stopped:
         assert matcher.push("more") == ""
+
+
+@pytest.mark.parametrize(
+    ("stops", "chunks", "emitted"),
+    [
+        (["END"], ["abc", "dEN", "Dxyz"], ["abc", "d", "END"]),
+        (["stop", "st"], ["xxstop"], ["xxstop"]),  # at one position, the longest string
+        (["ab", "b"], ["cab"], ["cab"]),
+    ],
+)
+def test_stop_strings_kept_when_asked(stops, chunks, emitted) -> None:
+    # vLLM's include_stop_str_in_output: the text ends with the stop string that ended it.
+    matcher = StopStringMatcher(stops, include_stop=True)
+    assert [matcher.push(c) for c in chunks] == emitted and matcher.is_stopped
 
 
 def test_held_text_is_released_at_the_end() -> None:

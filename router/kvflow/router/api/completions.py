@@ -91,7 +91,13 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     gw.check_model(parsed.model, tenant)
     info = gw.service.model_info(parsed.model)
     if isinstance(parsed, ChatRequest):
-        prompts = [gw.prompts.chat(parsed.messages)]
+        prompts = [
+            gw.prompts.chat(
+                parsed.messages,
+                add_generation_prompt=parsed.add_generation_prompt,
+                template_kwargs=parsed.chat_template_kwargs,
+            )
+        ]
     else:
         prompts = [gw.prompts.completion(p) for p in parsed.prompts]
     sampling = parsed.sampling

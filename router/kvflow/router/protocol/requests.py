@@ -7,7 +7,7 @@ accepted; anything unknown is a 400, as OpenAI answers it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
@@ -37,6 +37,9 @@ class SamplingOptions:
     logprobs: bool
     top_logprobs: int
     ignore_eos: bool
+    # vLLM's extensions, with vLLM's meaning and defaults.
+    include_stop_str_in_output: bool = False  # keep the stop string that ended the text
+    skip_special_tokens: bool = True  # False: special tokens appear in the text by name
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ class ChatRequest:
     sampling: SamplingOptions
     stream: bool
     stream_options: StreamOptions
+    # vLLM's extensions: variables for the chat template (e.g. {"enable_thinking": false})
+    # and whether it ends with the assistant's turn header.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
 
     @property
     def include_usage(self) -> bool:
@@ -170,6 +177,8 @@ def _common_sampling(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=fields.boolean("ignore_eos"),
+        include_stop_str_in_output=fields.boolean("include_stop_str_in_output"),
+        skip_special_tokens=fields.boolean("skip_special_tokens", True),
     )
 
 
@@ -201,9 +210,23 @@ def parse_chat_request(body: object) -> ChatRequest:
         and as_mapping(response_format, "response_format").get("type") != "text"
     ):
         raise unsupported_parameter("response_format", 'supports only {"type": "text"}')
+    kwargs = fields.raw("chat_template_kwargs")
+    template_kwargs = dict(as_mapping(kwargs, "chat_template_kwargs")) if kwargs else {}
+    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token"} & set(
+        template_kwargs
+    )
+    if reserved:
+        raise invalid_request(
+            f"Invalid 'chat_template_kwargs': '{sorted(reserved)[0]}' is set by the gateway.",
+            param="chat_template_kwargs",
+        )
+    add_generation_prompt = fields.boolean("add_generation_prompt", True)
+    fields.reject_if_set("continue_final_message", "is not supported by kvflow", allowed=(False,))
+    fields.reject_if_set("echo", "is not supported by kvflow for chat", allowed=(False,))
     fields.ignore(*_IGNORED, "parallel_tool_calls")
     fields.reject_unknown()
-    return ChatRequest(model, messages, sampling, stream, stream_options)
+    return ChatRequest(model, messages, sampling, stream, stream_options, template_kwargs,
+                       add_generation_prompt)  # fmt: skip
 
 
 def _prompts(fields: Fields) -> tuple[Prompt, ...]:

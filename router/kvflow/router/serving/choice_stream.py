@@ -40,6 +40,8 @@ class ChoiceStream:
             with_logprobs=spec.sampling.logprobs,
             num_top_logprobs=spec.sampling.top_logprobs,
             num_prompt_tokens=len(spec.prompt_token_ids),
+            include_stop_str=spec.sampling.include_stop_str_in_output,
+            skip_special_tokens=spec.sampling.skip_special_tokens,
         )
         self._emit = emit
         self._on_first_message = on_first_message

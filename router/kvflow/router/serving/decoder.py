@@ -37,12 +37,18 @@ class ChoiceDecoder:
         with_logprobs: bool,
         num_top_logprobs: int,
         num_prompt_tokens: int = 0,
+        include_stop_str: bool = False,
+        skip_special_tokens: bool = True,
     ) -> None:
         self.index = index
         self._num_prompt_tokens = num_prompt_tokens
         self._tokenizer = tokenizer
-        self._detokenizer = IncrementalDetokenizer(tokenizer)
-        self._stops = StopStringMatcher(stop_strings) if stop_strings else None
+        self._detokenizer = IncrementalDetokenizer(
+            tokenizer, skip_special_tokens=skip_special_tokens
+        )
+        self._stops = (
+            StopStringMatcher(stop_strings, include_stop=include_stop_str) if stop_strings else None
+        )
         self._with_logprobs = with_logprobs
         self._num_top = num_top_logprobs
         self.num_tokens = 0

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvflow.router.protocol.errors import ApiError, invalid_request
 from kvflow.router.protocol.messages import ChatMessage
@@ -46,7 +47,13 @@ class PromptBuilder:
     def __init__(self, text_model: TextModel) -> None:
         self._text = text_model
 
-    def chat(self, messages: Sequence[ChatMessage]) -> PreparedPrompt:
+    def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> PreparedPrompt:
         template = self._text.chat_template
         if template is None:
             raise invalid_request(
@@ -54,7 +61,11 @@ class PromptBuilder:
                 param="messages",
             )
         try:
-            text = template.render([m.as_template_dict() for m in messages])
+            text = template.render(
+                [m.as_template_dict() for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                extra=template_kwargs,
+            )
         except ChatTemplateError as exc:
             raise invalid_request(
                 f"The chat template rejected the messages: {exc}", param="messages"

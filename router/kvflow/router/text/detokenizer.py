@@ -17,12 +17,18 @@ REPLACEMENT_CHAR = "\ufffd"
 
 
 class _ByteDetokenizer:
-    def __init__(self, tokenizer: TextTokenizer) -> None:
+    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool) -> None:
         self._tokenizer = tokenizer
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._keep_special = not skip_special_tokens
+
+    def _bytes(self, token_id: int) -> bytes:
+        if self._keep_special and token_id in self._tokenizer.special_token_ids:
+            return self._tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        return self._tokenizer.token_bytes(token_id)
 
     def push(self, token_ids: Iterable[int]) -> str:
-        data = b"".join(self._tokenizer.token_bytes(t) for t in token_ids)
+        data = b"".join(self._bytes(t) for t in token_ids)
         return self._decoder.decode(data, final=False)
 
     def flush(self) -> str:
@@ -32,14 +38,16 @@ class _ByteDetokenizer:
 class _WindowDetokenizer:
     """Decode ids[prefix:] and emit what goes beyond ids[prefix:read], once it is whole."""
 
-    def __init__(self, tokenizer: TextTokenizer) -> None:
+    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool) -> None:
         self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
         self._token_ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
 
     def _window_text(self, end: int) -> str:
-        return self._tokenizer.decode(self._token_ids[self._prefix_offset : end])
+        window = self._token_ids[self._prefix_offset : end]
+        return self._tokenizer.decode(window, skip_special_tokens=self._skip_special)
 
     def push(self, token_ids: Iterable[int]) -> str:
         self._token_ids.extend(token_ids)
@@ -59,14 +67,15 @@ class _WindowDetokenizer:
 
 
 class IncrementalDetokenizer:
-    """Feed token ids as they stream in; get back only complete text. Special tokens vanish."""
+    """Feed token ids as they stream in; get back only complete text. Special tokens vanish
+    unless ``skip_special_tokens`` is False (vLLM's option): then they appear by name."""
 
-    def __init__(self, tokenizer: TextTokenizer) -> None:
+    def __init__(self, tokenizer: TextTokenizer, *, skip_special_tokens: bool = True) -> None:
         self._impl: _ByteDetokenizer | _WindowDetokenizer
         if tokenizer.is_byte_level:
-            self._impl = _ByteDetokenizer(tokenizer)
+            self._impl = _ByteDetokenizer(tokenizer, skip_special_tokens)
         else:
-            self._impl = _WindowDetokenizer(tokenizer)
+            self._impl = _WindowDetokenizer(tokenizer, skip_special_tokens)
 
     def push(self, token_ids: Iterable[int]) -> str:
         return self._impl.push(token_ids)

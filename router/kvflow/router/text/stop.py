@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stop_strings: Sequence[str]) -> None:
+    def __init__(self, stop_strings: Sequence[str], *, include_stop: bool = False) -> None:
         assert all(stop_strings), "empty stop strings are rejected at validation"
         self._stops = tuple(stop_strings)
+        self._include_stop = include_stop  # vLLM's include_stop_str_in_output
         self._held = ""
         self.is_stopped = False
 
@@ -31,11 +32,13 @@ class StopStringMatcher:
         if self.is_stopped:
             return ""
         buffer = self._held + text
-        cut = min((i for s in self._stops if (i := buffer.find(s)) >= 0), default=-1)
-        if cut >= 0:
+        # The earliest match wins; at one position, the longest stop string.
+        matches = [(i, -len(s)) for s in self._stops if (i := buffer.find(s)) >= 0]
+        if matches:
+            cut, minus_length = min(matches)
             self.is_stopped = True
             self._held = ""
-            return buffer[:cut]
+            return buffer[: cut - minus_length] if self._include_stop else buffer[:cut]
         keep = self._held_back_length(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvflow.operator.builders.names import WorkerRole
+from kvflow.operator.planner.forecast import Holt
 
 __all__ = [
     "CapacityProfile",
@@ -121,10 +122,11 @@ class Tuning:
     queue_wait_ratio: float = 0.5
     kv_usage_high: float = 0.85  # above: preemptions are near; add decode capacity
     kv_usage_low: float = 0.5  # below (with the rest calm): KV does not block a scale-down
-    # Holt's linear smoothing of the load per second of samples' spacing.
+    # Holt's linear smoothing of the load (forecast.py); a forecast is capped at this many
+    # times the load seen now.
     forecast_level_alpha: float = 0.5
     forecast_trend_beta: float = 0.3
-    forecast_history: int = 12  # load samples kept in the state (a few minutes at 30 s)
+    max_forecast_growth: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -150,12 +152,11 @@ class RoleState:
 
     role: WorkerRole
     replicas: int | None = None  # last decided; None before the first decision
-    # Holt's forecast of the role's load (prefill: prompt tokens/s; decode: sequences).
-    load_level: float | None = None
-    load_trend_per_s: float = 0.0
-    load_time_s: float | None = None
-    decode_level: float | None = None  # colocated carries both loads
-    decode_trend_per_s: float = 0.0
+    since_s: float | None = None  # first observation: a scale-down needs a full window of it
+    # Holt forecasts of the role's loads: prompt tokens/s (prefill, colocated) and decoding
+    # sequences (decode, colocated).
+    prompt_load: Holt | None = None
+    decode_load: Holt | None = None
     # (time_s, replicas) the model wanted in each recent interval: a scale-down takes the
     # max over the stabilization window, so one quiet interval never removes a replica.
     recommendations: tuple[tuple[float, int], ...] = ()

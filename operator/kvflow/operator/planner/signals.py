@@ -1,0 +1,175 @@
+"""What one role's metrics say: how many replicas each signal wants, and whether it may shrink.
+
+Prefill (and the prefill side of a colocated role) reads TTFT, prefill queue wait and the
+prompt-token load; decode (and the decode side of colocated) reads TPOT, KV usage and the
+decode concurrency. Each signal that is present and over its threshold asks for a replica
+count (`Want`); the model takes the largest. A role may shrink only when every one of its
+signals is present and calm (or the role had no traffic): a missing metric blocks a
+scale-down and is named, it never reads as zero. Pure; `model.py` applies bounds,
+cooldowns and stabilization.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvflow.operator.planner.types import (
+    DecisionReason,
+    Observation,
+    PlannerConfig,
+    RoleConfig,
+    WorkerRole,
+)
+
+
+@dataclass(frozen=True)
+class Loads:
+    """A role's load now and the load to size for (now or forecast), in replica shares.
+
+    A share is load / one replica's SLO capacity: 2.5 shares fill 2.5 replicas. None: no
+    capacity profile, or a metric it needs is missing.
+    """
+
+    shares_now: float | None
+    shares_sizing: float | None
+    text: str  # the loads in their own units, for messages
+
+
+@dataclass(frozen=True)
+class Want:
+    replicas: int
+    reason: DecisionReason
+    detail: str
+    is_reactive: bool  # measured latency/queue/KV (a cooldown applies) vs capacity sizing
+
+
+@dataclass(frozen=True)
+class Assessment:
+    wants: tuple[Want, ...]  # signals over threshold, each with the replicas it asks for
+    down_to: int | None  # replicas the role could shrink to with its SLO kept; None: not now
+    hold_note: str  # why down_to is None, for messages
+    missing: tuple[str, ...]  # inputs that were None
+    is_blind: bool  # traffic, but the role's own latency is unmeasured
+
+
+def _sides(role: WorkerRole) -> tuple[bool, bool]:
+    return role in ("prefill", "colocated"), role in ("decode", "colocated")
+
+
+def _scaled(ready: int, factor: float, cap: float) -> int:
+    """Replicas for `factor` times the work of `ready`: always at least one more."""
+    return max(ready + 1, math.ceil(ready * min(factor, cap)))
+
+
+def assess(
+    role: WorkerRole, obs: Observation, config: PlannerConfig, rcfg: RoleConfig, loads: Loads
+) -> Assessment:
+    t = config.tuning
+    is_prefill, is_decode = _sides(role)
+    ready = obs.ready_replicas
+    budget = 1 - config.percentile / 100  # the share of requests allowed over target
+    is_idle = obs.request_rate_per_s == 0
+    wants: list[Want] = []
+    missing: list[str] = []
+    calm: list[str] = []  # what is not calm (blocks a scale-down)
+    is_blind = False
+
+    def latency(name: str, value: float | None, frac: float | None, target: float) -> None:
+        nonlocal is_blind
+        reason: DecisionReason = "TtftViolation" if name == "TTFT" else "TpotViolation"
+        ratio = None if value is None else value / target
+        over_frac = frac is not None and frac > budget
+        if (ratio is not None and ratio > 1) or over_frac:
+            factor = ratio if ratio is not None and ratio > 1 else (frac or 0) / budget
+            shown = f"{value:.3g} s" if value is not None else "unmeasured"
+            frac_text = "" if frac is None else f", {frac:.0%} of requests over"
+            wants.append(
+                Want(
+                    _scaled(ready, factor, t.max_scale_up_factor),
+                    reason,
+                    f"{name} p{config.percentile:g} {shown} vs target {target:.3g} s{frac_text}",
+                    is_reactive=True,
+                )
+            )
+        if value is None:
+            if not is_idle:
+                missing.append(f"{name.lower()}_s")
+                calm.append(f"{name} unmeasured")
+                is_blind = True
+        elif ratio is not None and ratio >= t.scale_down_latency_ratio:
+            calm.append(f"{name} {value:.3g} s is over {t.scale_down_latency_ratio:.0%} of target")
+
+    if is_prefill:
+        latency("TTFT", obs.ttft_s, obs.ttft_violation_fraction, config.ttft_target_s)
+        wait = obs.prefill_queue_wait_s
+        wait_limit_s = t.queue_wait_ratio * config.ttft_target_s
+        if wait is None:
+            if not is_idle:
+                missing.append("prefill_queue_wait_s")
+                calm.append("queue wait unmeasured")
+        elif wait > wait_limit_s:
+            wants.append(
+                Want(
+                    _scaled(ready, wait / wait_limit_s, t.max_scale_up_factor),
+                    "QueueWait",
+                    f"prompts wait {wait:.3g} s before prefill (limit {wait_limit_s:.3g} s)",
+                    is_reactive=True,
+                )
+            )
+        elif wait > wait_limit_s / 2:
+            calm.append(f"queue wait {wait:.3g} s")
+    if is_decode:
+        latency("TPOT", obs.tpot_s, obs.tpot_violation_fraction, config.tpot_target_s)
+        kv = obs.kv_usage
+        if kv is None:
+            if not is_idle:
+                missing.append("kv_usage")
+                calm.append("KV usage unmeasured")
+        elif kv > t.kv_usage_high:
+            wants.append(
+                Want(
+                    _scaled(ready, kv / t.target_utilization, t.max_scale_up_factor),
+                    "KvPressure",
+                    f"KV cache {kv:.0%} full (limit {t.kv_usage_high:.0%})",
+                    is_reactive=True,
+                )
+            )
+        elif kv >= t.kv_usage_low:
+            calm.append(f"KV cache {kv:.0%} full")
+    if obs.request_rate_per_s is None:
+        missing.append("request_rate_per_s")
+
+    down_to: int | None = None
+    if rcfg.capacity is not None:
+        if loads.shares_sizing is None:
+            calm.append("load unmeasured")
+        else:
+            need = math.ceil(loads.shares_sizing / t.target_utilization - 1e-9)
+            if need > obs.desired_replicas or (obs.desired_replicas == 0 and need > 0):
+                wants.append(
+                    Want(
+                        need,
+                        "ForecastLoad",
+                        f"{loads.text} needs {need} at {t.target_utilization:.0%} of "
+                        f"{rcfg.capacity.source or 'the capacity profile'}",
+                        is_reactive=False,
+                    )
+                )
+            if not calm:
+                down_to = math.ceil(loads.shares_sizing / t.scale_down_utilization - 1e-9)
+    elif not calm:
+        # Without a capacity profile nothing says how far the load would stretch fewer
+        # replicas: one step down per stabilization window, and only when all is calm.
+        down_to = 0 if is_idle else obs.desired_replicas - 1
+    if is_idle and obs.desired_replicas == 0:
+        down_to = None
+    if not is_idle and obs.desired_replicas == 0 and obs.request_rate_per_s is not None:
+        wants.append(Want(1, "ForecastLoad", "traffic and no replica", is_reactive=False))
+    return Assessment(
+        wants=tuple(wants),
+        down_to=down_to,
+        hold_note="; ".join(calm),
+        missing=tuple(dict.fromkeys(missing)),
+        is_blind=is_blind,
+    )

@@ -50,6 +50,9 @@ def test_autoscaling_on_applies_the_planners_decision_within_bounds() -> None:
     assert applied_replicas(spec, {"decode": 5}) == {"prefill": 2, "decode": 5}
     assert applied_replicas(spec, {"decode": 40, "prefill": 0}) == {"prefill": 0, "decode": 6}
     assert deployment_specs(spec, {"decode": 5})["p-decode"]["replicas"] == 5
+    # The manual override wins at once, before the planner's next interval.
+    pinned = spec_of(autoscaling={"enabled": True, "manualRoles": ["decode"]})
+    assert applied_replicas(pinned, {"decode": 5, "prefill": 4}) == {"prefill": 4, "decode": 3}
 
 
 def test_an_external_autoscalers_role_carries_no_replicas() -> None:

@@ -67,6 +67,12 @@ class WorkerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.queue_wait = Histogram(
+            p + "queue_wait_seconds",
+            "Arrival to first scheduled (the wait before a prompt's first chunk), per request",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.step_duration = Histogram(
             p + "step_duration_seconds", "One engine step", buckets=LATENCY_BUCKETS_S, registry=r
         )
@@ -130,6 +136,7 @@ class WorkerMetrics:
             if timings is None:
                 continue
             self.preemptions.inc(timings.num_preemptions)
+            self.queue_wait.observe(timings.queued_s)
             if out.num_output_tokens >= 1:
                 self.ttft.observe(timings.ttft_s)
             if out.num_output_tokens >= 2:

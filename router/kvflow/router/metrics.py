@@ -17,6 +17,11 @@ _DECISION_BUCKETS_S = (
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+# Time per output token: 2 ms (a GPU's small batch) to 2 s (a busy CPU worker); TPOT
+# targets are typically 20-200 ms, so the buckets are dense there.
+_TPOT_BUCKETS_S = (
+    0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
+)  # fmt: skip
 # A KV transfer: 1 ms (a few blocks on one host) to 10 s (the default transfer timeout).
 _TRANSFER_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -57,6 +62,12 @@ class RouterMetrics:
             "kvflow_router_ttft_seconds",
             "Request arrival at the gateway to its first token",
             buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.tpot_s = Histogram(
+            "kvflow_router_tpot_seconds",
+            "Per request, (last token - first token) / (completion tokens - 1), at the gateway",
+            buckets=_TPOT_BUCKETS_S,
             registry=r,
         )
         self.e2e_s = Histogram(

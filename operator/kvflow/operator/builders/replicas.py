@@ -5,7 +5,8 @@ Three owners, one per role:
 - `spec`: autoscaling off. The operator applies `spec.<role>.replicas` on every reconcile,
   so a hand edit of the Deployment's replicas is put back (drift).
 - `planner`: autoscaling on. The operator applies the planner's last decision, kept in
-  `status.planner.roles`; before the first decision, `spec.<role>.replicas`.
+  `status.planner.roles`; before the first decision, `spec.<role>.replicas`. A role named
+  in `autoscaling.manualRoles` (the manual override) is the spec's again at once.
 - `external`: `spec.<role>.externalAutoscaler`. An HPA, KEDA or a person scales the
   Deployment; the operator leaves `replicas` out of what it applies, so server-side apply
   gives it no owner on our side and never resets it.
@@ -32,10 +33,14 @@ ReplicaOwner = Literal["spec", "planner", "external"]
 HANDOVER_MANAGER = "kvflow-operator-handover"
 
 
-def replica_owner(spec: v1alpha1.InferencePoolSpec, role_spec: v1alpha1.RoleSpec) -> ReplicaOwner:
+def replica_owner(
+    spec: v1alpha1.InferencePoolSpec, role: WorkerRole, role_spec: v1alpha1.RoleSpec
+) -> ReplicaOwner:
     if role_spec.external_autoscaler:
         return "external"
-    return "planner" if spec.autoscaling.enabled else "spec"
+    if spec.autoscaling.enabled and role not in spec.autoscaling.manual_roles:
+        return "planner"
+    return "spec"  # autoscaling off, or the role pinned by the manual override
 
 
 def planned_replicas(status: v1alpha1.InferencePoolStatus) -> dict[str, int]:
@@ -49,7 +54,7 @@ def applied_replicas(
     """Replicas to apply per worker role; None: leave the field out (external owner)."""
     out: dict[WorkerRole, int | None] = {}
     for role, role_spec in worker_roles(spec):
-        owner = replica_owner(spec, role_spec)
+        owner = replica_owner(spec, role, role_spec)
         if owner == "external":
             out[role] = None
         elif owner == "planner" and role in planned:

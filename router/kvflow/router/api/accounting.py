@@ -50,7 +50,11 @@ class Accounting:
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)
         metrics.tenant_completion_tokens.labels(name).inc(usage.completion_tokens)
         metrics.tenant_cached_tokens.labels(name).inc(usage.cached_tokens)
-        metrics.e2e_s.observe(time.perf_counter() - self.trace.arrival_s)
+        finished_s = time.perf_counter()
+        metrics.e2e_s.observe(finished_s - self.trace.arrival_s)
+        first_token_s = self.trace.first_token_s
+        if first_token_s is not None and usage.completion_tokens >= 2:
+            metrics.tpot_s.observe((finished_s - first_token_s) / (usage.completion_tokens - 1))
         await self.gateway.quotas.finish(
             self.lease,
             UsageTotals(

@@ -1,0 +1,137 @@
+"""One role's `Observation` from its pods' metrics over one window (pure).
+
+Sources, by what tenants feel first:
+
+- TTFT, for roles that prefill (colocated, prefill): the routers' histogram (arrival at
+  the gateway to the first token, what a tenant sees, queueing and KV transfer included);
+  the role's own workers' when no router was read.
+- TPOT, for roles that decode (colocated, decode): the role's workers' histogram (the
+  steps they run, unaffected by the other role); the routers' when no worker was read.
+- Load (requests, prompt and output tokens per request), queue wait, batch size and KV
+  usage: the role's own workers. Counters and histograms are what happened in the window;
+  gauges are the latest read, averaged over the ready replicas read.
+
+A metric nobody reported is None, never 0 (the model says which inputs it lacked);
+a window with no finished request has a rate of 0 and no means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvflow.operator.observe.exposition import Histogram, Metrics
+from kvflow.operator.observe.histograms import mean, quantile, share_above, total
+from kvflow.operator.observe.pods import RolePods
+from kvflow.operator.planner.types import Observation, WorkerRole
+
+# The workers' and routers' metric families (engine_worker/.../metrics.py and
+# router/.../metrics.py; components never import each other, and tests/operator reads
+# real workers' output to hold these names).
+WORKER_TTFT = "kvflow_worker_time_to_first_token_seconds"
+WORKER_TPOT = "kvflow_worker_time_per_output_token_seconds"
+WORKER_QUEUE_WAIT = "kvflow_worker_queue_wait_seconds"
+WORKER_FINISHED = "kvflow_worker_requests_finished"
+WORKER_PROMPT_TOKENS = "kvflow_worker_prompt_tokens"
+WORKER_GENERATION_TOKENS = "kvflow_worker_generation_tokens"
+WORKER_RUNNING = "kvflow_worker_requests_running"
+WORKER_KV_USAGE = "kvflow_worker_kv_cache_usage_ratio"
+ROUTER_TTFT = "kvflow_router_ttft_seconds"
+ROUTER_TPOT = "kvflow_router_tpot_seconds"
+
+WORKER_FAMILIES = frozenset(
+    {
+        WORKER_TTFT, WORKER_TPOT, WORKER_QUEUE_WAIT, WORKER_FINISHED, WORKER_PROMPT_TOKENS,
+        WORKER_GENERATION_TOKENS, WORKER_RUNNING, WORKER_KV_USAGE,
+    }
+)  # fmt: skip
+ROUTER_FAMILIES = frozenset({ROUTER_TTFT, ROUTER_TPOT})
+
+
+@dataclass(frozen=True)
+class Targets:
+    """A role's metrics over one window: one `Metrics` per worker read, and the routers'."""
+
+    workers: Sequence[Metrics]
+    routers: Sequence[Metrics]
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_target_s: float
+    tpot_target_s: float
+    percentile: float  # 90 means p90
+
+
+def prefills(role: WorkerRole) -> bool:
+    return role in ("colocated", "prefill")
+
+
+def decodes(role: WorkerRole) -> bool:
+    return role in ("colocated", "decode")
+
+
+def observe_role(
+    role: WorkerRole,
+    *,
+    time_s: float,
+    window_s: float,
+    desired_replicas: int,
+    pods: RolePods,
+    targets: Targets,
+    slo: Slo,
+) -> Observation:
+    workers, routers = targets.workers, targets.routers
+    q = slo.percentile / 100
+    ttft = tpot = None
+    if prefills(role):
+        ttft = _first_counted(_total(routers, ROUTER_TTFT), _total(workers, WORKER_TTFT))
+    if decodes(role):
+        tpot = _first_counted(_total(workers, WORKER_TPOT), _total(routers, ROUTER_TPOT))
+    finished = _sum(workers, WORKER_FINISHED)
+    prompt_tokens = _sum(workers, WORKER_PROMPT_TOKENS)
+    generated = _sum(workers, WORKER_GENERATION_TOKENS)
+    per_request = finished is not None and finished > 0
+    return Observation(
+        time_s=time_s,
+        desired_replicas=desired_replicas,
+        ready_replicas=pods.ready_replicas,
+        pending_replicas=pods.pending_replicas,
+        unschedulable_replicas=pods.unschedulable_replicas,
+        request_rate_per_s=None if finished is None else finished / window_s,
+        mean_input_tokens=_ratio(prompt_tokens, finished) if per_request else None,
+        mean_output_tokens=_ratio(generated, finished) if per_request else None,
+        ttft_s=quantile(ttft, q),
+        tpot_s=quantile(tpot, q),
+        ttft_violation_fraction=share_above(ttft, slo.ttft_target_s),
+        tpot_violation_fraction=share_above(tpot, slo.tpot_target_s),
+        prefill_queue_wait_s=mean(_total(workers, WORKER_QUEUE_WAIT)) if prefills(role) else None,
+        decode_batch_size=_mean_gauge(workers, WORKER_RUNNING) if decodes(role) else None,
+        kv_usage=_mean_gauge(workers, WORKER_KV_USAGE),
+    )
+
+
+def _total(sources: Sequence[Metrics], family: str) -> Histogram | None:
+    return total(m.histograms[family] for m in sources if family in m.histograms)
+
+
+def _first_counted(*candidates: Histogram | None) -> Histogram | None:
+    """The first histogram that counted something in the window (else the first read)."""
+    counted = [h for h in candidates if h is not None and h.count > 0]
+    return counted[0] if counted else next((h for h in candidates if h is not None), None)
+
+
+def _sum(sources: Sequence[Metrics], family: str) -> float | None:
+    values = [m.counters[family] for m in sources if family in m.counters]
+    return sum(values) if values else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def _mean_gauge(sources: Sequence[Metrics], family: str) -> float | None:
+    values = [m.gauges[family] for m in sources if family in m.gauges]
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,195 @@
+"""The planner's inputs from real workers' and routers' metrics text (pure parsing).
+
+The exposition comes from the components' own metric classes (`WorkerMetrics`,
+`RouterMetrics`), so a renamed or retyped family fails here, not in a cluster.
+"""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from kvflow.engine_worker.metrics import WorkerMetrics
+from kvflow.operator.observe.exposition import ExpositionError, Histogram, Metrics, parse, window
+from kvflow.operator.observe.histograms import quantile, share_above
+from kvflow.operator.observe.observation import (
+    ROUTER_FAMILIES,
+    WORKER_FAMILIES,
+    Slo,
+    Targets,
+    observe_role,
+)
+from kvflow.operator.observe.pods import RolePods, classify
+from kvflow.router.metrics import RouterMetrics
+
+SLO = Slo(ttft_target_s=1.0, tpot_target_s=0.1, percentile=90)
+
+
+def worker_text(m: WorkerMetrics) -> str:
+    return generate_latest(m.registry).decode()
+
+
+def test_every_family_the_planner_reads_is_exported_with_its_type() -> None:
+    worker = parse(worker_text(WorkerMetrics()), WORKER_FAMILIES)
+    router = parse(generate_latest(RouterMetrics().registry).decode(), ROUTER_FAMILIES)
+    found = {*worker.counters, *worker.gauges, *worker.histograms}
+    assert found == set(WORKER_FAMILIES)
+    assert set(router.histograms) == set(ROUTER_FAMILIES)
+    assert set(worker.counters) == {
+        "kvflow_worker_requests_finished",
+        "kvflow_worker_prompt_tokens",
+        "kvflow_worker_generation_tokens",
+    }
+    assert set(worker.gauges) == {
+        "kvflow_worker_requests_running",
+        "kvflow_worker_kv_cache_usage_ratio",
+    }
+
+
+def test_a_window_is_the_difference_of_two_reads() -> None:
+    m = WorkerMetrics()
+    m.finished.labels("stop").inc(3)
+    m.tpot.observe(0.05)
+    before = parse(worker_text(m), WORKER_FAMILIES)
+    m.finished.labels("stop").inc(2)
+    m.finished.labels("length").inc(5)  # labels are summed
+    m.prompt_tokens.inc(700)
+    m.tpot.observe(0.5)
+    m.running.set(7)
+    delta = window(parse(worker_text(m), WORKER_FAMILIES), before)
+    assert delta.counters["kvflow_worker_requests_finished"] == 7
+    assert delta.counters["kvflow_worker_prompt_tokens"] == 700
+    assert delta.histograms["kvflow_worker_time_per_output_token_seconds"].count == 1
+    assert delta.gauges["kvflow_worker_requests_running"] == 7  # gauges: the latest read
+
+
+def test_a_restarted_target_counts_from_its_start() -> None:
+    m = WorkerMetrics()
+    m.finished.labels("stop").inc(10)
+    before = parse(worker_text(m), WORKER_FAMILIES)
+    fresh = WorkerMetrics()
+    fresh.finished.labels("stop").inc(2)
+    now = parse(worker_text(fresh), WORKER_FAMILIES)
+    assert window(now, before).counters["kvflow_worker_requests_finished"] == 2
+
+
+def test_garbage_is_refused_clearly() -> None:
+    with pytest.raises(ExpositionError, match="not Prometheus text"):
+        parse("this is { not metrics", WORKER_FAMILIES)
+
+
+def hist(bounds: tuple[float, ...], counts: tuple[float, ...]) -> Histogram:
+    cumulative = tuple(sum(counts[: i + 1]) for i in range(len(counts)))
+    return Histogram(bounds, cumulative, cumulative[-1], 0.0)
+
+
+def test_quantile_and_violation_share_interpolate_in_buckets() -> None:
+    # 10 requests: 5 in (0, 0.1], 4 in (0.1, 0.2], 1 above 0.4.
+    h = hist((0.1, 0.2, 0.4, float("inf")), (5, 4, 0, 1))
+    assert quantile(h, 0.5) == pytest.approx(0.1)
+    assert quantile(h, 0.7) == pytest.approx(0.15)
+    assert quantile(h, 0.99) == pytest.approx(0.4)  # in +Inf: the last finite bound
+    assert share_above(h, 0.1) == pytest.approx(0.5)
+    assert share_above(h, 0.15) == pytest.approx(0.3)
+    assert share_above(h, 1.0) == pytest.approx(0.1)
+    assert quantile(hist((0.1, float("inf")), (0, 0)), 0.9) is None
+    assert share_above(None, 0.1) is None
+
+
+def test_observation_of_a_colocated_role() -> None:
+    w1, w2, router = WorkerMetrics(), WorkerMetrics(), RouterMetrics()
+    for m, running, kv in ((w1, 4, 0.5), (w2, 8, 0.7)):
+        m.finished.labels("stop").inc(10)
+        m.prompt_tokens.inc(2000)
+        m.generation_tokens.inc(500)
+        m.running.set(running)
+        m.kv_usage.set(kv)
+        for _ in range(10):
+            m.tpot.observe(0.3)  # every request over the 100 ms target
+            m.queue_wait.observe(0.2)
+            m.ttft.observe(5.0)
+    for _ in range(20):
+        router.ttft_s.observe(0.4)  # the gateway's TTFT wins over the workers'
+    obs = observe_role(
+        "colocated",
+        time_s=100.0,
+        window_s=10.0,
+        desired_replicas=2,
+        pods=RolePods(ready_replicas=2, pending_replicas=1, unschedulable_replicas=1),
+        targets=Targets(
+            workers=[parse(worker_text(m), WORKER_FAMILIES) for m in (w1, w2)],
+            routers=[parse(generate_latest(router.registry).decode(), ROUTER_FAMILIES)],
+        ),
+        slo=SLO,
+    )
+    assert obs.request_rate_per_s == pytest.approx(2.0)
+    assert obs.mean_input_tokens == pytest.approx(200)
+    assert obs.mean_output_tokens == pytest.approx(50)
+    assert obs.tpot_violation_fraction == pytest.approx(1.0)
+    assert obs.tpot_s is not None and 0.2 < obs.tpot_s <= 0.3
+    assert obs.ttft_s is not None and 0.25 < obs.ttft_s <= 0.5
+    assert obs.ttft_violation_fraction == pytest.approx(0.0)
+    assert obs.prefill_queue_wait_s == pytest.approx(0.2)
+    assert obs.decode_batch_size == pytest.approx(6)
+    assert obs.kv_usage == pytest.approx(0.6)
+    assert (obs.ready_replicas, obs.pending_replicas, obs.unschedulable_replicas) == (2, 1, 1)
+
+
+def test_roles_read_only_what_they_do_and_nothing_read_is_none() -> None:
+    m = WorkerMetrics()
+    m.tpot.observe(0.05)
+    m.queue_wait.observe(0.3)
+    targets = Targets(workers=[parse(worker_text(m), WORKER_FAMILIES)], routers=[])
+    kwargs = {"time_s": 0.0, "window_s": 5.0, "desired_replicas": 1, "pods": RolePods(1)}
+    decode = observe_role("decode", targets=targets, slo=SLO, **kwargs)  # type: ignore[arg-type]
+    prefill = observe_role("prefill", targets=targets, slo=SLO, **kwargs)  # type: ignore[arg-type]
+    assert decode.tpot_s is not None and decode.prefill_queue_wait_s is None
+    assert decode.ttft_s is None
+    assert prefill.tpot_s is None and prefill.prefill_queue_wait_s == pytest.approx(0.3)
+    assert prefill.mean_input_tokens is None  # no finished request: no mean, and
+    assert prefill.request_rate_per_s == 0.0  # a rate of zero is a measurement
+    blind = observe_role(
+        "decode",
+        targets=Targets(workers=[], routers=[]),
+        slo=SLO,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    assert blind.request_rate_per_s is None and blind.tpot_s is None and blind.kv_usage is None
+
+
+def pod(name: str, role: str, *, ready: bool, ip: str = "", unschedulable: bool = False) -> dict:  # type: ignore[type-arg]
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"})
+    component = "router" if role == "router" else "worker"
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"kvflow.io/role": role, "app.kubernetes.io/component": component},
+        },
+        "status": {"podIP": ip, "conditions": conditions},
+    }
+
+
+def test_pods_counted_per_role_with_their_metrics_urls() -> None:
+    terminating = pod("d-old", "decode", ready=True, ip="10.0.0.9")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    pods = classify(
+        [
+            pod("d-1", "decode", ready=True, ip="10.0.0.2"),
+            pod("d-2", "decode", ready=False, ip="10.0.0.3"),
+            pod("d-3", "decode", ready=False, unschedulable=True),
+            pod("p-1", "prefill", ready=True, ip="fd00::5"),
+            pod("r-1", "router", ready=True, ip="10.0.0.4"),
+            terminating,
+        ]
+    )
+    assert pods.roles["decode"] == RolePods(1, 2, 1, ("http://10.0.0.2:9400/metrics",))
+    assert pods.roles["prefill"].targets == ("http://[fd00::5]:9400/metrics",)
+    assert pods.router_targets == ("http://10.0.0.4:8000/metrics",)
+
+
+def test_metrics_record_defaults_are_independent() -> None:
+    a, b = Metrics(), Metrics()
+    a.counters["x"] = 1
+    assert b.counters == {}

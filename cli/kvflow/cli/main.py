@@ -33,6 +33,9 @@ COMMANDS: dict[str, Command] = {
         "dev",
         "simulated clusters in virtual time (bench, compare, calibrate)",
     ),
+    "plan": Command(
+        "kvflow.cli.plan.cli", "router", "size GPUs, memory and cost for a model and a load"
+    ),
     "profile": Command(
         "kvflow.engine_worker.sim.profile_cli",
         "worker",

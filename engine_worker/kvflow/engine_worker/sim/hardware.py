@@ -27,6 +27,16 @@ H100_SXM = GpuSpec("H100-SXM", 989e12, 3.35e12, 80 * GB, 0.85 * 400e9 / 8)
 # H200 SXM: the H100's compute with 4.8 TB/s HBM3e and 141 GB.
 H200_SXM = GpuSpec("H200-SXM", 989e12, 4.8e12, 141 * GB, 0.85 * 400e9 / 8)
 
+# For `kvflow plan` (capacity planning); the simulator's shipped profiles use the two above.
+# Their KV links: a 200 Gb/s RDMA NIC at 85 %, the RTX 4090's 100 GbE.
+# A100 SXM4: 312 TFLOPS dense bf16; 1.555 TB/s HBM2 for 40 GB, 2.039 TB/s HBM2e for 80 GB.
+A100_40GB = GpuSpec("A100-40GB", 312e12, 1.555e12, 40 * GB, 0.85 * 200e9 / 8)
+A100_80GB = GpuSpec("A100-80GB", 312e12, 2.039e12, 80 * GB, 0.85 * 200e9 / 8)
+# L40S (PCIe, no NVLink): 362 TFLOPS dense bf16, 864 GB/s GDDR6, 48 GB.
+L40S = GpuSpec("L40S", 362.05e12, 864e9, 48 * GB, 0.85 * 200e9 / 8)
+# GeForce RTX 4090: 165 TFLOPS dense bf16 with fp32 accumulate, 1.008 TB/s GDDR6X, 24 GB.
+RTX_4090 = GpuSpec("RTX-4090", 165.2e12, 1.008e12, 24 * GB, 0.85 * 100e9 / 8)
+
 GPUS = {"h100": H100_SXM, "h200": H200_SXM}
 
 

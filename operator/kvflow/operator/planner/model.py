@@ -132,6 +132,17 @@ def _decode_seqs(obs: Observation, config: PlannerConfig) -> float | None:
     return obs.request_rate_per_s * obs.mean_output_tokens * obs.tpot_s
 
 
+_SATURATED: frozenset[DecisionReason] = frozenset({"TtftViolation", "TpotViolation", "QueueWait"})
+
+
+def _saturation(obs: Observation, state: RoleState, step: _Step) -> float | None:
+    """Requests/s per ready replica at this interval's SLO break, else the last one's."""
+    rate = obs.request_rate_per_s
+    if step.saturated and rate is not None and rate > 0 and obs.ready_replicas > 0:
+        return rate / obs.ready_replicas
+    return state.saturation_rate_per_replica
+
+
 @dataclass(frozen=True)
 class _Step:
     """What `_choose` settled on, before it becomes a Decision and a new RoleState."""
@@ -142,6 +153,7 @@ class _Step:
     wanted: int | None = None  # recorded for stabilization; None: `replicas`
     is_up: bool = False
     is_down: bool = False
+    saturated: bool = False  # a latency or queue signal was over its threshold
 
 
 def _decide(
@@ -155,11 +167,12 @@ def _decide(
     now = obs.time_s
     step = _choose(role, obs, config, rcfg, state, loads)
     recent = tuple(
-        (t, r) for t, r in state.recommendations if t > now - config.scale_down_stabilization_s
+        (t, r) for t, r in state.recommendations if t >= now - config.scale_down_stabilization_s
     )
     wanted = step.replicas if step.wanted is None else step.wanted
     new_state = replace(
         state,
+        saturation_rate_per_replica=_saturation(obs, state, step),
         replicas=step.replicas,
         recommendations=(*recent, (now, wanted)),
         last_scale_up_s=now if step.is_up else state.last_scale_up_s,
@@ -188,7 +201,20 @@ def _choose(
     if current > rcfg.max_replicas:
         return _Step(rcfg.max_replicas, "AboveMaxReplicas", "lowered to maxReplicas")
 
-    found = assess(role, obs, config, rcfg, loads)
+    found = assess(role, obs, config, rcfg, loads, state.saturation_rate_per_replica)
+    step = _choose_autoscaled(obs, config, rcfg, state, loads, found)
+    return replace(step, saturated=any(w.reason in _SATURATED for w in found.wants))
+
+
+def _choose_autoscaled(
+    obs: Observation,
+    config: PlannerConfig,
+    rcfg: RoleConfig,
+    state: RoleState,
+    loads: Loads,
+    found: Assessment,
+) -> _Step:
+    current = obs.desired_replicas
     note = f" [missing: {', '.join(found.missing)}]" if found.missing else ""
     best = _largest(found.wants, current)
     if best is not None:
@@ -288,7 +314,7 @@ def _scale_down(
     now = obs.time_s
     current = obs.desired_replicas
     window_s = config.scale_down_stabilization_s
-    stable = max([want, *(r for t, r in state.recommendations if t > now - window_s)])
+    stable = max([want, *(r for t, r in state.recommendations if t >= now - window_s)])
     watched_s = now - (state.since_s if state.since_s is not None else now)
     why = loads.text or "latency, queue wait and KV calm"
     if watched_s < window_s:

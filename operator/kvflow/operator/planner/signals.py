@@ -63,7 +63,12 @@ def _scaled(ready: int, factor: float, cap: float) -> int:
 
 
 def assess(
-    role: WorkerRole, obs: Observation, config: PlannerConfig, rcfg: RoleConfig, loads: Loads
+    role: WorkerRole,
+    obs: Observation,
+    config: PlannerConfig,
+    rcfg: RoleConfig,
+    loads: Loads,
+    saturation_rate_per_replica: float | None = None,
 ) -> Assessment:
     t = config.tuning
     is_prefill, is_decode = _sides(role)
@@ -159,9 +164,20 @@ def assess(
             if not calm:
                 down_to = math.ceil(loads.shares_sizing / t.scale_down_utilization - 1e-9)
     elif not calm:
-        # Without a capacity profile nothing says how far the load would stretch fewer
-        # replicas: one step down per stabilization window, and only when all is calm.
+        # Without a capacity profile only the last saturation says how far the load would
+        # stretch fewer replicas: one step down per stabilization window, when all is calm
+        # and the rest would stay well under the rate per replica that last broke the SLO.
         down_to = 0 if is_idle else obs.desired_replicas - 1
+        rate = obs.request_rate_per_s
+        limit = saturation_rate_per_replica
+        if not is_idle and limit is not None and rate is not None and down_to > 0:
+            per_replica = rate / down_to
+            if per_replica > t.saturation_headroom * limit:
+                calm.append(
+                    f"{down_to} replicas would carry {per_replica:.3g} requests/s each; the "
+                    f"SLO broke at {limit:.3g}"
+                )
+                down_to = None
     if is_idle and obs.desired_replicas == 0:
         down_to = None
     if not is_idle and obs.desired_replicas == 0 and obs.request_rate_per_s is not None:

@@ -120,6 +120,9 @@ class Tuning:
     max_scale_up_factor: float = 2.0
     # Prefill queue wait above this share of the TTFT target: prefill is short of replicas.
     queue_wait_ratio: float = 0.5
+    # Without a profile, scale down only if each remaining replica would carry less than
+    # this share of the request rate per replica at which the role last broke its SLO.
+    saturation_headroom: float = 0.75
     kv_usage_high: float = 0.85  # above: preemptions are near; add decode capacity
     kv_usage_low: float = 0.5  # below (with the rest calm): KV does not block a scale-down
     # Holt's linear smoothing of the load (forecast.py); a forecast is capped at this many
@@ -157,6 +160,10 @@ class RoleState:
     # sequences (decode, colocated).
     prompt_load: Holt | None = None
     decode_load: Holt | None = None
+    # Requests/s per ready replica when the role last broke its SLO (latency or queue).
+    # Without a capacity profile it is the only thing that says how far fewer replicas
+    # would stretch: a scale-down must leave each replica well under it.
+    saturation_rate_per_replica: float | None = None
     # (time_s, replicas) the model wanted in each recent interval: a scale-down takes the
     # max over the stabilization window, so one quiet interval never removes a replica.
     recommendations: tuple[tuple[float, int], ...] = ()

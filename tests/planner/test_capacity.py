@@ -1,0 +1,114 @@
+"""A replica's SLO capacity from a step-time profile, against hand arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvflow.engine_worker.sim.profiles import named_profile
+from kvflow.operator.planner.capacity import (
+    StepCost,
+    capacity_from_timing,
+    decode_seqs_within_tpot,
+    max_queue_utilization,
+    prefill_tokens_per_s,
+    prompt_alone_s,
+)
+from kvflow.operator.planner.forecast import Holt, sizing_load, start_or_update
+
+ROUND = StepCost(base_step_s=0.005, per_prefill_token_s=50e-6, per_decode_seq_s=50e-6)
+
+
+def test_decode_seqs_by_tpot_kv_and_batch_limit() -> None:
+    # (25 ms - 5 ms) / 50 us = 400 sequences within a 25 ms TPOT.
+    kw = {"context_tokens": 1000.0, "tpot_target_s": 0.025}
+    assert decode_seqs_within_tpot(ROUND, max_num_seqs=1000, kv_capacity_tokens=10**9, **kw) == 400
+    assert decode_seqs_within_tpot(ROUND, max_num_seqs=256, kv_capacity_tokens=10**9, **kw) == 256
+    # 150 k KV tokens / 1,000 per sequence = 150.
+    assert (
+        decode_seqs_within_tpot(ROUND, max_num_seqs=1000, kv_capacity_tokens=150_000, **kw) == 150
+    )
+    # KV reads: 1 ns per token x 1,000 tokens = 1 us more per sequence: 20 ms / 51 us = 392.
+    with_kv = StepCost(0.005, 50e-6, 50e-6, per_kv_token_s=1e-9)
+    assert (
+        decode_seqs_within_tpot(with_kv, max_num_seqs=1000, kv_capacity_tokens=10**9, **kw) == 392
+    )
+
+
+def test_prefill_throughput_alone_and_queue() -> None:
+    # A 2,000-token chunk: 5 ms + 2,000 x 50 us = 105 ms -> 19,048 tokens/s.
+    assert prefill_tokens_per_s(ROUND, input_tokens=1000, chunk_tokens=2000) == pytest.approx(
+        2000 / 0.105
+    )
+    # A 3,000-token prompt in 2,000-token chunks: 2 steps x 5 ms + 3,000 x 50 us = 160 ms.
+    assert prompt_alone_s(ROUND, input_tokens=3000, chunk_tokens=2000) == pytest.approx(0.160)
+    # rho with P(wait > 0.1 s) = 10 % at 50 ms service: rho exp(-2 (1 - rho) 2 / rho) = 0.1.
+    rho = max_queue_utilization(service_s=0.05, wait_budget_s=0.1, tail=0.1)
+    assert rho * math.exp(-2 * (1 - rho) * 2 / rho) == pytest.approx(0.1, rel=1e-9)
+    assert 0.5 < rho < 0.95
+    # A loose budget hits the 95 % cap.
+    assert max_queue_utilization(service_s=0.05, wait_budget_s=10, tail=0.1) == 0.95
+
+
+def test_capacity_of_a_shipped_simulator_profile() -> None:
+    # docs/planner.md's worked example: h100-llama3-8b, 1,024-in / 256-out, TTFT 1 s and
+    # TPOT 50 ms at p90.
+    profile = named_profile("h100-llama3-8b")
+    assert profile is not None
+    t = profile.timing
+    cost = StepCost(
+        t.base_step_s,
+        t.per_prefill_token_s,
+        t.per_decode_seq_s,
+        t.per_kv_token_s,
+        t.per_prefill_seq_s,
+    )
+    cap = capacity_from_timing(
+        cost,
+        mean_input_tokens=1024,
+        mean_output_tokens=256,
+        ttft_target_s=1.0,
+        tpot_target_s=0.05,
+        percentile=90,
+        max_num_batched_tokens=profile.max_num_batched_tokens,
+        max_num_seqs=profile.max_num_seqs,
+        kv_capacity_tokens=profile.num_kv_blocks * profile.block_size,
+        source="h100-llama3-8b",
+    )
+    # 8,192 / (6.6 ms + 8,192 x (27.1 us + 48.9 ns)) = 35.8 k tokens/s, x 0.95 = 34.0 k.
+    assert cap.max_prompt_tokens_per_s == pytest.approx(33_979, rel=1e-3)
+    # (50 - 6.6) ms / (30.3 us + 1,152 x 48.9 ns) = 501 -> max_num_seqs 256.
+    assert cap.max_decode_seqs == 256
+
+
+def test_impossible_targets_say_what_to_change() -> None:
+    kw = {
+        "mean_input_tokens": 1000.0,
+        "mean_output_tokens": 100.0,
+        "percentile": 90.0,
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 64,
+        "kv_capacity_tokens": 10**6,
+    }
+    with pytest.raises(ValueError, match=r"over the TPOT target.*raise tpotTargetMs"):
+        capacity_from_timing(ROUND, ttft_target_s=1.0, tpot_target_s=0.004, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"alone takes 55 ms.*raise ttftTargetMs"):
+        capacity_from_timing(ROUND, ttft_target_s=0.05, tpot_target_s=0.1, **kw)  # type: ignore[arg-type]
+
+
+def test_holt_follows_a_ramp_and_ignores_stale_samples() -> None:
+    holt = None
+    for i in range(20):  # +100 per 10 s
+        holt = start_or_update(holt, 1000 + 100 * i, 10.0 * i, alpha=0.5, beta=0.3)
+    assert holt is not None
+    assert holt.trend_per_s == pytest.approx(10.0, rel=0.02)
+    assert holt.forecast(30) == pytest.approx(2900 + 300, rel=0.02)
+    assert holt.update(5.0, holt.time_s, alpha=0.5, beta=0.3) is holt
+
+
+def test_sizing_load_caps_a_noisy_forecast() -> None:
+    steep = Holt(level=100.0, trend_per_s=50.0, time_s=0.0)
+    assert sizing_load(100.0, steep, 60.0, max_growth=2.0) == 200.0  # not 3,100
+    falling = Holt(level=100.0, trend_per_s=-5.0, time_s=0.0)
+    assert sizing_load(100.0, falling, 60.0, max_growth=2.0) == 100.0  # never below now

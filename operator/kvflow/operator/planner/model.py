@@ -235,8 +235,8 @@ def _choose_autoscaled(
                 "Cooldown",
                 f"{pressing.detail}; waiting: {starting} replica(s) still starting{note}",
             )
-    if found.down_to is not None and max(found.down_to, rcfg.min_replicas) < current:
-        want = max(found.down_to, rcfg.min_replicas)
+    want = None if found.down_to is None else max(found.down_to, rcfg.min_replicas)
+    if want is not None and want < current:
         return _scale_down(obs, config, state, loads, want, note)
     if found.is_blind:
         return _Step(current, "MetricsMissing", f"holding: latency unmeasured{note}")

@@ -12,6 +12,7 @@ next) is `hash_block`'s alone: the memo keys on every input that function reads.
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -28,9 +29,12 @@ class CachedBlockHasher:
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         assert max_entries > 0
         self._max_entries = max_entries
-        # Insertion-ordered dict, evicted oldest first: a hot prefix evicted by FIFO costs
-        # one re-hash, and skipping LRU's move_to_end halves the cost of a hit.
-        self._hashes: dict[_Key, BlockHash] = {}
+        # Evicted oldest first (FIFO): a hot prefix evicted costs one re-hash, and skipping
+        # LRU's move_to_end halves the cost of a hit. An OrderedDict, not a plain dict:
+        # `del d[next(iter(d))]` on a dict scans the deleted slots at the front of its
+        # entry table on every eviction, so once full each miss cost about 65 us at
+        # 2**17 entries (600k misses: 40 s) against 0.6 us for popitem(last=False).
+        self._hashes: OrderedDict[_Key, BlockHash] = OrderedDict()
         self.num_hits = 0
         self.num_misses = 0
 
@@ -47,7 +51,7 @@ class CachedBlockHasher:
         self.num_misses += 1
         self._hashes[key] = value
         if len(self._hashes) > self._max_entries:
-            del self._hashes[next(iter(self._hashes))]
+            self._hashes.popitem(last=False)
 
     def iter_hashes(
         self,

@@ -159,7 +159,12 @@ def test_slo_condition_is_the_planners_once_it_has_judged() -> None:
     verdict = v1alpha1.Condition(
         "SLOMet", "False", "TTFTAboveTarget", "p90 TTFT 1.4 s > 1 s", T0, 4
     )
-    planner = v1alpha1.PlannerStatus("decode 2->3", "TTFT above target", T0)
+    planner = v1alpha1.PlannerStatus(
+        roles=[v1alpha1.PlannedReplicas("colocated", 3)],
+        last_decision="colocated 2->3",
+        reason="TTFT above target",
+        decided_at=T0,
+    )
     previous = v1alpha1.InferencePoolStatus(conditions=[verdict], planner=planner)
     status = status_of(READY, previous=previous, now=T1, spec=spec)
     assert next(c for c in status.conditions if c.type == "SLOMet") == verdict
@@ -286,3 +291,30 @@ def test_judge_serving_disaggregated_needs_decode_not_prefill() -> None:
     assert judge(prefill=0, decode=0) == (False, False, "NoDecodeWorkerReady")
     assert judge(prefill=0, decode=1) == (True, True, "NoPrefillWorkerReady")
     assert judge(prefill=1, decode=1) == (True, False, "WorkersReady")
+
+
+def test_the_planners_interval_writes_replicas_reason_and_slo() -> None:
+    from kvflow.operator.planner.types import Decision, SloVerdict
+    from kvflow.operator.status import with_plan
+
+    spec = from_json(
+        v1alpha1.InferencePoolSpec,
+        {"model": {"servedName": "m"}, "autoscaling": {"enabled": True}},
+    )
+    before = status_of(READY, spec=spec)
+    after = with_plan(
+        before,
+        decisions=[Decision("colocated", 3, 2, "TtftViolation", "p90 TTFT 1.4 s > 1 s")],
+        slo=SloVerdict("False", "TtftAboveTarget", "p90 TTFT 1.4 s > 1 s"),
+        now=T1,
+        generation=4,
+    )
+    assert after.planner.roles == [v1alpha1.PlannedReplicas("colocated", 3)]
+    assert after.planner.last_decision == "colocated 2->3"
+    assert after.planner.reason == "colocated: TtftViolation: p90 TTFT 1.4 s > 1 s"
+    assert conditions(after)["SLOMet"] == ("False", "TtftAboveTarget")
+    assert [c.type for c in after.conditions] == [c.type for c in before.conditions]
+    # The next reconcile keeps the planner's verdict and replicas.
+    again = status_of(READY, previous=after, now=T1, spec=spec)
+    assert conditions(again)["SLOMet"] == ("False", "TtftAboveTarget")
+    assert again.planner == after.planner

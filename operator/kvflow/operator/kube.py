@@ -57,6 +57,8 @@ RBAC_RULES: list[dict[str, list[str]]] = [
         "verbs": ["list", "create", "patch", "delete"],
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # The planner counts a pool's ready and unschedulable pods and reads their /metrics.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {
         # kopf watches CRDs to notice the InferencePool API appearing or going away.
         "apiGroups": ["apiextensions.k8s.io"],
@@ -177,6 +179,13 @@ class Kube:
 
     def list_pools(self, namespaces: list[str]) -> list[tuple[str, str]]:
         """(namespace, name) of every pool in `namespaces` (all namespaces when empty)."""
+        return [
+            (item["metadata"]["namespace"], item["metadata"]["name"])
+            for item in self.list_pool_objects(namespaces)
+        ]
+
+    def list_pool_objects(self, namespaces: list[str]) -> list[Json]:
+        """Every pool in `namespaces` (all namespaces when empty), as the API server has it."""
         if namespaces:
             listed = [
                 _call(
@@ -197,11 +206,13 @@ class Kube:
                     v1alpha1.PLURAL,
                 )
             ]
-        return [
-            (item["metadata"]["namespace"], item["metadata"]["name"])
-            for page in listed
-            for item in page.get("items", [])
-        ]
+        return [item for page in listed for item in page.get("items", [])]
+
+    def list_pods(self, namespace: str, selector: dict[str, str]) -> list[Json]:
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        listed = _call(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        items: list[Json] = listed.get("items", [])
+        return items
 
     def post_event(self, obj: Json, type_: str, reason: str, message: str, now: str) -> None:
         """A core/v1 Event about `obj` (what `kubectl describe` shows under Events)."""

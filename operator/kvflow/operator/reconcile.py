@@ -35,11 +35,13 @@ from kvflow.operator.builders.replicas import (
     planned_replicas,
 )
 from kvflow.operator.kube import FIELD_MANAGER, KubeError
+from kvflow.operator.planner.types import Decision, SloVerdict
 from kvflow.operator.status import (
     DeploymentObservation,
     Problem,
     compute_status,
     unreadable_status,
+    with_plan,
 )
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,16 @@ class KubeApi(Protocol):
     def apply(self, obj: Json, field_manager: str = FIELD_MANAGER) -> Json: ...
     def delete(self, key: ChildKey, namespace: str) -> None: ...
 
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What one planner interval decided for the roles it scales."""
+
+    decisions: tuple[Decision, ...]
+    slo: SloVerdict
+
+
+PlanFn = Callable[[Json], PlanOutcome | None]
 
 # 400/422: the API server refused the object itself (a spec the schema let through but a
 # child's validation does not). Retrying cannot help until the spec changes: report it.
@@ -86,6 +98,30 @@ class Reconciler:
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return  # garbage collection removes the children
             self._reconcile(body, apply=apply)
+
+    def record_plan(self, namespace: str, name: str, decide: PlanFn) -> PlanOutcome | None:
+        """One planner interval under the pool's lock: `decide(pool)` (the model, given the
+        pool as it is now), then status (replicas, reason, SLOMet) and the Deployments that
+        follow from it. None when the pool is gone or `decide` declined."""
+        with self._lock(namespace, name):
+            body = self.kube.get_pool(namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return None
+            outcome = decide(body)
+            if outcome is None:
+                return None
+            status = with_plan(
+                _previous_status(body),
+                decisions=outcome.decisions,
+                slo=outcome.slo,
+                now=self.now(),
+                generation=int(body["metadata"].get("generation") or 0),
+            )
+            status_json = to_json(status)
+            if status_json != to_json(_previous_status(body)):
+                self.kube.patch_pool_status(namespace, name, status_json)
+            self._reconcile({**body, "status": status_json}, apply=True)
+            return outcome
 
     def _reconcile(self, body: Json, *, apply: bool) -> None:
         meta = body["metadata"]

@@ -16,6 +16,8 @@ from kvflow.operator.handlers import build_registry
 from kvflow.operator.health import serve_health
 from kvflow.operator.kube import Kube, KubeError
 from kvflow.operator.leader import LeaderElector
+from kvflow.operator.planner_metrics import PlannerMetrics
+from kvflow.operator.planning import PlanningLoop
 from kvflow.operator.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
@@ -50,9 +52,14 @@ async def run_operator(cfg: OperatorConfig, kube: Kube) -> int:
     lost = asyncio.Event()
     loop = asyncio.get_running_loop()
     role = _Role("waiting for lease" if cfg.leader_election else "leading")
-    health = await serve_health(cfg.liveness_port, lambda: role.now) if cfg.liveness_port else None
+    metrics = PlannerMetrics()
+    health = (
+        await serve_health(cfg.liveness_port, lambda: role.now, metrics.registry)
+        if cfg.liveness_port
+        else None
+    )
     try:
-        return await _lead_and_run(cfg, kube, stop, lost, loop, role)
+        return await _lead_and_run(cfg, kube, stop, lost, loop, role, metrics)
     finally:
         if health is not None:
             await health.cleanup()
@@ -65,6 +72,7 @@ async def _lead_and_run(
     lost: asyncio.Event,
     loop: asyncio.AbstractEventLoop,
     role: _Role,
+    metrics: PlannerMetrics,
 ) -> int:
     elector: LeaderElector | None = None
     if cfg.leader_election:
@@ -90,7 +98,11 @@ async def _lead_and_run(
             log.warning("could not post event %s on %s: %s", reason, body["metadata"]["name"], exc)
 
     reconciler = Reconciler(kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339)
-    tasks = [asyncio.create_task(_sweep(reconciler, kube, cfg))]
+    planning = PlanningLoop(kube, reconciler, metrics, cfg.namespaces)
+    tasks = [
+        asyncio.create_task(_sweep(reconciler, kube, cfg)),
+        asyncio.create_task(planning.run()),
+    ]
     if elector is not None:
         tasks.append(asyncio.create_task(elector.keep(lost)))
     try:

@@ -9,12 +9,18 @@ drift tick does not look like a flapping pool.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import Json
-from kvflow.operator.api.v1alpha1 import Condition, ConditionStatus, RoleStatus
+from kvflow.operator.api.v1alpha1 import (
+    Condition,
+    ConditionStatus,
+    PlannedReplicas,
+    PlannerStatus,
+    RoleStatus,
+)
 from kvflow.operator.builders.names import (
     PoolRef,
     WorkerRole,
@@ -23,6 +29,7 @@ from kvflow.operator.builders.names import (
     worker_deployment_name,
     worker_roles,
 )
+from kvflow.operator.planner.types import Decision, SloVerdict
 
 ProblemReason = Literal["InvalidSpec", "ApplyRejected"]
 
@@ -262,8 +269,12 @@ def _slo_condition(
             generation=generation,
         )
     before = _previous(previous, "SLOMet")
-    if before is not None and before.reason not in ("AutoscalingDisabled", "AwaitingMetrics"):
-        return before  # the planner's own verdict
+    if (
+        before is not None
+        and previous.planner.decided_at
+        and before.reason != "AutoscalingDisabled"
+    ):
+        return before  # the planner's own verdict (the planner has run: decidedAt is set)
     return _condition(
         "SLOMet",
         "Unknown",
@@ -308,3 +319,35 @@ def unreadable_status(
         gateway_endpoint=previous.gateway_endpoint,
         planner=previous.planner,
     )
+
+
+def with_plan(
+    previous: v1alpha1.InferencePoolStatus,
+    *,
+    decisions: Sequence[Decision],
+    slo: SloVerdict,
+    now: str,
+    generation: int,
+) -> v1alpha1.InferencePoolStatus:
+    """The status after one planner interval: its replicas per role (what reconcile then
+    applies), the decision and reason, and SLOMet, of which the planner is the only writer.
+    `decisions` leaves out roles the planner does not scale (external autoscalers)."""
+    planned = {p.name: p.replicas for p in previous.planner.roles}
+    planned.update({d.role: d.replicas for d in decisions})
+    summary = ", ".join(
+        f"{d.role} {d.previous_replicas}->{d.replicas}" if d.is_change else f"{d.role} {d.replicas}"
+        for d in decisions
+    )
+    reason = "; ".join(f"{d.role}: {d.reason}: {d.message}" for d in decisions)
+    planner = PlannerStatus(
+        roles=[PlannedReplicas(name=name, replicas=n) for name, n in sorted(planned.items())],
+        last_decision=summary,
+        reason=reason[:1024],
+        decided_at=now,
+    )
+    slo_condition = _condition(
+        "SLOMet", slo.status, slo.reason, slo.message,
+        previous=previous, now=now, generation=generation,
+    )  # fmt: skip
+    conditions = [c for c in previous.conditions if c.type != "SLOMet"] + [slo_condition]
+    return replace(previous, planner=planner, conditions=conditions)

@@ -1,0 +1,265 @@
+"""The SLO planner's periodic task: one interval per pool every autoscaling.intervalSeconds.
+
+An interval counts the pool's pods, reads its workers' and routers' /metrics, turns what
+happened since the previous read into one `Observation` per role (`observe/`), and hands
+them to the model (`planner.model.plan`) under the pool's reconcile lock
+(`Reconciler.record_plan`), which writes status (replicas per role, the decision and its
+reason, SLOMet) and then applies the Deployments. Each change of replicas is an Event,
+and every input and decision is a metric (`planner_metrics`).
+
+Why not a kopf timer: kopf's timers and daemons always put a finalizer on the object they
+run for, and this operator keeps no state on pools (a pool stays deletable with the
+operator uninstalled; the operator has no patch right on pools). Like the drift sweep, this
+loop runs only in the replica that holds the Lease.
+
+Memory between intervals (the model's `PlannerState`, the previous reads) lives in this
+process only. After a restart the first interval reads without deciding (counters since
+each pod started are no window), and the model starts from `PlannerState()`; the replicas
+it decided before survive in the pool's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json, SchemaError, from_json
+from kvflow.operator.builders.names import (
+    LABEL_POOL,
+    PoolRef,
+    WorkerRole,
+    pool_labels,
+    worker_deployment_name,
+    worker_roles,
+)
+from kvflow.operator.kube import Kube, KubeError
+from kvflow.operator.observe.exposition import ExpositionError, Metrics, parse, window
+from kvflow.operator.observe.observation import (
+    ROUTER_FAMILIES,
+    WORKER_FAMILIES,
+    Slo,
+    Targets,
+    observe_role,
+)
+from kvflow.operator.observe.pods import PoolPods, RolePods, classify
+from kvflow.operator.observe.scrape import fetch_all
+from kvflow.operator.planner.config import config_from_spec
+from kvflow.operator.planner.model import plan
+from kvflow.operator.planner.types import (
+    Decision,
+    Observation,
+    PlannerConfig,
+    PlannerState,
+)
+from kvflow.operator.planner_metrics import PlannerMetrics
+from kvflow.operator.reconcile import PlanOutcome, Reconciler
+
+log = logging.getLogger(__name__)
+
+# How often the loop looks for pools that are due: intervals run at most this late. The
+# smallest intervalSeconds is 5; listing pools every 2 s is one cheap call.
+TICK_S = 2.0
+# Decisions that hold replicas although more are wanted: a Warning Event when one starts.
+BLOCKED = ("PendingPods", "AtMaxReplicas")
+
+PoolKey = tuple[str, str]
+
+
+@dataclass
+class _Memory:
+    state: PlannerState = field(default_factory=PlannerState)
+    reads: dict[str, Metrics] = field(default_factory=dict)
+    read_at_s: float | None = None
+    due_s: float = 0.0
+    reasons: dict[str, str] = field(default_factory=dict)  # role -> last decision's reason
+
+
+class PlanningLoop:
+    def __init__(
+        self,
+        kube: Kube,
+        reconciler: Reconciler,
+        metrics: PlannerMetrics,
+        namespaces: list[str],
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = TICK_S,
+    ) -> None:
+        self.kube, self.reconciler, self.metrics = kube, reconciler, metrics
+        self.namespaces, self.clock, self.tick_s = namespaces, clock, tick_s
+        self._memory: dict[PoolKey, _Memory] = {}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except KubeError as exc:
+                log.warning("planner: cannot list pools: %s", exc)
+
+    async def tick(self) -> None:
+        """Run every pool that is due."""
+        bodies = await asyncio.to_thread(self.kube.list_pool_objects, self.namespaces)
+        seen: set[PoolKey] = set()
+        for body in bodies:
+            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            seen.add(key)
+            spec = _spec(body)
+            if spec is None or not spec.autoscaling.enabled:
+                self._memory.pop(key, None)  # re-enabled later: starts afresh
+                continue
+            memory = self._memory.setdefault(key, _Memory())
+            now_s = self.clock()
+            if now_s < memory.due_s:
+                continue
+            memory.due_s = now_s + spec.autoscaling.interval_seconds
+            try:
+                await self._interval(body, spec, memory, now_s)
+            except KubeError as exc:
+                log.warning("planner: %s/%s: %s", key[0], key[1], exc)
+        for gone in set(self._memory) - seen:
+            del self._memory[gone]
+
+    async def _interval(
+        self, body: Json, spec: v1alpha1.InferencePoolSpec, memory: _Memory, now_s: float
+    ) -> None:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        pool = PoolRef(name=name, namespace=namespace, uid=meta["uid"])
+        pods = classify(await asyncio.to_thread(self.kube.list_pods, namespace, {LABEL_POOL: name}))
+        deployments = {
+            obj["metadata"]["name"]: obj
+            for obj in await asyncio.to_thread(
+                self.kube.list_children, "Deployment", namespace, pool_labels(pool)
+            )
+        }
+        reads = await self._read(namespace, name, pods)
+        previous, previous_at_s = memory.reads, memory.read_at_s
+        memory.reads, memory.read_at_s = reads, now_s
+        if previous_at_s is None:
+            log.info("planner: %s/%s: first read; deciding from the next one", namespace, name)
+            return
+        windows = {url: window(m, previous.get(url)) for url, m in reads.items()}
+        observations = _observations(
+            spec, pool, pods, deployments, windows, now_s, now_s - previous_at_s
+        )
+        for role, obs in observations.items():
+            self.metrics.observed(namespace, name, role, obs)
+
+        def decide(current: Json) -> PlanOutcome | None:
+            current_spec = _spec(current)
+            if current_spec is None or not current_spec.autoscaling.enabled:
+                return None
+            config = _config(current_spec)
+            result = plan(config, observations, memory.state)
+            memory.state = result.state
+            scaled = tuple(d for d in result.decisions if config.roles[d.role].is_autoscaled)
+            return PlanOutcome(decisions=scaled, slo=result.slo)
+
+        outcome = await asyncio.to_thread(self.reconciler.record_plan, namespace, name, decide)
+        if outcome is not None:
+            self._report(body, outcome, memory)
+        self.metrics.interval_s.labels(namespace, name).observe(self.clock() - now_s)
+
+    async def _read(self, namespace: str, name: str, pods: PoolPods) -> dict[str, Metrics]:
+        workers = [url for role in pods.roles.values() for url in role.targets]
+        bodies = await fetch_all([*workers, *pods.router_targets])
+        reads: dict[str, Metrics] = {}
+        failures = len(workers) + len(pods.router_targets) - len(bodies)
+        for url, text in bodies.items():
+            families = ROUTER_FAMILIES if url in pods.router_targets else WORKER_FAMILIES
+            try:
+                reads[url] = parse(text, families)
+            except ExpositionError as exc:
+                log.warning("planner: %s: %s", url, exc)
+                failures += 1
+        if failures:
+            self.metrics.scrape_failures.labels(namespace, name).inc(failures)
+        return reads
+
+    def _report(self, body: Json, outcome: PlanOutcome, memory: _Memory) -> None:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        self.metrics.judged(namespace, name, outcome.slo)
+        for decision in outcome.decisions:
+            self.metrics.decided(namespace, name, decision)
+            event = _event(decision, memory.reasons.get(decision.role))
+            if event is not None:
+                self.reconciler.post_event(body, *event)
+            memory.reasons[decision.role] = decision.reason
+
+
+def _event(decision: Decision, last_reason: str | None) -> tuple[str, str, str] | None:
+    """(type, reason, message) of the Event a decision deserves, if any."""
+    text = f"{decision.role} {decision.previous_replicas} -> {decision.replicas}"
+    if decision.is_change:
+        up = decision.replicas > decision.previous_replicas
+        return (
+            "Normal",
+            "ScaledUp" if up else "ScaledDown",
+            f"{text}: {decision.reason}: {decision.message}",
+        )
+    if decision.reason in BLOCKED and decision.reason != last_reason:
+        return ("Warning", decision.reason, f"{decision.role} held at {decision.replicas}: "
+                f"{decision.message}")  # fmt: skip
+    return None
+
+
+def _spec(body: Json) -> v1alpha1.InferencePoolSpec | None:
+    try:
+        return from_json(v1alpha1.InferencePoolSpec, body.get("spec") or {})
+    except SchemaError:
+        return None  # reconcile reports it
+
+
+def _config(spec: v1alpha1.InferencePoolSpec) -> PlannerConfig:
+    """The model's config; roles an external autoscaler owns are not the planner's to move
+    (they are still observed: the SLO verdict covers the whole pool)."""
+    config = config_from_spec(spec)
+    external = {role for role, rs in worker_roles(spec) if rs.external_autoscaler}
+    roles = {
+        role: dataclasses.replace(rc, is_autoscaled=False) if role in external else rc
+        for role, rc in config.roles.items()
+    }
+    return dataclasses.replace(config, roles=roles)
+
+
+def _observations(
+    spec: v1alpha1.InferencePoolSpec,
+    pool: PoolRef,
+    pods: PoolPods,
+    deployments: dict[str, Json],
+    windows: dict[str, Metrics],
+    now_s: float,
+    window_s: float,
+) -> dict[WorkerRole, Observation]:
+    slo = Slo(
+        ttft_target_s=spec.slo.ttft_target_ms / 1000,
+        tpot_target_s=spec.slo.tpot_target_ms / 1000,
+        percentile=spec.slo.percentile,
+    )
+    routers = [windows[url] for url in pods.router_targets if url in windows]
+    out: dict[WorkerRole, Observation] = {}
+    for role, role_spec in worker_roles(spec):
+        role_pods = pods.roles.get(role, RolePods())
+        deployment = deployments.get(worker_deployment_name(pool, role))
+        desired = (
+            int((deployment.get("spec") or {}).get("replicas") or 0)
+            if deployment is not None
+            else role_spec.replicas
+        )
+        workers = [windows[url] for url in role_pods.targets if url in windows]
+        out[role] = observe_role(
+            role,
+            time_s=now_s,
+            window_s=window_s,
+            desired_replicas=desired,
+            pods=role_pods,
+            targets=Targets(workers=workers, routers=routers),
+            slo=slo,
+        )
+    return out

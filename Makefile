@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: help setup up test lint fmt proto proto-check bench bench-quick clean \
-	k8s-bins crds manifests helm-check system-deps
+	k8s-bins crds manifests helm-check system-deps guidellm
 
 help:
 	@echo "make up           run kvflow on this machine (installs into $(VENV) on first use)"
@@ -16,6 +16,7 @@ help:
 	@echo "make crds         regenerate crds/ and the chart's copy from the operator's API types"
 	@echo "make manifests    regenerate deploy/kvflow-operator.yaml (helm template of the chart)"
 	@echo "make helm-check   helm lint --strict and helm template of helm/kvflow"
+	@echo "make guidellm     install guidellm (vLLM's load generator) into .venv-guidellm"
 
 setup: $(VENV)/.installed
 
@@ -42,8 +43,18 @@ fmt: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint k8s-bins system-deps
+test: lint k8s-bins system-deps guidellm
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# guidellm, the load generator of the vLLM ecosystem, in a venv of its own (its pinned
+# dependencies are not ours); tests/bench/test_guidellm.py runs it against kvflow.
+GUIDELLM_VENV ?= .venv-guidellm
+guidellm: $(GUIDELLM_VENV)/.installed
+
+$(GUIDELLM_VENV)/.installed:
+	test -x $(GUIDELLM_VENV)/bin/python || python3 -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/python -m pip install -q guidellm==0.8.1
+	touch $@
 
 proto: setup
 	$(PY) tools/gen_proto.py

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import signal
 import sys
@@ -59,17 +60,38 @@ def _timed_async(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _timed_sync(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wall time, and the thread's CPU time as ``<stage>_cpu``: a synchronous stage whose
+    wall time exceeds its CPU time was preempted (or waited on the GIL) meanwhile."""
     times = TIMES_MS.setdefault(stage, [])
+    cpu_times = TIMES_MS.setdefault(f"{stage}_cpu", [])
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             times.append((time.perf_counter() - started) * 1e3)
+            cpu_times.append((time.thread_time() - started_cpu) * 1e3)
 
     return wrapper
+
+
+def install_gc_timer() -> None:
+    """Every garbage collection's pause, as ``gc_pause`` (all) and ``gc_pause_gen2``."""
+    pauses, full = TIMES_MS.setdefault("gc_pause", []), TIMES_MS.setdefault("gc_pause_gen2", [])
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        pause_ms = (time.perf_counter() - started[0]) * 1e3
+        pauses.append(pause_ms)
+        if info["generation"] == 2:
+            full.append(pause_ms)
+
+    gc.callbacks.append(on_gc)
 
 
 def install_stage_timers() -> None:
@@ -84,6 +106,7 @@ def install_stage_timers() -> None:
     GenerationService._plan = _timed_sync("routing_decision", GenerationService._plan)  # type: ignore[method-assign]
     PlanExecutor.run = _timed_async("worker_stream", PlanExecutor.run)  # type: ignore[method-assign]
     Accounting.finish = _timed_async("quota_settle", Accounting.finish)  # type: ignore[method-assign]
+    install_gc_timer()
 
 
 def defer_settlement() -> None:
@@ -108,7 +131,7 @@ def summary(times_ms: list[float]) -> dict[str, float]:
         return ordered[min(n - 1, int(p * n))]
 
     return {"n": n, "p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99),
-            "mean_ms": sum(ordered) / n}  # fmt: skip
+            "max_ms": ordered[-1], "mean_ms": sum(ordered) / n}  # fmt: skip
 
 
 def main() -> int:

@@ -34,6 +34,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -55,6 +56,7 @@ from kvflow.proto import worker_pb2 as pb  # noqa: E402
 from kvflow.proto import worker_pb2_grpc as pb_grpc  # noqa: E402
 
 MODEL = "sim-llama3-8b"
+BLOCK_SIZE = 16
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -110,6 +112,7 @@ class Sample:
     t_s: float  # since the traffic began; negative: none
     is_warmup: bool
     num_requests_done: int
+    num_blocks_stored: int  # about, since the start
     decision_p50_ms: float  # in the window since the previous sample
     decision_p99_ms: float
     num_decisions: float
@@ -127,6 +130,7 @@ class Traffic:
     errors: dict[str, int]
     num_sent: int = 0
     num_measured_sent: int = 0  # scheduled after the warm-up
+    num_blocks_stored: int = 0  # about: new full blocks of the answered requests
     num_done: int = 0
 
 
@@ -155,7 +159,9 @@ async def drive(url: str, addresses: list[str], pids: dict[str, Any], args: argp
     async def one(scheduled: float, body: bytes, session: str) -> None:
         traffic.delays_s.append(time.perf_counter() - scheduled)
         try:
-            status, _ = await http.post("/v1/chat/completions", body, {"x-session-id": session})
+            status, payload = await http.post(
+                "/v1/chat/completions", body, {"x-session-id": session}
+            )
         except OSError as exc:
             traffic.errors[type(exc).__name__] = traffic.errors.get(type(exc).__name__, 0) + 1
             return
@@ -163,6 +169,12 @@ async def drive(url: str, addresses: list[str], pids: dict[str, Any], args: argp
             traffic.errors[f"HTTP {status}"] = traffic.errors.get(f"HTTP {status}", 0) + 1
             return
         traffic.num_done += 1
+        # Blocks the serving worker computed and stored (its cache had the rest): what the
+        # index must absorb, and, once caches are full, drop again on REMOVED events.
+        usage = json.loads(payload)["usage"]
+        num_tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+        cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        traffic.num_blocks_stored += num_tokens // BLOCK_SIZE - cached // BLOCK_SIZE
         if scheduled - begin >= args.warmup_s:
             traffic.latencies_s.append(time.perf_counter() - scheduled)
 
@@ -205,6 +217,7 @@ async def drive(url: str, addresses: list[str], pids: dict[str, Any], args: argp
             t_s=round(t_s, 1),
             is_warmup=t_s < args.warmup_s - 0.01,
             num_requests_done=traffic.num_done,
+            num_blocks_stored=traffic.num_blocks_stored,
             decision_p50_ms=window.quantile_s(0.5) * 1e3,
             decision_p99_ms=window.quantile_s(0.99) * 1e3,
             num_decisions=window.count,
@@ -230,7 +243,10 @@ async def drive(url: str, addresses: list[str], pids: dict[str, Any], args: argp
             at_s = args.warmup_s + k * args.sample_s
             await asyncio.sleep(max(0.0, begin + at_s - time.perf_counter()))
             hist, cpu = await sample(hist, cpu)
-            histograms.setdefault("after_warmup", hist)
+            if "after_warmup" not in histograms:
+                histograms["after_warmup"] = hist
+                if args.instrumented:
+                    os.kill(pids["gateway"], signal.SIGUSR1)  # forget the warm-up's stages
             histograms["last"] = hist
             last_cpu[:] = cpu
 
@@ -262,7 +278,7 @@ def main() -> None:
         help="KV blocks per worker: small, so caches evict within minutes",
     )
     p.add_argument("--rate", type=float, default=30.0, help="req/s, Poisson")
-    p.add_argument("--groups", type=int, default=32, help="shared-prefix groups")
+    p.add_argument("--groups", type=int, default=128, help="shared-prefix groups (llm-d: 150)")
     p.add_argument("--users", type=int, default=4, help="users (sessions) per group")
     p.add_argument("--question-words", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=16)
@@ -270,6 +286,12 @@ def main() -> None:
     p.add_argument("--warmup-s", type=float, help="traffic before measuring (30; quick 10)")
     p.add_argument("--sample-s", type=float, help="seconds between samples (20; quick 5)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--instrumented",
+        action="store_true",
+        help="run the gateway under bench/gateway_instrumented.py: the decision's "
+        "CPU time next to its wall time, and GC pauses",
+    )
     args = p.parse_args()  # fmt: skip
     args.duration_s = args.duration_s or (60.0 if args.quick else 600.0)
     args.warmup_s = args.warmup_s if args.warmup_s is not None else (10.0 if args.quick else 30.0)
@@ -277,6 +299,7 @@ def main() -> None:
     assert args.workers % args.hosts == 0, "--workers must be a multiple of --hosts"
 
     procs: list[subprocess.Popen[str]] = []
+    stage_times: Path | None = None
     load_before = os.getloadavg()
     try:
         hosts = [start([sys.executable, "-m", "kvflow.engine_worker.sim.host", "--num-workers",
@@ -290,10 +313,15 @@ def main() -> None:
             for h in hosts
             for port in ready_line(h, "KVFLOW_SIM_HOST_READY").split("=")[1].split(",")
         ]
-        gateway = start([sys.executable, "-m", "kvflow.cli.main", "router", "--host",
-                         "127.0.0.1", "--port", "0", "--served-model-name", MODEL,
-                         "--workers", ",".join(addresses), "--log-level", "warning",
-                         "--seed", str(args.seed)])  # fmt: skip
+        router_args = ["--host", "127.0.0.1", "--port", "0", "--served-model-name", MODEL,
+                       "--workers", ",".join(addresses), "--log-level", "warning",
+                       "--seed", str(args.seed)]  # fmt: skip
+        if args.instrumented:
+            stage_times = Path(tempfile.mkdtemp(prefix="kvflow-scale-")) / "stages.json"
+            gateway = start([sys.executable, str(ROOT / "gateway_instrumented.py"),
+                             "--stage-times", str(stage_times), "--", *router_args])  # fmt: skip
+        else:
+            gateway = start([sys.executable, "-m", "kvflow.cli.main", "router", *router_args])
         procs.append(gateway)
         url = f"http://127.0.0.1:{ready_line(gateway, 'KVFLOW_ROUTER_READY').split('port=')[1]}"
         wait_healthy(url, args.workers)
@@ -312,6 +340,8 @@ def main() -> None:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    if stage_times is not None:
+        run["stages"] = json.loads(stage_times.read_text())
     summary = summarize(run, args)
     print_report(summary, args)
     report = {

@@ -305,6 +305,7 @@ def test_the_planners_interval_writes_replicas_reason_and_slo() -> None:
     after = with_plan(
         before,
         decisions=[Decision("colocated", 3, 2, "TtftViolation", "p90 TTFT 1.4 s > 1 s")],
+        scaled_roles=["colocated"],
         slo=SloVerdict("False", "TtftAboveTarget", "p90 TTFT 1.4 s > 1 s"),
         now=T1,
         generation=4,
@@ -318,3 +319,17 @@ def test_the_planners_interval_writes_replicas_reason_and_slo() -> None:
     again = status_of(READY, previous=after, now=T1, spec=spec)
     assert conditions(again)["SLOMet"] == ("False", "TtftAboveTarget")
     assert again.planner == after.planner
+
+    # A role the planner no longer moves (pinned, or handed to an HPA) loses its decision.
+    pinned = with_plan(
+        after,
+        decisions=[],
+        scaled_roles=[],
+        slo=SloVerdict("True", "WithinTargets", ""),
+        now=T1,
+        generation=4,
+    )
+    assert pinned.planner.roles == []
+    # And autoscaling off voids the planner's replicas.
+    off = status_of(READY, previous=after, now=T1, spec=SPEC)
+    assert off.planner.roles == []

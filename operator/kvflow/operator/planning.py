@@ -157,8 +157,9 @@ class PlanningLoop:
             config = _config(current_spec)
             result = plan(config, observations, memory.state)
             memory.state = result.state
-            scaled = tuple(d for d in result.decisions if config.roles[d.role].is_autoscaled)
-            return PlanOutcome(decisions=scaled, slo=result.slo)
+            roles = tuple(role for role, rc in config.roles.items() if rc.is_autoscaled)
+            scaled = tuple(d for d in result.decisions if d.role in roles)
+            return PlanOutcome(decisions=scaled, scaled_roles=roles, slo=result.slo)
 
         outcome = await asyncio.to_thread(self.reconciler.record_plan, namespace, name, decide)
         if outcome is not None:

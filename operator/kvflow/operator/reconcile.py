@@ -64,7 +64,8 @@ class KubeApi(Protocol):
 class PlanOutcome:
     """What one planner interval decided for the roles it scales."""
 
-    decisions: tuple[Decision, ...]
+    decisions: tuple[Decision, ...]  # of the roles the planner moves
+    scaled_roles: tuple[str, ...]  # those roles (a role with no decision yet included)
     slo: SloVerdict
 
 
@@ -113,6 +114,7 @@ class Reconciler:
             status = with_plan(
                 _previous_status(body),
                 decisions=outcome.decisions,
+                scaled_roles=outcome.scaled_roles,
                 slo=outcome.slo,
                 now=self.now(),
                 generation=int(body["metadata"].get("generation") or 0),

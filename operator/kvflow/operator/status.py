@@ -8,7 +8,7 @@ drift tick does not look like a flapping pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -217,7 +217,11 @@ def compute_status(
         desired_replicas=desired_workers,
         ready_replicas=ready_workers,
         gateway_endpoint=gateway_endpoint(pool, spec.router.port),
-        planner=previous.planner,
+        # Autoscaling off: the planner's replicas are void (re-enabled, it starts from the
+        # spec's, not from a stale decision).
+        planner=previous.planner
+        if spec.autoscaling.enabled
+        else replace(previous.planner, roles=[]),
     )
 
 
@@ -325,14 +329,16 @@ def with_plan(
     previous: v1alpha1.InferencePoolStatus,
     *,
     decisions: Sequence[Decision],
+    scaled_roles: Collection[str],
     slo: SloVerdict,
     now: str,
     generation: int,
 ) -> v1alpha1.InferencePoolStatus:
     """The status after one planner interval: its replicas per role (what reconcile then
     applies), the decision and reason, and SLOMet, of which the planner is the only writer.
-    `decisions` leaves out roles the planner does not scale (external autoscalers)."""
-    planned = {p.name: p.replicas for p in previous.planner.roles}
+    `scaled_roles`: the roles the planner moves now (not pinned, not an external
+    autoscaler's); earlier decisions for other roles are dropped."""
+    planned = {p.name: p.replicas for p in previous.planner.roles if p.name in scaled_roles}
     planned.update({d.role: d.replicas for d in decisions})
     summary = ", ".join(
         f"{d.role} {d.previous_replicas}->{d.replicas}" if d.is_change else f"{d.role} {d.replicas}"

@@ -149,7 +149,9 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             block_size=settings.block_size,
             dtype=dtype,
             device=settings.device,
-            sampler=Sampler(settings.device, default_seed=settings.seed),
+            sampler=Sampler(
+                settings.device, default_seed=settings.seed, eos_token_ids=config.eos_token_ids
+            ),
         )
         log.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB)",

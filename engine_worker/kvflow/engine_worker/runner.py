@@ -138,6 +138,9 @@ class TorchModelRunner:
         rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
         logits = self.model.compute_logits(hidden[rows])
         tokens = self.sampler.sample(
-            logits, [r.request_id for r in sample_requests], [r.sampling for r in sample_requests]
+            logits,
+            [r.request_id for r in sample_requests],
+            [r.sampling for r in sample_requests],
+            histories=sample_requests,
         )
         return {r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)}

@@ -1,12 +1,18 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, seeds, logprobs.
+"""Batched sampling: penalties, logit bias, min_tokens, per-request logits processors,
+then greedy, temperature, top-k, top-p, min-p, seeds, logprobs.
+
+The logits are shaped first, each stage a few tensor ops over the rows that need it:
+repetition, frequency and presence penalties (``penalties.py``), ``logit_bias``, then the
+masks: EOS and stop tokens while a request is short of ``min_tokens``, and the allowed set
+of a request's ``LogitsProcessor`` (``logits_processor.py``).
 
 All rows are filtered in one sorted pass, then each row draws one uniform number and takes
 the token where its cumulative probability crosses it (inverse CDF). One draw per row is
 what makes a seed reproducible whatever else is in the batch: a seeded request owns a
 ``torch.Generator`` and consumes exactly one number from it per token.
 
-Logprobs are of the model's distribution before temperature and filtering, as OpenAI
-reports them.
+Logprobs are of the model's distribution before penalties, bias, masks, temperature and
+filtering (the raw distribution, as vLLM reports it by default).
 """
 
 from __future__ import annotations
@@ -17,18 +23,29 @@ import torch
 
 from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.engine_worker.penalties import TokenCounts, TokenHistory, apply_penalties
 
 
 class Sampler:
-    def __init__(self, device: torch.device | str = "cpu", *, default_seed: int = 0) -> None:
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        *,
+        default_seed: int = 0,
+        eos_token_ids: Sequence[int] = (),
+    ) -> None:
         self.device = torch.device(device)
+        # Masked while a request is short of its min_tokens (unless it ignores EOS).
+        self.eos_token_ids = tuple(eos_token_ids)
         self._generators: dict[str, torch.Generator] = {}
+        self._counts = TokenCounts(self.device)
         # Unseeded requests share one generator: random, but the worker as a whole is
         # reproducible for a fixed arrival order.
         self._shared = torch.Generator(device="cpu").manual_seed(default_seed)
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self._counts.release(request_id)
 
     def _uniform(self, request_id: str, params: SamplingParams) -> float:
         gen = self._shared
@@ -39,12 +56,21 @@ class Sampler:
         return float(torch.rand((), generator=gen))
 
     def sample(
-        self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams]
+        self,
+        logits: torch.Tensor,
+        request_ids: Sequence[str],
+        params: Sequence[SamplingParams],
+        *,
+        histories: Sequence[TokenHistory] | None = None,
     ) -> list[SampledToken]:
-        """Sample one token per row of ``logits`` ``[N, vocab]`` (float32)."""
+        """Sample one token per row of ``logits`` ``[N, vocab]`` (float32).
+
+        ``histories`` (the engine's requests) give each row's prompt and outputs so far;
+        required when a row has penalties, logit bias, min_tokens or a logits processor."""
         assert logits.shape[0] == len(request_ids) == len(params)
-        logits = logits.float()
-        num_rows = logits.shape[0]
+        raw = logits.float()
+        num_rows = raw.shape[0]
+        logits = self._shape(raw, request_ids, params, histories)
         greedy = torch.tensor([p.is_greedy for p in params], device=logits.device)
         chosen = logits.argmax(dim=-1)
 
@@ -53,7 +79,7 @@ class Sampler:
             chosen = torch.where(greedy, chosen, sampled)
 
         want_logprobs = [p.logprobs or p.top_logprobs > 0 for p in params]
-        logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+        logprobs = torch.log_softmax(raw, dim=-1) if any(want_logprobs) else None
         max_top = max((p.top_logprobs for p in params), default=0)
         top_vals = top_ids = None
         if logprobs is not None and max_top > 0:
@@ -74,6 +100,108 @@ class Sampler:
             vals = tuple(top_vals[i, :n].tolist()) if top_vals is not None and n else ()
             out.append(SampledToken(int(chosen_list[i]), float(chosen_lp[i]), ids, vals))
         return out
+
+    def _shape(
+        self,
+        raw: torch.Tensor,
+        request_ids: Sequence[str],
+        params: Sequence[SamplingParams],
+        histories: Sequence[TokenHistory] | None,
+    ) -> torch.Tensor:
+        """Penalties, bias and masks applied to a copy of ``raw``; ``raw`` itself when no
+        row asks for any (the common case costs one pass over the params)."""
+        penalized = [i for i, p in enumerate(params) if p.has_penalties]
+        biased = [i for i, p in enumerate(params) if p.logit_bias]
+        short = [i for i, p in enumerate(params) if p.min_tokens > 0]
+        processed = [i for i, p in enumerate(params) if p.logits_processor is not None]
+        if not (penalized or biased or short or processed):
+            return raw
+        assert histories is not None and len(histories) == len(params), "pass histories"
+        logits = raw.clone()
+        device, vocab = logits.device, logits.shape[-1]
+        if penalized:
+            rows = torch.tensor(penalized, dtype=torch.int64, device=device)
+            counts, in_prompt = self._counts.gather(
+                [request_ids[i] for i in penalized], [histories[i] for i in penalized], vocab
+            )
+            logits[rows] = apply_penalties(
+                logits[rows], counts, in_prompt, [params[i] for i in penalized]
+            )
+        if biased:
+            bias_rows = [i for i in biased for _ in params[i].logit_bias]
+            bias_ids = [t for i in biased for t, _ in params[i].logit_bias]
+            values = [b for i in biased for _, b in params[i].logit_bias]
+            logits.index_put_(
+                (_long(bias_rows, device), _long(bias_ids, device)),
+                torch.tensor(values, dtype=logits.dtype, device=device),
+                accumulate=True,
+            )
+        # min_tokens: (row, token) pairs that may not be sampled yet.
+        ban_rows: list[int] = []
+        ban_ids: list[int] = []
+        for i in short:
+            p, h = params[i], histories[i]
+            if len(h.token_ids) - len(h.prompt_token_ids) >= p.min_tokens:
+                continue
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+            ban_rows += [i] * len(stops)
+            ban_ids += sorted(stops)
+        if processed:
+            ban_rows, ban_ids = self._apply_processors(
+                logits, processed, params, histories, ban_rows, ban_ids
+            )
+        if ban_ids:
+            logits.index_put_(
+                (_long(ban_rows, device), _long(ban_ids, device)),
+                torch.tensor(float("-inf"), device=device),
+            )
+        return logits
+
+    def _apply_processors(
+        self,
+        logits: torch.Tensor,
+        processed: list[int],
+        params: Sequence[SamplingParams],
+        histories: Sequence[TokenHistory],
+        ban_rows: list[int],
+        ban_ids: list[int],
+    ) -> tuple[list[int], list[int]]:
+        """Mask what each row's processor disallows, and the min_tokens bans of those rows
+        unless they would leave nothing (the processor wins). Returns the other rows' bans."""
+        device, vocab = logits.device, logits.shape[-1]
+        rows: list[int] = []
+        masks: list[torch.Tensor] = []
+        for i in processed:
+            processor = params[i].logits_processor
+            assert processor is not None
+            h = histories[i]
+            mask = processor.allowed_token_mask(h.token_ids[len(h.prompt_token_ids) :])
+            if mask is None:
+                continue
+            assert mask.dtype == torch.bool and mask.dim() == 1 and mask.shape[0] <= vocab, (
+                f"a logits processor returned {mask.dtype} {tuple(mask.shape)}; "
+                f"want torch.bool [n <= {vocab}]"
+            )
+            rows.append(i)
+            masks.append(mask.to(device, non_blocking=True))
+        if not rows:
+            return ban_rows, ban_ids
+        allowed = torch.zeros((len(rows), vocab), dtype=torch.bool, device=device)
+        for j, mask in enumerate(masks):
+            allowed[j, : mask.shape[0]] = mask
+        local = {row: j for j, row in enumerate(rows)}
+        mine = [(local[r], t) for r, t in zip(ban_rows, ban_ids, strict=True) if r in local]
+        if mine:
+            tightened = allowed.clone()
+            tightened[_long([j for j, _ in mine], device), _long([t for _, t in mine], device)] = (
+                False
+            )
+            allowed = torch.where(tightened.any(dim=-1, keepdim=True), tightened, allowed)
+            others = [(r, t) for r, t in zip(ban_rows, ban_ids, strict=True) if r not in local]
+            ban_rows, ban_ids = [r for r, _ in others], [t for _, t in others]
+        index = _long(rows, device)
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        return ban_rows, ban_ids
 
     def _sample_random(
         self,
@@ -117,3 +245,7 @@ class Sampler:
         # Never land on a filtered token (possible only through float ties at the edge).
         index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
         return sorted_ids.gather(1, index)[:, 0]
+
+
+def _long(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)

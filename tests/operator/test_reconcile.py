@@ -269,3 +269,38 @@ def test_with_autoscaling_the_planners_decision_is_applied_and_kept(events: list
     kube.pool["spec"]["autoscaling"]["enabled"] = False  # off: the spec's count again
     r.reconcile("ns", "p")
     assert deployment_replicas(kube, "p-colocated") == 1
+
+
+def test_a_plan_is_written_to_status_then_applied(events: list[Any]) -> None:
+    from kvflow.operator.planner.types import Decision, SloVerdict
+    from kvflow.operator.reconcile import PlanOutcome
+
+    spec = {**SPEC, "autoscaling": {"enabled": True}, "colocated": {"replicas": 1}}
+    kube = FakeKube(pool_body(spec))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    outcome = PlanOutcome(
+        decisions=(Decision("colocated", 3, 1, "TpotViolation", "p90 TPOT 0.2 s > 0.1 s"),),
+        scaled_roles=("colocated",),
+        slo=SloVerdict("False", "TpotAboveTarget", "p90 TPOT 0.2 s > 0.1 s"),
+    )
+    seen: list[str] = []
+
+    def decide(body: dict[str, Any]) -> PlanOutcome:
+        seen.append(body["metadata"]["name"])
+        return outcome
+
+    assert r.record_plan("ns", "p", decide) == outcome
+    assert seen == ["p"]
+    assert deployment_replicas(kube, "p-colocated") == 3
+    assert kube.pool is not None
+    status = kube.pool["status"]
+    assert status["planner"]["roles"] == [{"name": "colocated", "replicas": 3}]
+    assert status["planner"]["lastDecision"] == "colocated 1->3"
+    slo = next(c for c in status["conditions"] if c["type"] == "SLOMet")
+    assert (slo["status"], slo["reason"]) == ("False", "TpotAboveTarget")
+    assert status["desiredReplicas"] == 3
+    # A declined interval (autoscaling just turned off, say) writes nothing.
+    patches = len(kube.status_patches)
+    assert r.record_plan("ns", "p", lambda body: None) is None
+    assert len(kube.status_patches) == patches

@@ -9,6 +9,7 @@ import pytest
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.protocol.requests import (
     StreamOptions,
+    check_logit_bias,
     parse_chat_request,
     parse_completion_request,
 )
@@ -121,8 +122,20 @@ def test_chat_all_supported_parameters() -> None:
             "not supported",
         ),
         ({"tools": [{"type": "function"}]}, "tools", "not supported"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty", "pass 0"),
-        ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty", "<= 2"),
+        ({"presence_penalty": -2.1}, "presence_penalty", ">= -2"),
+        ({"presence_penalty": "a lot"}, "presence_penalty", "expected a decimal"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "> 0"),
+        ({"repetition_penalty": -1.2}, "repetition_penalty", "> 0"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+        ({"logit_bias": {"5": -100.5}}, "logit_bias", "[-100, 100]"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias", "Invalid key in 'logit_bias': abc"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias", "non-negative integers"),
+        ({"logit_bias": {"5": "up"}}, "logit_bias.5", "expected a decimal"),
+        ({"logit_bias": [5, 10]}, "logit_bias", "expected an object"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", "at most 300"),
+        ({"min_tokens": -1}, "min_tokens", ">= 0"),
+        ({"min_tokens": 9, "max_tokens": 8}, "min_tokens", "more than max_tokens (8)"),
         ({"response_format": {"type": "json_object"}}, "response_format", "text"),
         ({"stream": "yes"}, "stream", "expected a boolean"),
         ({"foo": 1}, "foo", "Unrecognized request argument supplied: foo"),
@@ -137,6 +150,37 @@ def test_chat_rejections(patch: dict[str, Any], param: str, fragment: str) -> No
     assert info.value.param == param
     assert fragment in info.value.message
     assert info.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_penalties_logit_bias_and_min_tokens() -> None:
+    s = parse_chat_request(
+        {
+            **CHAT,
+            "presence_penalty": 1.5,
+            "frequency_penalty": -2,
+            "repetition_penalty": 1.3,
+            "logit_bias": {"50": -100, "7": 2.5, "007": 3},
+            "min_tokens": 4,
+        }
+    ).sampling
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (1.5, -2.0, 1.3)
+    assert s.logit_bias == ((7, 3.0), (50, -100.0))  # sorted; "007" is token 7 again
+    assert s.min_tokens == 4
+    defaults = parse_completion_request(COMPLETION).sampling
+    assert (defaults.presence_penalty, defaults.frequency_penalty) == (0.0, 0.0)
+    assert (defaults.repetition_penalty, defaults.logit_bias, defaults.min_tokens) == (1.0, (), 0)
+    # The legacy endpoint's default max_tokens (16) bounds min_tokens too.
+    with pytest.raises(ApiError, match="more than max_tokens \\(16\\)"):
+        parse_completion_request({**COMPLETION, "min_tokens": 17})
+
+
+def test_logit_bias_ids_are_checked_against_the_vocabulary() -> None:
+    s = parse_chat_request({**CHAT, "logit_bias": {"3": 1, "99": 1}}).sampling
+    check_logit_bias(s, 100)
+    with pytest.raises(ApiError) as info:
+        check_logit_bias(s, 99)
+    assert info.value.status == 400 and info.value.param == "logit_bias"
+    assert "token id 99 is outside the vocabulary (size 99)" in info.value.message
 
 
 def test_body_must_be_an_object() -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import unknown_fields
@@ -29,6 +31,9 @@ from kvflow.engine_worker.kv_transfer.base import (
 from kvflow.engine_worker.loop_records import KvReservationOut, KvSnapshot
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:  # llguidance and torch load only in workers that run a model
+    from kvflow.engine_worker.structured.service import StructuredOutputs
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -68,6 +73,11 @@ def sampling_from_proto(s: pb.SamplingParams) -> SamplingParams:
         ignore_eos=s.ignore_eos,
         logprobs=s.logprobs,
         top_logprobs=s.top_logprobs,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
+        min_tokens=s.min_tokens,
     )
 
 
@@ -128,10 +138,30 @@ def output_to_proto(out: RequestOutput) -> pb.GenerateResponse:
 
 
 class WorkerService(pb_grpc.WorkerServicer):
-    def __init__(self, loop: EngineLoop, info: pb.WorkerInfo, kv_layout: str = "") -> None:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        info: pb.WorkerInfo,
+        kv_layout: str = "",
+        structured: StructuredOutputs | None = None,  # None: a simulated worker
+    ) -> None:
         self.loop = loop
         self.info = info
         self.kv_layout = kv_layout
+        self.structured = structured
+
+    async def _constrained(
+        self, sampling: SamplingParams, message: pb.StructuredOutput
+    ) -> SamplingParams:
+        """``sampling`` with the grammar's processor; compiled in a thread, off the
+        engine thread (docs/engine.md, "Structured output")."""
+        if self.structured is None:
+            raise InvalidRequestError(
+                "this worker simulates a model (--simulate) and cannot constrain output to "
+                "a format; send structured output to a worker that runs a model"
+            )
+        processor = await asyncio.to_thread(self.structured.processor, message)
+        return dataclasses.replace(sampling, logits_processor=processor)
 
     async def Generate(  # noqa: N802 (gRPC method names)
         self, request: pb.GenerateRequest, context: Context
@@ -153,10 +183,13 @@ class WorkerService(pb_grpc.WorkerServicer):
                 )
             remote_kv_timeout_s = request.remote_prefill.timeout_s
         try:
+            sampling = sampling_from_proto(request.sampling)
+            if request.HasField("structured_output"):
+                sampling = await self._constrained(sampling, request.structured_output)
             stream = self.loop.generate(
                 request.request_id,
                 list(request.prompt_token_ids),
-                sampling_from_proto(request.sampling),
+                sampling,
                 cache_salt=request.cache_salt,
                 num_public_blocks=request.num_public_blocks,
                 priority=request.priority,

@@ -24,6 +24,7 @@ from kvflow.router.protocol.requests import (
     ChatRequest,
     CompletionRequest,
     SamplingOptions,
+    check_logit_bias,
     parse_chat_request,
     parse_completion_request,
 )
@@ -90,6 +91,7 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     )
     gw.check_model(parsed.model, tenant)
     info = gw.service.model_info(parsed.model)
+    check_logit_bias(parsed.sampling, info.vocab_size)
     if isinstance(parsed, ChatRequest):
         prompts = [
             gw.prompts.chat(

@@ -1,8 +1,8 @@
 """Parse and validate `/v1/chat/completions` and `/v1/completions` bodies into typed records.
 
-Pure: no I/O, no tokenizer. What OpenAI supports and we do not (tools, images, penalties)
-is a 400 naming the parameter; what changes nothing here (``user``, ``metadata``) is
-accepted; anything unknown is a 400, as OpenAI answers it.
+Pure: no I/O, no tokenizer. What OpenAI supports and we do not (tools, images) is a 400
+naming the parameter; what changes nothing here (``user``, ``metadata``) is accepted;
+anything unknown is a 400, as OpenAI answers it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ MAX_N = 128  # OpenAI's limit for `n`
 MAX_STOP_STRINGS = 4  # OpenAI's limit for `stop`
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
+MAX_PENALTY = 2  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
+MAX_LOGIT_BIAS = 100  # OpenAI's range for one bias: [-100, 100]
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
 
 # Accepted and without effect here: account metadata and OpenAI-side storage options.
 _IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
@@ -40,6 +43,16 @@ class SamplingOptions:
     # vLLM's extensions, with vLLM's meaning and defaults.
     include_stop_str_in_output: bool = False  # keep the stop string that ended the text
     skip_special_tokens: bool = True  # False: special tokens appear in the text by name
+    # OpenAI's penalties over the generated tokens, in [-2, 2]; 0: off.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias in [-100, 100]) pairs, sorted by id; ids checked against the model's
+    # vocabulary by check_logit_bias once the model is known.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's: over prompt and output tokens, > 0, 1: off; and EOS/stop tokens masked until
+    # min_tokens tokens have been generated.
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,21 +163,79 @@ def _stream_options(fields: Fields, stream: bool) -> StreamOptions:
     )
 
 
+def _logit_bias(fields: Fields) -> tuple[tuple[int, float], ...]:
+    value = fields.raw("logit_bias")
+    if value is None:
+        return ()
+    biases = as_mapping(value, "logit_bias")
+    if len(biases) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid_request(
+            f"Invalid 'logit_bias': at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(biases)}.",
+            param="logit_bias",
+        )
+    pairs: dict[int, float] = {}
+    for key, bias in biases.items():
+        # JSON object keys are strings; OpenAI takes decimal token ids.
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise invalid_request(
+                f"Invalid key in 'logit_bias': {key}. You should only be submitting "
+                "non-negative integers (token ids).",
+                param="logit_bias",
+            )
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise invalid_type(f"logit_bias.{key}", "a decimal", bias)
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise invalid_request(
+                f"Invalid value for 'logit_bias' token {key}: {bias}; a bias must be in "
+                f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}].",
+                param="logit_bias",
+            )
+        pairs[int(key)] = float(bias)  # "007" and "7" are one token: the last one wins
+    return tuple(sorted(pairs.items()))
+
+
+def check_logit_bias(sampling: SamplingOptions, vocab_size: int) -> None:
+    """A 400 naming the first ``logit_bias`` token id outside the model's vocabulary."""
+    bad = next((t for t, _ in sampling.logit_bias if t >= vocab_size), None)
+    if bad is not None:
+        raise invalid_request(
+            f"Invalid key in 'logit_bias': token id {bad} is outside the vocabulary "
+            f"(size {vocab_size}).",
+            param="logit_bias",
+        )
+
+
+def _min_tokens(fields: Fields, max_tokens: int | None) -> int:
+    min_tokens = fields.integer("min_tokens", low=0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid_request(
+            f"Invalid 'min_tokens': {min_tokens} is more than max_tokens ({max_tokens}).",
+            param="min_tokens",
+        )
+    return min_tokens
+
+
+def _repetition_penalty(fields: Fields) -> float:
+    value = fields.number("repetition_penalty")
+    if value is None:
+        return 1.0
+    if not value > 0 or value == float("inf"):
+        raise invalid_request(
+            f"Invalid 'repetition_penalty': expected a value > 0 (1 disables it), but got "
+            f"{value} instead.",
+            param="repetition_penalty",
+            code="invalid_value",
+        )
+    return value
+
+
 def _common_sampling(
     fields: Fields, *, logprobs: bool, top_logprobs: int, max_tokens_default: int | None
 ) -> SamplingOptions:
-    for penalty in ("frequency_penalty", "presence_penalty"):
-        fields.number(penalty, low=-2, high=2)
-    fields.reject_if_set(
-        "frequency_penalty", "is not supported by kvflow; omit it or pass 0", allowed=(0, 0.0)
-    )
-    fields.reject_if_set(
-        "presence_penalty", "is not supported by kvflow; omit it or pass 0", allowed=(0, 0.0)
-    )
-    fields.reject_if_set("logit_bias", "is not supported by kvflow")
     seed = fields.integer("seed", low=-(2**63), high=2**64 - 1)
+    max_tokens = _max_tokens(fields, max_tokens_default)
     return SamplingOptions(
-        max_tokens=_max_tokens(fields, max_tokens_default),
+        max_tokens=max_tokens,
         temperature=fields.number("temperature", low=0, high=2),
         top_p=fields.number("top_p", low=0, high=1),
         top_k=fields.integer("top_k", low=0) or 0,
@@ -179,6 +250,13 @@ def _common_sampling(
         ignore_eos=fields.boolean("ignore_eos"),
         include_stop_str_in_output=fields.boolean("include_stop_str_in_output"),
         skip_special_tokens=fields.boolean("skip_special_tokens", True),
+        presence_penalty=fields.number("presence_penalty", low=-MAX_PENALTY, high=MAX_PENALTY)
+        or 0.0,
+        frequency_penalty=fields.number("frequency_penalty", low=-MAX_PENALTY, high=MAX_PENALTY)
+        or 0.0,
+        logit_bias=_logit_bias(fields),
+        repetition_penalty=_repetition_penalty(fields),
+        min_tokens=_min_tokens(fields, max_tokens),
     )
 
 

@@ -31,7 +31,13 @@ def to_sampling_params(s: SamplingOptions) -> pb.SamplingParams:
         ignore_eos=s.ignore_eos,
         logprobs=s.logprobs,
         top_logprobs=s.top_logprobs,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        logit_bias=dict(s.logit_bias),
+        min_tokens=s.min_tokens,
     )
+    if s.repetition_penalty != 1.0:
+        params.repetition_penalty = s.repetition_penalty
     if s.temperature is not None:
         params.temperature = s.temperature
     if s.top_p is not None:

@@ -229,7 +229,14 @@ async def serve(settings: WorkerSettings) -> None:
     loop.start()
 
     server = grpc.aio.server()
-    service = WorkerService(loop, built.info, built.runner.kv_layout)
+    structured = None
+    if not settings.simulate:
+        from kvflow.engine_worker.structured.service import StructuredOutputs
+
+        structured = StructuredOutputs(
+            settings.model, built.info.vocab_size, built.info.eos_token_ids
+        )
+    service = WorkerService(loop, built.info, built.runner.kv_layout, structured)
     pb_grpc.add_WorkerServicer_to_server(service, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     http = start_http_server(

@@ -1,0 +1,1 @@
+"""Structured output: grammars compiled against the tokenizer, applied as token masks."""

@@ -1,0 +1,148 @@
+"""Compile a requested format into a grammar matcher, once per format, with llguidance.
+
+Why llguidance (PyPI ``llguidance``) and not xgrammar: one 3 MB wheel with no Python
+dependencies (xgrammar pulls transformers and a TVM runtime into the worker image), it
+takes a vocabulary as plain bytes per token id (the worker has no ``transformers``
+tokenizer), it reads JSON Schema, regular expressions, Lark and GBNF natively, its mask
+for a typical step costs tens of microseconds on one CPU core (docs/benchmarks.md,
+"Structured output"), and a bad format is an error *message*, not an exception from deep
+inside, which maps straight to INVALID_ARGUMENT.
+
+Compiling is the expensive part (building the lexer and parser tables: ~1 ms for a small
+JSON schema, 100 ms and more for large grammars), and agents send the same schema again
+and again, so a compiled matcher is kept per format in a bounded LRU and each request gets
+a ``deep_copy`` of it (~40 us). The tokenizer is fixed per worker, so the format alone is
+the key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import llguidance
+
+from kvflow.engine_worker.core.errors import InvalidRequestError
+from kvflow.engine_worker.structured.vocabulary import Vocabulary
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+GrammarKind = Literal["json_schema", "json_object", "regex", "lark", "ebnf"]
+
+#: Distinct formats kept compiled. A compiled JSON-schema matcher of a typical tool
+#: (5-20 properties) holds well under 1 MB, so 256 of them stay under ~100 MB while
+#: covering the tools and schemas of many agents at once.
+DEFAULT_CACHE_SIZE = 256
+
+#: JSON is written compactly, one space after ":" and ",", never free whitespace: llguidance's
+#: default allows any run of whitespace between tokens, and a small or random model then
+#: fills max_tokens with newlines (seen: 300 tokens of whitespace for a 4-field object).
+#: A schema's own "x-guidance" options override these.
+JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A requested format, as the request carries it (``source`` is empty for
+    ``json_object``)."""
+
+    kind: GrammarKind
+    source: str = ""
+
+
+def grammar_text(spec: GrammarSpec) -> str:
+    """The llguidance grammar for ``spec``; raises InvalidRequestError for bad input."""
+    try:
+        if spec.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(spec.source, JSON_OPTIONS)
+        if spec.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', JSON_OPTIONS)
+        if spec.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(spec.source)
+        if spec.kind == "lark":
+            return llguidance.LLMatcher.grammar_from_lark(spec.source)
+        return llguidance.grammar_from("ebnf", spec.source)
+    except ValueError as err:  # not JSON, or a GBNF grammar that does not convert
+        raise InvalidRequestError(f"invalid {spec.kind}: {err}") from err
+
+
+def make_tokenizer(vocab: Vocabulary, vocab_size: int) -> llguidance.LLTokenizer:
+    """llguidance's view of the tokenizer; ``vocab_size`` is the model's logits width (often
+    padded past the tokenizer's last id: those ids are never allowed)."""
+    eos = list(vocab.eos_token_ids)
+    if vocab.tokenizer_json is not None:
+        return llguidance.LLTokenizer(vocab.tokenizer_json, n_vocab=vocab_size, eos_token=eos)
+    wrapper = _BytesTokenizer(vocab)
+    tokenizer = llguidance.LLTokenizer(
+        llguidance.TokenizerWrapper(wrapper), n_vocab=vocab_size, eos_token=eos
+    )
+    wrapper.tokenize = tokenizer.greedy_tokenize
+    return tokenizer
+
+
+class _BytesTokenizer:
+    """The duck type ``llguidance.TokenizerWrapper`` wraps: bytes per id, and a tokenize
+    function (longest match, set once the LLTokenizer that provides it exists)."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.eos_token_id = vocab.eos_token_ids[0] if vocab.eos_token_ids else 0
+        self.bos_token_id = None
+        self.tokens = list(vocab.token_bytes)
+        self.special_token_ids = sorted(vocab.special_token_ids)
+        self.tokenize: Callable[[str], list[int]] | None = None
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        assert self.tokenize is not None
+        return list(self.tokenize(text.decode() if isinstance(text, bytes) else text))
+
+
+class GrammarCompiler:
+    """Formats -> fresh matchers, compiled once per format (thread-safe; called from the
+    gRPC handlers' executor, never on the engine thread)."""
+
+    def __init__(
+        self, vocab: Vocabulary, vocab_size: int, *, cache_size: int = DEFAULT_CACHE_SIZE
+    ) -> None:
+        assert cache_size >= 1
+        self.vocab_size = vocab_size
+        self.eos_token_ids = vocab.eos_token_ids
+        self._tokenizer = make_tokenizer(vocab, vocab_size)
+        self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.num_compiled = 0  # cache misses, for tests and metrics
+
+    def matcher(self, spec: GrammarSpec) -> llguidance.LLMatcher:
+        """A matcher at the start of ``spec``'s grammar; raises InvalidRequestError naming
+        what the compiler rejected."""
+        with self._lock:
+            compiled = self._cache.get(spec)
+            if compiled is not None:
+                self._cache.move_to_end(spec)
+                return compiled.deep_copy()
+        compiled = self._compile(spec)  # outside the lock: other formats need not wait
+        with self._lock:
+            self._cache[spec] = compiled
+            self._cache.move_to_end(spec)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+            self.num_compiled += 1
+        return compiled.deep_copy()
+
+    def _compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
+        text = grammar_text(spec)
+        problem = llguidance.LLMatcher.validate_grammar(text, self._tokenizer)
+        if problem and not problem.startswith("WARNING"):
+            raise InvalidRequestError(f"invalid {spec.kind}: {problem}")
+        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
+        if matcher.is_error():
+            raise InvalidRequestError(f"invalid {spec.kind}: {matcher.get_error()}")
+        return matcher

@@ -280,9 +280,12 @@ class Engine:
 
     def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
         params = request.sampling
-        if (not params.ignore_eos and token_id in self.config.eos_token_ids) or (
+        is_stop_token = (not params.ignore_eos and token_id in self.config.eos_token_ids) or (
             token_id in params.stop_token_ids
-        ):
+        )
+        # The sampler masks stop tokens before min_tokens; a runner that does not sample
+        # from logits (the simulator) may still produce one, which then does not stop.
+        if is_stop_token and request.num_output_tokens > params.min_tokens:
             request.stop_token_id = token_id
             return FinishReason.STOP
         if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import RequestIdMiddleware
+from kvflow.router.api.openapi import build_openapi
 from kvflow.router.protocol.errors import ApiError
 
 log = logging.getLogger("kvflow.router.api")
@@ -29,6 +30,7 @@ _ENDPOINTS = frozenset(
         "/health",
         "/ready",
         "/metrics",
+        "/openapi.json",
     }
 )
 
@@ -54,7 +56,11 @@ def create_app(gateway: Gateway) -> FastAPI:
             await gateway.stop()
 
     app = FastAPI(
-        title="kvflow gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+        title="kvflow gateway", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+        lifespan=lifespan,
+    )  # fmt: skip
+    app.openapi = lambda: build_openapi(  # type: ignore[method-assign]
+        served_models=gateway.served_models(), vocab_size=gateway.text.tokenizer.vocab_size
     )
     app.state.gateway = gateway
     app.add_middleware(RequestIdMiddleware, metrics=gateway.metrics, endpoints=_ENDPOINTS)

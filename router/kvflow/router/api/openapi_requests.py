@@ -1,0 +1,228 @@
+"""Request bodies of the OpenAI endpoints, as JSON Schema (for api/openapi.py).
+
+They state what protocol/requests.py and messages.py accept (see api/openapi.py on where
+the two may drift). Pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvflow.router.protocol.requests import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_LOGPROBS_COMPLETIONS,
+    MAX_N,
+    MAX_PENALTY,
+    MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS_CHAT,
+)
+
+Schema = dict[str, Any]
+
+_EMPTY: Schema = {
+    "anyOf": [{"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0}]
+}
+
+
+def opt(schema: Schema) -> Schema:
+    """An optional parameter: null reads as absent."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def integer(low: int | None = None, high: int | None = None) -> Schema:
+    bounds = {"minimum": low, "maximum": high}
+    return {"type": "integer", **{k: v for k, v in bounds.items() if v is not None}}
+
+
+def _num(low: float, high: float) -> Schema:
+    return {"type": "number", "minimum": low, "maximum": high}
+
+
+def _only(*values: object) -> Schema:
+    """A parameter kvflow does not support: only these values (or an empty one) pass."""
+    return opt({"anyOf": [{"enum": list(values)}, _EMPTY]} if values else _EMPTY)
+
+
+_BOOL = opt({"type": "boolean"})
+_ANY: Schema = {}  # accepted and ignored (user, metadata...)
+_IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+
+
+def _sampling(*, is_chat: bool) -> Schema:
+    stop_string = {"type": "string", "minLength": 1}
+    props: Schema = {
+        "max_tokens": opt(integer(1)),
+        "max_completion_tokens": opt(integer(1)),
+        "temperature": opt(_num(0, 2)),
+        "top_p": opt(_num(0, 1)),
+        "top_k": opt(integer(0)),
+        "min_p": opt(_num(0, 1)),
+        "seed": opt(integer(-(2**63), 2**64 - 1)),
+        "stop": opt(
+            {
+                "anyOf": [
+                    stop_string,
+                    {"type": "array", "items": stop_string, "maxItems": MAX_STOP_STRINGS},
+                ]
+            }
+        ),
+        "stop_token_ids": opt({"type": "array", "items": integer(0)}),
+        "n": opt(integer(1, MAX_N)),
+        "ignore_eos": _BOOL,
+        "include_stop_str_in_output": _BOOL,
+        "skip_special_tokens": _BOOL,
+        "frequency_penalty": opt(_num(-MAX_PENALTY, MAX_PENALTY)),
+        "presence_penalty": opt(_num(-MAX_PENALTY, MAX_PENALTY)),
+        # vLLM's: > 0, 1 disables it.
+        "repetition_penalty": opt({"type": "number", "exclusiveMinimum": 0}),
+        "min_tokens": opt(integer(0)),  # at most max_tokens (a 400 otherwise)
+        # Token ids (decimal keys) below the vocabulary size (a 400 otherwise).
+        "logit_bias": opt(
+            {
+                "type": "object",
+                "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
+                "propertyNames": {"pattern": "^[0-9]+$"},
+                "additionalProperties": _num(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS),
+            }
+        ),
+        "stream": _BOOL,
+        "stream_options": opt(
+            {
+                "type": "object",
+                "properties": {
+                    "include_usage": _BOOL,
+                    "include_obfuscation": _BOOL,
+                    "continuous_usage_stats": _BOOL,
+                },
+                "additionalProperties": False,
+            }
+        ),
+        **dict.fromkeys(_IGNORED, _ANY),
+    }
+    if is_chat:
+        props["logprobs"] = _BOOL
+        props["top_logprobs"] = opt(integer(0, MAX_TOP_LOGPROBS_CHAT))
+    else:
+        props["logprobs"] = opt(integer(0, MAX_LOGPROBS_COMPLETIONS))
+    return props
+
+
+def _when(condition: Schema, then: Schema) -> Schema:
+    """A rule across fields: if the body matches ``condition`` it must match ``then``."""
+    return {"if": condition, "then": then}
+
+
+def _present(name: str, schema: Schema) -> Schema:
+    return {"required": [name], "properties": {name: schema}}
+
+
+# stream_options only with stream: true (a 400 otherwise).
+_STREAM_OPTIONS_NEED_STREAM = _when(
+    _present("stream_options", {"type": "object"}), _present("stream", {"const": True})
+)
+
+
+def _model(served_models: list[str]) -> Schema:
+    # Any string is read; one that is not served answers 404, listed below.
+    return {"type": "string", "enum": served_models} if served_models else {"type": "string"}
+
+
+def chat_request(served_models: list[str]) -> Schema:
+    text_part = {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    }
+    message = {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant"]},
+            "content": opt({"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}),
+            "name": opt({"type": "string"}),
+            "tool_calls": _only(),
+        },
+    }
+    props = {
+        "model": _model(served_models),
+        "messages": {"type": "array", "items": message, "minItems": 1},
+        **_sampling(is_chat=True),
+        **{
+            name: _only()
+            for name in (
+                "tools",
+                "functions",
+                "audio",
+                "prediction",
+                "web_search_options",
+                "reasoning_effort",
+            )
+        },
+        "tool_choice": _only("none", "auto"),
+        "function_call": _only("none"),
+        "modalities": _only(["text"]),
+        "response_format": opt(
+            {"type": "object", "required": ["type"], "properties": {"type": {"const": "text"}}}
+        ),
+        "chat_template_kwargs": opt(
+            {
+                "type": "object",
+                "not": {
+                    "anyOf": [
+                        {"required": [k]}
+                        for k in ("messages", "add_generation_prompt", "bos_token", "eos_token")
+                    ]
+                },
+            }
+        ),
+        "add_generation_prompt": _BOOL,
+        "continue_final_message": _only(False),
+        "echo": _only(False),
+        "parallel_tool_calls": _ANY,
+    }
+    return {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": props,
+        "additionalProperties": False,
+        "allOf": [
+            _STREAM_OPTIONS_NEED_STREAM,
+            _when(_present("top_logprobs", integer(1)), _present("logprobs", {"const": True})),
+        ],
+    }
+
+
+def completion_request(served_models: list[str], vocab_size: int) -> Schema:
+    token_ids = {"type": "array", "items": integer(0, vocab_size - 1), "minItems": 1}
+    prompt = {
+        "anyOf": [
+            # "" tokenizes to nothing: "The prompt is empty", a 400.
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+            token_ids,
+            {"type": "array", "items": token_ids, "minItems": 1},
+        ]
+    }
+    props = {
+        "model": _model(served_models),
+        "prompt": prompt,
+        **_sampling(is_chat=False),
+        "echo": _BOOL,
+        "suffix": _only(""),
+        "best_of": opt(integer(1)),
+    }
+    return {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": props,
+        "additionalProperties": False,
+        "allOf": [
+            _STREAM_OPTIONS_NEED_STREAM,
+            # echo with logprobs is refused
+            _when(
+                _present("logprobs", {"type": "integer"}),
+                {"properties": {"echo": {"not": {"const": True}}}},
+            ),
+        ],
+    }

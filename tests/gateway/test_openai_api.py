@@ -330,7 +330,7 @@ def test_route_header_explains_the_choice(gateway: GatewayProcess) -> None:
         ({"temperature": 3}, 400, "temperature"),
         ({"max_tokens": 0}, 400, "max_tokens"),
         ({"n": 500}, 400, "'n'"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, 400, "tools[0]"),
         ({"max_tokens": 9000}, 400, "maximum context length is 8192"),
         ({"model": "no-such-model"}, 404, "does not exist"),
     ],

@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
+from testkit.structured_schemas import SCHEMAS
 from testkit.tokenizer_files import (
     SMOLLM2_EOS_TOKEN_ID,
     SMOLLM2_VOCAB_SIZE,
@@ -24,55 +25,6 @@ from kvflow.engine_worker.structured.processor import GrammarLogitsProcessor
 from kvflow.engine_worker.structured.vocabulary import Vocabulary, load_vocabulary
 
 EOS = (SMOLLM2_EOS_TOKEN_ID,)
-
-SCHEMAS = {
-    "flat": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 12},
-            "celsius": {"type": "integer", "minimum": -50, "maximum": 60},
-            "sunny": {"type": "boolean"},
-        },
-        "required": ["city", "celsius", "sunny"],
-        "additionalProperties": False,
-    },
-    "nested_enum_array": {
-        "type": "object",
-        "properties": {
-            "user": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "maxLength": 8},
-                    "role": {"enum": ["admin", "viewer", "editor"]},
-                },
-                "required": ["name", "role"],
-                "additionalProperties": False,
-            },
-            "scores": {
-                "type": "array",
-                "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                "minItems": 1,
-                "maxItems": 4,
-            },
-        },
-        "required": ["user", "scores"],
-        "additionalProperties": False,
-    },
-    "array_of_objects": {
-        "type": "array",
-        "items": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "integer", "minimum": 1, "maximum": 99},
-                "tag": {"enum": ["a", "b"]},
-            },
-            "required": ["id", "tag"],
-            "additionalProperties": False,
-        },
-        "minItems": 1,
-        "maxItems": 3,
-    },
-}
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,8 @@ from kvflow.router.serving.prompts import PreparedPrompt, check_context
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.service import Lease
+from kvflow.router.tools.extract import extractor_factory, with_tool_calls
+from kvflow.router.tools.prompt import prepare_tool_prompt
 
 ROUTE_DEBUG_HEADER = "x-kvflow-route"
 _LIMIT_KINDS = {
@@ -92,12 +94,17 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     gw.check_model(parsed.model, tenant)
     info = gw.service.model_info(parsed.model)
     check_logit_bias(parsed.sampling, info.vocab_size)
+    template = gw.text.chat_template
+    template_source = template.source if template is not None else None
     if isinstance(parsed, ChatRequest):
+        messages, tool_variables = prepare_tool_prompt(
+            parsed.messages, parsed.tools, parsed.tool_choice, template_source
+        )
         prompts = [
             gw.prompts.chat(
-                parsed.messages,
+                messages,
                 add_generation_prompt=parsed.add_generation_prompt,
-                template_kwargs=parsed.chat_template_kwargs,
+                template_kwargs={**parsed.chat_template_kwargs, **tool_variables},
             )
         ]
     else:
@@ -109,9 +116,14 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     lease = await _admit(gw, tenant, sum(len(p.token_ids) for p in prompts))
     accounting = Accounting(gw, tenant, lease, trace)
     caller = Caller(tenant, parsed.model, request.headers.get(gw.session_header))
-    stream = gw.service.run(
+    stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = gw.service.run(
         caller, _build_specs(prompts, sampling), trace, buffered=not parsed.stream
     )
+    tool_extractor = (
+        extractor_factory(parsed, template_source) if isinstance(parsed, ChatRequest) else None
+    )
+    if tool_extractor is not None:
+        stream = with_tool_calls(stream, tool_extractor)
     response_id = ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex
     created_s = int(time.time())
     is_echo = isinstance(parsed, CompletionRequest) and parsed.echo

@@ -1,13 +1,38 @@
-"""Chat messages: roles, text content and content parts, validated. Pure."""
+"""Chat messages: roles, text content and content parts, tool calls and tool results,
+validated. Pure."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
 
-_CHAT_ROLES = {"system", "developer", "user", "assistant"}
+_CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant made earlier in the conversation (sent back by the client)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_template_dict(self) -> dict[str, Any]:
+        # Templates (Qwen, Llama 3.1, Hermes) write `arguments | tojson`: give them the
+        # object; text that is not a JSON object stays text.
+        try:
+            arguments: Any = json.loads(self.arguments)
+        except ValueError:
+            arguments = self.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        }
 
 
 @dataclass(frozen=True)
@@ -15,11 +40,17 @@ class ChatMessage:
     role: str
     content: str
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
-    def as_template_dict(self) -> dict[str, str]:
-        message = {"role": self.role, "content": self.content}
+    def as_template_dict(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [c.as_template_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -46,6 +77,28 @@ def _message_content(value: object, index: int) -> str:
     return "".join(texts)
 
 
+def _tool_calls(value: object, index: int) -> tuple[ToolCall, ...]:
+    param = f"messages[{index}].tool_calls"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise invalid_type(param, "an array", value)
+    calls = []
+    for j, raw in enumerate(value):
+        call = as_mapping(raw, f"{param}[{j}]")
+        if call.get("type", "function") != "function":
+            raise unsupported_parameter(f"{param}[{j}].type", "only 'function' is supported")
+        fn = as_mapping(call.get("function"), f"{param}[{j}].function")
+        call_id, name, arguments = call.get("id"), fn.get("name"), fn.get("arguments")
+        for field_name, field_value in (("id", call_id), ("function.name", name),
+                                        ("function.arguments", arguments)):  # fmt: skip
+            if not isinstance(field_value, str):
+                raise invalid_type(f"{param}[{j}].{field_name}", "a string", field_value)
+        assert isinstance(call_id, str) and isinstance(name, str) and isinstance(arguments, str)
+        calls.append(ToolCall(call_id, name, arguments))
+    return tuple(calls)
+
+
 def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
     value = fields.required("messages")
     if not isinstance(value, list):
@@ -59,8 +112,10 @@ def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
     for i, raw in enumerate(value):
         message = as_mapping(raw, f"messages[{i}]")
         role = message.get("role")
-        if role in ("tool", "function") or message.get("tool_calls"):
-            raise unsupported_parameter(f"messages[{i}].role", "tool calls are not supported")
+        if role == "function":
+            raise unsupported_parameter(
+                f"messages[{i}].role", "'function' is deprecated: use 'tool' messages"
+            )
         if role not in _CHAT_ROLES:
             raise invalid_request(
                 f"Invalid 'messages[{i}].role': expected one of {sorted(_CHAT_ROLES)}, "
@@ -70,12 +125,23 @@ def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
         name = message.get("name")
         if name is not None and not isinstance(name, str):
             raise invalid_type(f"messages[{i}].name", "a string", name)
+        tool_calls = _tool_calls(message.get("tool_calls"), i)
+        if tool_calls and role != "assistant":
+            raise invalid_request(
+                f"Invalid 'messages[{i}].tool_calls': only assistant messages have tool calls.",
+                param=f"messages[{i}].tool_calls",
+            )
+        tool_call_id = message.get("tool_call_id")
+        if role == "tool" and not isinstance(tool_call_id, str):
+            raise invalid_type(f"messages[{i}].tool_call_id", "a string", tool_call_id)
         # Templates know "system"; OpenAI's newer "developer" role means the same here.
         messages.append(
             ChatMessage(
                 role="system" if role == "developer" else str(role),
                 content=_message_content(message.get("content"), i),
                 name=name,
+                tool_calls=tool_calls,
+                tool_call_id=tool_call_id if role == "tool" else None,
             )
         )
     return tuple(messages)

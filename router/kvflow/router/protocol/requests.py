@@ -7,12 +7,16 @@ anything unknown is a 400, as OpenAI answers it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
 from kvflow.router.protocol.messages import ChatMessage, parse_messages
+from kvflow.router.structured.constraint import OutputConstraint
+from kvflow.router.structured.formats import parse_response_format, parse_structured_outputs
+from kvflow.router.tools.constrain import forced_call_constraint
+from kvflow.router.tools.spec import ToolChoice, ToolSpec, parse_tool_choice, parse_tools
 
 MAX_N = 128  # OpenAI's limit for `n`
 MAX_STOP_STRINGS = 4  # OpenAI's limit for `stop`
@@ -53,6 +57,9 @@ class SamplingOptions:
     # min_tokens tokens have been generated.
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    # The format the output must follow (response_format, structured_outputs, a forced
+    # tool call); the worker masks every step to it.
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,9 @@ class ChatRequest:
     # and whether it ends with the assistant's turn header.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
+    parallel_tool_calls: bool = True
 
     @property
     def include_usage(self) -> bool:
@@ -276,18 +286,17 @@ def parse_chat_request(body: object) -> ChatRequest:
     )
     stream = fields.boolean("stream")
     stream_options = _stream_options(fields, stream)
-    for name in ("tools", "functions", "audio", "prediction", "web_search_options"):
-        fields.reject_if_set(name, "is not supported by kvflow")
-    fields.reject_if_set("tool_choice", "is not supported by kvflow", allowed=("none", "auto"))
-    fields.reject_if_set("function_call", "is not supported by kvflow", allowed=("none",))
+    for name in ("functions", "audio", "prediction", "web_search_options"):
+        fields.reject_if_set(name, "is not supported by kvflow; use 'tools'" if name ==
+                             "functions" else "is not supported by kvflow")  # fmt: skip
+    fields.reject_if_set("function_call", "is deprecated: use 'tool_choice'", allowed=("none",))
+    tools = parse_tools(fields.raw("tools"))
+    tool_choice = parse_tool_choice(fields.raw("tool_choice"), tools)
+    parallel_tool_calls = fields.boolean("parallel_tool_calls", True)
+    sampling = replace(sampling, constraint=_chat_constraint(fields, tools, tool_choice,
+                                                              parallel_tool_calls))  # fmt: skip
     fields.reject_if_set("modalities", 'supports only ["text"]', allowed=(["text"],))
     fields.reject_if_set("reasoning_effort", "is not supported by this model")
-    response_format = fields.raw("response_format")
-    if (
-        response_format is not None
-        and as_mapping(response_format, "response_format").get("type") != "text"
-    ):
-        raise unsupported_parameter("response_format", 'supports only {"type": "text"}')
     kwargs = fields.raw("chat_template_kwargs")
     template_kwargs = dict(as_mapping(kwargs, "chat_template_kwargs")) if kwargs else {}
     reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token"} & set(
@@ -301,10 +310,34 @@ def parse_chat_request(body: object) -> ChatRequest:
     add_generation_prompt = fields.boolean("add_generation_prompt", True)
     fields.reject_if_set("continue_final_message", "is not supported by kvflow", allowed=(False,))
     fields.reject_if_set("echo", "is not supported by kvflow for chat", allowed=(False,))
-    fields.ignore(*_IGNORED, "parallel_tool_calls")
+    fields.ignore(*_IGNORED)
     fields.reject_unknown()
     return ChatRequest(model, messages, sampling, stream, stream_options, template_kwargs,
-                       add_generation_prompt)  # fmt: skip
+                       add_generation_prompt, tools, tool_choice,
+                       parallel_tool_calls)  # fmt: skip
+
+
+def _chat_constraint(
+    fields: Fields, tools: tuple[ToolSpec, ...], choice: ToolChoice, parallel: bool
+) -> OutputConstraint | None:
+    """One format for the output: a forced tool call's, response_format's, or kvflow's
+    structured_outputs extension; asking for two is a 400."""
+    asked = [
+        (name, c)
+        for name, c in (
+            ("tool_choice", forced_call_constraint(tools, choice, parallel=parallel)),
+            ("response_format", parse_response_format(fields.raw("response_format"))),
+            ("structured_outputs", parse_structured_outputs(fields.raw("structured_outputs"))),
+        )
+        if c is not None
+    ]
+    if len(asked) > 1:
+        raise invalid_request(
+            f"Invalid '{asked[1][0]}': the output already follows '{asked[0][0]}'; "
+            "ask for one format at a time.",
+            param=asked[1][0],
+        )
+    return asked[0][1] if asked else None
 
 
 def _prompts(fields: Fields) -> tuple[Prompt, ...]:

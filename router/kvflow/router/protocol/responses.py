@@ -28,6 +28,28 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call, as OpenAI streams it: the first piece of call ``index``
+    has its ``id`` and ``name``; every piece appends ``arguments`` text."""
+
+    index: int  # the call's position among the choice's calls
+    id: str | None
+    name: str | None
+    arguments: str
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index}
+        function: dict[str, Any] = {"arguments": self.arguments}
+        if self.id is not None:
+            out["id"] = self.id
+            out["type"] = "function"
+        if self.name is not None:
+            function["name"] = self.name
+        out["function"] = function
+        return out
+
+
+@dataclass(frozen=True)
 class ChoiceDelta:
     """New output of one choice; ``finish_reason`` is set on its last delta only."""
 
@@ -38,6 +60,7 @@ class ChoiceDelta:
     # The choice's tokens so far, for per-chunk usage (vLLM's continuous_usage_stats).
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # chat with tools: calls found in the text
 
 
 @dataclass
@@ -68,12 +91,32 @@ class ChoiceResult:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape
 
     def add(self, delta: ChoiceDelta) -> None:
         self.text += delta.text
         self.logprobs.extend(delta.logprobs)
+        for piece in delta.tool_calls:
+            if piece.index == len(self.tool_calls):
+                self.tool_calls.append(
+                    {
+                        "id": piece.id,
+                        "type": "function",
+                        "function": {"name": piece.name, "arguments": ""},
+                    }
+                )
+            self.tool_calls[piece.index]["function"]["arguments"] += piece.arguments
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
+
+    def message(self) -> dict[str, Any]:
+        """The chat message; with tool calls and no other text, ``content`` is null."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text, "refusal": None}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+            if not self.text.strip():
+                message["content"] = None
+        return message
 
 
 def _header(response_id: str, kind: str, created_s: int, model: str) -> dict[str, Any]:
@@ -125,7 +168,7 @@ def chat_completion(
     body["choices"] = [
         {
             "index": c.index,
-            "message": {"role": "assistant", "content": c.text, "refusal": None},
+            "message": c.message(),
             "logprobs": _chat_logprobs(c.logprobs) if with_logprobs else None,
             "finish_reason": c.finish_reason,
         }
@@ -206,8 +249,14 @@ class ChunkWriter:
         choice: dict[str, Any] = {"index": delta.index}
         if self._is_chat:
             # The last chunk of a choice carries an empty delta and the finish reason.
-            is_empty_end = not delta.text and delta.finish_reason is not None
+            is_empty_end = (
+                not delta.text and not delta.tool_calls and delta.finish_reason is not None
+            )
             choice["delta"] = {} if is_empty_end else {"content": delta.text}
+            if delta.tool_calls:
+                choice["delta"] = {"tool_calls": [t.as_dict() for t in delta.tool_calls]}
+                if delta.text:
+                    choice["delta"]["content"] = delta.text
             logprobs = _chat_logprobs(delta.logprobs) if delta.logprobs else None
         else:
             choice["text"] = delta.text

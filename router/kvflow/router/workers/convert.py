@@ -58,6 +58,13 @@ def to_generate_request(g: GenerateInput) -> pb.GenerateRequest:
         priority=g.priority,
         num_public_blocks=g.num_public_blocks,
     )
+    constraint = g.sampling.constraint
+    if constraint is not None:
+        out = request.structured_output
+        if constraint.kind == "json_object":
+            out.json_object = True
+        else:
+            setattr(out, constraint.kind, constraint.source)
     if g.remote_prefill_timeout_s is not None:
         request.remote_prefill.version = pb.KV_HANDOFF_VERSION_1
         request.remote_prefill.timeout_s = g.remote_prefill_timeout_s

@@ -1,0 +1,1 @@
+"""Structured output on the gateway side: request formats -> checked constraints."""

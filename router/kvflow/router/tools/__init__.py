@@ -1,0 +1,1 @@
+"""Tool calling: tool specs and choices, prompts, grammars for forced calls, output parsers."""

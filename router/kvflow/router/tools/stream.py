@@ -33,7 +33,8 @@ from kvflow.router.tools.parsers import (
     parse_llama3_json,
 )
 
-_ARRAY_CALL_HEAD = re.compile(r'^\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*$')
+# A call's text up to the "{" that opens its arguments.
+_ARRAY_CALL_HEAD = re.compile(r'^\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*\{$')
 
 
 class ToolCallExtractor(Protocol):
@@ -99,12 +100,13 @@ class ArrayCallStream(_Base):
             if self._in_arguments:
                 if closed and self._depth == 2:
                     self._in_arguments = False
-            elif self._depth == 2 and not self._streamed_head:
+            elif self._depth == 3 and ch == "{" and not self._streamed_head:
                 match = _ARRAY_CALL_HEAD.match(self._element)
                 if match:
                     name = json.loads(match.group(1))
                     calls.append(ToolCallDelta(self.num_calls, new_call_id(), name, ""))
                     self._in_arguments = self._streamed_head = True
+                    arguments += ch
             if closed and self._depth == 1 and self._element:
                 if arguments:
                     calls.append(ToolCallDelta(self.num_calls, None, None, arguments))
@@ -194,24 +196,26 @@ class HermesStream(_Base):
                     self._block += text
                     break
                 joined = self._block + text
-                calls += self._close_block(joined[:end])
+                content, calls = self._close_block(joined[:end], HERMES_CLOSE, content, calls)
                 text = joined[end + len(HERMES_CLOSE) :]
         if delta.finish_reason is not None:
             if self._block is not None:  # never closed: a call if it parses, else text
-                calls += self._close_block(self._block)
+                content, calls = self._close_block(self._block, "", content, calls)
             content += self._pending
             self._pending = ""
         if self.num_calls and not content.strip():
             content = ""  # the newlines between calls are not content
         return self._out(delta, content, calls)
 
-    def _close_block(self, body: str) -> list[ToolCallDelta]:
+    def _close_block(
+        self, body: str, closing: str, content: str, calls: list[ToolCallDelta]
+    ) -> tuple[str, list[ToolCallDelta]]:
+        """A finished block: one more call, or (not a call) more content, as written."""
         self._block = None
         call = call_from_json(body.strip())
         if call is None:
-            self._pending = HERMES_OPEN + body + self._pending  # not a call: it is content
-            return []
-        return [self._whole_call(call)]
+            return content + HERMES_OPEN + body + closing, calls
+        return content, [*calls, self._whole_call(call)]
 
 
 class Llama3JsonStream(_Base):

@@ -1,0 +1,112 @@
+"""The Redis quota script's token limits, tripped against a real redis-server.
+
+`tokens_per_minute` and `daily_token_budget` are the branches of redis_store.py's Lua
+script that the shared-limit tests never reach (they spend requests and leases). Two
+stores (two router replicas) share one server: what one spends, the other is refused.
+Redis's own clock runs during the test, so waits are checked to within the test's
+duration; the arithmetic is the same as the in-process store's (test_quotas.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+from testkit.redis_server import RedisServer, running_redis
+
+from kvflow.router.tenants.buckets import seconds_until_next_utc_day
+from kvflow.router.tenants.config import Quotas, Tenant
+from kvflow.router.tenants.redis_store import RedisQuotaStore
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+def tenant(name: str, **quotas: int) -> Tenant:
+    return Tenant(name, None, 0, Quotas(**quotas), cache_salt=name)
+
+
+def test_tokens_per_minute_is_spent_by_prompts_and_completions_across_replicas(
+    redis_server: RedisServer,
+) -> None:
+    t = tenant("tpm", tokens_per_minute=600)
+
+    async def run() -> None:
+        a, b = Redis.from_url(redis_server.url), Redis.from_url(redis_server.url)
+        try:
+            one, two = RedisQuotaStore(a), RedisQuotaStore(b)
+            started = time.monotonic()
+            # A prompt larger than the bucket still goes through once (debt) ...
+            assert (await one.admit(t, lease_id="a", prompt_tokens=100)).is_admitted
+            await one.finish(t, lease_id="a", prompt_tokens=100, completion_tokens=600)
+            # ... and the other replica sees the debt: 600 - 100 - 600 = -100, so 101
+            # tokens are missing at 10 a second.
+            refused = await two.admit(t, lease_id="b", prompt_tokens=1)
+            elapsed_s = time.monotonic() - started
+            assert refused.limit == "tokens_per_minute"
+            assert 10.1 - elapsed_s - 0.01 <= refused.retry_after_s <= 10.1 + 0.001
+            # Another tenant's bucket is its own.
+            other = tenant("tpm-other", tokens_per_minute=600)
+            assert (await two.admit(other, lease_id="c", prompt_tokens=1)).is_admitted
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(run())
+
+
+def test_tokens_per_minute_refills_at_capacity_per_minute(redis_server: RedisServer) -> None:
+    t = tenant("tpm-refill", tokens_per_minute=6000)  # 100 tokens a second
+
+    async def run() -> None:
+        redis = Redis.from_url(redis_server.url)
+        try:
+            store = RedisQuotaStore(redis)
+            assert (await store.admit(t, lease_id="a", prompt_tokens=6000)).is_admitted
+            refused = await store.admit(t, lease_id="b", prompt_tokens=1)
+            assert refused.limit == "tokens_per_minute"
+            assert 0.0 < refused.retry_after_s <= 0.011  # 1 token at 100 a second
+            await asyncio.sleep(0.05)  # 5 tokens refilled
+            assert (await store.admit(t, lease_id="c", prompt_tokens=1)).is_admitted
+        finally:
+            await redis.aclose()
+
+    asyncio.run(run())
+
+
+def test_daily_token_budget_refuses_until_the_next_utc_day(redis_server: RedisServer) -> None:
+    t = tenant("daily", daily_token_budget=50)
+
+    async def run() -> None:
+        a, b = Redis.from_url(redis_server.url), Redis.from_url(redis_server.url)
+        try:
+            one, two = RedisQuotaStore(a), RedisQuotaStore(b)
+            assert (await one.admit(t, lease_id="a", prompt_tokens=10)).is_admitted
+            # Spending is counted when a request finishes: still under budget here.
+            assert (await two.admit(t, lease_id="b", prompt_tokens=10)).is_admitted
+            await one.finish(t, lease_id="a", prompt_tokens=10, completion_tokens=30)
+            assert (await two.admit(t, lease_id="c", prompt_tokens=10)).is_admitted
+            await two.finish(t, lease_id="b", prompt_tokens=10, completion_tokens=0)
+            # 40 + 10 = 50 spent: the budget is reached, on both replicas.
+            for store in (one, two):
+                before_s = seconds_until_next_utc_day(time.time())
+                refused = await store.admit(t, lease_id="d", prompt_tokens=1)
+                after_s = seconds_until_next_utc_day(time.time())
+                assert refused.limit == "daily_token_budget"
+                assert after_s - 0.01 <= refused.retry_after_s <= before_s + 0.01
+            # The counter is the UTC day's: it expires after the next day, not never.
+            ttl_s = await a.ttl(f"kvflow:{{daily}}:day:{int(time.time() // 86_400)}")
+            assert 86_400 < ttl_s <= 2 * 86_400
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(run())

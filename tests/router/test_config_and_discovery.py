@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -85,28 +88,57 @@ def test_worker_list_parsing() -> None:
             parse_worker_list(bad)
 
 
-def test_dns_discovery_resolves_and_keeps_workers_through_failures() -> None:
+@dataclass(frozen=True)
+class ScriptedDns(DnsWorkers):
+    """DnsWorkers whose lookups follow a script: a list of addresses, or an OSError to
+    raise (what a failed getaddrinfo raises). After the script, the last answer repeats."""
+
+    script: tuple[list[str] | OSError, ...] = ()
+    calls: list[int] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def resolve(self) -> list[str]:
+        self.calls.append(1)
+        step = self.script[min(len(self.calls), len(self.script)) - 1]
+        if len(self.calls) >= len(self.script):
+            self.done.set()
+        if isinstance(step, OSError):
+            raise step
+        return step
+
+
+def test_dns_resolution_is_real_and_a_bad_name_raises() -> None:
+    async def run() -> None:
+        assert "127.0.0.1:50051" in await DnsWorkers("localhost", 50051).resolve()
+        # Awaited, however slow the resolver: the failure is seen, never assumed.
+        with pytest.raises(OSError):
+            await DnsWorkers("no-such-host.invalid", 1).resolve()
+
+    asyncio.run(run())
+
+
+def test_dns_discovery_applies_changes_only_and_keeps_workers_through_failures() -> None:
     applied: list[list[str]] = []
 
     async def apply(addresses: list[str]) -> None:
         applied.append(addresses)
 
+    failure = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    dns = ScriptedDns("pool.svc", 1, interval_s=0.001, script=(
+        ["a:1"], ["a:1"], failure, failure, ["a:1"], ["a:1", "b:1"], failure, ["a:1", "b:1"],
+    ))  # fmt: skip
+
     async def run() -> None:
-        resolved = await DnsWorkers("localhost", 50051).resolve()
-        assert "127.0.0.1:50051" in resolved
-        task = asyncio.create_task(DnsWorkers("localhost", 50051, interval_s=0.01).run(apply))
-        await asyncio.sleep(0.2)
+        task = asyncio.create_task(dns.run(apply))
+        # Until every scripted answer was used, however slow the machine.
+        await asyncio.wait_for(dns.done.wait(), timeout=30)
         task.cancel()
-        # Resolved every 10 ms, applied once: only changes reach the pool.
-        assert len(applied) == 1 and "127.0.0.1:50051" in applied[0]
-        failing = asyncio.create_task(
-            DnsWorkers("no-such-host.invalid", 1, interval_s=0.01).run(apply)
-        )
-        await asyncio.sleep(0.2)
-        failing.cancel()
-        assert len(applied) == 1  # a failing name never empties the pool
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     asyncio.run(run())
+    # Repeats are not applied; failures apply nothing (never an empty pool); a change is.
+    assert applied == [["a:1"], ["a:1", "b:1"]]
 
 
 def test_public_prefix_blocks() -> None:

@@ -242,33 +242,54 @@ def test_n_choices_stream_interleaved(client: openai.OpenAI) -> None:
     assert texts[0] and texts[0] == texts[1] == texts[2]
 
 
+# A stop string ends the worker's request by an abort, which lands a few steps later: the
+# tokens made meanwhile are counted. 25 steps of 2 ms is 50 ms for the abort to arrive.
+ABORT_SLACK_TOKENS = 25
+
+
 def test_stop_strings_cut_exactly_and_stop_the_worker(
     client: openai.OpenAI, workers: list[WorkerProcess]
 ) -> None:
-    reference = (
-        client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=30, extra_body=NO_EOS
+    def answer(max_tokens: int) -> str:
+        response = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=max_tokens, extra_body=NO_EOS
         )
-        .choices[0]
-        .message.content
-    )
-    assert reference and len(reference) > 20
-    stop = reference[10:13]
-    expected = reference[: reference.find(stop)]
+        return response.choices[0].message.content or ""
+
+    text = answer(30)
+    assert len(text) > 20
+    stop = text[10:13]
+    expected = text[: text.find(stop)]
+    # The fewest tokens whose text contains the stop string (answers are deterministic and
+    # each is a prefix of the next): a binary search over 1..30.
+    low, high = 1, 30
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if stop in answer(mid) else (mid + 1, high)
+    num_to_stop = low
+    assert stop in answer(num_to_stop)
+    assert num_to_stop == 1 or stop not in answer(num_to_stop - 1)
     # Unbounded otherwise: up to the context (about 8,000 tokens, 16 s at 2 ms a token).
     cut = client.chat.completions.create(model=MODEL, messages=MESSAGES, stop=[stop],
                                          extra_body=NO_EOS)  # fmt: skip
     assert cut.choices[0].message.content == expected
     assert cut.choices[0].finish_reason == "stop"
-    # The worker stopped right after the stop string, and reported its usage.
-    assert cut.usage is not None and 0 < cut.usage.completion_tokens < 200
+    # The worker stopped right after the stop string (not 16 s later), and its usage counts
+    # the tokens it made: those up to the stop, and the few before the abort landed.
+    wait_workers_idle(workers, timeout_s=2)
+    assert cut.usage is not None
+    assert num_to_stop <= cut.usage.completion_tokens <= num_to_stop + ABORT_SLACK_TOKENS
     streamed = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, stop=stop, stream=True, extra_body=NO_EOS
-    )
+        model=MODEL, messages=MESSAGES, stop=stop, stream=True,
+        stream_options={"include_usage": True}, extra_body=NO_EOS,
+    )  # fmt: skip
     chunks = list(streamed)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
-    assert chunks[-1].choices[0].finish_reason == "stop"
-    wait_workers_idle(workers, timeout_s=5)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert num_to_stop <= usage.completion_tokens <= num_to_stop + ABORT_SLACK_TOKENS
+    wait_workers_idle(workers, timeout_s=2)
 
 
 def test_max_tokens_and_stop_token_ids(client: openai.OpenAI, workers: list[WorkerProcess]) -> None:

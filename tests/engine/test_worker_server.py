@@ -216,7 +216,26 @@ def test_metrics_health_and_ready_over_http(
     assert err.value.code == 404
 
 
+def wait_for_http_status(url: str, status: int, timeout_s: float) -> None:
+    """Until GET ``url`` answers ``status``; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    got: int | str = "nothing"
+    while time.monotonic() < deadline:
+        try:
+            got = urllib.request.urlopen(url, timeout=5).status
+        except urllib.error.HTTPError as err:
+            got = err.code
+        except OSError as exc:  # the server is gone
+            got = repr(exc)
+        if got == status:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{url} answered {got}, not {status}, for {timeout_s} s")
+
+
 def test_sigterm_drains_running_requests_then_exits() -> None:
+    # 3,000 tokens take about 3 s at 1 ms a step: the drain is checked while it runs.
+    num_tokens = 3000
     w = launch_worker(SIM_ARGS, timeout_s=60)
     try:
         with grpc.insecure_channel(w.address) as channel:
@@ -225,24 +244,24 @@ def test_sigterm_drains_running_requests_then_exits() -> None:
                 pb.GenerateRequest(
                     request_id="drain",
                     prompt_token_ids=[1, 2, 3],
-                    sampling=pb.SamplingParams(max_tokens=300, ignore_eos=True),
+                    sampling=pb.SamplingParams(max_tokens=num_tokens, ignore_eos=True),
                 ),
                 timeout=60,
             )
             it = iter(call)
-            next(it)
+            first = next(it)
             w.proc.send_signal(15)
-            time.sleep(0.3)
-            urls = f"http://127.0.0.1:{w.metrics_port}/ready"
-            with pytest.raises(urllib.error.HTTPError) as err:
-                urllib.request.urlopen(urls, timeout=5)
-            assert err.value.code == 503
+            wait_for_http_status(f"http://127.0.0.1:{w.metrics_port}/ready", 503, timeout_s=10)
+            # Draining, not stopped: the request still runs and the server still answers.
+            load = stub.Load(pb.LoadRequest(), timeout=5)
+            assert load.num_running == 1, load
             with pytest.raises(grpc.RpcError) as refused:
                 generate(stub, "late", [1, 2], max_tokens=2)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in (refused.value.details() or "")
             rest = list(it)
             assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
-            assert sum(len(m.token_ids) for m in rest) == 299
+            assert len(first.token_ids) + sum(len(m.token_ids) for m in rest) == num_tokens
         assert w.proc.wait(timeout=30) == 0
     finally:
         w.stop(timeout_s=5)

@@ -10,6 +10,9 @@ from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
 from kvflow.cli.bench.metrics import Slo
 from kvflow.cli.bench.records import RequestRecord
 from kvflow.cli.bench.summary import LoadPointSummary, summarize
+from kvflow.cli.sim.cluster import ClusterSpec
+from kvflow.cli.sim.compare import ArmLadder, ComparisonConfig, ComparisonResult, verdicts
+from kvflow.cli.sim.report import render
 from kvflow.cli.sim.targets import (
     balance_target,
     hit_rate_target,
@@ -18,6 +21,8 @@ from kvflow.cli.sim.targets import (
     saturation_index,
     ttft_targets,
 )
+from kvflow.engine_worker.sim.profiles import SimProfile
+from kvflow.engine_worker.sim.timing import StepTiming
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.1)
 
@@ -83,3 +88,15 @@ def test_hit_rate_balance_and_parity() -> None:
     ll = ladder([0.10, 0.20, 3.0])
     assert parity_target({"kvflow": ladder([0.104, 0.2, 3.0]), "least-loaded": ll}, SLO).is_met
     assert not parity_target({"kvflow": ladder([0.11, 0.2, 3.0]), "least-loaded": ll}, SLO).is_met
+
+
+def test_numbers_without_a_target_are_reported_as_info_never_met() -> None:
+    # The Mooncake TTFT ratios have no target of the issue's: a worse P90 is not "met".
+    config = ComparisonConfig(trace_path="", arms=["kvflow", "round-robin"], slo=SLO)
+    spec = ClusterSpec(SimProfile("p", StepTiming(0.01), 16, 1024, 64, 256, 8, 1e9, "test"))
+    result = ComparisonResult(config, spec)
+    for arm, ttft_s in (("kvflow", 0.5), ("round-robin", 0.4)):
+        result.ladders.append(ArmLadder("mooncake", arm, ladder([ttft_s]), [[]], 0.0))
+    [info] = [v for v in verdicts(result) if v.name.startswith("mooncake 10 req/s")]
+    assert not info.is_target and info.value == pytest.approx(0.8)
+    assert f"info {info.name}" in render(result) and "met  mooncake 10" not in render(result)

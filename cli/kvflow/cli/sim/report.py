@@ -65,7 +65,7 @@ def render(result: ComparisonResult) -> str:
         parts += [workload_table(workload, result.by_workload(workload)), ""]
     parts.append("targets for the default router (kvflow):")
     for v in verdicts(result):
-        mark = "met " if v.is_met else "MISS"
+        mark = "info" if not v.is_target else "met " if v.is_met else "MISS"
         parts.append(f"  {mark} {v.name}: {v.value:.2f} (target {v.target}); {v.detail}")
     return "\n".join(parts)
 

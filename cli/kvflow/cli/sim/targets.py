@@ -26,6 +26,9 @@ class Verdict:
     value: float
     target: str
     detail: str
+    # False for a number reported beside the targets (no target of the issue's): the
+    # report marks it "info", never "met".
+    is_target: bool = True
 
 
 def _listing(pairs: Sequence[tuple[str, float]], fmt: str = "{:.2f}") -> str:

@@ -115,8 +115,24 @@ def test_a_loaded_worker_is_avoided_despite_its_cache() -> None:
             for i in range(12):
                 pool.submit(occupy, i)
             try:
-                time.sleep(1.5)  # several Load polls (every 250 ms)
-                worker, blocks, _ = complete(g, [*short_prefix, 2])
+                # No sleeps: first the worker itself reports the 12 requests ...
+                with grpc.insecure_channel(busy.address) as channel:
+                    stub = pb_grpc.WorkerStub(channel)
+                    deadline = time.monotonic() + 30
+                    while (load := stub.Load(pb.LoadRequest(), timeout=5)).num_running + (
+                        load.num_waiting
+                    ) < 12:
+                        assert time.monotonic() < deadline, f"the load never arrived: {load}"
+                        time.sleep(0.02)
+                # ... then the router, which polls Load every 250 ms, must turn away within
+                # a few polls. Until it knows, prompts sharing the prefix still land on the
+                # holder (8 cached blocks); a router blind to load never turns away.
+                deadline = time.monotonic() + 5
+                suffix = 2
+                while (chosen := complete(g, [*short_prefix, suffix]))[0] == holder:
+                    assert time.monotonic() < deadline, "the loaded holder is still chosen"
+                    suffix += 1
+                worker, blocks, _ = chosen
                 # 8 cached blocks there, but 12 requests queued: the other worker wins.
                 assert worker != holder and blocks == 0
             finally:

@@ -107,6 +107,41 @@ def install_stage_timers() -> None:
     PlanExecutor.run = _timed_async("worker_stream", PlanExecutor.run)  # type: ignore[method-assign]
     Accounting.finish = _timed_async("quota_settle", Accounting.finish)  # type: ignore[method-assign]
     install_gc_timer()
+    install_size_probe()
+
+
+SERVICES: list[GenerationService] = []
+
+
+def install_size_probe() -> None:
+    """Keep the generation service, to report what its bounded tables hold at exit."""
+    init = GenerationService.__init__
+
+    @functools.wraps(init)
+    def keep(self: GenerationService, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        SERVICES.append(self)
+
+    GenerationService.__init__ = keep  # type: ignore[method-assign]
+
+
+def sizes() -> dict[str, float]:
+    """The block-hash memo and the session table of the (only) generation service: entries,
+    and the memo's bytes per entry measured on one entry (key tuple, its 64-byte chunk,
+    the hash, and a dict slot of about 3 words)."""
+    if not SERVICES:
+        return {}
+    service = SERVICES[0]
+    hasher = service._hasher
+    memo = hasher._hashes
+    entry_bytes = 0.0
+    if memo:
+        key, value = next(iter(memo.items()))
+        entry_bytes = (sys.getsizeof(key) + sum(sys.getsizeof(k) for k in key[-1:])
+                       + sys.getsizeof(value) + 3 * 8)  # fmt: skip
+    return {"memo_entries": len(memo), "memo_hits": hasher.num_hits,
+            "memo_misses": hasher.num_misses, "memo_bytes_per_entry": entry_bytes,
+            "sessions": len(service._sessions)}  # fmt: skip
 
 
 def defer_settlement() -> None:
@@ -155,7 +190,8 @@ def main() -> int:
         return router_main(router_args)
     finally:
         if args.stage_times:
-            stats = {stage: summary(t) for stage, t in TIMES_MS.items() if t}
+            stats: dict[str, Any] = {stage: summary(t) for stage, t in TIMES_MS.items() if t}
+            stats["sizes_at_exit"] = sizes()
             args.stage_times.write_text(json.dumps(stats, indent=2))
 
 

@@ -112,3 +112,11 @@ def test_decode_sized_from_concurrency() -> None:
     # ceil(180 / 40) = 5, although TPOT is still low.
     d = Run(config("decode", capacity=CAP)).step("decode", calm(0, 4, decode_batch_size=45.0))
     assert (d.replicas, d.reason) == (5, "ForecastLoad")
+
+
+def test_saturated_decode_is_sized_from_the_arrivals() -> None:
+    # 4 replicas at their batch limit (40 running each: 160, 80 % of 4 x 50) look just full;
+    # the arrivals want 100/s x 200 tokens x 20 ms = 400 sequences: ceil(400 / 40) = 10.
+    obs = calm(0, 4, decode_batch_size=40.0, request_rate_per_s=100.0, tpot_s=0.02)
+    d = Run(config("decode", capacity=CAP, max_replicas=20)).step("decode", obs)
+    assert (d.replicas, d.reason) == (10, "ForecastLoad")

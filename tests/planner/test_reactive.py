@@ -32,14 +32,24 @@ def test_tpot_and_kv_scale_decode() -> None:
 
 def test_queue_wait_scales_prefill() -> None:
     # Wait limit 0.5 s (half the TTFT target); 0.6 s of wait with TTFT still under target.
-    d = Run(config("prefill")).step("prefill", calm(0, 2, prefill_queue_wait_s=0.6))
+    d = Run(config("prefill")).step(
+        "prefill", calm(0, 2, prefill_queue_wait_s=0.6, ttft_s=0.8 * TTFT_S)
+    )
     assert (d.replicas, d.reason) == (3, "QueueWait")
+    # With TTFT low, a long mean wait is a drained backlog's tail: no scale-up on it.
+    d = Run(config("prefill")).step(
+        "prefill", calm(0, 2, prefill_queue_wait_s=2.0, ttft_s=0.1 * TTFT_S)
+    )
+    assert (d.replicas, d.reason) == (2, "Steady")
+    assert "queue wait 2 s" in d.message
 
 
 def test_colocated_reads_both_sides() -> None:
     d = Run(config("colocated")).step("colocated", calm(0, 2, tpot_s=1.6 * TPOT_S))
     assert (d.replicas, d.reason) == (4, "TpotViolation")
-    d = Run(config("colocated")).step("colocated", calm(0, 2, prefill_queue_wait_s=0.9))
+    d = Run(config("colocated")).step(
+        "colocated", calm(0, 2, prefill_queue_wait_s=0.9, ttft_s=None, ttft_violation_fraction=None)
+    )
     assert d.reason == "QueueWait"
 
 

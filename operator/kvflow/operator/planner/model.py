@@ -121,15 +121,27 @@ def _prompt_tokens_per_s(obs: Observation) -> float | None:
 
 
 def _decode_seqs(obs: Observation, config: PlannerConfig) -> float | None:
-    """Sequences decoding across the role: measured, else Little's law from the rate."""
+    """Sequences the role is asked to decode at once.
+
+    What the workers run (`decode_batch_size x ready`) cannot exceed their batch limit, so
+    a saturated role hides its excess in the queue. Little's law on the arrivals does not:
+    a request decodes for output tokens x TPOT seconds, so rate x that many sequences
+    want to run. The larger of the two is the demand.
+    """
     if obs.request_rate_per_s == 0:
         return 0.0
+    running = None
     if obs.decode_batch_size is not None:
-        return obs.decode_batch_size * obs.ready_replicas
-    if obs.request_rate_per_s is None or obs.mean_output_tokens is None or obs.tpot_s is None:
-        return None
-    # A request decodes for output tokens x TPOT seconds: concurrency = rate x that.
-    return obs.request_rate_per_s * obs.mean_output_tokens * obs.tpot_s
+        running = obs.decode_batch_size * obs.ready_replicas
+    arriving = None
+    if (
+        obs.request_rate_per_s is not None
+        and obs.mean_output_tokens is not None
+        and obs.tpot_s is not None
+    ):
+        arriving = obs.request_rate_per_s * obs.mean_output_tokens * obs.tpot_s
+    known = [x for x in (running, arriving) if x is not None]
+    return max(known) if known else None
 
 
 _SATURATED: frozenset[DecisionReason] = frozenset({"TtftViolation", "TpotViolation", "QueueWait"})

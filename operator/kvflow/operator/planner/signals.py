@@ -19,6 +19,7 @@ from kvflow.operator.planner.types import (
     Observation,
     PlannerConfig,
     RoleConfig,
+    Tuning,
     WorkerRole,
 )
 
@@ -60,6 +61,10 @@ def _sides(role: WorkerRole) -> tuple[bool, bool]:
 def _scaled(ready: int, factor: float, cap: float) -> int:
     """Replicas for `factor` times the work of `ready`: always at least one more."""
     return max(ready + 1, math.ceil(ready * min(factor, cap)))
+
+
+def _is_low(latency_s: float | None, target_s: float, t: Tuning) -> bool:
+    return latency_s is not None and latency_s < t.scale_down_latency_ratio * target_s
 
 
 def assess(
@@ -113,7 +118,10 @@ def assess(
             if not is_idle:
                 missing.append("prefill_queue_wait_s")
                 calm.append("queue wait unmeasured")
-        elif wait > wait_limit_s:
+        elif wait > wait_limit_s and not _is_low(obs.ttft_s, config.ttft_target_s, t):
+            # A mean wait over the limit while TTFT at the percentile is low is the tail of
+            # a backlog that has drained (the last queued requests just started): the
+            # wait warns of TTFT trouble, and there is none.
             wants.append(
                 Want(
                     _scaled(ready, wait / wait_limit_s, t.max_scale_up_factor),

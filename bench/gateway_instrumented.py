@@ -28,6 +28,7 @@ import json
 import signal
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,19 @@ def sizes() -> dict[str, float]:
             "sessions": len(service._sessions)}  # fmt: skip
 
 
+def allocations(top: int = 12) -> dict[str, Any]:
+    """What was allocated after tracing began and is still alive, by source line."""
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__)]
+    )
+    lines = snapshot.statistics("lineno")
+    return {
+        "total_kib": sum(s.size for s in lines) / 1024,
+        "top": [{"where": str(s.traceback), "kib": s.size / 1024, "count": s.count}
+                for s in lines[:top]],
+    }  # fmt: skip
+
+
 def defer_settlement() -> None:
     settle = Accounting.finish
     pending: set[asyncio.Task[None]] = set()
@@ -173,6 +187,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stage-times", type=Path, help="write per-stage wall times here on exit")
     p.add_argument("--defer-settlement", action="store_true")
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="with --stage-times: trace allocations from SIGUSR1 on, and write "
+        "the lines holding the most of what is still allocated at exit",
+    )
     p.add_argument("router_args", nargs=argparse.REMAINDER)
     args = p.parse_args()
     router_args = [a for a in args.router_args if a != "--"]
@@ -184,14 +204,23 @@ def main() -> int:
     # default handler that kills the process before anything is written, so turn it into
     # an exit that runs the finally below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
     # SIGUSR1 forgets the times so far: the benchmark sends it when its warm-up ends.
-    signal.signal(signal.SIGUSR1, lambda *_: [t.clear() for t in TIMES_MS.values()])
+    def measurement_starts(*_: object) -> None:
+        for times in TIMES_MS.values():
+            times.clear()
+        if args.tracemalloc and not tracemalloc.is_tracing():
+            tracemalloc.start()
+
+    signal.signal(signal.SIGUSR1, measurement_starts)
     try:
         return router_main(router_args)
     finally:
         if args.stage_times:
             stats: dict[str, Any] = {stage: summary(t) for stage, t in TIMES_MS.items() if t}
             stats["sizes_at_exit"] = sizes()
+            if tracemalloc.is_tracing():
+                stats["allocations_alive_at_exit"] = allocations()
             args.stage_times.write_text(json.dumps(stats, indent=2))
 
 

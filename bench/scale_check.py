@@ -292,6 +292,12 @@ def main() -> None:
         help="run the gateway under bench/gateway_instrumented.py: the decision's "
         "CPU time next to its wall time, and GC pauses",
     )
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="with --instrumented: what the gateway allocated after the warm-up "
+        "and still holds at the end, by source line (slows the gateway)",
+    )
     args = p.parse_args()  # fmt: skip
     args.duration_s = args.duration_s or (60.0 if args.quick else 600.0)
     args.warmup_s = args.warmup_s if args.warmup_s is not None else (10.0 if args.quick else 30.0)
@@ -318,8 +324,10 @@ def main() -> None:
                        "--seed", str(args.seed)]  # fmt: skip
         if args.instrumented:
             stage_times = Path(tempfile.mkdtemp(prefix="kvflow-scale-")) / "stages.json"
+            trace = ["--tracemalloc"] if args.tracemalloc else []
             gateway = start([sys.executable, str(ROOT / "gateway_instrumented.py"),
-                             "--stage-times", str(stage_times), "--", *router_args])  # fmt: skip
+                             "--stage-times", str(stage_times), *trace, "--",
+                             *router_args])  # fmt: skip
         else:
             gateway = start([sys.executable, "-m", "kvflow.cli.main", "router", *router_args])
         procs.append(gateway)

@@ -114,5 +114,12 @@ def print_report(summary: dict[str, Any], args: argparse.Namespace) -> None:
             if k.startswith(("routing_decision", "gc_pause")):
                 print(f"    {k:<22} p50 {v['p50_ms']:.3f}  p99 {v['p99_ms']:.3f}  max "
                       f"{v['max_ms']:.1f}  n {v['n']}")  # fmt: skip
+    alive = (stages or {}).get("allocations_alive_at_exit")
+    if alive:
+        print(f"  allocated after warm-up, alive at the end: {alive['total_kib']:.0f} KiB; top:")
+        for a in alive["top"]:
+            print(f"    {a['kib']:8.0f} KiB {a['count']:7d} blocks  {a['where']}")
+    if stages and stages.get("sizes_at_exit"):
+        print(f"  tables at exit: {stages['sizes_at_exit']}")
     print("  targets: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
                                     for k, v in summary["targets"].items()))  # fmt: skip

@@ -1,0 +1,174 @@
+"""The planner benchmark's grid: arms x traffic shapes x start-up delays, in virtual time.
+
+Every cell runs the same requests (per shape and seed) on a fresh elastic cluster of the
+same simulated workers. The static arms do not depend on the start-up delay (their pods
+start once, before the traffic), so they run once per shape. Sizing:
+
+- the **planner** gets the capacity profile `capacity_from_timing` derives from the
+  workers' step-time profile and the traffic's mean lengths: what a user would put in
+  `autoscaling.replicaPromptTokensPerSecond` / `replicaDecodeSequences`;
+- **static-peak** is the fewest replicas that hold the peak rate for `probe_s` of steady
+  Poisson traffic with at least 95 % attainment (measured here, the most favourable
+  sizing a static pool can get), **static-mean** the same for the mean rate;
+- **reactive** starts where the planner starts (`initial_replicas`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from kvflow.cli.sim.autoscale import RunResult, Slo, run
+from kvflow.cli.sim.autoscale_metrics import Score, score
+from kvflow.cli.sim.autoscale_policies import Planner, Policy, Reactive, Static, planner_config
+from kvflow.cli.sim.autoscale_traffic import Traffic
+from kvflow.engine_worker.sim.profile_file import resolve_profile
+from kvflow.engine_worker.sim.profiles import SimProfile
+from kvflow.operator.planner import CapacityProfile, StepCost, capacity_from_timing
+
+ARMS = ("planner", "static-peak", "static-mean", "reactive")
+STATIC_TARGET = 0.95
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    profile: str = "h200x2-llama3-70b"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    slo: Slo = field(default_factory=lambda: Slo(ttft_s=1.0, tpot_s=0.06))
+    input_tokens: tuple[int, int] = (128, 384)
+    output_tokens: tuple[int, int] = (32, 96)
+    peak_rate_per_s: float = 60.0
+    durations_s: dict[str, float] = field(
+        default_factory=lambda: {"diurnal": 3600.0, "step": 1800.0, "trace": 1200.0}
+    )
+    shapes: tuple[str, ...] = ("diurnal", "step", "trace")
+    startups_s: tuple[float, ...] = (0.0, 30.0, 60.0, 120.0)
+    arms: tuple[str, ...] = ARMS
+    min_replicas: int = 1
+    max_replicas: int = 16
+    initial_replicas: int = 2
+    probe_s: float = 120.0
+    seed: int = 0
+
+    def sim_profile(self) -> SimProfile:
+        return dataclasses.replace(
+            resolve_profile(self.profile),
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+    def traffic(self, shape: str, *, rate: float | None = None) -> Traffic:
+        return Traffic(
+            shape,
+            self.durations_s[shape],
+            self.peak_rate_per_s if rate is None else rate,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+        )
+
+    def capacity(self) -> CapacityProfile:
+        p = self.sim_profile()
+        t = p.timing
+        return capacity_from_timing(
+            StepCost(t.base_step_s, t.per_prefill_token_s, t.per_decode_seq_s,
+                     t.per_kv_token_s, t.per_prefill_seq_s),
+            mean_input_tokens=sum(self.input_tokens) / 2,
+            mean_output_tokens=sum(self.output_tokens) / 2,
+            ttft_target_s=self.slo.ttft_s,
+            tpot_target_s=self.slo.tpot_s,
+            percentile=self.slo.percentile,
+            max_num_batched_tokens=p.max_num_batched_tokens,
+            max_num_seqs=p.max_num_seqs,
+            kv_capacity_tokens=p.num_kv_blocks * p.block_size,
+            source=f"{p.name} (derived)",
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Cell:
+    arm: str
+    shape: str
+    startup_s: float
+    static_replicas: int = 0
+
+
+def smallest_static(config: BenchConfig, rate: float) -> int:
+    """Fewest replicas holding `rate` steady at STATIC_TARGET attainment (module docstring)."""
+    profile = config.sim_profile()
+    steady = dataclasses.replace(
+        config.traffic("diurnal", rate=rate), duration_s=config.probe_s, trough_fraction=1.0
+    )
+    for n in range(config.min_replicas, config.max_replicas + 1):
+        result = run(profile, steady, Static("probe", n), startup_s=0, slo=config.slo)
+        if score(result, config.slo).attainment >= STATIC_TARGET:
+            return n
+    return config.max_replicas
+
+
+def policy_for(config: BenchConfig, cell: Cell) -> Policy:
+    if cell.arm in ("static-peak", "static-mean"):
+        return Static(cell.arm, cell.static_replicas)
+    if cell.arm == "reactive":
+        return Reactive(config.min_replicas, config.max_replicas, config.initial_replicas)
+    if cell.arm == "planner":
+        return Planner(
+            planner_config(
+                capacity=config.capacity(),
+                min_replicas=config.min_replicas,
+                max_replicas=config.max_replicas,
+                initial=config.initial_replicas,
+                ttft_target_s=config.slo.ttft_s,
+                tpot_target_s=config.slo.tpot_s,
+                percentile=config.slo.percentile,
+                startup_s=cell.startup_s,
+            )
+        )
+    raise ValueError(f"unknown arm {cell.arm!r}: use one of {', '.join(ARMS)}")
+
+
+def run_cell(config: BenchConfig, cell: Cell) -> tuple[Cell, Score, RunResult]:
+    result = run(
+        config.sim_profile(),
+        config.traffic(cell.shape),
+        policy_for(config, cell),
+        startup_s=cell.startup_s,
+        slo=config.slo,
+        seed=config.seed,
+    )
+    return cell, score(result, config.slo), result
+
+
+def cells(config: BenchConfig, static: dict[str, dict[str, int]]) -> list[Cell]:
+    out = []
+    for shape in config.shapes:
+        for arm in config.arms:
+            if arm.startswith("static"):
+                out.append(Cell(arm, shape, 0.0, static[shape][arm]))
+            else:
+                out.extend(Cell(arm, shape, s) for s in config.startups_s)
+    return out
+
+
+def run_grid(
+    config: BenchConfig, *, jobs: int = 1, done: Callable[[Cell, Score], None] | None = None
+) -> list[tuple[Cell, Score, RunResult]]:
+    static: dict[str, dict[str, int]] = {}
+    for shape in config.shapes:
+        traffic = config.traffic(shape)
+        static[shape] = {
+            "static-peak": smallest_static(config, config.peak_rate_per_s),
+            "static-mean": smallest_static(config, traffic.mean_rate_per_s),
+        }
+    todo = cells(config, static)
+    results = []
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_cell, config, cell) for cell in todo]
+        for future in futures:
+            item = future.result()
+            results.append(item)
+            if done is not None:
+                done(item[0], item[1])
+    return results

@@ -1,0 +1,107 @@
+"""The planner benchmark's outputs: a markdown table, JSON, and a plot of replicas and
+latency over time (matplotlib on the Agg backend, imported only in `plot`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvflow.cli.sim.autoscale import RunResult, Slo
+from kvflow.cli.sim.autoscale_bench import BenchConfig, Cell
+from kvflow.cli.sim.autoscale_metrics import Score, buckets
+
+Row = tuple[Cell, Score, RunResult]
+
+
+def table(rows: Sequence[Row]) -> str:
+    """One line per cell; replica-hours also as a ratio to static-peak on the same shape."""
+    peak = {c.shape: s.replica_hours for c, s, _ in rows if c.arm == "static-peak"}
+    lines = [
+        "| traffic | arm | start-up | SLO attainment | replica-hours | vs static-peak "
+        "| scale events/h | recovery | max replicas |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell, s, _ in rows:
+        startup = "-" if cell.arm.startswith("static") else f"{cell.startup_s:.0f} s"
+        arm = f"{cell.arm} ({cell.static_replicas})" if cell.arm.startswith("static") else cell.arm
+        ratio = f"{s.replica_hours / peak[cell.shape]:.2f}x" if peak.get(cell.shape) else "-"
+        recovery = "-" if s.recovery_s is None else f"{s.recovery_s:.0f} s"
+        lines.append(
+            f"| {cell.shape} | {arm} | {startup} | {s.attainment:.1%} | {s.replica_hours:.2f} "
+            f"| {ratio} | {s.scale_events_per_hour:.1f} | {recovery} | {s.max_replicas} |"
+        )
+    return "\n".join(lines)
+
+
+def report_dict(config: BenchConfig, rows: Sequence[Row]) -> dict[str, Any]:
+    return {
+        "config": {
+            "profile": config.profile,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "slo": {"ttft_s": config.slo.ttft_s, "tpot_s": config.slo.tpot_s,
+                    "percentile": config.slo.percentile},
+            "input_tokens": config.input_tokens,
+            "output_tokens": config.output_tokens,
+            "peak_rate_per_s": config.peak_rate_per_s,
+            "durations_s": config.durations_s,
+            "capacity": {
+                "max_prompt_tokens_per_s": config.capacity().max_prompt_tokens_per_s,
+                "max_decode_seqs": config.capacity().max_decode_seqs,
+            },
+            "seed": config.seed,
+        },
+        "cells": [
+            {
+                "arm": c.arm,
+                "shape": c.shape,
+                "startup_s": c.startup_s,
+                "static_replicas": c.static_replicas,
+                "num_requests": s.num_requests,
+                "attainment": s.attainment,
+                "replica_hours": s.replica_hours,
+                "scale_events_per_hour": s.scale_events_per_hour,
+                "recovery_s": s.recovery_s,
+                "max_replicas": s.max_replicas,
+                "decisions": [(d.time_s, d.replicas, d.reason) for d in r.decisions
+                              if not c.arm.startswith("static")],
+            }
+            for c, s, r in rows
+        ],
+    }  # fmt: skip
+
+
+def plot(rows: Sequence[Row], slo: Slo, path: str | Path, *, startup_s: float = 60.0) -> None:
+    """Per traffic shape: replicas (desired) and TTFT P90 per 30 s over time, every arm at
+    the given start-up delay (static arms have none)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(c.shape for c, _, _ in rows))
+    fig, axes = plt.subplots(len(shapes), 2, figsize=(12, 3.2 * len(shapes)), squeeze=False)
+    for (ax_n, ax_t), shape in zip(axes, shapes, strict=True):
+        for cell, _, result in rows:
+            if cell.shape != shape or (not cell.arm.startswith("static")
+                                       and cell.startup_s != startup_s):  # fmt: skip
+                continue
+            minutes = [r.time_s / 60 for r in result.replicas]
+            ax_n.step(minutes, [r.desired for r in result.replicas], where="post",
+                      label=cell.arm)  # fmt: skip
+            series = buckets(result.records, slo, result.traffic.duration_s)
+            ax_t.plot([b.start_s / 60 for b in series],
+                      [(b.ttft_p90_s or float("nan")) for b in series], label=cell.arm)  # fmt: skip
+        ax_t.axhline(slo.ttft_s, color="red", alpha=0.4, label="TTFT target")
+        ax_n.set(title=f"{shape}: replicas (start-up {startup_s:.0f} s)", xlabel="minutes")
+        ax_t.set(title=f"{shape}: TTFT P90 per 30 s", xlabel="minutes", ylabel="s",
+                 yscale="log")  # fmt: skip
+        for ax in (ax_n, ax_t):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

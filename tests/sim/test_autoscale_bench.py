@@ -1,0 +1,128 @@
+"""The planner benchmark's traffic, arms, scores, and a short run of the planner."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+
+from kvflow.cli.bench.records import RequestRecord
+from kvflow.cli.sim.autoscale import ReplicaSample, Slo, run
+from kvflow.cli.sim.autoscale_bench import BenchConfig, Cell, policy_for, run_cell
+from kvflow.cli.sim.autoscale_cli import main
+from kvflow.cli.sim.autoscale_metrics import Bucket, recovery_s, replica_hours
+from kvflow.cli.sim.autoscale_policies import PoolSample, Reactive, Static
+from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
+from kvflow.operator.planner import Observation
+
+TRACES = Path(__file__).parents[3] / "shared" / "traces" / "mooncake-fast25"
+
+
+def test_diurnal_and_step_rates() -> None:
+    day = Traffic("diurnal", 1000, 50.0, trough_fraction=0.2)
+    assert day.rate_at(0) == pytest.approx(10.0)
+    assert day.rate_at(500) == pytest.approx(50.0)
+    assert day.mean_rate_per_s == pytest.approx(30.0, rel=1e-3)
+    times = arrival_times_s(day, random.Random(1))
+    assert len(times) / 1000 == pytest.approx(30.0, rel=0.05)  # thinning keeps the mean
+    step = Traffic("step", 1000, 50.0)
+    assert [step.rate_at(t) for t in (100, 250, 500, 700)] == [10.0, 50.0, 50.0, 10.0]
+    assert step.step_times_s == (200.0, 600.0)
+
+
+def test_trace_timestamps_are_sped_up_to_the_rate() -> None:
+    traffic = Traffic("trace", 600, 20.0, trace_path=TRACES / "synthetic_trace.jsonl")
+    times = trace_times_s(traffic)
+    # 3,993 requests over 1,022 s (3.9/s) played at 20/s: 600 s hold about 12,000.
+    assert len(times) / 600 == pytest.approx(20.0, rel=0.02)
+    assert times == sorted(times) and times[-1] < 600
+
+
+def _sample(now: float, replicas: int, waiting: float, kv: float) -> PoolSample:
+    obs = Observation(time_s=now, desired_replicas=replicas, ready_replicas=replicas)
+    return PoolSample(obs, num_waiting_per_replica=waiting, kv_usage=kv)
+
+
+def test_reactive_is_hpa_like() -> None:
+    hpa = Reactive(min_replicas=1, max_replicas=20, initial=2)
+    assert hpa.decide(_sample(0, 2, waiting=6.0, kv=0.3)) == (6, "QueueLength")  # 2 x 6/2
+    assert hpa.decide(_sample(15, 6, waiting=0.0, kv=0.75))[0] == 6  # within 10 % of target
+    # Scale-up at most doubles (or +4): 6 -> 12, not 6 x 5.
+    assert hpa.decide(_sample(30, 6, waiting=10.0, kv=0.3)) == (12, "QueueLength")
+    # Down only to the most recommended over 300 s.
+    assert hpa.decide(_sample(60, 12, waiting=0.0, kv=0.35))[0] == 12
+    assert hpa.decide(_sample(400, 12, waiting=0.0, kv=0.35)) == (6, "Underloaded")
+
+
+def test_scores() -> None:
+    samples = [ReplicaSample(5.0 * i, 2, 2, 2 if i < 360 else 4) for i in range(720)]
+    assert replica_hours(samples) == pytest.approx(3.0)  # 0.5 h x 2 + 0.5 h x 4
+    slo = Slo(ttft_s=1.0, tpot_s=0.1)
+    assert slo.is_met(
+        RequestRecord("a", 0, 0, 1, token_times_s=(0.5, 0.6, 0.7), num_output_tokens=3)
+    )
+    assert not slo.is_met(
+        RequestRecord("b", 0, 0, 2, token_times_s=(0.5, 1.0, 1.5), num_output_tokens=3)
+    )
+    assert not slo.is_met(RequestRecord("c", 0, 0, 0, error="no_worker"))
+    series = [Bucket(30.0 * i, 10, a, None, None) for i, a in enumerate([1, 1, 0.5, 0.8, 1, 1])]
+    assert recovery_s(series, slo, step_up_s=60.0, step_down_s=180.0) == 60.0
+    assert recovery_s(series, slo, step_up_s=120.0, step_down_s=180.0) == 0.0
+
+
+# A 70B on two H200s (22 ms steps: few steps per virtual second, a cheap test) serving at
+# most 4 sequences: one replica holds about 6 requests/s of these; the step asks for 20.
+SMALL = BenchConfig(
+    profile="h200x2-llama3-70b",
+    max_num_seqs=4,
+    max_num_batched_tokens=512,
+    slo=Slo(ttft_s=0.5, tpot_s=0.04),
+    input_tokens=(64, 192),
+    output_tokens=(16, 32),
+    peak_rate_per_s=20.0,
+    durations_s={"step": 300.0},
+    shapes=("step",),
+    max_replicas=8,
+    initial_replicas=1,
+)
+
+
+def test_the_planner_follows_a_step() -> None:
+    _, planner, result = run_cell(SMALL, Cell("planner", "step", 0.0))
+    # The step (4 -> 20 requests/s) comes at 60 s; the first scrape after it sizes the
+    # pool from the arrivals (Little's law on 4-sequence replicas), not one replica at a
+    # time, and the SLO is back within one bucket.
+    ups = [(d.time_s, d.replicas, d.reason) for d in result.decisions if d.replicas > 1]
+    assert ups[0] == (90.0, 5, "ForecastLoad")
+    assert planner.recovery_s is not None and planner.recovery_s <= 60.0
+    assert planner.max_replicas <= 6
+
+
+def test_runs_are_deterministic() -> None:
+    profile = SMALL.sim_profile()
+    traffic = dataclasses.replace(SMALL.traffic("step"), duration_s=60.0, peak_rate_per_s=5.0)
+    a = run(profile, traffic, Static("s", 2), startup_s=0, slo=SMALL.slo)
+    b = run(profile, traffic, Static("s", 2), startup_s=0, slo=SMALL.slo)
+    assert a.records == b.records and a.replicas == b.replicas
+
+
+def test_unknown_arm_and_bad_profile() -> None:
+    with pytest.raises(ValueError, match="unknown arm 'hpa'"):
+        policy_for(SMALL, Cell("hpa", "step", 0.0))
+    err = _Capture()
+    assert main(["--profile", "tpu-llama3-8b"], _Capture(), err) == 2
+    assert "autoscale:" in err.text
+
+
+class _Capture:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass

@@ -1,0 +1,92 @@
+"""The planner benchmark's elastic cluster and scrape: workers start late and drain."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from kvflow.cli.sim.arms import resolve_arm
+from kvflow.cli.sim.autoscale_cluster import ElasticCluster
+from kvflow.cli.sim.autoscale_observe import percentile, sample
+from kvflow.cli.sim.autoscale_traffic import Traffic, requests_for
+from kvflow.cli.sim.cluster import ClusterSpec
+from kvflow.engine_worker.sim.profiles import named_profile
+
+PROFILE = dataclasses.replace(
+    named_profile("h100-llama3-8b"),  # type: ignore[arg-type]
+    max_num_seqs=8,
+    max_num_batched_tokens=512,
+)
+TRAFFIC = Traffic("step", 60, 10.0, input_tokens=(32, 64), output_tokens=(4, 8))
+
+
+def _cluster(workers: int = 1, startup_s: float = 20.0) -> ElasticCluster:
+    cluster = ElasticCluster(
+        ClusterSpec(PROFILE, num_workers=workers), resolve_arm("kvflow"), startup_s=startup_s
+    )
+    rng = random.Random(0)
+    times = [i * 0.2 for i in range(300)]  # 5 req/s for 60 s
+    for request, at_s in requests_for(times, TRAFFIC, rng, "t"):
+        cluster.submit(request, at_s)
+    return cluster
+
+
+def test_new_workers_serve_only_after_their_start_up() -> None:
+    cluster = _cluster(startup_s=20.0)
+    seen: list[tuple[int, int, int]] = []
+    cluster.events.at(5.0, lambda: cluster.scale_to(3))
+    for t in (6.0, 24.9, 25.1):
+        cluster.events.at(t, lambda: seen.append(
+            (cluster.num_desired, cluster.num_ready, cluster.num_holding_gpus)))  # fmt: skip
+    records = cluster.run()
+    assert seen == [(3, 1, 3), (3, 1, 3), (3, 3, 3)]
+    new = [r for r in records if r.worker in ("sim-1", "sim-2")]
+    assert new and min(r.sent_s for r in new) >= 25.0
+    assert cluster.num_scale_events == 1
+
+
+def test_removed_workers_drain_then_leave_and_starting_ones_go_first() -> None:
+    cluster = _cluster(workers=3, startup_s=30.0)
+    seen: list[tuple[int, int, int]] = []
+    cluster.events.at(10.0, lambda: cluster.scale_to(4))  # one starts, ready at 40 s
+    cluster.events.at(20.0, lambda: cluster.scale_to(2))  # cancels it, drains sim-2
+    for t in (20.0, 45.0):
+        cluster.events.at(t, lambda: seen.append(
+            (cluster.num_desired, cluster.num_ready, cluster.num_holding_gpus)))  # fmt: skip
+    records = cluster.run()
+    assert seen[1] == (2, 2, 2)  # the cancelled pod never came; sim-2 drained and left
+    assert "sim-3" not in cluster.workers
+    assert not [r for r in records if r.worker == "sim-2" and r.sent_s > 20.0]
+    assert [r for r in records if r.worker == "sim-2" and r.sent_s < 20.0]
+
+
+def test_scrape_reads_rates_latencies_and_pods() -> None:
+    cluster = _cluster(startup_s=50.0)
+    scrapes = []
+    cluster.events.at(1.0, lambda: cluster.scale_to(2))
+    cluster.events.at(
+        30.0,
+        lambda: scrapes.append(
+            sample(
+                cluster, window_s=20.0, percentile_pct=90, ttft_target_s=0.001, tpot_target_s=1.0
+            )
+        ),
+    )
+    cluster.run()
+    obs = scrapes[0].observation
+    assert obs.time_s == 30.0
+    assert (obs.desired_replicas, obs.ready_replicas, obs.pending_replicas) == (2, 1, 1)
+    assert obs.request_rate_per_s == 5.0  # 100 arrivals in (10, 30]
+    assert obs.mean_input_tokens is not None and 32 <= obs.mean_input_tokens <= 64
+    assert obs.ttft_s is not None and obs.ttft_s > 0.001
+    assert obs.ttft_violation_fraction == 1.0  # every TTFT is over a 1 ms target
+    assert obs.tpot_violation_fraction == 0.0
+    assert obs.kv_usage is not None and obs.decode_batch_size is not None
+    assert obs.prefill_queue_wait_s is not None
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 11)]
+    assert percentile(values, 90) == 9.0
+    assert percentile(values, 91) == 10.0
+    assert percentile([], 90) is None

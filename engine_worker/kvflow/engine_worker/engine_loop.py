@@ -7,9 +7,12 @@ are fanned out from the same thread right after the step that caused them, which
 makes a snapshot plus the events after it exact.
 
 For prefill/decode disaggregation the loop also wires the engine to the KV transfer
-agent: a decode-side reservation gets a receive buffer and a ticket (published to the
-request's stream), a prefill-side request whose blocks are computed has them gathered and
-sent; transfers end with an event posted back to this thread like any other command.
+agent: a decode-side reservation hands its reserved blocks to a receive and gets a ticket
+(published to the request's stream), a prefill-side request whose blocks are computed has
+them sent; transfers read and write the cache in place on their own threads (a 1 GiB
+gather or scatter no longer stalls this thread), and end with an event posted back to this
+thread like any other command. Before this thread frees the blocks of a request in
+transfer, it cancels the transfer, which returns only once nothing touches them.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
 from kvflow.engine_worker.core.errors import EngineError, EngineOverloadedError
@@ -28,6 +30,7 @@ from kvflow.engine_worker.core.request import FinishReason, KvBlockRange
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats
 from kvflow.engine_worker.kv_transfer.base import KvTransferError, SendTarget
+from kvflow.engine_worker.kv_transfer.blocks import InPlaceBlockIO, TransferBlocks
 from kvflow.engine_worker.loop_records import (
     BlockIO,
     KvReservationOut,
@@ -268,6 +271,23 @@ class EngineLoop:
 
     # -- PD on the engine thread -------------------------------------------------------------
 
+    def _blocks_to_receive(
+        self, block_ids: Sequence[int]
+    ) -> tuple[TransferBlocks, Callable[[], None]]:
+        """Where a transfer lands, and what this thread does once it has landed."""
+        runner = self.blocks
+        assert runner is not None
+        if isinstance(runner, InPlaceBlockIO):
+            return runner.transfer_blocks(block_ids), lambda: None
+        buffer = runner.empty_blocks(len(block_ids))
+        return TransferBlocks.of_buffer(buffer), lambda: runner.write_blocks(block_ids, buffer)
+
+    def _blocks_to_send(self, block_ids: Sequence[int]) -> TransferBlocks:
+        assert self.blocks is not None
+        if isinstance(self.blocks, InPlaceBlockIO):
+            return self.blocks.transfer_blocks(block_ids)
+        return TransferBlocks.of_buffer(self.blocks.read_blocks(block_ids))
+
     def _on_reserved(self, request_id: str, kv_range: KvBlockRange) -> None:
         timeout_s = self._remote_timeouts.pop(request_id, 0.0)
         if not kv_range.block_ids:
@@ -276,47 +296,52 @@ class EngineLoop:
             )
             self._push(request_id, reservation)
             return
-        assert self.kv is not None and self.blocks is not None
-        buffer = self.blocks.empty_blocks(len(kv_range.block_ids))
+        assert self.kv is not None
+        blocks, land = self._blocks_to_receive(kv_range.block_ids)
         started_s = time.perf_counter()
 
         def on_done(error: KvTransferError | None) -> None:
-            self._observe("receive", error, buffer, time.perf_counter() - started_s)
-            self._post(lambda: self._on_received(request_id, kv_range, buffer, error))
+            self._observe("receive", error, blocks.num_bytes, time.perf_counter() - started_s)
+            self._post(lambda: self._on_received(request_id, kv_range, land, error))
 
-        ticket = self.kv.receive(request_id, buffer, timeout_s, on_done)
+        ticket = self.kv.receive(request_id, blocks, timeout_s, on_done)
         self._push(
             request_id,
             KvReservationOut(request_id, kv_range.first_token, kv_range.end_token, ticket),
         )
 
     def _on_received(
-        self, request_id: str, kv_range: KvBlockRange, buffer: Any, error: KvTransferError | None
+        self,
+        request_id: str,
+        kv_range: KvBlockRange,
+        land: Callable[[], None],
+        error: KvTransferError | None,
     ) -> None:
         request = self.engine.scheduler.waiting_for_kv.get(request_id)
         if request is None or request.kv_range != kv_range:
             return  # aborted meanwhile: its blocks are already free
         if error is None:
-            assert self.blocks is not None
-            self.blocks.write_blocks(kv_range.block_ids, buffer)
+            land()
             self.engine.remote_kv_landed(request_id)
             return
         log.warning("request %s: no remote KV (%s); computing the prompt here", request_id, error)
         self.engine.remote_kv_failed(request_id)
 
     def _on_kv_ready(self, request_id: str, kv_range: KvBlockRange) -> None:
-        assert self.kv is not None and self.blocks is not None
+        assert self.kv is not None
         target, timeout_s = self._send_targets.pop(request_id)
-        data = self.blocks.read_blocks(kv_range.block_ids)
+        blocks = self._blocks_to_send(kv_range.block_ids)
 
         def on_done(result: SendStats | KvTransferError) -> None:
             self._post(lambda: self._on_sent(request_id, result))
 
-        self.kv.send(target, data, timeout_s, on_done)
+        self.kv.send(request_id, target, blocks, timeout_s, on_done)
 
-    def _observe(self, direction: str, error: KvTransferError | None, data: Any, s: float) -> None:
+    def _observe(
+        self, direction: str, error: KvTransferError | None, num_bytes: int, s: float
+    ) -> None:
         if self.on_transfer is not None:
-            num_bytes = 0 if error is not None else data.numel() * data.element_size()
+            num_bytes = 0 if error is not None else num_bytes
             outcome = "ok" if error is None else error.kind
             self.on_transfer(TransferRecord(direction, outcome, num_bytes, s))
 
@@ -374,6 +399,9 @@ class EngineLoop:
                 self.on_step(self.engine, outputs, self.engine.clock())
 
     def _abort_all(self) -> list[RequestOutput]:
+        if self.kv is not None:  # transfers stop touching the blocks before they are freed
+            for request_id in list(self.engine.requests):
+                self.kv.cancel(request_id)
         outs = [self.engine.abort_request(rid) for rid in list(self.engine.requests)]
         return [o for o in outs if o is not None and o.finish_reason is FinishReason.ABORT]
 

@@ -1,9 +1,12 @@
 """The engine loop's side of KV transfers: start them, cancel them, hear how they ended.
 
-Transfers block, so each runs on a thread of its own pool; the engine thread only
-registers a receive buffer (before the reservation leaves the worker) or hands over a
-gathered copy of the blocks to send, and gets a callback when the transfer is over.
-Callbacks run on the transfer thread: they must only post work to the engine loop.
+Transfers block, so each runs on a thread of its own pool; the engine thread only hands
+over the request's blocks (TransferBlocks: read and written in place, no copy on the
+engine thread) and gets a callback when the transfer is over. The agent revokes the blocks
+before any callback, and ``cancel`` revokes them before it returns: once the engine hears
+of the end of a transfer, or has cancelled it, no transfer thread touches those blocks
+again and the engine may free or overwrite them. Callbacks run on the transfer thread:
+they must only post work to the engine loop.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
@@ -24,11 +26,13 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferCancelledError,
     Transport,
 )
+from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 
 log = logging.getLogger(__name__)
 
-# Gloo tags are C ints; decode numbers its transfers and wraps well before 2**31.
-_MAX_TAG = 2**31 - 1
+# Decode numbers its transfers and wraps at 2**20: gloo tags are C ints, and torch_dist
+# puts a message index in the 11 bits above (a million transfers apart, never concurrent).
+_MAX_TAG = 2**20
 # A transfer thread is blocked on the network or polling, not computing: 16 at once keeps
 # 16 prompts in flight per worker, more than a 2k-token step budget fills at once.
 MAX_CONCURRENT_TRANSFERS = 16
@@ -55,7 +59,10 @@ class _PendingReceive:
     """One receive's way out: ``finish`` calls on_done exactly once, from whichever of the
     transfer thread and a canceller gets there first."""
 
-    def __init__(self, on_done: Callable[[KvTransferError | None], None]) -> None:
+    def __init__(
+        self, blocks: TransferBlocks, on_done: Callable[[KvTransferError | None], None]
+    ) -> None:
+        self.blocks = blocks
         self.cancel = threading.Event()
         self._on_done: Callable[[KvTransferError | None], None] | None = on_done
         self._lock = threading.Lock()
@@ -74,6 +81,7 @@ class KvTransferAgent:
         self._instance = instance_id[:12]
         self._numbers = itertools.count(1)
         self._pending: dict[str, _PendingReceive] = {}
+        self._sending: dict[str, TransferBlocks] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(MAX_CONCURRENT_TRANSFERS, thread_name_prefix="kv-xfer")
         self.num_active = 0
@@ -95,11 +103,11 @@ class KvTransferAgent:
     def receive(
         self,
         request_id: str,
-        buffer: Any,
+        blocks: TransferBlocks,
         timeout_s: float,
         on_done: Callable[[KvTransferError | None], None],
     ) -> Ticket:
-        """Expect a transfer into ``buffer`` and wait for it on a transfer thread; ``on_done``
+        """Expect a transfer into ``blocks`` and wait for it on a transfer thread; ``on_done``
         gets None when every byte is there, else why not. Returns the ticket to publish."""
         number = next(self._numbers)
         timeout_s = min(timeout_s, self.max_timeout_s) if timeout_s > 0 else self.max_timeout_s
@@ -110,10 +118,10 @@ class KvTransferAgent:
             self.transport.kind,
             timeout_s,
         )
-        pending = _PendingReceive(on_done)
+        pending = _PendingReceive(blocks, on_done)
         with self._lock:
             self._pending[request_id] = pending
-        self.transport.expect(ticket.transfer_id, ticket.tag, buffer)
+        self.transport.expect(ticket.transfer_id, ticket.tag, blocks)
         deadline_s = time.monotonic() + timeout_s
 
         def run() -> None:
@@ -126,6 +134,7 @@ class KvTransferAgent:
                 log.exception("receiving %s failed", ticket.transfer_id)
                 error = KvTransferError(str(exc))
             finally:
+                blocks.revoke()  # the transport's threads are done with them
                 with self._lock:
                     self._pending.pop(request_id, None)
                 self._ended()
@@ -136,14 +145,20 @@ class KvTransferAgent:
         return ticket
 
     def cancel(self, request_id: str) -> bool:
-        """Stop waiting for a request's transfer: its on_done reports TransferCancelledError
-        now, whether or not the transport's thread can be interrupted (a late payload then
-        lands in a buffer nobody reads)."""
+        """End a request's transfer, either way: when this returns, no transfer thread
+        touches its blocks any more (it waits for a piece of I/O in progress, a few ms at
+        most). A receive's on_done reports TransferCancelledError now, whether or not the
+        transport's thread can be interrupted (a late payload lands in a staging buffer
+        nobody reads); a send fails with it at its next piece. False if none was running."""
         with self._lock:
             pending = self._pending.get(request_id)
+            sending = self._sending.get(request_id)
+        if sending is not None:
+            sending.revoke()
         if pending is None:
-            return False
+            return sending is not None
         pending.cancel.set()
+        pending.blocks.revoke()
         pending.finish(TransferCancelledError(f"the transfer of {request_id} was cancelled"))
         return True
 
@@ -151,27 +166,34 @@ class KvTransferAgent:
 
     def send(
         self,
+        request_id: str,
         target: SendTarget,
-        data: Any,
+        blocks: TransferBlocks,
         timeout_s: float,
         on_done: Callable[[SendStats | KvTransferError], None],
     ) -> None:
-        """Send ``data`` (already a private copy of the blocks) on a transfer thread."""
+        """Send ``blocks`` on a transfer thread. The request must hold them (unchanged)
+        until on_done, or until ``cancel`` returned."""
         timeout_s = min(timeout_s, self.max_timeout_s) if timeout_s > 0 else self.max_timeout_s
+        with self._lock:
+            self._sending[request_id] = blocks
 
         def run() -> None:
             started = time.perf_counter()
             result: SendStats | KvTransferError
             try:
-                self.transport.send(target, data, timeout_s)
-                num_bytes = data.numel() * data.element_size()
-                result = SendStats(num_bytes, time.perf_counter() - started)
+                self.transport.send(target, blocks, timeout_s)
+                result = SendStats(blocks.num_bytes, time.perf_counter() - started)
             except KvTransferError as exc:
                 result = exc
             except Exception as exc:
                 log.exception("sending %s failed", target.transfer_id)
                 result = KvTransferError(str(exc))
             finally:
+                blocks.revoke()
+                with self._lock:
+                    if self._sending.get(request_id) is blocks:
+                        del self._sending[request_id]
                 self._ended()
             on_done(result)
 
@@ -181,6 +203,9 @@ class KvTransferAgent:
     def close(self) -> None:
         for pending in list(self._pending.values()):
             pending.cancel.set()
+            pending.blocks.revoke()
+        for blocks in list(self._sending.values()):
+            blocks.revoke()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 

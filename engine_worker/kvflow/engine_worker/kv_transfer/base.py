@@ -2,9 +2,11 @@
 
 Both calls block (they run on the agent's transfer threads, never the engine thread or
 the event loop) and either complete with every byte in place or raise a KvTransferError.
-A receive writes only into the buffer it is given; the engine scatters that buffer into
-the paged cache after the receive returned, so a failed or partial transfer never reaches
-the cache.
+They move TransferBlocks (blocks.py): runs of the paged cache itself, read and written in
+place inside the blocks' access lock. A receive writes only into the reserved blocks it is
+given, which nothing reads until the engine hears the transfer completed; a failed or
+cancelled one is revoked first (nothing touches the blocks afterwards), so partial KV
+is never read and never lands in blocks that another request owns.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 
 
 class KvTransportKind(enum.Enum):
@@ -63,20 +68,20 @@ class Transport(Protocol):
     kind: KvTransportKind
     endpoint: str  # host:port peers send to (the receiver or the rendezvous store)
 
-    def expect(self, transfer_id: str, tag: int, buffer: Any) -> None:
-        """Register a transfer a sender may deliver into ``buffer`` (a contiguous tensor)
-        from now on. Called before the reservation leaves this worker, so a fast sender
-        always finds it."""
+    def expect(self, transfer_id: str, tag: int, blocks: TransferBlocks) -> None:
+        """Register a transfer a sender may deliver into ``blocks`` from now on. Called
+        before the reservation leaves this worker, so a fast sender always finds it."""
         ...
 
     def receive(self, transfer_id: str, deadline_s: float, cancel: threading.Event) -> None:
-        """Block until the expected buffer holds the transfer, or raise: TransferTimeoutError
+        """Block until the expected blocks hold the transfer, or raise: TransferTimeoutError
         at ``deadline_s`` (time.monotonic), TransferCancelledError once ``cancel`` is set, or
         another KvTransferError. Either way the transfer is forgotten afterwards."""
         ...
 
-    def send(self, target: SendTarget, data: Any, timeout_s: float) -> None:
-        """Deliver ``data`` (a contiguous tensor) to the receiver of ``target`` or raise."""
+    def send(self, target: SendTarget, blocks: TransferBlocks, timeout_s: float) -> None:
+        """Deliver ``blocks`` to the receiver of ``target`` or raise (TransferCancelledError
+        once they were revoked)."""
         ...
 
     def close(self) -> None: ...

@@ -2,13 +2,18 @@
 
 The decode worker listens on its KV port. A sender connects once per transfer (about
 0.1 ms on a LAN, well inside the 2 ms setup budget) and writes a header, waits for the
-receiver to accept the id, streams the payload straight from the tensor's memory into the
-receiver's buffer (no intermediate copies in Python), then waits for a final ack:
+receiver to accept the id, streams the payload, then waits for a final ack:
 
-    sender:   "KVF1" | id length (u16) | payload bytes (u64) | transfer id
+    sender:   "KVF2" | id length (u16) | payload bytes (u64) | transfer id
     receiver: 0x01 accept (or 0x00 reject: unknown id or a size mismatch)
-    sender:   payload
+    sender:   payload: the blocks' run stream (blocks.py)
     receiver: 0x01 stored (or 0x00: the receiver gave up meanwhile)
+
+With a CPU cache the payload goes from the sender's cache to the socket and from the
+socket into the receiver's cache by vectored I/O (vectored.py): no gather, no scatter, no
+staging, the same two kernel copies as a plain socket blast. Otherwise (a CUDA cache) each
+4 MiB message is gathered into a host buffer, sent, received into one and scattered. The
+blocks are touched one socket call at a time, inside their access lock.
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
+import numpy as np
 import torch
 
 from kvflow.engine_worker.kv_transfer.base import (
@@ -35,10 +43,13 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferTimeoutError,
     split_endpoint,
 )
+from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
+from kvflow.engine_worker.kv_transfer.vectored import IoVecCursor
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"KVF1"
+_MAGIC = b"KVF2"  # KVF1 carried one contiguous tensor per transfer
 _HEADER = struct.Struct("!4sHQ")
 _ACCEPT, _REJECT = b"\x01", b"\x00"
 # A receiver re-checks for cancellation this often while a payload streams in.
@@ -58,15 +69,10 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
 
 @dataclass(eq=False)
 class _Slot:
-    buffer: torch.Tensor  # where the payload lands (CPU; staged for a CUDA buffer)
-    target: torch.Tensor  # the caller's buffer
+    blocks: TransferBlocks  # where the payload lands
     done: threading.Event = field(default_factory=threading.Event)
     error: KvTransferError | None = None
     is_abandoned: bool = False  # the receiver gave up: a late payload is refused
-
-    @property
-    def num_bytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
 
 
 def _recv_exact(conn: socket.socket, num_bytes: int) -> bytes:
@@ -79,25 +85,98 @@ def _recv_exact(conn: socket.socket, num_bytes: int) -> bytes:
     return bytes(data)
 
 
+def _pump(
+    sock: socket.socket,
+    cursor: IoVecCursor,
+    guard: Callable[[], AbstractContextManager[object]],
+    *,
+    write: bool,
+    deadline_s: float,
+    should_stop: Callable[[], bool],
+    pause_at: int | None = None,
+) -> None:
+    """Move the cursor's bytes through the non-blocking ``sock``, each call inside
+    ``guard()``, waiting for the socket outside it. Raises ConnectionError once
+    ``should_stop``, TimeoutError at the deadline."""
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT if write else select.POLLIN)
+    while not cursor.is_done:
+        if should_stop():
+            raise ConnectionError("the receiver gave up")
+        if pause_at is not None and cursor.num_done >= pause_at:
+            time.sleep(_FAULT_PAUSE_S)
+            pause_at = None
+        limit = None if pause_at is None else pause_at - cursor.num_done
+        with guard():
+            moved = cursor.step(sock.fileno(), write=write, max_bytes=limit)
+        if moved == 0:
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0:
+                raise TimeoutError
+            poller.poll(min(left_s, _POLL_S) * 1e3)
+
+
+def _buffer_cursor(buffer: torch.Tensor, num_bytes: int) -> IoVecCursor:
+    return IoVecCursor(np.array([[buffer.data_ptr(), num_bytes]], dtype=np.uint64))
+
+
 class TcpTransport:
     kind = KvTransportKind.TCP
 
-    def __init__(self, host: str, port: int, advertise_host: str) -> None:
+    def __init__(
+        self, host: str, port: int, advertise_host: str, *, is_in_place: bool = True
+    ) -> None:
+        """``is_in_place=False`` stages CPU caches through host buffers too, as a CUDA cache
+        must (tests and the benchmark use it to exercise and measure that path)."""
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self.port = self._listener.getsockname()[1]
         self.endpoint = f"{advertise_host}:{self.port}"
+        self.is_in_place = is_in_place
+        self.pool = StagingPool()
+        self.message_bytes = MESSAGE_BYTES  # staged path only; tests make it small
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._acceptor = threading.Thread(target=self._accept_loop, name="kv-tcp", daemon=True)
         self._acceptor.start()
 
+    def _stream(
+        self,
+        sock: socket.socket,
+        blocks: TransferBlocks,
+        *,
+        write: bool,
+        deadline_s: float,
+        should_stop: Callable[[], bool] = lambda: False,
+        pause_at: int | None = None,
+    ) -> None:
+        """The payload, in place or staged message by message."""
+        sock.setblocking(False)
+        if self.is_in_place and blocks.device.type == "cpu":
+            cursor = IoVecCursor(blocks.iovecs())
+            _pump(sock, cursor, blocks.access, write=write, deadline_s=deadline_s,
+                  should_stop=should_stop, pause_at=pause_at)  # fmt: skip
+            return
+        messages = blocks.messages(self.message_bytes)
+        staging = self.pool.take(messages[0][1] * blocks.run_bytes, torch.device("cpu"))
+        for first, num_runs in messages:
+            if write:
+                with blocks.access():
+                    blocks.read(first, num_runs, staging)
+            cursor = _buffer_cursor(staging, num_runs * blocks.run_bytes)
+            _pump(sock, cursor, contextlib.nullcontext, write=write, deadline_s=deadline_s,
+                  should_stop=should_stop, pause_at=pause_at)  # fmt: skip
+            pause_at = None
+            if not write:
+                with blocks.access():
+                    blocks.write(first, num_runs, staging)
+        self.pool.give(staging)  # not after a failure: the socket may still hold it
+
     # -- receiving (decode side) -----------------------------------------------------------
 
-    def expect(self, transfer_id: str, tag: int, buffer: Any) -> None:
-        staged = buffer if buffer.device.type == "cpu" else torch.empty_like(buffer, device="cpu")
+    def expect(self, transfer_id: str, tag: int, blocks: TransferBlocks) -> None:
         with self._lock:
-            self._slots[transfer_id] = _Slot(staged, buffer)
+            self._slots[transfer_id] = _Slot(blocks)
 
     def receive(self, transfer_id: str, deadline_s: float, cancel: threading.Event) -> None:
         with self._lock:
@@ -110,8 +189,6 @@ class TcpTransport:
                     raise TransferTimeoutError(f"transfer {transfer_id}: no KV before the deadline")
             if slot.error is not None:
                 raise slot.error
-            if slot.target is not slot.buffer:
-                slot.target.copy_(slot.buffer)
         finally:
             with self._lock:
                 slot.is_abandoned = True
@@ -136,45 +213,36 @@ class TcpTransport:
                 transfer_id = _recv_exact(conn, id_len).decode()
                 with self._lock:
                     slot = self._slots.get(transfer_id)
-                if slot is None or slot.is_abandoned or slot.num_bytes != num_bytes:
+                if slot is None or slot.is_abandoned or slot.blocks.num_bytes != num_bytes:
                     conn.sendall(_REJECT)
                     return
                 conn.sendall(_ACCEPT)
-                self._read_payload(conn, slot)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
+                # No deadline here: a quiet sender is waited for as long as the receiver
+                # waits (its deadline, or a cancel, marks the slot abandoned).
+                abandoned = slot
+                self._stream(
+                    conn,
+                    slot.blocks,
+                    write=False,
+                    deadline_s=float("inf"),
+                    should_stop=lambda: abandoned.is_abandoned,
+                )
                 with self._lock:
                     is_kept = not slot.is_abandoned
                     if is_kept:
                         slot.done.set()
+                conn.settimeout(10.0)
                 conn.sendall(_ACCEPT if is_kept else _REJECT)
-            except (OSError, ConnectionError, struct.error) as exc:
+            except (OSError, ConnectionError, struct.error, KvTransferError) as exc:
                 if slot is not None and not slot.done.is_set():
                     slot.error = KvTransferError(f"the KV stream broke: {exc}")
                     slot.done.set()
 
-    def _read_payload(self, conn: socket.socket, slot: _Slot) -> None:
-        """Read until the buffer is full. A quiet sender is waited for as long as the
-        receiver waits (its deadline, or a cancel, marks the slot abandoned)."""
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
-        conn.settimeout(_POLL_S * 5)
-        view = byte_view(slot.buffer)
-        received = 0
-        while received < len(view):
-            if slot.is_abandoned:
-                raise ConnectionError("the receiver gave up")
-            try:
-                n = conn.recv_into(view[received:])
-            except TimeoutError:
-                continue
-            if n == 0:
-                raise ConnectionError("the sender closed the stream early")
-            received += n
-
     # -- sending (prefill side) ------------------------------------------------------------
 
-    def send(self, target: SendTarget, data: Any, timeout_s: float) -> None:
+    def send(self, target: SendTarget, blocks: TransferBlocks, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        payload = data.contiguous() if data.device.type == "cpu" else data.cpu()
-        view = byte_view(payload)
         host, port = split_endpoint(target.endpoint)
         try:
             sock = socket.create_connection((host, port), timeout=max(timeout_s, 0.001))
@@ -190,20 +258,14 @@ class TcpTransport:
             tid = target.transfer_id.encode()
             try:
                 sock.settimeout(_remaining(deadline))
-                sock.sendall(_HEADER.pack(_MAGIC, len(tid), len(view)) + tid)
+                sock.sendall(_HEADER.pack(_MAGIC, len(tid), blocks.num_bytes) + tid)
                 if _recv_exact(sock, 1) != _ACCEPT:
                     raise TransferRejectedError(
                         f"{target.endpoint} does not expect transfer {target.transfer_id} "
-                        f"of {len(view)} bytes (it gave up, or the KV layouts differ)"
+                        f"of {blocks.num_bytes} bytes (it gave up, or the KV layouts differ)"
                     )
-                sock.settimeout(_remaining(deadline))
-                if _FAULT_PAUSE_S > 0:
-                    half = len(view) // 2
-                    sock.sendall(view[:half])
-                    time.sleep(_FAULT_PAUSE_S)
-                    view = view[half:]
-                    sock.settimeout(_remaining(deadline))
-                sock.sendall(view)
+                pause_at = blocks.num_bytes // 2 if _FAULT_PAUSE_S > 0 else None
+                self._stream(sock, blocks, write=True, deadline_s=deadline, pause_at=pause_at)
                 sock.settimeout(_remaining(deadline))
                 if _recv_exact(sock, 1) != _ACCEPT:
                     raise TransferRejectedError(

@@ -1,0 +1,170 @@
+"""The blocks one KV transfer moves, read and written in place in the paged cache.
+
+A transfer is a stream of *runs*. A run is one block of one row (the keys or the values of
+one KV head) of one layer: ``block_size x head_dim`` elements that lie contiguous in the
+head-major cache, 4 KiB for Llama-3-8B in bf16. The stream goes layer by layer, row by row,
+and within a row through the blocks in transfer order: the memory order of a
+``[layers, 2, kv_heads, blocks, block_size, head_dim]`` buffer. Each side enumerates its own
+block ids in that order, so a run lands at the (layer, row, position) it left.
+
+Transfer threads touch the cache only inside ``access()``, one bounded piece at a time (a
+4 MiB message, one socket call). The engine thread calls ``revoke()`` before the blocks may
+be freed or reused: it waits for a piece in progress, and every later access raises
+TransferCancelledError. After ``revoke`` returns nothing reads or writes the blocks, so a
+cancelled or timed-out transfer never leaks into blocks that another request now owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from kvflow.engine_worker.kv_transfer.base import TransferCancelledError
+
+# A transfer is cut into at most this many messages (gloo tags leave 11 bits for the
+# message index; see torch_dist). At 4 MiB a message that is 8 GiB; larger transfers get
+# larger messages.
+MAX_MESSAGES = 2048
+
+
+def _wide_dtype(run_bytes: int) -> torch.dtype:
+    """The widest integer type a run divides into: index_select/index_copy_ move 8-byte
+    elements 1.2-1.5x faster than bf16 ones here (8.8 vs 7.6 GB/s gather, 5.8 vs 4.0 GB/s
+    scatter of 4 KiB runs), and 8x faster than bytes."""
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if run_bytes % size == 0:
+            return dtype
+    return torch.uint8
+
+
+class TransferBlocks:
+    """Runs of a paged cache, addressed by their place in one transfer's stream."""
+
+    def __init__(self, tables: Sequence[torch.Tensor], block_ids: Sequence[int]) -> None:
+        """``tables``: per layer, the cache viewed as ``[rows, pool_blocks, run_elements]``
+        (contiguous); ``block_ids``: the blocks to move, in transfer order."""
+        rows, pool_blocks, run_elements = tables[0].shape
+        self.run_bytes = run_elements * tables[0].element_size()
+        self._dtype = _wide_dtype(self.run_bytes)
+        self._tables = [t.reshape(-1).view(torch.uint8).view(self._dtype) for t in tables]
+        self._tables = [t.view(rows * pool_blocks, -1) for t in self._tables]
+        self._base_addresses = [t.data_ptr() for t in tables]
+        self.device = tables[0].device
+        ids = torch.tensor(list(block_ids), dtype=torch.int64)
+        # Row r at transfer position j is table row r * pool_blocks + block_ids[j].
+        table_rows = (torch.arange(rows).unsqueeze(1) * pool_blocks + ids.unsqueeze(0)).reshape(-1)
+        self._row_offsets = table_rows.numpy().astype(np.uint64) * np.uint64(self.run_bytes)
+        self._rows = table_rows.to(self.device)
+        self.runs_per_layer = rows * len(ids)
+        self.num_runs = len(tables) * self.runs_per_layer
+        self.num_bytes = self.num_runs * self.run_bytes
+        self._lock = threading.Lock()
+        self._is_revoked = False
+
+    @classmethod
+    def in_cache(
+        cls, kv_caches: Sequence[torch.Tensor], block_ids: Sequence[int]
+    ) -> TransferBlocks:
+        """Blocks of a paged cache, one ``[2, kv_heads, pool_blocks, block_size, head_dim]``
+        tensor per layer (model/attention.py)."""
+        two, heads, pool_blocks, block_size, head_dim = kv_caches[0].shape
+        tables = [kv.view(two * heads, pool_blocks, block_size * head_dim) for kv in kv_caches]
+        return cls(tables, block_ids)
+
+    @classmethod
+    def of_buffer(cls, buffer: torch.Tensor) -> TransferBlocks:
+        """A private contiguous buffer ``[num_blocks, ...]`` as one row of one layer (a
+        runner without a paged cache, or a test): the stream is the buffer's bytes."""
+        num_blocks = buffer.shape[0]
+        return cls([buffer.view(1, num_blocks, -1)], range(num_blocks))
+
+    # -- access ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def access(self) -> Iterator[None]:
+        """Hold the blocks for one bounded piece of I/O; raises once they were revoked."""
+        with self._lock:
+            if self._is_revoked:
+                raise TransferCancelledError("the blocks were released: the transfer is over")
+            yield
+
+    def revoke(self) -> None:
+        """End every access: waits for a piece in progress; later ones raise."""
+        with self._lock:
+            self._is_revoked = True
+
+    @property
+    def is_revoked(self) -> bool:
+        return self._is_revoked
+
+    # -- the stream --------------------------------------------------------------------------
+
+    def messages(self, max_bytes: int) -> list[tuple[int, int]]:
+        """The stream cut into messages of whole runs: (first run, number of runs)."""
+        per_message = max(1, max_bytes // self.run_bytes, -(-self.num_runs // MAX_MESSAGES))
+        return [
+            (first, min(per_message, self.num_runs - first))
+            for first in range(0, self.num_runs, per_message)
+        ]
+
+    def _pieces(self, first_run: int, num_runs: int) -> Iterator[tuple[int, int, int, int]]:
+        """(layer, first run in the layer, offset in the range, runs) per layer touched."""
+        done = 0
+        while done < num_runs:
+            layer, local = divmod(first_run + done, self.runs_per_layer)
+            count = min(num_runs - done, self.runs_per_layer - local)
+            yield layer, local, done, count
+            done += count
+
+    def _as_runs(self, data: torch.Tensor, num_runs: int) -> torch.Tensor:
+        flat = data.reshape(-1).view(torch.uint8)[: num_runs * self.run_bytes]
+        return flat.view(self._dtype).view(num_runs, -1)
+
+    def read(self, first_run: int, num_runs: int, out: torch.Tensor) -> None:
+        """Gather runs [first_run, first_run + num_runs) into the front of ``out`` (a
+        contiguous tensor; call inside ``access()``)."""
+        dst = self._as_runs(out, num_runs)
+        gathered = dst if dst.device == self.device else torch.empty_like(dst, device=self.device)
+        for layer, local, start, count in self._pieces(first_run, num_runs):
+            rows = self._rows[local : local + count]
+            torch.index_select(self._tables[layer], 0, rows, out=gathered[start : start + count])
+        if gathered is not dst:
+            dst.copy_(gathered)
+
+    def write(self, first_run: int, num_runs: int, data: torch.Tensor) -> None:
+        """Scatter the front of ``data`` into runs [first_run, first_run + num_runs) (call
+        inside ``access()``). index_copy_ of 8-byte elements: 5.8 GB/s here, against 4.0 for
+        the bf16 index_copy_ along the pool axis and 3.8 for one copy_ per block."""
+        src = self._as_runs(data, num_runs).to(self.device)
+        for layer, local, start, count in self._pieces(first_run, num_runs):
+            rows = self._rows[local : local + count]
+            self._tables[layer].index_copy_(0, rows, src[start : start + count])
+
+    def iovecs(self) -> np.ndarray:
+        """The whole stream as ``struct iovec`` entries (address, length; uint64 pairs) for
+        vectored socket I/O straight from or into the cache (CPU only), adjacent runs
+        merged: a cache that hands out consecutive block ids moves in long runs."""
+        assert self.device.type == "cpu"
+        starts = np.concatenate(
+            [np.uint64(base) + self._row_offsets for base in self._base_addresses]
+        )
+        if len(starts) == 0:
+            return np.zeros((0, 2), dtype=np.uint64)
+        run = np.uint64(self.run_bytes)
+        breaks = np.flatnonzero(starts[1:] != starts[:-1] + run) + 1
+        first = np.concatenate([[0], breaks])
+        lengths = np.diff(np.concatenate([first, [len(starts)]])).astype(np.uint64) * run
+        return np.ascontiguousarray(np.stack([starts[first], lengths], axis=1))
+
+
+@runtime_checkable
+class InPlaceBlockIO(Protocol):
+    """A runner whose transfers read and write its paged cache in place (TorchModelRunner);
+    one without it (SimulatedRunner) moves private copies of its blocks."""
+
+    def transfer_blocks(self, block_ids: Sequence[int]) -> TransferBlocks: ...

@@ -1,0 +1,202 @@
+"""CUDA parity: kvflow's engine against transformers on the same weights and dtype.
+
+Per (shape, dtype):
+  prefill logits   one prompt through our model and transformers' LlamaForCausalLM (SDPA):
+                   the largest difference of any logit, against the spread of the logits
+  greedy           every prompt at once through the Engine (paged cache, batched decode),
+                   against transformers' ``generate`` one prompt at a time: the number of
+                   leading tokens that agree
+  teacher-forced   transformers over prompt + our tokens: at each step, how far below its
+                   best logit our token's logit lies (0 when both pick the same token). In
+                   bf16 two correct implementations may pick different tokens where the two
+                   best logits are closer than bf16's rounding; the margin says whether a
+                   divergence is such a near-tie or a bug.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from gpu.models import (
+    BLOCK_SIZE,
+    build_hf,
+    dtype_of,
+    engine_config,
+    free_cuda,
+    kvflow_from_hf,
+    load_real_smollm2,
+    make_engine,
+    real_smollm2_available,
+    run_engine,
+)
+from gpu.plan import SHAPES, Plan
+from gpu.record import Deadline, Recorder, log
+from kvflow.engine_worker.model.attention import AttentionMetadata
+
+# Our token may lie this far below transformers' best logit, in units of the spread (std)
+# of the reference logits. float32: rounding only (about 1e-6 of the spread seen on the
+# tiny model). bfloat16 keeps 8 bits of mantissa: a logit near 10 is rounded by up to
+# 0.03, and 30 layers of bf16 matmuls in two different kernel orders drift further.
+MARGIN_TOL = {"float32": 1e-4, "bfloat16": 0.1}
+
+
+def _prompts(vocab: int, lens: tuple[int, ...], seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lens]
+
+
+@torch.inference_mode()
+def prefill_logits(model: Any, runner: Any, prompt: list[int], device: str) -> torch.Tensor:
+    """All-position logits of one prompt through our model over the runner's paged cache."""
+    n = len(prompt)
+    meta = AttentionMetadata.build(
+        query_lens=[n],
+        context_lens=[n],
+        block_tables=[list(range(-(-n // BLOCK_SIZE)))],
+        block_size=BLOCK_SIZE,
+        device=device,
+    )
+    ids = torch.tensor(prompt, dtype=torch.int64, device=device)
+    pos = torch.arange(n, dtype=torch.int64, device=device)
+    hidden = model(ids, pos, runner.kv_caches, meta)
+    return model.compute_logits(hidden)
+
+
+@torch.inference_mode()
+def hf_logits(hf: Any, tokens: list[int], device: str) -> torch.Tensor:
+    ids = torch.tensor([tokens], dtype=torch.int64, device=device)
+    return hf(input_ids=ids).logits[0].float()
+
+
+@torch.inference_mode()
+def hf_greedy(hf: Any, prompt: list[int], n: int, device: str) -> list[int]:
+    ids = torch.tensor([prompt], dtype=torch.int64, device=device)
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return [int(t) for t in out[0, len(prompt) :].tolist()]
+
+
+def leading_agreement(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def compare_case(
+    hf: Any, model: Any, config: Any, dtype_name: str, plan: Plan, device: str
+) -> dict[str, Any]:
+    p = plan.parity
+    prompts = _prompts(config.vocab_size, p.prompt_lens, plan.seed)
+    need_blocks = sum(-(-(len(q) + p.new_tokens) // BLOCK_SIZE) for q in prompts)
+    built = make_engine(
+        model,
+        config,
+        dtype=dtype_of(dtype_name),
+        device=device,
+        num_blocks=need_blocks + 8,
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=4096,
+        max_model_len=4096,
+    )
+    out: dict[str, Any] = {}
+
+    longest = max(prompts, key=len)
+    ours = prefill_logits(model, built.runner, longest, device)
+    ref = hf_logits(hf, longest, device)
+    diff = (ours - ref).abs()
+    out["prefill"] = {
+        "prompt_len": len(longest),
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "ref_logit_std": float(ref.std()),
+        "argmax_agreement": float((ours.argmax(-1) == ref.argmax(-1)).float().mean()),
+    }
+
+    run = run_engine(built.engine, prompts, [p.new_tokens] * len(prompts), top_logprobs=5)
+    rows = []
+    worst_margin = 0.0
+    worst_logprob = 0.0
+    spread = out["prefill"]["ref_logit_std"]
+    for i, prompt in enumerate(prompts):
+        mine = run.tokens[f"r{i}"]
+        theirs = hf_greedy(hf, prompt, p.new_tokens, device)
+        forced = hf_logits(hf, prompt + mine, device)[len(prompt) - 1 : len(prompt) - 1 + len(mine)]
+        chosen = torch.tensor(mine, device=forced.device)
+        margins = forced.max(dim=-1).values - forced.gather(1, chosen[:, None])[:, 0]
+        logprobs = torch.log_softmax(forced, dim=-1)
+        lp_diff = max(
+            (
+                abs(v - float(logprobs[j, t]))
+                for j, top in enumerate(run.top_logprobs[f"r{i}"])
+                for t, v in top.items()
+            ),
+            default=0.0,
+        )
+        rows.append(
+            {
+                "prompt_len": len(prompt),
+                "new_tokens": len(mine),
+                "agree_leading": leading_agreement(mine, theirs),
+                "identical": mine == theirs,
+                "max_margin": float(margins.max()),
+                "max_top_logprob_diff": lp_diff,
+            }
+        )
+        worst_margin = max(worst_margin, float(margins.max()))
+        worst_logprob = max(worst_logprob, lp_diff)
+    out["greedy"] = rows
+    tol = MARGIN_TOL[dtype_name] * spread
+    out["all_identical"] = all(r["identical"] for r in rows)
+    out["max_margin"] = worst_margin
+    out["margin_tol"] = tol
+    out["max_top_logprob_diff"] = worst_logprob
+    # Identical tokens pass; otherwise every token of ours must be a near-tie of theirs.
+    out["passed"] = out["all_identical"] or worst_margin <= tol
+    return out
+
+
+def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
+    device = plan.device
+    results: dict[str, Any] = {}
+    for shape, dtype_name in plan.parity.cases:
+        key = f"{shape}/{dtype_name}"
+        if deadline.left_s() < 5:
+            results[key] = {"skipped": "stage budget spent"}
+            rec.set("cases", results)
+            continue
+        hf = model = None
+        with rec.part(key):
+            log(f"parity {key}: building")
+            dtype = dtype_of(dtype_name)
+            weights = "random"
+            if shape == "smollm2" and plan.size != "tiny" and real_smollm2_available():
+                hf, model, config = load_real_smollm2(dtype, device)
+                weights = "SmolLM2-135M-Instruct GGUF (Q4_1 dequantized)"
+            else:
+                raw = SHAPES[shape]
+                hf = build_hf(raw, dtype, device, plan.seed)
+                config = engine_config(raw, shape)
+                model = kvflow_from_hf(hf, config, dtype, device)
+            log(f"parity {key}: comparing")
+            results[key] = {
+                "weights": weights,
+                **compare_case(hf, model, config, dtype_name, plan, device),
+            }
+            rec.set("cases", results)
+            log(
+                f"parity {key}: passed={results[key]['passed']} "
+                f"max_margin={results[key]['max_margin']:.3g}"
+            )
+        hf = model = None
+        free_cuda(device)
+    rec.set("cases", results)

@@ -1,0 +1,263 @@
+"""What each stage of the GPU check runs, per size: pure data, no torch.
+
+``full`` is the H200 run (8 minutes at most with setup; budgets below), ``small`` the CUDA
+path at SmolLM2's shape for the ``gpu`` tests (about 2 minutes), ``tiny`` the CPU mode that
+CI runs end to end (under a minute on two busy cores). Model shapes are Hugging Face
+``config.json`` dicts: the engine parses them with its own ``config_from_hf`` and
+transformers with ``LlamaConfig``, so both sides read one description.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def llama_config(
+    *,
+    vocab: int,
+    hidden: int,
+    ffn: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    rope_theta: float,
+    max_positions: int,
+    tied: bool,
+) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "rope_theta": rope_theta,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": tied,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+# meta-llama/Meta-Llama-3-8B's config.json (rope_scaling none: Llama 3, not 3.1).
+LLAMA3_8B = llama_config(
+    vocab=128256,
+    hidden=4096,
+    ffn=14336,
+    layers=32,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    rope_theta=500000.0,
+    max_positions=8192,
+    tied=False,
+)
+# SmolLM2-135M-Instruct (shared/facts/default-model.md): 30 layers, GQA 9/3, tied embeddings.
+SMOLLM2_135M = llama_config(
+    vocab=49152,
+    hidden=576,
+    ffn=1536,
+    layers=30,
+    heads=9,
+    kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    max_positions=8192,
+    tied=True,
+)
+# A few hundred thousand parameters: every stage runs on two CPU cores in seconds.
+TINY = llama_config(
+    vocab=1024,
+    hidden=64,
+    ffn=128,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    max_positions=1024,
+    tied=False,
+)
+SHAPES: dict[str, dict[str, Any]] = {"llama3-8b": LLAMA3_8B, "smollm2": SMOLLM2_135M, "tiny": TINY}
+
+
+@dataclass(frozen=True)
+class ParityPlan:
+    cases: tuple[tuple[str, str], ...]  # (shape, dtype)
+    prompt_lens: tuple[int, ...]  # around block boundaries (16) and one long prompt
+    new_tokens: int
+
+
+@dataclass(frozen=True)
+class RooflinePlan:
+    shape: str
+    prompt_len: int
+    new_tokens: int
+    graph_steps: int  # decode forwards replayed in the CUDA-graph what-if
+    hf_new_tokens: int  # transformers' generate at batch 1, for reference (0: skip)
+
+
+@dataclass(frozen=True)
+class ThroughputPlan:
+    shape: str
+    batch_sizes: tuple[int, ...]  # in the order run: the published points first
+    prompt_len_range: tuple[int, int]
+    output_len_range: tuple[int, int]
+    kv_cache_gib: float
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str
+    io_tokens: tuple[int, ...]  # read_blocks / write_blocks sizes, in one process
+    transfer_tokens: tuple[int, ...]  # between two processes
+    transports: tuple[str, ...]  # nccl last: on one GPU it may hang until killed
+    transport_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    size: str
+    device: str
+    parity: ParityPlan
+    roofline: RooflinePlan
+    throughput: ThroughputPlan
+    kv: KvPlan
+    # Seconds per stage, worst case: the stage is killed at its budget and keeps what it
+    # wrote so far. The full plan's sum (390 s) plus setup (~20 s) stays under 7 minutes,
+    # a minute of margin under the 8 the device session allots.
+    budgets_s: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> Plan:
+        def tup(d: dict[str, Any]) -> dict[str, Any]:
+            return {
+                k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
+                if isinstance(v, list)
+                else v
+                for k, v in d.items()
+            }
+
+        return Plan(
+            size=raw["size"],
+            device=raw["device"],
+            parity=ParityPlan(**tup(raw["parity"])),
+            roofline=RooflinePlan(**raw["roofline"]),
+            throughput=ThroughputPlan(**tup(raw["throughput"])),
+            kv=KvPlan(**tup(raw["kv"])),
+            budgets_s=dict(raw["budgets_s"]),
+            seed=raw["seed"],
+        )
+
+
+LLAMA3_8B_KV = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
+STAGES = ("env", "parity", "roofline", "throughput", "kv_transfer")
+
+
+def make_plan(size: str, device: str) -> Plan:
+    if size == "full":
+        return Plan(
+            size,
+            device,
+            ParityPlan(
+                (("smollm2", "float32"), ("smollm2", "bfloat16"), ("llama3-8b", "bfloat16")),
+                (5, 16, 17, 100, 300),
+                48,
+            ),
+            RooflinePlan(
+                "llama3-8b", prompt_len=512, new_tokens=256, graph_steps=100, hf_new_tokens=64
+            ),
+            # 8-256 concurrent requests of Llama-3-8B: 256 x 384 tokens of KV is 12 GiB.
+            ThroughputPlan(
+                "llama3-8b",
+                (8, 64, 256, 32, 128),
+                (64, 192),
+                (64, 192),
+                kv_cache_gib=24.0,
+                max_num_batched_tokens=8192,
+            ),
+            KvPlan(
+                **LLAMA3_8B_KV,
+                dtype="bfloat16",
+                io_tokens=(1024, 2048, 4096, 8192),
+                transfer_tokens=(1024, 4096),
+                transports=("tcp", "gloo", "nccl"),
+                transport_timeout_s=30.0,
+            ),
+            budgets_s={
+                "env": 25,
+                "parity": 75,
+                "roofline": 60,
+                "throughput": 150,
+                "kv_transfer": 80,
+            },
+        )
+    if size == "small":
+        return Plan(
+            size,
+            device,
+            ParityPlan((("smollm2", "float32"), ("smollm2", "bfloat16")), (5, 17, 100), 24),
+            RooflinePlan(
+                "smollm2", prompt_len=256, new_tokens=64, graph_steps=30, hf_new_tokens=16
+            ),
+            ThroughputPlan(
+                "smollm2",
+                (8, 64),
+                (32, 96),
+                (32, 96),
+                kv_cache_gib=2.0,
+                max_num_batched_tokens=4096,
+            ),
+            KvPlan(
+                **LLAMA3_8B_KV,
+                dtype="bfloat16",
+                io_tokens=(1024,),
+                transfer_tokens=(1024,),
+                transports=("tcp", "gloo", "nccl"),
+                transport_timeout_s=20.0,
+            ),
+            budgets_s={
+                "env": 30,
+                "parity": 60,
+                "roofline": 45,
+                "throughput": 90,
+                "kv_transfer": 60,
+            },
+        )
+    assert size == "tiny", size
+    # The KV of the CPU mode: 4 layers x 2 heads x 32 dims, 16-token blocks (32 KiB each).
+    tiny_kv = {"num_layers": 4, "num_kv_heads": 2, "head_dim": 32, "block_size": 16}
+    return Plan(
+        size,
+        device,
+        ParityPlan((("tiny", "float32"), ("tiny", "bfloat16")), (5, 17, 40), 8),
+        RooflinePlan("tiny", prompt_len=32, new_tokens=16, graph_steps=0, hf_new_tokens=16),
+        ThroughputPlan(
+            "tiny", (2, 4), (8, 24), (4, 12), kv_cache_gib=0.01, max_num_batched_tokens=256
+        ),
+        KvPlan(
+            **tiny_kv,
+            dtype="float32",
+            io_tokens=(64, 256),
+            transfer_tokens=(64, 256),
+            transports=("tcp", "gloo", "nccl"),
+            transport_timeout_s=20.0,
+        ),
+        budgets_s={"env": 40, "parity": 60, "roofline": 40, "throughput": 60, "kv_transfer": 60},
+    )

@@ -1,0 +1,208 @@
+"""The GPU check's summary (targets against measurements) and its table. Pure: no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Issue 12's targets, judged only where they apply: the full plan on a CUDA device.
+BATCH1_ROOFLINE_TARGET = 0.60  # of the HBM roofline, Llama-3-8B shape, bf16
+THROUGHPUT_TARGET = 2.0  # kvflow / transformers' continuous batching at batch 64
+TARGET_BATCH = "64"
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    stages = report["stages"]
+    applies = report["meta"]["device"].startswith("cuda") and report["meta"]["size"] == "full"
+    roof = _get(stages, "roofline", "result") or {}
+    copy_bw = _get(stages, "env", "result", "copy_bytes_per_s")
+    bytes_per_step = _get(roof, "roofline_datasheet", "bytes_per_step")
+    engine_tps = _get(roof, "engine", "decode_tokens_per_s")
+    measured_roofline = copy_bw / bytes_per_step if copy_bw and bytes_per_step else None
+    b1 = _get(roof, "engine", "fraction_of_roofline")
+    ratio = _get(stages, "throughput", "result", "rows", TARGET_BATCH, "ratio")
+    cases = _get(stages, "parity", "result", "cases") or {}
+    pair = _get(stages, "kv_transfer", "result", "pair") or {}
+    io_rows = _get(stages, "kv_transfer", "result", "block_io") or []
+    return {
+        "stages_ok": [n for n, s in stages.items() if s["status"] == "ok"],
+        "stages_not_ok": {n: s["status"] for n, s in stages.items() if s["status"] != "ok"},
+        "parity_passed": {k: c.get("passed") for k, c in cases.items()},
+        "batch1_decode": {
+            "target": BATCH1_ROOFLINE_TARGET,
+            "fraction_of_datasheet_roofline": b1,
+            "fraction_of_measured_copy_roofline": (
+                engine_tps / measured_roofline if engine_tps and measured_roofline else None
+            ),
+            "applies": applies and roof.get("shape") == "llama3-8b",
+            "met": None if b1 is None or not applies else b1 >= BATCH1_ROOFLINE_TARGET,
+        },
+        "throughput_batch64": {
+            "target": THROUGHPUT_TARGET,
+            "ratio_vs_transformers": ratio,
+            "applies": applies,
+            "met": None if ratio is None or not applies else ratio >= THROUGHPUT_TARGET,
+        },
+        "kv_block_io_verified": all(r.get("verified") for r in io_rows) if io_rows else None,
+        "kv_pair": {
+            t: (
+                v.get("error")
+                or v.get("skipped")
+                or all(r.get("verified") for r in v.get("rows", []))
+            )
+            for t, v in pair.items()
+        },
+    }
+
+
+def _f(x: Any, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
+def table(report: dict[str, Any]) -> str:
+    meta, stages, summary = report["meta"], report["stages"], report["summary"]
+    device = _get(stages, "env", "result", "device", "name") or meta["device"]
+    out = [
+        f"## kvflow GPU check: {device}, size {meta['size']}, "
+        f"{meta['wall_s']:.0f} s (setup {_f(meta.get('setup_s'))} s)",
+        "",
+        "| stage | status | wall s | error |",
+        "|---|---|---|---|",
+    ]
+    for name, s in stages.items():
+        err = (s.get("result") or {}).get("error") or ", ".join(
+            f"{k}: {v}" for k, v in ((s.get("result") or {}).get("errors") or {}).items()
+        )
+        out.append(f"| {name} | {s['status']} | {_f(s.get('wall_s'))} | {err[:160]} |")
+
+    cases = _get(stages, "parity", "result", "cases") or {}
+    if cases:
+        out += [
+            "",
+            "### Parity with transformers (same weights, same dtype)",
+            "",
+            "| case | weights | prefill max abs logit diff | logit std | greedy identical "
+            "| fewest leading tokens agreeing | max margin | tolerance | passed |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key, c in cases.items():
+            if "prefill" not in c:
+                out.append(f"| {key} | {c.get('skipped', '-')} |||||||| ")
+                continue
+            least = min((r["agree_leading"] for r in c["greedy"]), default=None)
+            out.append(
+                f"| {key} | {c['weights']} | {_f(c['prefill']['max_abs_diff'], '.3g')} | "
+                f"{_f(c['prefill']['ref_logit_std'], '.3g')} | {c['all_identical']} | "
+                f"{least} of {c['greedy'][0]['new_tokens']} | {_f(c['max_margin'], '.3g')} | "
+                f"{_f(c['margin_tol'], '.3g')} | {c['passed']} |"
+            )
+
+    roof = _get(stages, "roofline", "result") or {}
+    ceiling = roof.get("roofline_datasheet")
+    if ceiling:
+        copy_bw = _get(stages, "env", "result", "copy_bytes_per_s")
+        measured = copy_bw / ceiling["bytes_per_step"] if copy_bw else None
+        out += [
+            "",
+            f"### Batch-1 decode, {roof['shape']} {roof['dtype']}, mean context "
+            f"{ceiling['mean_context']:.0f}: roofline {ceiling['tokens_per_s']:.0f} tok/s at "
+            f"{ceiling['hbm_bytes_per_s'] / 1e12:.1f} TB/s (datasheet), "
+            f"{_f(measured, '.0f')} tok/s at the measured copy bandwidth "
+            f"({_f(copy_bw and copy_bw / 1e12, '.2f')} TB/s)",
+            "",
+            "| measure | tok/s | of datasheet roofline | of measured roofline |",
+            "|---|---|---|---|",
+        ]
+        for key, label in (
+            ("engine", "engine (what a request gets)"),
+            ("forward", "model forward, eager"),
+            ("graph", "model forward, CUDA graph (what-if)"),
+            ("transformers", "transformers generate"),
+        ):
+            r = roof.get(key)
+            if r:
+                tps = r.get("decode_tokens_per_s") or r.get("tokens_per_s")
+                out.append(
+                    f"| {label} | {_f(tps)} | {_pct(tps / ceiling['tokens_per_s'])} | "
+                    f"{_pct(tps / measured if measured else None)} |"
+                )
+
+    rows = _get(stages, "throughput", "result", "rows") or {}
+    if rows:
+        tp = stages["throughput"]["result"]
+        out += [
+            "",
+            f"### Throughput, {tp['shape']} {tp['dtype']}: output tok/s, all requests at once",
+            "",
+            "| batch | output tokens | kvflow | transformers CB | ratio |",
+            "|---|---|---|---|---|",
+        ]
+        for b in sorted(rows, key=int):
+            r = rows[b]
+            if "skipped" in r:
+                out.append(f"| {b} | {r['skipped']} ||||")
+                continue
+            out.append(
+                f"| {b} | {r['output_tokens']} | {_f(_get(r, 'kvflow', 'tokens_per_s'))} | "
+                f"{_f(_get(r, 'transformers', 'tokens_per_s'))} | "
+                f"{_f(r.get('ratio'), '.2f')} |"
+            )
+
+    kv = _get(stages, "kv_transfer", "result") or {}
+    if kv.get("block_io"):
+        out += [
+            "",
+            "### KV block I/O in one process (GB/s of payload)",
+            "",
+            "| tokens | MiB | read_blocks | write_blocks | contiguous copy | staged to host "
+            "| pinned D2H copy | verified |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in kv["block_io"]:
+            out.append(
+                f"| {r['tokens']} | {r['num_bytes'] / 2**20:.0f} | "
+                f"{_f(r['read_blocks_gbps'])} | {_f(r['write_blocks_gbps'])} | "
+                f"{_f(r['contiguous_copy_gbps'])} | {_f(r.get('staged_read_to_host_gbps'))} | "
+                f"{_f(r.get('pinned_d2h_copy_gbps'))} | {r['verified']} |"
+            )
+    if kv.get("pair"):
+        out += [
+            "",
+            "### KV transfer between two processes on one device (kvflow's agent)",
+            "",
+            "| transport | tokens | rep | GB/s | verified or error |",
+            "|---|---|---|---|---|",
+        ]
+        for t, v in kv["pair"].items():
+            for r in v.get("rows", []):
+                out.append(
+                    f"| {t} | {r['tokens']} | {r['rep']} | {_f(r.get('gbps'), '.2f')} | "
+                    f"{r.get('error', '')[:160] or r.get('verified')} |"
+                )
+            if "error" in v or "skipped" in v:
+                out.append(f"| {t} | | | | {(v.get('error') or v.get('skipped'))[:160]} |")
+
+    b1, tp64 = summary["batch1_decode"], summary["throughput_batch64"]
+    out += [
+        "",
+        "### Targets (issue 12)",
+        "",
+        f"- batch-1 decode >= {_pct(b1['target'])} of the HBM roofline (Llama-3-8B shape): "
+        f"{_pct(b1['fraction_of_datasheet_roofline'])} -> "
+        f"{'met' if b1['met'] else 'NOT met' if b1['met'] is False else 'not applicable here'}",
+        f"- throughput at batch 64 >= {tp64['target']:.0f}x transformers' continuous batching: "
+        f"{_f(tp64['ratio_vs_transformers'], '.2f')}x -> "
+        f"{'met' if tp64['met'] else 'NOT met' if tp64['met'] is False else 'not applicable here'}",
+    ]
+    return "\n".join(out)

@@ -154,7 +154,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, sampling: SamplingParams, message: pb.StructuredOutput
     ) -> SamplingParams:
         """``sampling`` with the grammar's processor; compiled in a thread, off the
-        engine thread (docs/engine.md, "Structured output")."""
+        engine thread (docs/router.md, "Structured output")."""
         if self.structured is None:
             raise InvalidRequestError(
                 "this worker simulates a model (--simulate) and cannot constrain output to "

@@ -1,7 +1,7 @@
 """What the output must look like: one typed record, checked before any worker sees it.
 
 The workers compile the same formats against their vocabulary (llguidance, see
-docs/engine.md, "Structured output"); the gateway compiles them once without a
+docs/router.md, "Structured output"); the gateway compiles them once without a
 vocabulary, so a schema or grammar the compiler rejects is a 400 naming the problem
 instead of a failed worker call. Checked formats are remembered (bounded) because agents
 send the same schema with every request.

@@ -1,0 +1,82 @@
+"""The built-in SmolLM2-135M-Instruct (kvflow worker with no --model): forced tool calls and
+a JSON schema come back valid from a real 135M model, through its GGUF vocabulary and
+kvflow's Hermes-style tool prompt (its template has no tool support)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.worker_process import WorkerProcess, launch_worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "smollm2"
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "get_weather",
+     "description": "The current weather in a city", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now",
+     "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                    "required": ["zone"], "additionalProperties": False}}},
+]  # fmt: skip
+MESSAGES: Any = [{"role": "user", "content": "What is the weather like in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Iterator[WorkerProcess]:
+    w = launch_worker(["--served-model-name", MODEL, "--num-kv-blocks", "256"], timeout_s=300)
+    yield w
+    w.stop(timeout_s=10)
+
+
+@pytest.fixture(scope="module")
+def client(smollm2: WorkerProcess) -> Iterator[openai.OpenAI]:
+    g: GatewayProcess = launch_gateway(["--served-model-name", MODEL, "--workers",
+                                        smollm2.address])  # fmt: skip
+    try:
+        g.wait_ready()
+        yield openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0, timeout=300)
+    finally:
+        g.stop()
+
+
+def test_smollm2_named_and_required_tool_calls_are_valid(client: openai.OpenAI) -> None:
+    named = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=60, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    (call,) = named.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    required = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=80, temperature=0,
+        tool_choice="required", parallel_tool_calls=False,
+    )  # fmt: skip
+    (call,) = required.choices[0].message.tool_calls or []
+    assert call.function.name in ("get_weather", "get_time")
+    assert required.choices[0].finish_reason == "tool_calls"
+
+
+def test_smollm2_json_schema(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(
+        model=MODEL, max_tokens=60, temperature=0,
+        messages=[{"role": "user", "content": "Give the weather in Paris as JSON."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}},
+    )  # fmt: skip
+    assert response.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(response.choices[0].message.content or ""), WEATHER)

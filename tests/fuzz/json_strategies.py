@@ -36,7 +36,7 @@ CHAT_FIELDS = [
     "functions", "audio", "prediction", "web_search_options", "tool_choice", "function_call",
     "modalities", "reasoning_effort", "response_format", "chat_template_kwargs",
     "add_generation_prompt", "continue_final_message", "echo", "user", "metadata",
-    "parallel_tool_calls", "unknown_field",
+    "parallel_tool_calls", "structured_outputs", "unknown_field",
 ]  # fmt: skip
 COMPLETION_FIELDS = [
     *(f for f in CHAT_FIELDS if f not in ("messages", "top_logprobs", "chat_template_kwargs")),
@@ -51,7 +51,13 @@ PLAUSIBLE = st.one_of(
     st.lists(st.integers(-2, 60_000), max_size=5),
     st.lists(st.text(max_size=4), max_size=6),
     st.fixed_dictionaries({}, optional={"include_usage": JSON, "continuous_usage_stats": JSON,
-                                        "type": st.sampled_from(["text", "json"])}),
+                                        "type": st.sampled_from(["text", "json_object",
+                                                                 "json_schema", "function"]),
+                                        "json_schema": JSON, "function": JSON, "regex": JSON,
+                                        "json": JSON, "choice": JSON, "grammar": JSON}),
+    st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.sampled_from(["f", "g", "bad name"]), "parameters": JSON})}), max_size=2),
+    st.sampled_from(["none", "auto", "required"]),
 )  # fmt: skip
 
 MESSAGE = st.fixed_dictionaries(
@@ -67,7 +73,23 @@ MESSAGE = st.fixed_dictionaries(
         )
         | JSON,
         "name": st.text(max_size=5) | JSON,
-        "tool_calls": JSON,
+        "tool_calls": JSON
+        | st.lists(
+            st.fixed_dictionaries(
+                {
+                    "id": JSON,
+                    "type": st.just("function") | JSON,
+                    "function": st.fixed_dictionaries(
+                        {
+                            "name": st.text(max_size=4) | JSON,
+                            "arguments": st.text(max_size=8) | JSON,
+                        }
+                    ),
+                }
+            ),
+            max_size=2,
+        ),
+        "tool_call_id": st.text(max_size=4) | JSON,
     },
 )
 

@@ -85,6 +85,24 @@ def test_any_completion_body_parses_or_is_a_400(body: object) -> None:
     _parses_or_400(parse_completion_request, body, CompletionRequest)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG requests.py: top_k, min_tokens and stop_token_ids have no upper bound, but the "
+    "worker's SamplingParams holds int32: past 2**31 - 1 the conversion raises ValueError (a 500 "
+    "at the gateway). Found by schemathesis; when fixed (a 400), drop the mark and the entry in "
+    "gateway_fuzz.KNOWN_BUGS.",
+)
+@pytest.mark.parametrize(
+    "extra", [{"top_k": 2**31}, {"min_tokens": 2**40}, {"stop_token_ids": [2**31]}]
+)
+def test_int32_parameters_past_their_range_are_a_400(extra: dict[str, Any]) -> None:
+    with pytest.raises(ApiError) as err:
+        # A chat body: no max_tokens by default, which would bound min_tokens.
+        parse_chat_request({"model": "sim", "messages": [{"role": "user", "content": "hi"}],
+                            **extra})  # fmt: skip
+    assert err.value.status == 400
+
+
 # -- chat templates ----------------------------------------------------------------------------
 
 # Shapes that third-party templates have: strict role alternation with raise_exception,

@@ -46,7 +46,7 @@ _USAGE: Schema = {
     "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
     "properties": {k: integer(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
 }
-_FINISH = {"enum": ["stop", "length", "abort", None]}
+_FINISH = {"enum": ["stop", "length", "tool_calls", "abort", None]}
 _CHAT_CHOICE: Schema = {
     "type": "object",
     "required": ["index", "message", "finish_reason"],
@@ -55,7 +55,12 @@ _CHAT_CHOICE: Schema = {
         "message": {
             "type": "object",
             "required": ["role", "content"],
-            "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+            # content is null when the answer is tool calls only
+            "properties": {
+                "role": {"const": "assistant"},
+                "content": {"type": ["string", "null"]},
+                "tool_calls": {"type": "array"},
+            },
         },
         "logprobs": {"type": ["object", "null"]},
         "finish_reason": _FINISH,

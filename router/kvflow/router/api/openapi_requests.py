@@ -17,6 +17,7 @@ from kvflow.router.protocol.requests import (
     MAX_STOP_STRINGS,
     MAX_TOP_LOGPROBS_CHAT,
 )
+from kvflow.router.tools.spec import MAX_TOOLS
 
 Schema = dict[str, Any]
 
@@ -128,6 +129,51 @@ def _model(served_models: list[str]) -> Schema:
     return {"type": "string", "enum": served_models} if served_models else {"type": "string"}
 
 
+def _object(**props: Schema) -> Schema:
+    return {"type": "object", "required": sorted(props), "properties": props}
+
+
+# OpenAI's rule for function and json_schema names.
+_NAME: Schema = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
+_NON_EMPTY: Schema = {"type": "string", "minLength": 1}
+# `parameters` and `schema` must be JSON Schemas that llguidance compiles (a 400 otherwise).
+_TOOL = _object(
+    type={"const": "function"},
+    function={
+        **_object(name=_NAME),
+        "properties": {
+            "name": _NAME,
+            "description": opt({"type": "string"}),
+            "parameters": opt({"type": "object"}),
+            "strict": opt({"type": "boolean"}),
+        },
+    },
+)
+_NAMED_CHOICE = _object(type={"const": "function"}, function=_object(name={"type": "string"}))
+_TOOL_CALL: Schema = {
+    "type": "object",
+    "required": ["id", "function"],
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": _object(name={"type": "string"}, arguments={"type": "string"}),
+    },
+}
+_JSON_SCHEMA_FORMAT = _object(
+    type={"const": "json_schema"},
+    json_schema={
+        **_object(name=_NAME),
+        "additionalProperties": False,
+        "properties": {
+            "name": _NAME,
+            "description": _ANY,
+            "schema": opt({"type": "object"}),
+            "strict": opt({"type": "boolean"}),
+        },
+    },
+)
+
+
 def chat_request(served_models: list[str]) -> Schema:
     text_part = {
         "type": "object",
@@ -138,11 +184,15 @@ def chat_request(served_models: list[str]) -> Schema:
         "type": "object",
         "required": ["role"],
         "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant"]},
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
             "content": opt({"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}),
             "name": opt({"type": "string"}),
-            "tool_calls": _only(),
+            "tool_calls": opt({"type": "array", "items": _TOOL_CALL}),  # assistant only
+            "tool_call_id": opt({"type": "string"}),
         },
+        "allOf": [
+            _when(_present("role", {"const": "tool"}), _present("tool_call_id", {"type": "string"}))
+        ],
     }
     props = {
         "model": _model(served_models),
@@ -151,7 +201,6 @@ def chat_request(served_models: list[str]) -> Schema:
         **{
             name: _only()
             for name in (
-                "tools",
                 "functions",
                 "audio",
                 "prediction",
@@ -159,11 +208,28 @@ def chat_request(served_models: list[str]) -> Schema:
                 "reasoning_effort",
             )
         },
-        "tool_choice": _only("none", "auto"),
+        "tools": opt({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS}),
+        "tool_choice": opt({"anyOf": [{"enum": ["none", "auto", "required"]}, _NAMED_CHOICE]}),
+        "parallel_tool_calls": _BOOL,
         "function_call": _only("none"),
         "modalities": _only(["text"]),
         "response_format": opt(
-            {"type": "object", "required": ["type"], "properties": {"type": {"const": "text"}}}
+            {"anyOf": [_object(type={"enum": ["text", "json_object"]}), _JSON_SCHEMA_FORMAT]}
+        ),
+        # kvflow's extension: exactly one of these (a 400 otherwise).
+        "structured_outputs": opt(
+            {
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": False,
+                "properties": {
+                    "json": opt({"type": ["object", "string"]}),
+                    "regex": opt(_NON_EMPTY),
+                    "grammar": opt(_NON_EMPTY),
+                    "json_object": opt({"type": "boolean"}),
+                    "choice": opt({"type": "array", "items": {"type": "string"}, "minItems": 1}),
+                },
+            }
         ),
         "chat_template_kwargs": opt(
             {
@@ -179,7 +245,6 @@ def chat_request(served_models: list[str]) -> Schema:
         "add_generation_prompt": _BOOL,
         "continue_final_message": _only(False),
         "echo": _only(False),
-        "parallel_tool_calls": _ANY,
     }
     return {
         "type": "object",

@@ -352,6 +352,8 @@ def test_route_header_explains_the_choice(gateway: GatewayProcess) -> None:
         ({"max_tokens": 0}, 400, "max_tokens"),
         ({"n": 500}, 400, "'n'"),
         ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, 400, "tools[0]"),
+        # Simulated workers have no model to constrain: the worker's refusal is a 400.
+        ({"response_format": {"type": "json_object"}}, 400, "simulates a model"),
         ({"max_tokens": 9000}, 400, "maximum context length is 8192"),
         ({"model": "no-such-model"}, 404, "does not exist"),
     ],

@@ -6,9 +6,12 @@ Llama-3-8B's KV (32 layers, 8 KV heads, head_dim 128, block size 16: 128 KiB per
 bf16) with room for the largest transfer. Arms, interleaved (their order rotates every
 repetition) between the same two processes:
 
-  kvflow-tcp, kvflow-gloo   read_blocks of scattered block ids, the KvTransferAgent and its
-                            transport, write_blocks into the receiver's cache; timed from
-                            the start of the gather to the end of the scatter
+  kvflow-tcp, kvflow-gloo   what EngineLoop does: transfer_blocks of scattered block ids on
+                            both sides, the KvTransferAgent and its transport, which read
+                            and write the caches in place (TCP: vectored I/O straight from
+                            and into them; gloo: 4 MiB messages pipelined through pooled
+                            staging buffers), the completion posted to the receiver's
+                            thread; timed from the sender's hand-over to that completion
   raw-gloo                  one contiguous tensor of the same bytes, gloo send/recv on a
                             group that already exists
   raw-socket                sendall of the same bytes into recv_into, one open connection
@@ -17,16 +20,10 @@ The ceiling of a transport is the better of raw-gloo and raw-socket for gloo, ra
 for TCP (a contiguous tensor over TCP is a socket blast). Setup per transfer is the median
 latency of a tiny (16 bytes) transfer through the agent once a pair exists (for gloo, the
 store handshake), and the first transfer of a fresh pair (group formation) is reported
-apart. The full run adds two what-ifs on the same transports, and a profile of the
-gather and scatter:
+apart. The full run adds a what-if and a profile of the block I/O:
 
-  kvflow-pooled-*           staging buffers reused (already touched) instead of allocated
-                            per transfer; gather by index_select into the buffer
-  kvflow-tuned-*            pooled, moved as 8 messages of 4 layers each (the sender
-                            gathers the next group while one is on the wire, the receiver
-                            scatters each group as it lands), scattered one copy per block
-  zerocopy-tcp              no gather, no scatter: sendmsg/recvmsg_into over the blocks'
-                            own memory on the raw socket (bench/kv_transfer_zerocopy.py)
+  kvflow-staged-tcp         TCP through 4 MiB host staging messages (gather, send; receive,
+                            scatter), the path a CUDA cache takes, measured on the CPU cache
 
     python bench/kv_transfer.py [--quick] [--json PATH] [--dtype bfloat16|float32]
 """
@@ -51,8 +48,6 @@ from kv_transfer_report import summarize, table
 LLAMA3_8B_KV = {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
 REPLY_TIMEOUT_S = 300.0
 ELEMENT_BYTES = {"bfloat16": 2, "float32": 4}  # the parent does not import torch (~3 s)
-# The tuned what-if moves 8 messages of 4 layers each (32 MiB each at 2k tokens).
-PIPELINE_GROUPS = 8
 
 
 def log(msg: str) -> None:
@@ -94,22 +89,19 @@ class Bench:
         self._rid = 0
         self._tag = 0
 
-    def kvflow(
-        self,
-        transport: str,
-        num_blocks: int,
-        pooled: bool = False,
-        num_groups: int = 1,
-        verify: bool = False,
-    ) -> dict[str, Any]:
+    def kvflow(self, transport: str, num_blocks: int, verify: bool = False) -> dict[str, Any]:
         self._rid += 1
-        spec = {"transport": transport, "num_blocks": num_blocks, "pooled": pooled}
-        tickets = self.dec.ask("expect", **spec, num_groups=num_groups, rid=f"r{self._rid}")
-        self.dec.post("land", verify=verify)
-        sent = self.pre.ask("send", **spec, tickets=tickets)
+        rid = f"r{self._rid}"
+        ticket = self.dec.ask("expect", transport=transport, num_blocks=num_blocks, rid=rid)
+        self.dec.post("land", num_blocks=num_blocks, verify=verify)
+        sent = self.pre.ask(
+            "send", transport=transport, num_blocks=num_blocks, rid=rid, ticket=ticket
+        )
         landed = self.dec.reply()
-        # gather: until the sender's last gather ended; send: until the last byte landed;
-        # scatter: until the last scatter ended (one of each unless layer groups overlap).
+        # The keys keep their names from when the three ran one after another: "gather" is
+        # now the sender's hand-over (building TransferBlocks), "send" the transfer itself
+        # with its in-place reads and writes, until the last byte is in the receiver's
+        # cache, "scatter" the completion reaching the receiver's engine thread.
         out = {
             "total_s": landed["scatter_end"] - sent["gather_start"],
             "gather_s": sent["gather_end"] - sent["gather_start"],
@@ -128,16 +120,6 @@ class Bench:
         self.dec.post("land_tiny")
         started = self.pre.ask("send_tiny", transport=transport, ticket=ticket)
         return self.dec.reply() - started
-
-    def zerocopy(self, num_blocks: int, verify: bool = False) -> dict[str, Any]:
-        self.dec.post("zerocopy_recv", num_blocks=num_blocks)
-        assert self.dec.conn.poll(REPLY_TIMEOUT_S) and self.dec.conn.recv()[0] == "ready"
-        started = self.pre.ask("zerocopy_send", num_blocks=num_blocks)
-        out: dict[str, Any] = {"total_s": self.dec.reply() - started}
-        if verify:
-            want = self.pre.ask("checksum", num_blocks=num_blocks)
-            out["verified"] = _same(self.dec.ask("checksum", num_blocks=num_blocks), want)
-        return out
 
     def raw(self, backend: str, num_bytes: int) -> float:
         self._tag += 1
@@ -185,8 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         verified: dict[str, bool] = {}
         arms = [f"kvflow-{t}" for t in transports] + ["raw-gloo", "raw-socket"]
         if not args.quick:
-            arms += [f"kvflow-{w}-{t}" for w in ("pooled", "tuned") for t in transports]
-            arms.append("zerocopy-tcp")
+            arms.append("kvflow-staged-tcp")
         for arm in arms:
             sample = run_arm(bench, arm, tokens[0] // block_size, bytes_per_block, verify=True)
             if "verified" in sample:
@@ -239,14 +220,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_memory(num_cache_blocks: int, max_blocks: int, dtype: str) -> None:
     """Refuse to start when both peers would not fit in the memory available now (the
-    machine is shared: running out kills someone's process). Per side: the cache and a
-    staging buffer; the sender also holds read_blocks' result and its per-layer copies
-    (twice the transfer), the receiver one fresh receive buffer; about 0.5 GiB of runtime."""
+    machine is shared: running out kills someone's process). Per side: the cache, the raw
+    arms' contiguous buffer and about 0.5 GiB of runtime; the profile adds one more buffer
+    of the largest transfer on the sender (kvflow's own path stages at most 12 MiB)."""
     block_bytes = 2 * LLAMA3_8B_KV["num_layers"] * LLAMA3_8B_KV["num_kv_heads"]
     block_bytes *= LLAMA3_8B_KV["head_dim"] * LLAMA3_8B_KV["block_size"]
     block_bytes *= ELEMENT_BYTES[dtype]
     per_side = (num_cache_blocks + max_blocks) * block_bytes + (1 << 29)
-    need = 2 * per_side + 3 * max_blocks * block_bytes
+    need = 2 * per_side + max_blocks * block_bytes
     with open("/proc/meminfo") as f:
         fields = dict(line.split(":", 1) for line in f)
     available = int(fields["MemAvailable"].split()[0]) * 1024
@@ -261,14 +242,9 @@ def check_memory(num_cache_blocks: int, max_blocks: int, dtype: str) -> None:
 def run_arm(
     bench: Bench, arm: str, num_blocks: int, bytes_per_block: int, verify: bool = False
 ) -> dict[str, Any]:
-    if arm == "zerocopy-tcp":
-        return bench.zerocopy(num_blocks, verify)
     if arm.startswith("raw-"):
         return {"total_s": bench.raw(arm.removeprefix("raw-"), num_blocks * bytes_per_block)}
-    transport = arm.rsplit("-", 1)[1]
-    if "-tuned-" in arm:
-        return bench.kvflow(transport, num_blocks, True, PIPELINE_GROUPS, verify)
-    return bench.kvflow(transport, num_blocks, "-pooled-" in arm, 1, verify)
+    return bench.kvflow(arm.removeprefix("kvflow-"), num_blocks, verify)
 
 
 def main(argv: list[str] | None = None) -> int:

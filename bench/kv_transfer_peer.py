@@ -7,10 +7,10 @@ over pipes, one command at a time, and reads back timestamps of ``time.monotonic
 (CLOCK_MONOTONIC, the same clock in both processes), so a transfer is timed from the
 prefill side's gather to the decode side's scatter.
 
-The decode side does what EngineLoop does: ``empty_blocks`` + ``agent.receive`` when the
-reservation is made, then ``write_blocks`` on its own ("engine") thread after the
-completion is posted back. The prefill side gathers with ``read_blocks`` on its thread
-and hands the copy to ``agent.send``.
+The decode side does what EngineLoop does: ``transfer_blocks`` of the reserved blocks and
+``agent.receive`` when the reservation is made; the transport writes them in place and the
+completion is posted back to the peer's own ("engine") thread. The prefill side hands
+``transfer_blocks`` of its blocks to ``agent.send``, which reads them in place.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 import torch.distributed as _dist
-from kv_transfer_profile import profile_block_io, scatter_by_block
-from kv_transfer_zerocopy import block_runs, recv_runs, send_runs
+from kv_transfer_profile import profile_block_io
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
-from kvflow.engine_worker.kv_transfer.tcp import byte_view
+from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.tcp import TcpTransport, byte_view
 from kvflow.engine_worker.runner import TorchModelRunner
 
 dist: Any = _dist
@@ -80,14 +80,13 @@ class Peer:
         # draw different ones (their caches differ).
         rng = random.Random(f"{cfg.seed}-{cfg.role}")
         self.block_ids = rng.sample(range(cfg.num_cache_blocks), cfg.max_transfer_blocks)
-        # One contiguous staging tensor (touched): the raw arms' payload and the "pooled"
-        # arm's reused buffer.
+        # One contiguous tensor (touched): the raw arms' payload.
         self.staging = self.runner.empty_blocks(cfg.max_transfer_blocks)
         self.staging.zero_()
         self.block_numel = self.staging.numel() // cfg.max_transfer_blocks
         instance = f"bench-{cfg.role}"
-        self.agents = {
-            kind: KvTransferAgent(
+        self.agents: dict[str, KvTransferAgent] = {
+            kind.value: KvTransferAgent(
                 make_transport(
                     kind, host="127.0.0.1", port=0, advertise_host="127.0.0.1", instance_id=instance
                 ),
@@ -96,6 +95,11 @@ class Peer:
             )
             for kind in TRANSPORTS
         }
+        # The what-if: TCP through 4 MiB host staging messages, the path of a CUDA cache.
+        staged = TcpTransport("127.0.0.1", 0, "127.0.0.1", is_in_place=False)
+        self.agents["staged-tcp"] = KvTransferAgent(
+            staged, instance_id=instance, max_timeout_s=TRANSFER_TIMEOUT_S
+        )
         self.done: queue.Queue[tuple[Any, float]] = queue.Queue()  # the "engine loop" inbox
         self.group: Any = None
         self.sock: socket.socket | None = None
@@ -107,21 +111,6 @@ class Peer:
 
     def raw_view(self, num_bytes: int) -> torch.Tensor:
         return self.staging.view(-1).view(torch.uint8)[:num_bytes]
-
-    def pooled(self, num_blocks: int, first_layer: int = 0, num_layers: int = 0) -> torch.Tensor:
-        """A contiguous, already touched buffer of ``num_blocks`` blocks of layers
-        ``first_layer`` on (all by default): the staging memory reused, as a pool of staging
-        buffers would be. Layer groups of one transfer lie side by side."""
-        shape = list(self.staging.shape)
-        shape[0] = num_layers or self.cfg.num_layers
-        shape[3] = num_blocks
-        layer_numel = self.block_numel // self.cfg.num_layers * num_blocks
-        start = first_layer * layer_numel
-        return self.staging.view(-1)[start : start + shape[0] * layer_numel].view(shape)
-
-    def layer_groups(self, num_groups: int) -> list[range]:
-        size = self.cfg.num_layers // num_groups
-        return [range(g * size, (g + 1) * size) for g in range(num_groups)]
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -153,93 +142,50 @@ class Peer:
 
     # -- kvflow's path -------------------------------------------------------------------------
 
-    # With num_groups > 1 (the "tuned" what-if, pooled buffers only) a transfer moves as
-    # one message per group of layers: the sender gathers group g + 1 while group g is on
-    # the wire, and the receiver scatters each group as it lands, one copy per block.
+    def expect(self, transport: str, num_blocks: int, rid: str) -> dict[str, Any]:
+        """Decode side, part 1: the reservation (the blocks to land in, and a ticket)."""
+        blocks = self.runner.transfer_blocks(self.block_ids[:num_blocks])
+        ticket = self.agents[transport].receive(
+            rid, blocks, TRANSFER_TIMEOUT_S, lambda err: self.done.put((err, time.monotonic()))
+        )
+        return {"transfer_id": ticket.transfer_id, "tag": ticket.tag, "endpoint": ticket.endpoint}
 
-    def expect(
-        self, transport: str, num_blocks: int, pooled: bool, num_groups: int, rid: str
-    ) -> list[dict[str, Any]]:
-        """Decode side, part 1: the reservation (receive buffers and tickets)."""
-        assert pooled or num_groups == 1
-        if pooled:
-            buffers = [
-                self.pooled(num_blocks, layers.start, len(layers))
-                for layers in self.layer_groups(num_groups)
-            ]
-        else:
-            buffers = [self.runner.empty_blocks(num_blocks)]  # what EngineLoop does
-        self._pending = (buffers, num_blocks)
-        agent = self.agents[KvTransportKind(transport)]
-        tickets = []
-        for g, buffer in enumerate(buffers):
-            ticket = agent.receive(
-                f"{rid}/{g}",
-                buffer,
-                TRANSFER_TIMEOUT_S,
-                lambda err, g=g: self.done.put((g, err, time.monotonic())),
-            )
-            tickets.append(
-                {"transfer_id": ticket.transfer_id, "tag": ticket.tag, "endpoint": ticket.endpoint}
-            )
-        return tickets
-
-    def land(self, verify: bool) -> dict[str, Any]:
-        """Decode side, part 2: wait for each completion, scatter into the cache."""
-        buffers, num_blocks = self._pending
-        ids = self.block_ids[:num_blocks]
-        groups = self.layer_groups(len(buffers))
-        recv_done = 0.0
-        for _ in buffers:
-            g, error, recv_done = self.done.get(timeout=TRANSFER_TIMEOUT_S + 5)
-            if error is not None:
-                raise RuntimeError(f"receive failed: {error}")
-            if len(buffers) == 1:
-                self.runner.write_blocks(ids, buffers[0])  # kvflow's scatter
-                continue
-            with torch.inference_mode():
-                for layer, data in zip(groups[g], buffers[g], strict=True):
-                    scatter_by_block(self.runner.kv_caches[layer], ids, data)
+    def land(self, num_blocks: int, verify: bool) -> dict[str, Any]:
+        """Decode side, part 2: the completion, handled on this ("engine") thread."""
+        error, recv_done = self.done.get(timeout=TRANSFER_TIMEOUT_S + 5)
+        if error is not None:
+            raise RuntimeError(f"receive failed: {error}")
         out = {"recv_done": recv_done, "scatter_end": time.monotonic()}
         if verify:
             out["checksum"] = self.checksum(num_blocks)
-        del self._pending
         return out
 
     def send(
-        self, transport: str, num_blocks: int, pooled: bool, tickets: list[dict[str, Any]]
+        self, transport: str, num_blocks: int, rid: str, ticket: dict[str, Any]
     ) -> dict[str, Any]:
-        """Prefill side: gather the blocks, send them, wait for the sends to end."""
-        ids = self.block_ids[:num_blocks]
-        idx = torch.tensor(ids, dtype=torch.int64)
-        agent = self.agents[KvTransportKind(transport)]
+        """Prefill side: hand the blocks to the agent, wait for the send to end."""
         sent: queue.Queue[Any] = queue.Queue()
         gather_start = time.monotonic()
-        for ticket, layers in zip(tickets, self.layer_groups(len(tickets)), strict=True):
-            if pooled:
-                data = self.pooled(num_blocks, layers.start, len(layers))
-                for i, layer in enumerate(layers):
-                    torch.index_select(self.runner.kv_caches[layer], 2, idx, out=data[i])
-            else:
-                data = self.runner.read_blocks(ids)  # kvflow's gather
-            target = SendTarget(
-                ticket["transfer_id"], ticket["endpoint"], ticket["tag"], "bench-decode"
-            )
-            agent.send(target, data, TRANSFER_TIMEOUT_S, sent.put)
+        blocks = self.runner.transfer_blocks(self.block_ids[:num_blocks])
+        target = SendTarget(
+            ticket["transfer_id"], ticket["endpoint"], ticket["tag"], "bench-decode"
+        )
         gather_end = time.monotonic()
-        for _ in tickets:
-            result = sent.get(timeout=TRANSFER_TIMEOUT_S + 5)
-            if not hasattr(result, "transfer_s"):
-                raise RuntimeError(f"send failed: {result}")
+        self.agents[transport].send(rid, target, blocks, TRANSFER_TIMEOUT_S, sent.put)
+        result = sent.get(timeout=TRANSFER_TIMEOUT_S + 5)
+        if not hasattr(result, "transfer_s"):
+            raise RuntimeError(f"send failed: {result}")
         return {"gather_start": gather_start, "gather_end": gather_end}
 
     # -- a tiny transfer: what a transfer costs beyond its bytes ------------------------------
 
     def expect_tiny(self, transport: str, rid: str) -> dict[str, Any]:
         self._tiny = torch.zeros(TINY_BYTES, dtype=torch.uint8)
-        agent = self.agents[KvTransportKind(transport)]
-        ticket = agent.receive(
-            rid, self._tiny, TRANSFER_TIMEOUT_S, lambda err: self.done.put((err, time.monotonic()))
+        ticket = self.agents[transport].receive(
+            rid,
+            TransferBlocks.of_buffer(self._tiny),
+            TRANSFER_TIMEOUT_S,
+            lambda err: self.done.put((err, time.monotonic())),
         )
         return {"transfer_id": ticket.transfer_id, "tag": ticket.tag, "endpoint": ticket.endpoint}
 
@@ -257,7 +203,8 @@ class Peer:
         )
         sent: queue.Queue[Any] = queue.Queue()
         started = time.monotonic()
-        self.agents[KvTransportKind(transport)].send(target, data, TRANSFER_TIMEOUT_S, sent.put)
+        blocks = TransferBlocks.of_buffer(data)
+        self.agents[transport].send("tiny", target, blocks, TRANSFER_TIMEOUT_S, sent.put)
         result = sent.get(timeout=TRANSFER_TIMEOUT_S + 5)
         if not hasattr(result, "transfer_s"):
             raise RuntimeError(f"tiny send failed: {result}")
@@ -309,25 +256,8 @@ class Peer:
             self.sock.sendall(byte_view(view))
         return started
 
-    # -- the zero-copy what-if (vectored I/O straight from and into the caches) ------------
-
-    def zerocopy_recv(self, num_blocks: int, conn: Connection) -> float:
-        assert self.sock is not None
-        runs = block_runs(self.runner.kv_caches, self.block_ids[:num_blocks])
-        conn.send(("ready", None))
-        recv_runs(self.sock, runs)
-        return time.monotonic()
-
-    def zerocopy_send(self, num_blocks: int) -> float:
-        assert self.sock is not None
-        started = time.monotonic()
-        send_runs(self.sock, block_runs(self.runner.kv_caches, self.block_ids[:num_blocks]))
-        return started
-
     def profile(self, num_blocks: int, reps: int) -> dict[str, float]:
-        return profile_block_io(
-            self.runner, self.block_ids[:num_blocks], self.pooled(num_blocks), reps
-        )
+        return profile_block_io(self.runner, self.block_ids[:num_blocks], self.staging, reps)
 
 
 def run_peer(cfg: PeerConfig, conn: Connection) -> None:
@@ -345,7 +275,7 @@ def run_peer(cfg: PeerConfig, conn: Connection) -> None:
             if name == "stop":
                 conn.send(("ok", None))
                 return
-            if name in ("raw_recv", "zerocopy_recv"):
+            if name == "raw_recv":
                 kwargs["conn"] = conn
             conn.send(("ok", getattr(peer, name)(**kwargs)))
     except Exception:

@@ -11,7 +11,7 @@ TARGET_RATIO = 0.70
 TARGET_MIN_BYTES = 4_000_000
 TARGET_SETUP_MS = 2.0
 PHASES = ("total_s", "gather_s", "send_s", "scatter_s")
-WHATIFS = ("pooled", "tuned")
+WHATIFS = ("staged",)
 
 
 def _median(samples: list[dict[str, float]], key: str) -> float:
@@ -30,7 +30,8 @@ def summarize(
 ) -> dict[str, Any]:
     """``samples[(tokens, arm)]`` holds one dict of seconds per repetition."""
     tokens = sorted({t for t, _ in samples})
-    transports = sorted({a.rsplit("-", 1)[1] for _, a in samples if a.startswith("kvflow-")})
+    transports = sorted({a.removeprefix("kvflow-") for _, a in samples if a.startswith("kvflow-")})
+    transports = [t for t in transports if "-" not in t]  # what-ifs: kvflow-<what>-<transport>
     results = []
     for n_tok in tokens:
         num_bytes = n_tok // block_size * bytes_per_block
@@ -66,10 +67,6 @@ def summarize(
                         **{f"{k}_median": _median(other, k) for k in PHASES},
                         "samples": other,
                     }
-            zerocopy = samples.get((n_tok, f"zerocopy-{t}"))
-            if zerocopy:
-                gbps = _gbps(num_bytes, _median(zerocopy, "total_s"))
-                row["zerocopy"] = {"gbps": gbps, "ratio": gbps / ceiling, "samples": zerocopy}
             results.append(row)
     raw_samples = {
         f"{a}/{t}": [s["total_s"] for s in v]
@@ -96,6 +93,7 @@ def summarize(
 
 
 def _split(r: dict[str, Any]) -> str:
+    """Hand-over / transfer / completion (the JSON keeps the names gather, send, scatter)."""
     return " / ".join(f"{r[f'{k}_s_median']:.3f}" for k in ("gather", "send", "scatter"))
 
 
@@ -106,7 +104,7 @@ def table(result: dict[str, Any]) -> str:
         f"{kv['dtype']}), medians of {result['repetitions']} repetitions; GB/s = 1e9 B/s",
         "",
         "| tokens | MiB | transport | kvflow GB/s | ceiling GB/s | ratio "
-        "| gather / send / scatter s | setup ms |",
+        "| hand-over / transfer / completion s | setup ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["results"]:
@@ -121,27 +119,14 @@ def table(result: dict[str, Any]) -> str:
             f"{setup[r['transport']]['per_transfer_ms_median']:.2f}",
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    whatifs = [r for r in result["results"] if "pooled" in r]
-    if whatifs:
-        lines += [
-            "",
-            "| tokens | transport | pooled GB/s | ratio | gather / send / scatter s "
-            "| tuned GB/s | ratio | gather / send / scatter s |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in whatifs:
-            cells = [r["tokens"], r["transport"]]
-            for w in WHATIFS:
-                p = r[w]
-                cells += [f"{p['gbps']:.2f}", f"{p['ratio']:.0%}", _split(p)]
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
     for r in result["results"]:
-        if "zerocopy" in r:
-            z = r["zerocopy"]
-            lines.append(
-                f"zero-copy TCP what-if, {r['tokens']} tokens: {z['gbps']:.2f} GB/s, "
-                f"{z['ratio']:.0%} of the ceiling"
-            )
+        for w in WHATIFS:
+            if w in r:
+                p = r[w]
+                lines.append(
+                    f"what-if {w}-{r['transport']}, {r['tokens']} tokens: {p['gbps']:.2f} GB/s, "
+                    f"{p['ratio']:.0%} of the ceiling ({_split(p)} s)"
+                )
     lines.append("")
     for t in ("tcp", "gloo"):
         s = setup[t]

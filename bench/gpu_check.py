@@ -173,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         plan_path.write_text(json.dumps(plan.to_dict()))
         for name in stages:
             left = total_s - (time.monotonic() - started)
-            budget = min(plan.budgets_s[name], left - 2)
-            if budget < 5:
+            if left - 2 < 5:
                 report["stages"][name] = {"status": "skipped (total budget spent)", "result": {}}
                 continue
+            budget = min(plan.budgets_s[name], left - 2)
             print(f"[gpu_check] stage {name}: budget {budget:.0f} s", flush=True)
             report["stages"][name] = run_stage(name, plan_path, work, budget, env)
             print(

@@ -48,7 +48,7 @@ class TokenCounts:
         self._slots: dict[str, _Slot] = {}
         self._free: list[int] = []
         self._num_used = 0  # high-water mark of slot indices handed out
-        self._counts = torch.zeros((0, 0), dtype=torch.int32, device=device)
+        self._counts = torch.zeros((0, 0), dtype=torch.float32, device=device)
         self._in_prompt = torch.zeros((0, 0), dtype=torch.bool, device=device)
 
     def release(self, request_id: str) -> None:
@@ -59,7 +59,7 @@ class TokenCounts:
     def _new_slot(self, vocab_size: int) -> _Slot:
         if self._counts.shape[1] != vocab_size:
             assert not self._slots, "one vocabulary per sampler"
-            self._counts = torch.zeros((0, vocab_size), dtype=torch.int32, device=self.device)
+            self._counts = torch.zeros((0, vocab_size), dtype=torch.float32, device=self.device)
             self._in_prompt = torch.zeros((0, vocab_size), dtype=torch.bool, device=self.device)
             self._free, self._num_used = [], 0
         if self._free:
@@ -81,8 +81,9 @@ class TokenCounts:
     def gather(
         self, request_ids: Sequence[str], histories: Sequence[TokenHistory], vocab_size: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bring these requests' counts up to date; return ``(output_counts int32,
-        in_prompt bool)``, both ``[len(request_ids), vocab_size]``."""
+        """Bring these requests' counts up to date; return ``(output_counts float32,
+        in_prompt bool)``, both ``[len(request_ids), vocab_size]``. Counts are float32 so the
+        penalty needs no conversion pass; they stay exact up to 2**24 tokens."""
         rows: list[int] = []
         out_rows: list[int] = []
         out_ids: list[int] = []
@@ -106,10 +107,12 @@ class TokenCounts:
             self._in_prompt.index_put_(index, torch.ones((), dtype=torch.bool, device=self.device))
         if out_ids:
             index = self._index(out_rows, out_ids)
-            ones = torch.ones(len(out_ids), dtype=torch.int32, device=self.device)
+            ones = torch.ones(len(out_ids), dtype=torch.float32, device=self.device)
             self._counts.index_put_(index, ones, accumulate=True)
         slots = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        return self._counts.index_select(0, slots), self._in_prompt.index_select(0, slots)
+        # Advanced indexing, not index_select: on the CPU, index_select of a bool [64, 49k]
+        # table took 205 ms against 1.4 ms (torch 2.15, this 2-core machine).
+        return self._counts[slots], self._in_prompt[slots]
 
     def _index(self, rows: list[int], ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return (
@@ -130,7 +133,7 @@ def apply_penalties(
     presence = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
     frequency = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
     repetition = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
-    counts = output_counts.to(logits.dtype)
+    counts = output_counts.to(logits.dtype)  # a no-op for float32 logits
     generated = output_counts > 0
     seen = generated | in_prompt
     penalized = torch.where(logits > 0, logits / repetition, logits * repetition)

@@ -124,9 +124,11 @@ class Sampler:
             counts, in_prompt = self._counts.gather(
                 [request_ids[i] for i in penalized], [histories[i] for i in penalized], vocab
             )
-            logits[rows] = apply_penalties(
-                logits[rows], counts, in_prompt, [params[i] for i in penalized]
-            )
+            chosen = [params[i] for i in penalized]
+            if len(penalized) == len(params):  # every row: no gather and scatter back
+                logits = apply_penalties(logits, counts, in_prompt, chosen)
+            else:
+                logits[rows] = apply_penalties(logits[rows], counts, in_prompt, chosen)
         if biased:
             bias_rows = [i for i in biased for _ in params[i].logit_bias]
             bias_ids = [t for i in biased for t, _ in params[i].logit_bias]

@@ -3,9 +3,10 @@
 Each worker is what `kvflow worker --simulate` serves: its own engine (scheduler, block
 pool, prefix cache, KV events) on its own thread, its own gRPC server and port, its own
 instance id, so a router sees N independent workers. They share one asyncio loop and one
-interpreter. Sizing: a simulated worker process costs about 60 MB of RSS and a Python
-start-up (imports, about 1 s of CPU); 64 of them are 4 GB and a minute of CPU on two cores
-before the first request, where 4 hosts of 16 cost 4 interpreters. A step's time passes in
+interpreter. Sizing: a `kvflow worker --simulate` process holds about 550 MB of RSS (its
+KV transfer agent imports torch for gloo) and takes 2 s of CPU to start, so 64 of them
+would need 35 GB on a 24 GiB machine; without the agent, 4 hosts of 16 hold about 195 MB
+together (the scale check, docs/benchmarks.md). A step's time passes in
 ``time.sleep`` on the worker's thread, which releases the GIL, so workers of one host
 overlap their steps as separate processes would; their Python work (scheduling, streaming)
 shares one core's worth of GIL, which is what the load of a scale test must stay under.

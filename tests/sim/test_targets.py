@@ -82,6 +82,11 @@ def test_hit_rate_balance_and_parity() -> None:
     assert judged.is_met and "judged up to 30 req/s" in judged.detail
     ours_past[2] = point(30.0, 2.0, hit=0.4)  # the first rung past the knee is judged
     assert not hit_rate_target("w", {"kvflow": ours_past, "ideal": ideal_past}, SLO).is_met
+    # No rung meets the SLO (a trace whose longest prompts alone take longer): all judged.
+    slow = [point(10.0, 1.5, hit=0.73), point(20.0, 1.6, hit=0.6)]
+    slow_ideal = [point(10.0, 1.4, hit=0.8), point(20.0, 1.4, hit=0.8)]
+    all_judged = hit_rate_target("w", {"kvflow": slow, "ideal": slow_ideal}, SLO)
+    assert not all_judged.is_met and all_judged.value == pytest.approx(0.75)
     balance = balance_target("w", {"kvflow": ours})
     assert balance.value == pytest.approx(1.2) and balance.is_met  # 6 of a mean 5
     assert not balance_target("w", {"kvflow": ladder([0.1], workers=(7, 3))}).is_met

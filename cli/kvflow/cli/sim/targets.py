@@ -96,11 +96,14 @@ def hit_rate_target(workload: str, ladders: Ladders, slo: Slo, ideal: str = "ide
     """The default's prefix-cache hit rate at least 0.9 of the ideal's, at every rung up to
     the default's own saturation (the first rung past its knee included). Beyond it
     requests queue without bound and evict each other's prefixes, while the ideal arm's
-    oracle counts hits whatever the workers hold: those rungs are listed, not judged."""
+    oracle counts hits whatever the workers hold: those rungs are listed, not judged.
+    When even the first rung misses the SLO, the SLO says nothing about saturation (the
+    Mooncake trace's longest prompts alone take over 1 s to prefill, on the ideal arm
+    too): every rung is judged."""
     pairs = list(zip(ladders[DEFAULT_ARM], ladders[ideal], strict=True))
     ratios = [(o.label, (o.cache.hit_rate or 0.0) / (b.cache.hit_rate or 1.0)) for o, b in pairs]
     sat = saturation_index(ladders[DEFAULT_ARM], slo)
-    judged = ratios if sat is None else ratios[: sat + 1]
+    judged = ratios if not sat else ratios[: sat + 1]
     label, worst = min(judged, key=lambda x: x[1])
     detail = f"lowest judged at {label}; {_listing(ratios)}"
     if len(judged) < len(ratios):

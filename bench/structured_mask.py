@@ -77,7 +77,7 @@ def run_arm(
 
     rows = [fresh(i) for i in range(batch)]
     step_s: list[float] = []
-    for step in range(steps):
+    for _step in range(steps):
         logits = torch.randn(batch, SMOLLM2_VOCAB_SIZE, generator=generator)
         ids = [f"r{i}" for i in range(batch)]
         started = time.perf_counter()

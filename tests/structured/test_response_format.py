@@ -124,3 +124,26 @@ def test_a_rejected_format_is_a_400_naming_it(
     assert isinstance(body, dict)
     assert body["param"] == param
     assert fragment in body["message"]
+
+
+def test_the_worker_itself_refuses_a_bad_format(tiny_worker: Any) -> None:
+    # The gateway checks formats first; a worker still refuses one on its own (another
+    # client, or a gateway of another version), naming the problem.
+    import grpc
+
+    from kvflow.proto import worker_pb2 as pb
+    from kvflow.proto import worker_pb2_grpc as pb_grpc
+
+    request = pb.GenerateRequest(request_id="bad-format", prompt_token_ids=[1, 2, 3])
+    request.structured_output.json_schema = '{"type": "strin"}'
+    with grpc.insecure_channel(tiny_worker.address) as channel:
+        stub = pb_grpc.WorkerStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Generate(request, timeout=60))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "strin" in (info.value.details() or "")
+        ok = pb.GenerateRequest(request_id="good-format", prompt_token_ids=[1, 2, 3])
+        ok.structured_output.regex = "[a-c]{3}"
+        ok.sampling.max_tokens = 10
+        tokens = [t for m in stub.Generate(ok, timeout=60) for t in m.token_ids]
+        assert 1 <= len(tokens) <= 3  # three one-letter tokens at most, then EOS

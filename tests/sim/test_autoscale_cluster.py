@@ -20,13 +20,15 @@ PROFILE = dataclasses.replace(
 TRAFFIC = Traffic("step", 60, 10.0, input_tokens=(32, 64), output_tokens=(4, 8))
 
 
-def _cluster(workers: int = 1, startup_s: float = 20.0) -> ElasticCluster:
+def _cluster(
+    workers: int = 1, startup_s: float = 20.0, traffic: Traffic = TRAFFIC
+) -> ElasticCluster:
     cluster = ElasticCluster(
         ClusterSpec(PROFILE, num_workers=workers), resolve_arm("kvflow"), startup_s=startup_s
     )
     rng = random.Random(0)
     times = [i * 0.2 for i in range(300)]  # 5 req/s for 60 s
-    for request, at_s in requests_for(times, TRAFFIC, rng, "t"):
+    for request, at_s in requests_for(times, traffic, rng, "t"):
         cluster.submit(request, at_s)
     return cluster
 
@@ -46,18 +48,28 @@ def test_new_workers_serve_only_after_their_start_up() -> None:
 
 
 def test_removed_workers_drain_then_leave_and_starting_ones_go_first() -> None:
-    cluster = _cluster(workers=3, startup_s=30.0)
-    seen: list[tuple[int, int, int]] = []
-    cluster.events.at(10.0, lambda: cluster.scale_to(4))  # one starts, ready at 40 s
-    cluster.events.at(20.0, lambda: cluster.scale_to(2))  # cancels it, drains sim-2
-    for t in (20.0, 45.0):
-        cluster.events.at(t, lambda: seen.append(
-            (cluster.num_desired, cluster.num_ready, cluster.num_holding_gpus)))  # fmt: skip
+    # Outputs of 400-800 tokens (several seconds each): sim-2 holds requests when removed.
+    long = dataclasses.replace(TRAFFIC, output_tokens=(400, 800))
+    cluster = _cluster(workers=3, startup_s=30.0, traffic=long)
+    seen: list[tuple[float, int, int, int, bool]] = []
+
+    def note() -> None:
+        now = cluster.events.now_s
+        counts = (cluster.num_desired, cluster.num_ready, cluster.num_holding_gpus)
+        seen.append((now, *counts, "sim-2" in cluster.workers))
+
+    cluster.events.at(10.0, lambda: cluster.scale_to(4))  # sim-3 starts, ready at 40 s
+    cluster.events.at(20.0, lambda: cluster.scale_to(2))  # cancels sim-3, drains sim-2
+    for t in (20.0, 45.0, 120.0):
+        cluster.events.at(t, note)
     records = cluster.run()
-    assert seen[1] == (2, 2, 2)  # the cancelled pod never came; sim-2 drained and left
-    assert "sim-3" not in cluster.workers
+    # Draining: out of the desired and ready counts, still holding its GPU and its work.
+    assert seen[0] == (20.0, 2, 2, 3, True)
+    assert seen[-1] == (120.0, 2, 2, 2, False)  # done and gone
+    assert "sim-3" not in cluster.workers  # the starting pod was cancelled, never served
+    assert not [r for r in records if r.worker == "sim-3"]
     assert not [r for r in records if r.worker == "sim-2" and r.sent_s > 20.0]
-    assert [r for r in records if r.worker == "sim-2" and r.sent_s < 20.0]
+    assert [r for r in records if r.worker == "sim-2" and r.end_s > 20.0]  # it finished them
 
 
 def test_scrape_reads_rates_latencies_and_pods() -> None:

@@ -40,9 +40,9 @@ class BenchConfig:
     slo: Slo = field(default_factory=lambda: Slo(ttft_s=1.0, tpot_s=0.06))
     input_tokens: tuple[int, int] = (128, 384)
     output_tokens: tuple[int, int] = (32, 96)
-    peak_rate_per_s: float = 60.0
+    peak_rate_per_s: float = 40.0
     durations_s: dict[str, float] = field(
-        default_factory=lambda: {"diurnal": 3600.0, "step": 1800.0, "trace": 1200.0}
+        default_factory=lambda: {"diurnal": 2400.0, "step": 1800.0, "trace": 1200.0}
     )
     shapes: tuple[str, ...] = ("diurnal", "step", "trace")
     startups_s: tuple[float, ...] = (0.0, 30.0, 60.0, 120.0)

@@ -41,11 +41,16 @@ from kvflow.engine_worker.model.attention import AttentionMetadata
 # tiny model). bfloat16 keeps 8 bits of mantissa: a logit near 10 is rounded by up to
 # 0.03, and 30 layers of bf16 matmuls in two different kernel orders drift further.
 MARGIN_TOL = {"float32": 1e-4, "bfloat16": 0.1}
-# Prefill logits, in units of their spread: float32's largest difference (0 on the CPU; a
-# 1 % error in one norm weight gives 0.04), bfloat16's mean difference (0.008 on the tiny
-# CPU model, whose largest is 0.07: a maximum over vocab x positions of bf16 noise is too
-# wild to bound tightly).
-LOGIT_TOL = {"float32": ("max_abs_diff", 1e-3), "bfloat16": ("mean_abs_diff", 0.05)}
+# float32 prefill logits: their largest difference may be this share of their spread (0
+# on the CPU; a 1 % error in one norm weight gives 0.04).
+F32_LOGIT_TOL = 1e-3
+# bfloat16 prefill logits are judged against float32 arithmetic on the same (bf16-valued)
+# weights: our mean error may be at most this multiple of transformers' own bf16 error.
+# bf16 against bf16 is no yardstick: on real SmolLM2 weights (CPU, 100-token prompt) ours
+# and transformers' differ by 0.12 on average (spread 3.7) and greedy tokens part at
+# near-ties (margin 0.06), while against float32 ours err by 0.134 and transformers' by
+# 0.141: equally accurate. On the tiny random model: 0.0095 and 0.0094.
+BF16_ERROR_FACTOR = 2.0
 
 
 def _prompts(vocab: int, lens: tuple[int, ...], seed: int) -> list[list[int]]:
@@ -167,9 +172,17 @@ def compare_case(
     out["max_top_logprob_diff"] = worst_logprob
     # Identical tokens pass; otherwise every token of ours must be a near-tie of theirs.
     tokens_ok = out["all_identical"] or worst_margin <= tol
-    metric, share = LOGIT_TOL[dtype_name]
-    out["logit_tol"] = {"metric": metric, "value": share * spread}
-    logits_ok = out["prefill"][metric] <= share * spread
+    if dtype_name == "float32":
+        logits_ok = out["prefill"]["max_abs_diff"] <= F32_LOGIT_TOL * spread
+    else:
+        # Last: transformers' model goes to float32 in place (the case ends with it).
+        exact = hf_logits(hf.to(torch.float32), longest, device)
+        ours_err = float((ours - exact).abs().mean())
+        theirs_err = float((ref - exact).abs().mean())
+        out["prefill"]["ours_vs_f32_mean_abs"] = ours_err
+        out["prefill"]["transformers_vs_f32_mean_abs"] = theirs_err
+        logits_ok = ours_err <= BF16_ERROR_FACTOR * theirs_err
+    out["tokens_ok"], out["logits_ok"] = tokens_ok, logits_ok
     out["passed"] = tokens_ok and logits_ok
     return out
 

@@ -14,8 +14,8 @@ response) is the client's latency minus it. The wrappers cost about 1 us each.
 
 ``--defer-settlement``: ``Accounting.finish`` (the quota lease's release and the usage
 record: two Redis round trips with a tenant config and --redis-url) runs as a task after
-the handler returns, so the response no longer waits for it: a what-if of the router
-change the benchmark's report proposes.
+the handler returns, so the response no longer waits for it: a what-if of a router change
+(measured in docs/benchmarks.md: it did not pay).
 """
 
 from __future__ import annotations

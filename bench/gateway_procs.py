@@ -11,7 +11,8 @@ with a gateway it does not measure:
                   an admit script before routing, a finish script and a usage pipeline
                   after the last token)
   tenants-redis-deferred  tenants-redis with the settlement (finish + usage) run after the
-                  response is sent: a what-if of a router change (bench/gateway_instrumented.py)
+                  response is sent: a what-if of a router change (bench/gateway_instrumented.py;
+                  docs/benchmarks.md has what it measured)
 """
 
 from __future__ import annotations

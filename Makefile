@@ -64,12 +64,14 @@ bench: setup
 	$(PY) bench/gateway_overhead.py --json out/bench/gateway.json
 	$(PY) bench/kv_transfer.py --json out/bench/kv_transfer.json
 	$(PY) bench/pd_real.py --json out/bench/pd-real.json
+	$(PY) bench/scale_check.py --json out/bench/scale.json
 
 bench-quick: setup
 	$(PY) bench/engine_throughput.py --quick --json out/bench/engine-quick.json
 	$(PY) bench/gateway_overhead.py --quick --json out/bench/gateway-quick.json
 	$(PY) bench/kv_transfer.py --quick --json out/bench/kv_transfer-quick.json
 	$(PY) bench/pd_real.py --quick --json out/bench/pd-real-quick.json
+	$(PY) bench/scale_check.py --quick --json out/bench/scale-quick.json
 
 # Debian packages the tests start for real: redis-server (quotas shared by gateways) and
 # openssl (the test control plane's certificates). Installed only when missing.

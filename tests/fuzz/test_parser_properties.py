@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fuzz.json_strategies import JSON, bodies
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvflow.cli.bench.trace import TraceError, TraceRecord, parse_trace, parse_trace_line
@@ -48,29 +48,14 @@ def _parses_or_400(parse: Any, body: object, kind: type) -> None:
     assert isinstance(parsed, kind)
 
 
-def _has_unhashable_role(body: object) -> bool:
-    messages = body.get("messages") if isinstance(body, dict) else None
-    return isinstance(messages, list) and any(
-        isinstance(m, dict) and isinstance(m.get("role"), list | dict) for m in messages
-    )
-
-
 @FAST
 @given(bodies(is_chat=True))
 @example({"model": "sim", "messages": [{"role": "user", "content": "hi"}], "n": 2})
 def test_any_chat_body_parses_or_is_a_400(body: object) -> None:
-    # Known bug, left to messages.py's owner: see the xfail test below.
-    assume(not _has_unhashable_role(body))
     _parses_or_400(parse_chat_request, body, ChatRequest)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="BUG messages.py: `role not in _CHAT_ROLES` hashes the role; a list or object "
-    "role raises TypeError (a 500 at the gateway) instead of a 400. Found by the property "
-    "above; when fixed, this passes: drop the mark and the assume() above.",
-)
+# Found by the property above: a list or object role was hashed and raised TypeError.
 @pytest.mark.parametrize("role", [[], {}, ["user"]])
 def test_an_unhashable_role_is_a_400(role: object) -> None:
     with pytest.raises(ApiError) as err:
@@ -85,13 +70,7 @@ def test_any_completion_body_parses_or_is_a_400(body: object) -> None:
     _parses_or_400(parse_completion_request, body, CompletionRequest)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG requests.py: top_k, min_tokens and stop_token_ids have no upper bound, but the "
-    "worker's SamplingParams holds int32: past 2**31 - 1 the conversion raises ValueError (a 500 "
-    "at the gateway). Found by schemathesis; when fixed (a 400), drop the mark and the entry in "
-    "gateway_fuzz.KNOWN_BUGS.",
-)
+# Found by schemathesis: past 2**31 - 1 the worker's int32 fields made the conversion raise.
 @pytest.mark.parametrize(
     "extra", [{"top_k": 2**31}, {"min_tokens": 2**40}, {"stop_token_ids": [2**31]}]
 )
@@ -118,9 +97,8 @@ HOSTILE_TEMPLATES = [
     "{{ messages[5]['content'] }}{{ strftime_now(date_format) }}{{ messages|tojson }}",
     "{% set n = messages|length %}{{ range([n * depth|int, 1000]|min)|list|length }}",
 ]
-# Known bug, left to chat_template.py's owner: render() maps TemplateError and TypeError to
-# ChatTemplateError but lets other exceptions raised by template code escape (a 500 at the
-# gateway). These two templates show it; the property above runs on guarded variants.
+# Found here: render() once mapped only TemplateError and TypeError to ChatTemplateError, so
+# other exceptions raised by template code escaped (a 500 at the gateway).
 UNMAPPED_TEMPLATES = [
     ("{{ 10 // (messages|length - 1) }}", ZeroDivisionError),
     ("{{ range(messages|length * 10**6)|list|length }}", OverflowError),  # the sandbox's cap
@@ -180,11 +158,6 @@ def test_a_template_renders_or_raises_chat_template_error(
     assert isinstance(text, str)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG chat_template.py: exceptions other than TemplateError/TypeError raised by a "
-    "template escape render() (see UNMAPPED_TEMPLATES); when fixed, this passes: drop the mark.",
-)
 @pytest.mark.parametrize(("source", "raised"), UNMAPPED_TEMPLATES)
 def test_any_template_failure_is_a_chat_template_error(source: str, raised: type) -> None:
     template = ChatTemplate(source)

@@ -107,7 +107,7 @@ def test_chat_all_supported_parameters() -> None:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"stop": [""]}, "stop", "must not be empty"),
         ({"stop": [1]}, "stop", "array of strings"),
-        ({"stop_token_ids": [-1]}, "stop_token_ids", "non-negative"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", "array of token ids"),
         ({"top_logprobs": 3}, "top_logprobs", "requires 'logprobs'"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "<= 20"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when"),

@@ -116,7 +116,7 @@ def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
             raise unsupported_parameter(
                 f"messages[{i}].role", "'function' is deprecated: use 'tool' messages"
             )
-        if role not in _CHAT_ROLES:
+        if not isinstance(role, str) or role not in _CHAT_ROLES:
             raise invalid_request(
                 f"Invalid 'messages[{i}].role': expected one of {sorted(_CHAT_ROLES)}, "
                 f"got {role!r}.",

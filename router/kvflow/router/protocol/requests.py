@@ -19,6 +19,7 @@ from kvflow.router.tools.constrain import forced_call_constraint
 from kvflow.router.tools.spec import ToolChoice, ToolSpec, parse_tool_choice, parse_tools
 
 MAX_N = 128  # OpenAI's limit for `n`
+MAX_INT32 = 2**31 - 1  # the worker's SamplingParams holds these counts as int32
 MAX_STOP_STRINGS = 4  # OpenAI's limit for `stop`
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
@@ -129,9 +130,9 @@ def _stop_token_ids(fields: Fields) -> tuple[int, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT32 for v in value
     ):
-        raise invalid_type("stop_token_ids", "an array of non-negative integers", value)
+        raise invalid_type("stop_token_ids", "an array of token ids (0 to 2**31 - 1)", value)
     return tuple(value)
 
 
@@ -216,7 +217,7 @@ def check_logit_bias(sampling: SamplingOptions, vocab_size: int) -> None:
 
 
 def _min_tokens(fields: Fields, max_tokens: int | None) -> int:
-    min_tokens = fields.integer("min_tokens", low=0) or 0
+    min_tokens = fields.integer("min_tokens", low=0, high=MAX_INT32) or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise invalid_request(
             f"Invalid 'min_tokens': {min_tokens} is more than max_tokens ({max_tokens}).",
@@ -248,7 +249,7 @@ def _common_sampling(
         max_tokens=max_tokens,
         temperature=fields.number("temperature", low=0, high=2),
         top_p=fields.number("top_p", low=0, high=1),
-        top_k=fields.integer("top_k", low=0) or 0,
+        top_k=fields.integer("top_k", low=0, high=MAX_INT32) or 0,
         min_p=fields.number("min_p", low=0, high=1) or 0.0,
         # The worker's seed is unsigned 64-bit: wrap negative seeds instead of refusing them.
         seed=None if seed is None else seed % 2**64,

@@ -76,7 +76,9 @@ class ChatTemplate:
             text: str = self._compiled.render(**variables)  # type: ignore[attr-defined]
         except ChatTemplateError:
             raise
-        except (TemplateError, TypeError) as exc:
-            # TypeError: a template doing arithmetic on a field these messages lack.
+        except Exception as exc:  # a template is code we did not write
+            # TemplateError, TypeError (arithmetic on a field these messages lack), and
+            # whatever else it raises (ZeroDivisionError, the sandbox's OverflowError on a
+            # huge range()): a 400 about the messages, never a 500.
             raise ChatTemplateError(f"the chat template failed on these messages: {exc}") from exc
         return text

@@ -84,6 +84,21 @@ def assess(
     missing: list[str] = []
     calm: list[str] = []  # what is not calm (blocks a scale-down)
     is_blind = False
+    # With a capacity profile, a latency or queue over its limit while the replicas run well
+    # under their capacity is not a lack of replicas: mostly the tail of a backlog that the
+    # replicas already added are draining (its requests queued before they came; TTFT at
+    # the percentile stays high for a window after). Doubling then buys replicas that start
+    # after the backlog is gone; one more hedges against a profile that overstates.
+    util = None
+    if loads.shares_now is not None and ready > 0:
+        util = loads.shares_now / ready
+    has_room = util is not None and util < t.scale_down_utilization
+
+    def ask(factor: float, reason: DecisionReason, detail: str) -> Want:
+        if has_room:
+            detail = f"{detail}; replicas at {util:.0%} of capacity: one more"
+            return Want(ready + 1, reason, detail, is_reactive=True)
+        return Want(_scaled(ready, factor, t.max_scale_up_factor), reason, detail, True)
 
     def latency(name: str, value: float | None, frac: float | None, target: float) -> None:
         nonlocal is_blind
@@ -94,14 +109,8 @@ def assess(
             factor = ratio if ratio is not None and ratio > 1 else (frac or 0) / budget
             shown = f"{value:.3g} s" if value is not None else "unmeasured"
             frac_text = "" if frac is None else f", {frac:.0%} of requests over"
-            wants.append(
-                Want(
-                    _scaled(ready, factor, t.max_scale_up_factor),
-                    reason,
-                    f"{name} p{config.percentile:g} {shown} vs target {target:.3g} s{frac_text}",
-                    is_reactive=True,
-                )
-            )
+            text = f"{name} p{config.percentile:g} {shown} vs target {target:.3g} s{frac_text}"
+            wants.append(ask(factor, reason, text))
         if value is None:
             if not is_idle:
                 missing.append(f"{name.lower()}_s")
@@ -122,14 +131,8 @@ def assess(
             # A mean wait over the limit while TTFT at the percentile is low is the tail of
             # a backlog that has drained (the last queued requests just started): the
             # wait warns of TTFT trouble, and there is none.
-            wants.append(
-                Want(
-                    _scaled(ready, wait / wait_limit_s, t.max_scale_up_factor),
-                    "QueueWait",
-                    f"prompts wait {wait:.3g} s before prefill (limit {wait_limit_s:.3g} s)",
-                    is_reactive=True,
-                )
-            )
+            text = f"prompts wait {wait:.3g} s before prefill (limit {wait_limit_s:.3g} s)"
+            wants.append(ask(wait / wait_limit_s, "QueueWait", text))
         elif wait > wait_limit_s / 2:
             calm.append(f"queue wait {wait:.3g} s")
     if is_decode:

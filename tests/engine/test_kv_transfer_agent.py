@@ -21,6 +21,7 @@ from kvflow.engine_worker.kv_transfer.base import (
     KvTransportKind,
     SendTarget,
     TransferCancelledError,
+    TransferTimeoutError,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
@@ -183,3 +184,25 @@ def test_a_send_cancelled_mid_stream_stops_reading_and_says_so() -> None:
         thread.join()
         listener.close()
         sender.close()
+
+
+def test_a_gloo_receive_waiting_for_its_sender_ends_at_its_deadline_or_at_once_on_cancel() -> None:
+    receiver = agent(KvTransportKind.GLOO, "decode-e")
+    try:
+        late = Outcome()
+        started = time.monotonic()
+        receiver.receive("d3", TransferBlocks.in_cache(caches(6), DST_IDS), 0.3, late)
+        assert isinstance(late.wait(), TransferTimeoutError)
+        assert 0.3 <= time.monotonic() - started < 2.0
+        cancelled = Outcome()
+        receiver.receive("d4", TransferBlocks.in_cache(caches(7), DST_IDS), 20.0, cancelled)
+        time.sleep(0.1)
+        started = time.monotonic()
+        assert receiver.cancel("d4")
+        assert isinstance(cancelled.wait(), TransferCancelledError)
+        while receiver.num_active and time.monotonic() - started < 5.0:
+            time.sleep(0.01)
+        assert receiver.num_active == 0  # its thread was woken, not left until the deadline
+        assert time.monotonic() - started < 1.0
+    finally:
+        receiver.close()

@@ -60,8 +60,12 @@ class _PendingReceive:
     transfer thread and a canceller gets there first."""
 
     def __init__(
-        self, blocks: TransferBlocks, on_done: Callable[[KvTransferError | None], None]
+        self,
+        transfer_id: str,
+        blocks: TransferBlocks,
+        on_done: Callable[[KvTransferError | None], None],
     ) -> None:
+        self.transfer_id = transfer_id
         self.blocks = blocks
         self.cancel = threading.Event()
         self._on_done: Callable[[KvTransferError | None], None] | None = on_done
@@ -118,7 +122,7 @@ class KvTransferAgent:
             self.transport.kind,
             timeout_s,
         )
-        pending = _PendingReceive(blocks, on_done)
+        pending = _PendingReceive(ticket.transfer_id, blocks, on_done)
         with self._lock:
             self._pending[request_id] = pending
         self.transport.expect(ticket.transfer_id, ticket.tag, blocks)
@@ -158,6 +162,7 @@ class KvTransferAgent:
         if pending is None:
             return sending is not None
         pending.cancel.set()
+        self.transport.wake(pending.transfer_id)
         pending.blocks.revoke()
         pending.finish(TransferCancelledError(f"the transfer of {request_id} was cancelled"))
         return True
@@ -203,6 +208,7 @@ class KvTransferAgent:
     def close(self) -> None:
         for pending in list(self._pending.values()):
             pending.cancel.set()
+            self.transport.wake(pending.transfer_id)
             pending.blocks.revoke()
         for blocks in list(self._sending.values()):
             blocks.revoke()

@@ -79,6 +79,11 @@ class Transport(Protocol):
         another KvTransferError. Either way the transfer is forgotten afterwards."""
         ...
 
+    def wake(self, transfer_id: str) -> None:
+        """Cut short a ``receive`` that is still waiting for its sender (``cancel`` is set
+        first): it raises TransferCancelledError now rather than at its next look."""
+        ...
+
     def send(self, target: SendTarget, blocks: TransferBlocks, timeout_s: float) -> None:
         """Deliver ``blocks`` to the receiver of ``target`` or raise (TransferCancelledError
         once they were revoked)."""

@@ -17,6 +17,7 @@ cancelled or timed-out transfer never leaks into blocks that another request now
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
@@ -45,23 +46,22 @@ def _wide_dtype(run_bytes: int) -> torch.dtype:
 class TransferBlocks:
     """Runs of a paged cache, addressed by their place in one transfer's stream."""
 
-    def __init__(self, tables: Sequence[torch.Tensor], block_ids: Sequence[int]) -> None:
-        """``tables``: per layer, the cache viewed as ``[rows, pool_blocks, run_elements]``
-        (contiguous); ``block_ids``: the blocks to move, in transfer order."""
-        rows, pool_blocks, run_elements = tables[0].shape
-        self.run_bytes = run_elements * tables[0].element_size()
-        self._dtype = _wide_dtype(self.run_bytes)
-        self._tables = [t.reshape(-1).view(torch.uint8).view(self._dtype) for t in tables]
-        self._tables = [t.view(rows * pool_blocks, -1) for t in self._tables]
-        self._base_addresses = [t.data_ptr() for t in tables]
-        self.device = tables[0].device
-        ids = torch.tensor(list(block_ids), dtype=torch.int64)
+    def __init__(
+        self, caches: Sequence[torch.Tensor], shape: tuple[int, int, int], block_ids: Sequence[int]
+    ) -> None:
+        """``caches``: per layer, a contiguous tensor whose memory is ``shape`` = (rows,
+        pool blocks, elements per run); ``block_ids``: the blocks to move, in transfer
+        order. Cheap (tens of microseconds): the torch views a gather or scatter needs are
+        made on first use, and in-place TCP never needs them."""
+        rows, self._pool_blocks, run_elements = shape
+        self._caches = list(caches)
+        self.run_bytes = run_elements * self._caches[0].element_size()
+        self.device = self._caches[0].device
+        ids = np.asarray(block_ids, dtype=np.int64)
         # Row r at transfer position j is table row r * pool_blocks + block_ids[j].
-        table_rows = (torch.arange(rows).unsqueeze(1) * pool_blocks + ids.unsqueeze(0)).reshape(-1)
-        self._row_offsets = table_rows.numpy().astype(np.uint64) * np.uint64(self.run_bytes)
-        self._rows = table_rows.to(self.device)
+        self._table_rows = (np.arange(rows)[:, None] * self._pool_blocks + ids[None, :]).reshape(-1)
         self.runs_per_layer = rows * len(ids)
-        self.num_runs = len(tables) * self.runs_per_layer
+        self.num_runs = len(self._caches) * self.runs_per_layer
         self.num_bytes = self.num_runs * self.run_bytes
         self._lock = threading.Lock()
         self._is_revoked = False
@@ -73,15 +73,31 @@ class TransferBlocks:
         """Blocks of a paged cache, one ``[2, kv_heads, pool_blocks, block_size, head_dim]``
         tensor per layer (model/attention.py)."""
         two, heads, pool_blocks, block_size, head_dim = kv_caches[0].shape
-        tables = [kv.view(two * heads, pool_blocks, block_size * head_dim) for kv in kv_caches]
-        return cls(tables, block_ids)
+        return cls(kv_caches, (two * heads, pool_blocks, block_size * head_dim), block_ids)
 
     @classmethod
     def of_buffer(cls, buffer: torch.Tensor) -> TransferBlocks:
         """A private contiguous buffer ``[num_blocks, ...]`` as one row of one layer (a
         runner without a paged cache, or a test): the stream is the buffer's bytes."""
+        assert buffer.is_contiguous()
         num_blocks = buffer.shape[0]
-        return cls([buffer.view(1, num_blocks, -1)], range(num_blocks))
+        return cls([buffer], (1, num_blocks, buffer.numel() // num_blocks), range(num_blocks))
+
+    @functools.cached_property
+    def _dtype(self) -> torch.dtype:
+        return _wide_dtype(self.run_bytes)
+
+    @functools.cached_property
+    def _tables(self) -> list[torch.Tensor]:
+        """Per layer, the cache as [rows x pool blocks, run] of the widest integer type."""
+        width = self.run_bytes // self._dtype.itemsize
+        return [
+            c.reshape(-1).view(torch.uint8).view(self._dtype).view(-1, width) for c in self._caches
+        ]
+
+    @functools.cached_property
+    def _rows(self) -> torch.Tensor:
+        return torch.from_numpy(self._table_rows).to(self.device)
 
     # -- access ---------------------------------------------------------------------------
 
@@ -150,9 +166,8 @@ class TransferBlocks:
         vectored socket I/O straight from or into the cache (CPU only), adjacent runs
         merged: a cache that hands out consecutive block ids moves in long runs."""
         assert self.device.type == "cpu"
-        starts = np.concatenate(
-            [np.uint64(base) + self._row_offsets for base in self._base_addresses]
-        )
+        offsets = self._table_rows.astype(np.uint64) * np.uint64(self.run_bytes)
+        starts = np.concatenate([np.uint64(c.data_ptr()) + offsets for c in self._caches])
         if len(starts) == 0:
             return np.zeros((0, 2), dtype=np.uint64)
         run = np.uint64(self.run_bytes)

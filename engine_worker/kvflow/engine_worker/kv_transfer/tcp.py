@@ -194,6 +194,9 @@ class TcpTransport:
                 slot.is_abandoned = True
                 self._slots.pop(transfer_id, None)
 
+    def wake(self, transfer_id: str) -> None:
+        pass  # receive looks at its cancel event every _POLL_S
+
     def _accept_loop(self) -> None:
         while not self._closed:
             try:

@@ -138,9 +138,9 @@ def test_a_step_is_not_a_trend() -> None:
 
 
 def test_latency_over_target_with_spare_capacity_adds_one_replica() -> None:
-    # 6 replicas at 30 k prompt tokens/s of 60 k capacity (50 %): TTFT 40x over target is a
-    # backlog draining, not a lack of replicas: one more, not 12.
+    # 6 replicas at 30 k prompt tokens/s of 60 k capacity (4 would do at 80 %): TTFT 40x
+    # over target is a backlog draining, not a lack of replicas: one more, not 12.
     obs = calm(0, 6, request_rate_per_s=30.0, ttft_s=40 * TTFT_S, ttft_violation_fraction=0.5)
     d = Run(config("prefill", capacity=CAP, max_replicas=20)).step("prefill", obs)
     assert (d.replicas, d.reason) == (7, "TtftViolation")
-    assert "50% of capacity: one more" in d.message
+    assert "the profile says 6 carry the load: one more" in d.message

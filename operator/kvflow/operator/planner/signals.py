@@ -84,19 +84,20 @@ def assess(
     missing: list[str] = []
     calm: list[str] = []  # what is not calm (blocks a scale-down)
     is_blind = False
-    # With a capacity profile, a latency or queue over its limit while the replicas run well
-    # under their capacity is not a lack of replicas: mostly the tail of a backlog that the
-    # replicas already added are draining (its requests queued before they came; TTFT at
-    # the percentile stays high for a window after). Doubling then buys replicas that start
-    # after the backlog is gone; one more hedges against a profile that overstates.
-    util = None
-    if loads.shares_now is not None and ready > 0:
-        util = loads.shares_now / ready
-    has_room = util is not None and util < t.scale_down_utilization
+    # With a capacity profile, a latency or queue over its limit while the profile says the
+    # replicas asked for carry the load is not a lack of replicas: mostly the tail of a
+    # backlog that the replicas already added are draining (its requests queued before they
+    # came; TTFT at the percentile stays high for a window after). Doubling then buys
+    # replicas that start after the backlog is gone; one more hedges against a profile
+    # that overstates.
+    sized = None
+    if loads.shares_sizing is not None:
+        sized = math.ceil(loads.shares_sizing / t.target_utilization - 1e-9)
+    has_room = sized is not None and obs.desired_replicas > 0 and sized <= obs.desired_replicas
 
     def ask(factor: float, reason: DecisionReason, detail: str) -> Want:
         if has_room:
-            detail = f"{detail}; replicas at {util:.0%} of capacity: one more"
+            detail = f"{detail}; the profile says {obs.desired_replicas} carry the load: one more"
             return Want(ready + 1, reason, detail, is_reactive=True)
         return Want(_scaled(ready, factor, t.max_scale_up_factor), reason, detail, True)
 

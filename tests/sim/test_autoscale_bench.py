@@ -10,7 +10,13 @@ import pytest
 
 from kvflow.cli.bench.records import RequestRecord
 from kvflow.cli.sim.autoscale import ReplicaSample, Slo, run
-from kvflow.cli.sim.autoscale_bench import BenchConfig, Cell, policy_for, run_cell
+from kvflow.cli.sim.autoscale_bench import (
+    BenchConfig,
+    Cell,
+    measured_capacity,
+    policy_for,
+    run_cell,
+)
 from kvflow.cli.sim.autoscale_cli import main
 from kvflow.cli.sim.autoscale_metrics import Bucket, recovery_s, replica_hours
 from kvflow.cli.sim.autoscale_policies import PoolSample, Reactive, Static
@@ -90,7 +96,7 @@ SMALL = BenchConfig(
 
 
 def test_the_planner_follows_a_step() -> None:
-    _, planner, result = run_cell(SMALL, Cell("planner", "step", 0.0))
+    _, planner, result = run_cell(SMALL, Cell("planner-derived", "step", 0.0))
     # The step (4 -> 20 requests/s) comes at 60 s; the first scrape after it sizes the
     # pool from the arrivals (Little's law on 4-sequence replicas), not one replica at a
     # time, and the SLO is back within one bucket.
@@ -98,6 +104,17 @@ def test_the_planner_follows_a_step() -> None:
     assert ups[0] == (90.0, 5, "ForecastLoad")
     assert planner.recovery_s is not None and planner.recovery_s <= 60.0
     assert planner.max_replicas <= 6
+
+
+def test_measured_capacity_makes_one_replica_of_what_one_replica_holds() -> None:
+    config = dataclasses.replace(SMALL, probe_s=30.0)
+    cap = measured_capacity(config)
+    assert cap.source.startswith("measured: one replica holds ")
+    held = float(cap.source.split()[-2])
+    assert 2.0 <= held <= 10.0  # 4 sequences of ~24 tokens at ~25 ms: about 6/s
+    derived = config.capacity()
+    ratio = cap.max_decode_seqs / derived.max_decode_seqs
+    assert cap.max_prompt_tokens_per_s / derived.max_prompt_tokens_per_s == pytest.approx(ratio)
 
 
 def test_runs_are_deterministic() -> None:

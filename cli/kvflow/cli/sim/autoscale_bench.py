@@ -4,8 +4,10 @@ Every cell runs the same requests (per shape and seed) on a fresh elastic cluste
 same simulated workers. The static arms do not depend on the start-up delay (their pods
 start once, before the traffic), so they run once per shape. Sizing:
 
-- the **planner** gets the capacity profile `capacity_from_timing` derives from the
-  workers' step-time profile and the traffic's mean lengths: what a user would put in
+- **planner** gets a measured capacity profile (`measured_capacity`: the rate one replica
+  holds, as an operator measuring one worker would find it); **planner-derived** the
+  profile `capacity_from_timing` derives from the workers' step-time profile and the
+  traffic's mean lengths (no measurement at all). Either is what a user would put in
   `autoscaling.replicaPromptTokensPerSecond` / `replicaDecodeSequences`;
 - **static-peak** is the fewest replicas that hold the peak rate for `probe_s` of steady
   Poisson traffic with at least 95 % attainment (measured here, the most favourable
@@ -28,7 +30,7 @@ from kvflow.engine_worker.sim.profile_file import resolve_profile
 from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.operator.planner import CapacityProfile, StepCost, capacity_from_timing
 
-ARMS = ("planner", "static-peak", "static-mean", "reactive")
+ARMS = ("planner", "planner-derived", "static-peak", "static-mean", "reactive")
 STATIC_TARGET = 0.95
 
 
@@ -60,11 +62,11 @@ class BenchConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
 
-    def traffic(self, shape: str, *, rate: float | None = None) -> Traffic:
+    def traffic(self, shape: str) -> Traffic:
         return Traffic(
             shape,
             self.durations_s[shape],
-            self.peak_rate_per_s if rate is None else rate,
+            self.peak_rate_per_s,
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
         )
@@ -95,28 +97,77 @@ class Cell:
     static_replicas: int = 0
 
 
+def steady(config: BenchConfig, rate: float) -> Traffic:
+    """Poisson at `rate` for `probe_s` (a diurnal day with no night)."""
+    return Traffic(
+        "diurnal",
+        config.probe_s,
+        rate,
+        trough_fraction=1.0,
+        input_tokens=config.input_tokens,
+        output_tokens=config.output_tokens,
+    )
+
+
+def measured_capacity(config: BenchConfig) -> CapacityProfile:
+    """The derived profile rescaled to what one replica measurably holds.
+
+    The highest steady rate one replica serves at STATIC_TARGET attainment (bisection to
+    0.5 req/s), then both capacities scaled by the derived profile's shares at that rate
+    (prompt tokens/s plus Little's law on the decode, with the TPOT measured there), so
+    that rate is exactly one replica's worth: what an operator measuring one worker would
+    write into the pool.
+    """
+    derived = config.capacity()
+    profile = config.sim_profile()
+    lo, hi = 0.5, config.peak_rate_per_s
+    held = None
+    while hi - lo > 0.5:
+        mid = (lo + hi) / 2
+        result = run(profile, steady(config, mid), Static("probe", 1), startup_s=0, slo=config.slo)
+        if score(result, config.slo).attainment >= STATIC_TARGET:
+            lo, held = mid, result
+        else:
+            hi = mid
+    if held is None:
+        raise ValueError(f"one replica holds no rate >= {lo} req/s within the SLO")
+    tpots = sorted(r.tpot_s for r in held.records if r.tpot_s is not None)
+    mean_in = sum(config.input_tokens) / 2
+    mean_out = sum(config.output_tokens) / 2
+    shares = (
+        lo * mean_in / derived.max_prompt_tokens_per_s
+        + lo * mean_out * tpots[len(tpots) // 2] / derived.max_decode_seqs
+    )
+    return CapacityProfile(
+        max_prompt_tokens_per_s=derived.max_prompt_tokens_per_s * shares,
+        max_decode_seqs=derived.max_decode_seqs * shares,
+        source=f"measured: one replica holds {lo:.1f} req/s",
+    )
+
+
 def smallest_static(config: BenchConfig, rate: float) -> int:
     """Fewest replicas holding `rate` steady at STATIC_TARGET attainment (module docstring)."""
     profile = config.sim_profile()
-    steady = dataclasses.replace(
-        config.traffic("diurnal", rate=rate), duration_s=config.probe_s, trough_fraction=1.0
-    )
     for n in range(config.min_replicas, config.max_replicas + 1):
-        result = run(profile, steady, Static("probe", n), startup_s=0, slo=config.slo)
+        result = run(profile, steady(config, rate), Static("probe", n), startup_s=0, slo=config.slo)
         if score(result, config.slo).attainment >= STATIC_TARGET:
             return n
     return config.max_replicas
 
 
-def policy_for(config: BenchConfig, cell: Cell) -> Policy:
+def policy_for(config: BenchConfig, cell: Cell, measured: CapacityProfile | None = None) -> Policy:
     if cell.arm in ("static-peak", "static-mean"):
         return Static(cell.arm, cell.static_replicas)
     if cell.arm == "reactive":
         return Reactive(config.min_replicas, config.max_replicas, config.initial_replicas)
-    if cell.arm == "planner":
+    if cell.arm in ("planner", "planner-derived"):
+        capacity = config.capacity()
+        if cell.arm == "planner":
+            assert measured is not None, "the planner arm runs on the measured profile"
+            capacity = measured
         return Planner(
             planner_config(
-                capacity=config.capacity(),
+                capacity=capacity,
                 min_replicas=config.min_replicas,
                 max_replicas=config.max_replicas,
                 initial=config.initial_replicas,
@@ -124,16 +175,19 @@ def policy_for(config: BenchConfig, cell: Cell) -> Policy:
                 tpot_target_s=config.slo.tpot_s,
                 percentile=config.slo.percentile,
                 startup_s=cell.startup_s,
-            )
+            ),
+            name=cell.arm,
         )
     raise ValueError(f"unknown arm {cell.arm!r}: use one of {', '.join(ARMS)}")
 
 
-def run_cell(config: BenchConfig, cell: Cell) -> tuple[Cell, Score, RunResult]:
+def run_cell(
+    config: BenchConfig, cell: Cell, measured: CapacityProfile | None = None
+) -> tuple[Cell, Score, RunResult]:
     result = run(
         config.sim_profile(),
         config.traffic(cell.shape),
-        policy_for(config, cell),
+        policy_for(config, cell, measured),
         startup_s=cell.startup_s,
         slo=config.slo,
         seed=config.seed,
@@ -155,17 +209,20 @@ def cells(config: BenchConfig, static: dict[str, dict[str, int]]) -> list[Cell]:
 def run_grid(
     config: BenchConfig, *, jobs: int = 1, done: Callable[[Cell, Score], None] | None = None
 ) -> list[tuple[Cell, Score, RunResult]]:
+    by_rate: dict[float, int] = {}
     static: dict[str, dict[str, int]] = {}
     for shape in config.shapes:
-        traffic = config.traffic(shape)
-        static[shape] = {
-            "static-peak": smallest_static(config, config.peak_rate_per_s),
-            "static-mean": smallest_static(config, traffic.mean_rate_per_s),
-        }
+        rates = {"static-peak": config.peak_rate_per_s,
+                 "static-mean": config.traffic(shape).mean_rate_per_s}  # fmt: skip
+        for arm, rate in rates.items():
+            if arm in config.arms and rate not in by_rate:
+                by_rate[rate] = smallest_static(config, rate)
+        static[shape] = {arm: by_rate.get(rate, 0) for arm, rate in rates.items()}
+    measured = measured_capacity(config) if "planner" in config.arms else None
     todo = cells(config, static)
     results = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_cell, config, cell) for cell in todo]
+        futures = [pool.submit(run_cell, config, cell, measured) for cell in todo]
         for future in futures:
             item = future.result()
             results.append(item)

@@ -63,21 +63,6 @@ class Static:
         return self.replicas, "Static"
 
 
-def static_replicas(
-    rate_per_s: float,
-    mean_input: float,
-    mean_output_seqs: float,
-    cap: CapacityProfile,
-    utilization: float,
-) -> int:
-    """Replicas for a steady rate: prompt tokens and decoding sequences in replica shares."""
-    shares = (
-        rate_per_s * mean_input / cap.max_prompt_tokens_per_s
-        + mean_output_seqs / cap.max_decode_seqs
-    )
-    return max(1, math.ceil(shares / utilization))
-
-
 @dataclass
 class Planner:
     config: PlannerConfig

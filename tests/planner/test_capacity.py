@@ -78,8 +78,9 @@ def test_capacity_of_a_shipped_simulator_profile() -> None:
     )
     # 8,192 / (6.6 ms + 8,192 x (27.1 us + 48.9 ns)) = 35.8 k tokens/s, x 0.95 = 34.0 k.
     assert cap.max_prompt_tokens_per_s == pytest.approx(33_979, rel=1e-3)
-    # (50 - 6.6) ms / (30.3 us + 1,152 x 48.9 ns) = 501 -> max_num_seqs 256.
-    assert cap.max_decode_seqs == 256
+    # (50 - 6.6) ms / (30.3 us + 1,152 x 48.9 ns) = 501 -> max_num_seqs 256, whose step is
+    # 6.6 ms + 256 x 86.6 us = 28.8 ms: 8.9 k output tokens/s.
+    assert cap.max_decode_tokens_per_s == pytest.approx(256 / 0.028780, rel=1e-4)
 
 
 def test_impossible_targets_say_what_to_change() -> None:

@@ -25,7 +25,7 @@ def test_config_from_spec() -> None:
             scaleUpCooldownSeconds=45,
             replicaStartupSeconds=120,
             replicaPromptTokensPerSecond=20000,
-            replicaDecodeSequences=96,
+            replicaDecodeTokensPerSecond=5000,
         )
     )
     assert (cfg.ttft_target_s, cfg.tpot_target_s, cfg.percentile) == (0.8, 0.04, 95)
@@ -35,7 +35,7 @@ def test_config_from_spec() -> None:
     assert (prefill.spec_replicas, prefill.min_replicas, prefill.max_replicas) == (2, 1, 6)
     assert prefill.is_autoscaled and not decode.is_autoscaled
     assert prefill.capacity is not None and prefill.capacity.max_prompt_tokens_per_s == 20000
-    assert prefill.capacity.max_decode_seqs == 96
+    assert prefill.capacity.max_decode_tokens_per_s == 5000
 
 
 def test_no_capacity_in_the_spec() -> None:

@@ -9,8 +9,8 @@ from planner.history import TTFT_S, Run, calm, closed_loop, config
 
 from kvflow.operator.planner import CapacityProfile, Decision, Observation
 
-# 10 k prompt tokens/s per replica within the TTFT target; 1,000-token prompts.
-CAP = CapacityProfile(max_prompt_tokens_per_s=10_000, max_decode_seqs=50, source="test")
+# 10 k prompt tokens/s and 1 k output tokens/s per replica within the targets.
+CAP = CapacityProfile(max_prompt_tokens_per_s=10_000, max_decode_tokens_per_s=1_000, source="test")
 
 
 def _loop(
@@ -107,19 +107,26 @@ def test_flapping_at_capacity_without_a_profile_does_not_flap() -> None:
     assert held, decisions[-1].message
 
 
-def test_decode_sized_from_concurrency() -> None:
-    # 4 ready replicas with 45 running sequences each = 180; 50 per replica at 80 % = 40:
-    # ceil(180 / 40) = 5, although TPOT is still low.
-    d = Run(config("decode", capacity=CAP)).step("decode", calm(0, 4, decode_batch_size=45.0))
+def test_decode_sized_from_the_output_token_rate() -> None:
+    # 20 requests/s x 200 output tokens = 4 k tokens/s: 4 replicas' worth, 5 at 80 %,
+    # although TPOT is still low.
+    obs = calm(0, 4, request_rate_per_s=20.0)
+    d = Run(config("decode", capacity=CAP)).step("decode", obs)
     assert (d.replicas, d.reason) == (5, "ForecastLoad")
+    assert "output 4000 tokens/s" in d.message
 
 
-def test_saturated_decode_is_sized_from_the_arrivals() -> None:
-    # 4 replicas at their batch limit (40 running each: 160, 80 % of 4 x 50) look just full;
-    # the arrivals want 100/s x 200 tokens x 20 ms = 400 sequences: ceil(400 / 40) = 10.
-    obs = calm(0, 4, decode_batch_size=40.0, request_rate_per_s=100.0, tpot_s=0.02)
+def test_decode_load_is_what_arrives_not_what_runs() -> None:
+    # 6 replicas drain a backlog at their batch limit (40 running each) while 10 requests/s
+    # x 200 tokens arrive (2 k tokens/s: 3 replicas at 80 %): nothing to add for it.
+    obs = calm(0, 6, decode_batch_size=40.0, request_rate_per_s=10.0, tpot_s=0.02)
     d = Run(config("decode", capacity=CAP, max_replicas=20)).step("decode", obs)
-    assert (d.replicas, d.reason) == (10, "ForecastLoad")
+    assert d.replicas <= 6 and d.reason != "ForecastLoad"
+    # With the rate unmeasured, what runs is all there is: 240 running / 20 ms = 12 k
+    # tokens/s -> 15 replicas at 80 %.
+    blind = calm(0, 6, decode_batch_size=40.0, request_rate_per_s=None, tpot_s=0.02)
+    d = Run(config("decode", capacity=CAP, max_replicas=20)).step("decode", blind)
+    assert (d.replicas, d.reason) == (15, "ForecastLoad")
 
 
 def test_a_step_is_not_a_trend() -> None:

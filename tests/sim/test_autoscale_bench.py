@@ -113,7 +113,7 @@ def test_measured_capacity_makes_one_replica_of_what_one_replica_holds() -> None
     held = float(cap.source.split()[-2])
     assert 2.0 <= held <= 10.0  # 4 sequences of ~24 tokens at ~25 ms: about 6/s
     derived = config.capacity()
-    ratio = cap.max_decode_seqs / derived.max_decode_seqs
+    ratio = cap.max_decode_tokens_per_s / derived.max_decode_tokens_per_s
     assert cap.max_prompt_tokens_per_s / derived.max_prompt_tokens_per_s == pytest.approx(ratio)
 
 

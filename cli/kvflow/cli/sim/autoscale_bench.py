@@ -8,7 +8,7 @@ start once, before the traffic), so they run once per shape. Sizing:
   holds, as an operator measuring one worker would find it); **planner-derived** the
   profile `capacity_from_timing` derives from the workers' step-time profile and the
   traffic's mean lengths (no measurement at all). Either is what a user would put in
-  `autoscaling.replicaPromptTokensPerSecond` / `replicaDecodeSequences`;
+  `autoscaling.replicaPromptTokensPerSecond` / `replicaDecodeTokensPerSecond`;
 - **static-peak** is the fewest replicas that hold the peak rate for `probe_s` of steady
   Poisson traffic with at least 95 % attainment (measured here, the most favourable
   sizing a static pool can get), **static-mean** the same for the mean rate;
@@ -114,9 +114,8 @@ def measured_capacity(config: BenchConfig) -> CapacityProfile:
 
     The highest steady rate one replica serves at STATIC_TARGET attainment (bisection to
     0.5 req/s), then both capacities scaled by the derived profile's shares at that rate
-    (prompt tokens/s plus Little's law on the decode, with the TPOT measured there), so
-    that rate is exactly one replica's worth: what an operator measuring one worker would
-    write into the pool.
+    (prompt plus output tokens/s over their capacities), so that rate is exactly one
+    replica's worth: what an operator measuring one worker would write into the pool.
     """
     derived = config.capacity()
     profile = config.sim_profile()
@@ -131,16 +130,15 @@ def measured_capacity(config: BenchConfig) -> CapacityProfile:
             hi = mid
     if held is None:
         raise ValueError(f"one replica holds no rate >= {lo} req/s within the SLO")
-    tpots = sorted(r.tpot_s for r in held.records if r.tpot_s is not None)
     mean_in = sum(config.input_tokens) / 2
     mean_out = sum(config.output_tokens) / 2
     shares = (
         lo * mean_in / derived.max_prompt_tokens_per_s
-        + lo * mean_out * tpots[len(tpots) // 2] / derived.max_decode_seqs
+        + lo * mean_out / derived.max_decode_tokens_per_s
     )
     return CapacityProfile(
         max_prompt_tokens_per_s=derived.max_prompt_tokens_per_s * shares,
-        max_decode_seqs=derived.max_decode_seqs * shares,
+        max_decode_tokens_per_s=derived.max_decode_tokens_per_s * shares,
         source=f"measured: one replica holds {lo:.1f} req/s",
     )
 

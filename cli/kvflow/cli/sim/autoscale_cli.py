@@ -77,7 +77,8 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         print(f"autoscale: {exc}", file=err)
         return 2
     print(f"autoscale: capacity per replica {capacity.max_prompt_tokens_per_s:.0f} prompt "
-          f"tokens/s, {capacity.max_decode_seqs:.0f} sequences ({capacity.source})",
+          f"tokens/s, {capacity.max_decode_tokens_per_s:.0f} output tokens/s "
+          f"({capacity.source})",
           file=err, flush=True)  # fmt: skip
     start = time.monotonic()
 

@@ -48,7 +48,7 @@ def report_dict(config: BenchConfig, rows: Sequence[Row]) -> dict[str, Any]:
             "durations_s": config.durations_s,
             "capacity": {
                 "max_prompt_tokens_per_s": config.capacity().max_prompt_tokens_per_s,
-                "max_decode_seqs": config.capacity().max_decode_seqs,
+                "max_decode_tokens_per_s": config.capacity().max_decode_tokens_per_s,
             },
             "seed": config.seed,
         },

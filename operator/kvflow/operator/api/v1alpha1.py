@@ -301,8 +301,8 @@ class SloSpec:
 
 @cel(
     CelRule(
-        "has(self.replicaPromptTokensPerSecond) == has(self.replicaDecodeSequences)",
-        "autoscaling takes both replicaPromptTokensPerSecond and replicaDecodeSequences, "
+        "has(self.replicaPromptTokensPerSecond) == has(self.replicaDecodeTokensPerSecond)",
+        "autoscaling takes both replicaPromptTokensPerSecond and replicaDecodeTokensPerSecond, "
         "or neither",
     )
 )
@@ -346,15 +346,16 @@ class AutoscalingSpec:
         max_items=3,
     )
     replica_prompt_tokens_per_second: float | None = field(
-        """Prompt tokens per second one worker prefills with TTFT within target (a
-        measured figure, or `kvflow plan`'s from a profile). Unset: no forecast sizing.""",
+        """Prompt tokens per second one worker prefills with TTFT within target (measured,
+        or derived from a step-time profile: docs/planner.md). Unset: no forecast sizing.""",
         None,
         minimum=0,
         exclusive_minimum=True,
     )
-    replica_decode_sequences: float | None = field(
-        """Sequences one worker decodes at once with TPOT within target. Set together
-        with replicaPromptTokensPerSecond.""",
+    replica_decode_tokens_per_second: float | None = field(
+        """Output tokens per second one worker generates with TPOT within target (its
+        largest batch within TPOT, KV and maxNumSeqs, over that batch's step time). Set
+        together with replicaPromptTokensPerSecond.""",
         None,
         minimum=0,
         exclusive_minimum=True,

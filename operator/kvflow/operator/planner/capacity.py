@@ -12,9 +12,10 @@ coefficients come in as a `StepCost`; `kvflow plan` and the benchmark fill one f
 Decode: n sequences decoding with an average context of L = input + output / 2 tokens make
 a step of base + n x (per_decode_seq + per_kv_token x L), and every step is one output
 token each, so TPOT <= target holds up to n = (target - base) / (per_decode_seq +
-per_kv_token x L), and no further than the KV cache (tokens / L) or max_num_seqs allow.
-For h100-llama3-8b (6.6 ms base, 30.3 us/seq, 48.9 ns/token) at L = 1,150 and a 50 ms TPOT:
-(50 - 6.6) / (30.3 + 56.2) us = 501 -> capped at max_num_seqs 256.
+per_kv_token x L), and no further than the KV cache (tokens / L) or max_num_seqs allow;
+the replica then generates n / step(n) tokens/s. For h100-llama3-8b (6.6 ms base,
+30.3 us/seq, 48.9 ns/token) at L = 1,152 and a 50 ms TPOT: (50 - 6.6) / (30.3 + 56.3) us =
+501 -> capped at max_num_seqs 256, a 28.8 ms step: 8.9 k tokens/s.
 
 Prefill: a replica prefills at most B / step(B) tokens/s with full B-token chunks (B =
 max_num_batched_tokens). Prompts arrive at random, so a queue forms well before that:
@@ -67,6 +68,13 @@ def decode_seqs_within_tpot(
     by_tpot = math.inf if per_seq_s <= 0 else (tpot_target_s - cost.base_step_s) / per_seq_s
     by_kv = kv_capacity_tokens / max(context_tokens, 1.0)
     return max(0, math.floor(min(by_tpot, by_kv, max_num_seqs)))
+
+
+def decode_step_s(cost: StepCost, num_seqs: int, context_tokens: float) -> float:
+    """A step of `num_seqs` decoding sequences: each makes one output token."""
+    return cost.base_step_s + num_seqs * (
+        cost.per_decode_seq_s + cost.per_kv_token_s * context_tokens
+    )
 
 
 def prefill_tokens_per_s(cost: StepCost, *, input_tokens: float, chunk_tokens: int) -> float:
@@ -142,9 +150,10 @@ def capacity_from_timing(
         wait_budget_s=ttft_target_s - alone_s,
         tail=1 - percentile / 100,
     )
+    context_tokens = mean_input_tokens + mean_output_tokens / 2
     seqs = decode_seqs_within_tpot(
         cost,
-        context_tokens=mean_input_tokens + mean_output_tokens / 2,
+        context_tokens=context_tokens,
         tpot_target_s=tpot_target_s,
         max_num_seqs=max_num_seqs,
         kv_capacity_tokens=kv_capacity_tokens,
@@ -156,6 +165,6 @@ def capacity_from_timing(
         )
     return CapacityProfile(
         max_prompt_tokens_per_s=rho * throughput,
-        max_decode_seqs=float(seqs),
+        max_decode_tokens_per_s=seqs / decode_step_s(cost, seqs, context_tokens),
         source=source or "step-time profile",
     )

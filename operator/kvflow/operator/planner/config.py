@@ -10,13 +10,13 @@ from kvflow.operator.planner.types import CapacityProfile, PlannerConfig, RoleCo
 def capacity_from_spec(spec: v1alpha1.AutoscalingSpec) -> CapacityProfile | None:
     """The per-replica capacity the spec states, or None (the CRD asks for both or neither)."""
     tokens_per_s = spec.replica_prompt_tokens_per_second
-    seqs = spec.replica_decode_sequences
-    if tokens_per_s is None or seqs is None:
+    decode_per_s = spec.replica_decode_tokens_per_second
+    if tokens_per_s is None or decode_per_s is None:
         return None
     return CapacityProfile(
         max_prompt_tokens_per_s=tokens_per_s,
-        max_decode_seqs=seqs,
-        source="autoscaling.replicaPromptTokensPerSecond/replicaDecodeSequences",
+        max_decode_tokens_per_s=decode_per_s,
+        source="autoscaling.replicaPromptTokensPerSecond/replicaDecodeTokensPerSecond",
     )
 
 

@@ -72,7 +72,7 @@ def _observe(
     t = config.tuning
     now = obs.time_s
     prompt_load = _prompt_tokens_per_s(obs) if role != "decode" else None
-    decode_load = _decode_seqs(obs, config) if role != "prefill" else None
+    decode_load = _decode_tokens_per_s(obs) if role != "prefill" else None
     prompt_holt = state.prompt_load
     decode_holt = state.decode_load
     if prompt_load is not None:
@@ -118,9 +118,9 @@ def _observe(
             max_growth=t.max_forecast_growth,
             min_rises=t.forecast_min_rises,
         )
-        shares_now += decode_load / cap.max_decode_seqs
-        shares_sizing += ahead / cap.max_decode_seqs
-        parts.append(f"{decode_load:.1f} decoding sequences ({ahead:.1f} ahead)")
+        shares_now += decode_load / cap.max_decode_tokens_per_s
+        shares_sizing += ahead / cap.max_decode_tokens_per_s
+        parts.append(f"output {decode_load:.0f} tokens/s ({ahead:.0f} ahead)")
     return state, Loads(shares_now, shares_sizing, ", ".join(parts))
 
 
@@ -132,28 +132,21 @@ def _prompt_tokens_per_s(obs: Observation) -> float | None:
     return obs.request_rate_per_s * obs.mean_input_tokens
 
 
-def _decode_seqs(obs: Observation, config: PlannerConfig) -> float | None:
-    """Sequences the role is asked to decode at once.
+def _decode_tokens_per_s(obs: Observation) -> float | None:
+    """Output tokens/s the role is asked for: arrivals x output tokens.
 
-    What the workers run (`decode_batch_size x ready`) cannot exceed their batch limit, so
-    a saturated role hides its excess in the queue. Little's law on the arrivals does not:
-    a request decodes for output tokens x TPOT seconds, so rate x that many sequences
-    want to run. The larger of the two is the demand.
+    Counted from the arrivals, not from what runs: a saturated role runs no more than its
+    batch limit and hides the rest in its queue, and a role draining a backlog runs more
+    than arrives (sizing for it buys replicas that start after the backlog is gone). When
+    the rate or the lengths are unmeasured, what runs: decoding requests / TPOT.
     """
     if obs.request_rate_per_s == 0:
         return 0.0
-    running = None
-    if obs.decode_batch_size is not None:
-        running = obs.decode_batch_size * obs.ready_replicas
-    arriving = None
-    if (
-        obs.request_rate_per_s is not None
-        and obs.mean_output_tokens is not None
-        and obs.tpot_s is not None
-    ):
-        arriving = obs.request_rate_per_s * obs.mean_output_tokens * obs.tpot_s
-    known = [x for x in (running, arriving) if x is not None]
-    return max(known) if known else None
+    if obs.request_rate_per_s is not None and obs.mean_output_tokens is not None:
+        return obs.request_rate_per_s * obs.mean_output_tokens
+    if obs.decode_batch_size is not None and obs.tpot_s:
+        return obs.decode_batch_size * obs.ready_replicas / obs.tpot_s
+    return None
 
 
 _SATURATED: frozenset[DecisionReason] = frozenset({"TtftViolation", "TpotViolation", "QueueWait"})

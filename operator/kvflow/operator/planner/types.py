@@ -81,14 +81,16 @@ class CapacityProfile:
     """
 
     max_prompt_tokens_per_s: float  # prefill throughput that keeps TTFT within target
-    max_decode_seqs: float  # concurrent decoding sequences that keep TPOT within target
+    # Output tokens/s one replica generates with TPOT within target (its batch at the
+    # largest size the target, the KV cache and max_num_seqs allow, over that batch's step).
+    max_decode_tokens_per_s: float
     source: str = ""  # where the numbers come from, for messages
 
     def __post_init__(self) -> None:
-        if self.max_prompt_tokens_per_s <= 0 or self.max_decode_seqs <= 0:
+        if self.max_prompt_tokens_per_s <= 0 or self.max_decode_tokens_per_s <= 0:
             raise ValueError(
                 f"capacity profile {self.source!r}: both capacities must be > 0 "
-                f"(got {self.max_prompt_tokens_per_s} tokens/s, {self.max_decode_seqs} seqs)"
+                f"(got {self.max_prompt_tokens_per_s} and {self.max_decode_tokens_per_s} tokens/s)"
             )
 
 
@@ -157,8 +159,8 @@ class RoleState:
     role: WorkerRole
     replicas: int | None = None  # last decided; None before the first decision
     since_s: float | None = None  # first observation: a scale-down needs a full window of it
-    # Holt forecasts of the role's loads: prompt tokens/s (prefill, colocated) and decoding
-    # sequences (decode, colocated).
+    # Holt forecasts of the role's loads: prompt tokens/s (prefill, colocated) and output
+    # tokens/s (decode, colocated).
     prompt_load: Holt | None = None
     decode_load: Holt | None = None
     # Requests/s per ready replica when the role last broke its SLO (latency or queue).

@@ -102,3 +102,14 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile(values, 90) == 9.0
     assert percentile(values, 91) == 10.0
     assert percentile([], 90) is None
+
+
+def test_a_worker_removed_between_its_step_and_the_step_s_end_keeps_its_last_outputs() -> None:
+    # At 20.0493 s sim-2's engine has computed a step that finishes a request (its queues
+    # are empty) whose tokens reach the client only when the step ends; dropping the worker
+    # then lost them (KeyError on the router's count). Found by sweeping the drain time.
+    cluster = _cluster(workers=3, startup_s=30.0)
+    cluster.events.at(20.0493, lambda: cluster.scale_to(2))
+    records = cluster.run()
+    assert len(records) == 300 and all(r.is_ok for r in records)
+    assert "sim-2" not in cluster.workers

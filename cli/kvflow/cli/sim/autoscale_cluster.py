@@ -46,6 +46,10 @@ class ElasticRouterSide(RouterSide):
     def add(self, worker_id: WorkerId, role: WorkerRole) -> None:
         self._workers[worker_id] = _Counters(role)
 
+    def num_open(self, worker_id: WorkerId) -> int:
+        """Requests this router opened there and has not closed (their end not yet seen)."""
+        return self._workers[worker_id].num_local
+
     def hide(self, worker_id: WorkerId) -> None:
         """Out of the endpoints (draining): no new request goes there."""
         self._hidden.add(worker_id)
@@ -158,7 +162,9 @@ class ElasticCluster(VirtualCluster):
         worker = self.workers.get(worker_id)
         if worker is None or worker_id not in self._draining:
             return
-        if worker.engine.scheduler.num_waiting or worker.engine.scheduler.num_running:
+        # Not the engine's queues: a request finished in a step leaves them when the step is
+        # computed, but its last tokens reach the client only when the step ends.
+        if self._elastic.num_open(worker_id):
             return
         del self.workers[worker_id]
         self._draining.discard(worker_id)

@@ -98,26 +98,14 @@ def _observe(
     if role != "decode":
         if prompt_load is None or prompt_holt is None:
             return state, Loads(None, None, "")
-        ahead = sizing_load(
-            prompt_load,
-            prompt_holt,
-            horizon_s,
-            max_growth=t.max_forecast_growth,
-            min_rises=t.forecast_min_rises,
-        )
+        ahead = sizing_load(prompt_load, prompt_holt, horizon_s, max_growth=t.max_forecast_growth)
         shares_now += prompt_load / cap.max_prompt_tokens_per_s
         shares_sizing += ahead / cap.max_prompt_tokens_per_s
         parts.append(f"prompt load {prompt_load:.0f} tokens/s ({ahead:.0f} ahead)")
     if role != "prefill":
         if decode_load is None or decode_holt is None:
             return state, Loads(None, None, "")
-        ahead = sizing_load(
-            decode_load,
-            decode_holt,
-            horizon_s,
-            max_growth=t.max_forecast_growth,
-            min_rises=t.forecast_min_rises,
-        )
+        ahead = sizing_load(decode_load, decode_holt, horizon_s, max_growth=t.max_forecast_growth)
         shares_now += decode_load / cap.max_decode_tokens_per_s
         shares_sizing += ahead / cap.max_decode_tokens_per_s
         parts.append(f"output {decode_load:.0f} tokens/s ({ahead:.0f} ahead)")

@@ -132,7 +132,6 @@ class Tuning:
     forecast_level_alpha: float = 0.5
     forecast_trend_beta: float = 0.3
     max_forecast_growth: float = 1.5
-    forecast_min_rises: int = 2  # the trend counts after this many rising samples in a row
 
 
 @dataclass(frozen=True)

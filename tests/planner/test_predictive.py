@@ -151,3 +151,21 @@ def test_latency_over_target_with_spare_capacity_adds_one_replica() -> None:
     d = Run(config("prefill", capacity=CAP, max_replicas=20)).step("prefill", obs)
     assert (d.replicas, d.reason) == (7, "TtftViolation")
     assert "the profile says 6 carry the load: one more" in d.message
+
+
+def test_a_draining_backlog_buys_nothing() -> None:
+    # After a step, 6 replicas carry the load by the profile (30 k of 60 k tokens/s) but
+    # the backlog from before they came keeps TTFT over target for a few intervals, each
+    # with fewer requests over: wait. When it stops improving, one more.
+    run = Run(config("prefill", capacity=CAP, max_replicas=20))
+    hot = {"request_rate_per_s": 30.0, "ttft_s": 40 * TTFT_S}
+    seen = []
+    for i, share in enumerate([0.9, 0.6, 0.3, 0.3]):
+        d = run.step("prefill", calm(30 * i, 6, ttft_violation_fraction=share, **hot))
+        seen.append((d.replicas, d.reason))
+    assert seen == [
+        (7, "TtftViolation"),  # nothing to compare with yet: one more
+        (6, "BacklogDraining"),
+        (6, "BacklogDraining"),
+        (7, "TtftViolation"),  # 30 % again: not draining
+    ]

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from kvflow.operator.planner.forecast import sizing_load, start_or_update
-from kvflow.operator.planner.signals import Assessment, Loads, Want, assess
+from kvflow.operator.planner.signals import Assessment, Loads, Want, assess, violation_share
 from kvflow.operator.planner.slo import judge_slo
 from kvflow.operator.planner.types import (
     Decision,
@@ -178,6 +178,7 @@ def _decide(
     new_state = replace(
         state,
         saturation_rate_per_replica=_saturation(obs, state, step),
+        last_violation_share=violation_share(obs),
         replicas=step.replicas,
         recommendations=(*recent, (now, wanted)),
         last_scale_up_s=now if step.is_up else state.last_scale_up_s,
@@ -206,7 +207,15 @@ def _choose(
     if current > rcfg.max_replicas:
         return _Step(rcfg.max_replicas, "AboveMaxReplicas", "lowered to maxReplicas")
 
-    found = assess(role, obs, config, rcfg, loads, state.saturation_rate_per_replica)
+    found = assess(
+        role,
+        obs,
+        config,
+        rcfg,
+        loads,
+        state.saturation_rate_per_replica,
+        state.last_violation_share,
+    )
     step = _choose_autoscaled(obs, config, rcfg, state, loads, found)
     return replace(step, saturated=any(w.reason in _SATURATED for w in found.wants))
 
@@ -224,6 +233,8 @@ def _choose_autoscaled(
     best = _largest(found.wants, current)
     if best is not None:
         return _scale_up(obs, config, rcfg, state, found, best, note)
+    if found.draining and not found.wants:
+        return _Step(current, "BacklogDraining", f"{found.draining}{note}")
     if found.wants:  # over a threshold, but what was asked for is already on its way
         pressing = max(found.wants, key=lambda w: w.replicas)
         starting = obs.pending_replicas - obs.unschedulable_replicas

@@ -52,6 +52,15 @@ class Assessment:
     hold_note: str  # why down_to is None, for messages
     missing: tuple[str, ...]  # inputs that were None
     is_blind: bool  # traffic, but the role's own latency is unmeasured
+    draining: str = ""  # over target, improving, and the profile says there is room
+
+
+def violation_share(obs: Observation) -> float | None:
+    """The larger share of requests over a latency target, or None when neither is known."""
+    shares = [
+        x for x in (obs.ttft_violation_fraction, obs.tpot_violation_fraction) if x is not None
+    ]
+    return max(shares) if shares else None
 
 
 def _sides(role: WorkerRole) -> tuple[bool, bool]:
@@ -74,6 +83,7 @@ def assess(
     rcfg: RoleConfig,
     loads: Loads,
     saturation_rate_per_replica: float | None = None,
+    last_violation_share: float | None = None,
 ) -> Assessment:
     t = config.tuning
     is_prefill, is_decode = _sides(role)
@@ -95,11 +105,25 @@ def assess(
         sized = math.ceil(loads.shares_sizing / t.target_utilization - 1e-9)
     has_room = sized is not None and obs.desired_replicas > 0 and sized <= obs.desired_replicas
 
-    def ask(factor: float, reason: DecisionReason, detail: str) -> Want:
-        if has_room:
+    share = violation_share(obs)
+    is_improving = (
+        share is not None and last_violation_share is not None and share < last_violation_share
+    )
+    draining: list[str] = []
+
+    def ask(factor: float, reason: DecisionReason, detail: str) -> None:
+        if has_room and is_improving:
+            # Fewer requests over target than an interval ago, with the replicas the load
+            # needs: a backlog draining. Replicas ordered now would start after it is gone.
+            draining.append(
+                f"{detail}; down from {last_violation_share:.0%} of requests over target, "
+                f"and the profile says {obs.desired_replicas} carry the load"
+            )
+        elif has_room:
             detail = f"{detail}; the profile says {obs.desired_replicas} carry the load: one more"
-            return Want(ready + 1, reason, detail, is_reactive=True)
-        return Want(_scaled(ready, factor, t.max_scale_up_factor), reason, detail, True)
+            wants.append(Want(ready + 1, reason, detail, is_reactive=True))
+        else:
+            wants.append(Want(_scaled(ready, factor, t.max_scale_up_factor), reason, detail, True))
 
     def latency(name: str, value: float | None, frac: float | None, target: float) -> None:
         nonlocal is_blind
@@ -111,7 +135,7 @@ def assess(
             shown = f"{value:.3g} s" if value is not None else "unmeasured"
             frac_text = "" if frac is None else f", {frac:.0%} of requests over"
             text = f"{name} p{config.percentile:g} {shown} vs target {target:.3g} s{frac_text}"
-            wants.append(ask(factor, reason, text))
+            ask(factor, reason, text)
         if value is None:
             if not is_idle:
                 missing.append(f"{name.lower()}_s")
@@ -133,7 +157,7 @@ def assess(
             # a backlog that has drained (the last queued requests just started): the
             # wait warns of TTFT trouble, and there is none.
             text = f"prompts wait {wait:.3g} s before prefill (limit {wait_limit_s:.3g} s)"
-            wants.append(ask(wait / wait_limit_s, "QueueWait", text))
+            ask(wait / wait_limit_s, "QueueWait", text)
         elif wait > wait_limit_s / 2:
             calm.append(f"queue wait {wait:.3g} s")
     if is_decode:
@@ -200,4 +224,5 @@ def assess(
         hold_note="; ".join(calm),
         missing=tuple(dict.fromkeys(missing)),
         is_blind=is_blind,
+        draining="; ".join(draining),
     )

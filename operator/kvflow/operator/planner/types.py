@@ -166,6 +166,9 @@ class RoleState:
     # Without a capacity profile it is the only thing that says how far fewer replicas
     # would stretch: a scale-down must leave each replica well under it.
     saturation_rate_per_replica: float | None = None
+    # The larger share of requests over a latency target, last interval: falling while the
+    # profile says the replicas suffice is a backlog draining, not a lack of replicas.
+    last_violation_share: float | None = None
     # (time_s, replicas) the model wanted in each recent interval: a scale-down takes the
     # max over the stabilization window, so one quiet interval never removes a replica.
     recommendations: tuple[tuple[float, int], ...] = ()
@@ -196,6 +199,7 @@ DecisionReason = Literal[
     "Underloaded",  # down: the load fits fewer replicas with the SLO met
     "Stabilizing",  # a scale-down is wanted but not for the whole stabilization window
     "Cooldown",  # more is wanted, but the last scale-up is too recent to judge
+    "BacklogDraining",  # over target but improving, and the profile says there is room
     "PendingPods",  # more is wanted, but pods are Pending for lack of resources
     "AtMaxReplicas",  # more is wanted, but the role is at maxReplicas
     "BelowMinReplicas",  # raised to minReplicas

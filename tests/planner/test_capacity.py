@@ -109,18 +109,18 @@ def test_holt_follows_a_ramp_and_ignores_stale_samples() -> None:
 
 
 def test_sizing_load_caps_a_noisy_forecast() -> None:
-    steep = Holt(100.0, 50.0, 0.0, last_value=100.0, slopes_per_s=(50.0, 60.0, 50.0))
+    steep = Holt(100.0, 50.0, 0.0, last_value=100.0, slopes_per_s=(50.0,) * 5)
     assert sizing_load(100.0, steep, 60.0, max_growth=2.0) == 200.0  # not 3,100
-    falling = Holt(100.0, -5.0, 0.0, last_value=100.0, slopes_per_s=(-5.0, -5.0, -5.0))
+    falling = Holt(100.0, -5.0, 0.0, last_value=100.0, slopes_per_s=(-5.0,) * 5)
     assert sizing_load(100.0, falling, 60.0, max_growth=2.0) == 100.0  # never below now
 
 
 def test_a_jump_is_no_slope_but_a_ramp_is() -> None:
     holt = None
-    for i, value in enumerate([10.0, 10.0, 10.0, 30.0, 30.0]):  # a step
+    for i, value in enumerate([10.0, 10.0, 10.0, 10.0, 10.0, 30.0, 31.0]):  # a step, noise
         holt = start_or_update(holt, value, 30.0 * i, alpha=0.5, beta=0.3)
     assert holt is not None and holt.trend_per_s > 0.1  # Holt's own trend: 0.2/s
-    assert holt.forecast(90.0) == 30.0  # the median slope is 0: no echo of the jump
-    for i in range(5, 8):  # then a ramp, +3 per 30 s
-        holt = start_or_update(holt, 30.0 + 3 * (i - 4), 30.0 * i, alpha=0.5, beta=0.3)
-    assert holt.forecast(90.0) > 39.0 + 3.0
+    assert holt.forecast(90.0) == 31.0  # the median slope is 0: no echo of the jump
+    for i in range(7, 12):  # then a ramp, +3 per 30 s
+        holt = start_or_update(holt, 31.0 + 3 * (i - 6), 30.0 * i, alpha=0.5, beta=0.3)
+    assert holt.forecast(90.0) > 46.0 + 3.0

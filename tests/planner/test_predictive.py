@@ -39,13 +39,14 @@ def _loop(
 
 def test_forecast_scales_up_before_the_load_reaches_capacity() -> None:
     run = Run(config("prefill", capacity=CAP))
-    # 10 -> 16 requests/s of 1k-token prompts over 90 s; 2 replicas hold 16 k at 80 %.
-    for i, rate in enumerate([10.0, 12.0, 14.0]):
+    # 8.5 -> 16 requests/s of 1k-token prompts over 150 s; 2 replicas hold 16 k at 80 %.
+    for i, rate in enumerate([8.5, 10.0, 11.5, 13.0, 14.5]):
         d = run.step("prefill", calm(30 * i, 2, request_rate_per_s=rate))
         assert not d.is_change
-    d = run.step("prefill", calm(90, 2, request_rate_per_s=16.0))
-    # Now 16 k/s is 80 % of 2 replicas; the trend (~2 k/s per 30 s) makes ~22 k/s one
-    # start-up plus one interval (90 s) ahead: 3 replicas. TTFT is still 20 % of target.
+    d = run.step("prefill", calm(150, 2, request_rate_per_s=16.0))
+    # Now 16 k/s is 80 % of 2 replicas; the trend (1.5 k/s per 30 s, five slopes alike)
+    # makes ~20 k/s one start-up plus one interval (90 s) ahead: 3 replicas. TTFT is still
+    # 20 % of target.
     assert (d.replicas, d.reason) == (3, "ForecastLoad")
     assert "prompt load 16000 tokens/s" in d.message
 

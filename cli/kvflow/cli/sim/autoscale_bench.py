@@ -28,7 +28,7 @@ from kvflow.cli.sim.autoscale_policies import Planner, Policy, Reactive, Static,
 from kvflow.cli.sim.autoscale_traffic import Traffic
 from kvflow.engine_worker.sim.profile_file import resolve_profile
 from kvflow.engine_worker.sim.profiles import SimProfile
-from kvflow.operator.planner import CapacityProfile, StepCost, capacity_from_timing
+from kvflow.operator.planner import CapacityProfile, StepCost, Tuning, capacity_from_timing
 
 ARMS = ("planner", "planner-derived", "static-peak", "static-mean", "reactive")
 STATIC_TARGET = 0.95
@@ -54,6 +54,8 @@ class BenchConfig:
     initial_replicas: int = 2
     probe_s: float = 120.0
     seed: int = 0
+    # The planner's Tuning.target_utilization / scale_down_utilization (None: its defaults).
+    utilization: tuple[float, float] | None = None
 
     def sim_profile(self) -> SimProfile:
         return dataclasses.replace(
@@ -173,6 +175,12 @@ def policy_for(config: BenchConfig, cell: Cell, measured: CapacityProfile | None
                 tpot_target_s=config.slo.tpot_s,
                 percentile=config.slo.percentile,
                 startup_s=cell.startup_s,
+                tuning=None
+                if config.utilization is None
+                else Tuning(
+                    target_utilization=config.utilization[0],
+                    scale_down_utilization=config.utilization[1],
+                ),
             ),
             name=cell.arm,
         )

@@ -39,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
                    help="pod start-up delays, seconds")  # fmt: skip
     p.add_argument("--arms", nargs="+", default=list(d.arms), choices=ARMS)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--utilization", nargs=2, type=float, metavar=("UP", "DOWN"),
+                   help="the planner's target and scale-down utilisation (default: its "
+                   "own)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 5-10 minute traffic")
     p.add_argument("--jobs", type=int, default=1, help="cells run side by side")
     p.add_argument("--json", help="write the full report here")
@@ -56,6 +59,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         startups_s=tuple(args.startups),
         arms=tuple(args.arms),
         seed=args.seed,
+        utilization=tuple(args.utilization) if args.utilization else None,
     )
     if args.quick:
         config = dataclasses.replace(

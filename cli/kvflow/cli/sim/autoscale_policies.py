@@ -23,6 +23,7 @@ from kvflow.operator.planner import (
     PlannerConfig,
     PlannerState,
     RoleConfig,
+    Tuning,
     plan,
 )
 
@@ -138,6 +139,7 @@ def planner_config(
     percentile: float,
     startup_s: float,
     interval_s: float = 30.0,
+    tuning: Tuning | None = None,
 ) -> PlannerConfig:
     role = RoleConfig(
         spec_replicas=initial,
@@ -153,4 +155,5 @@ def planner_config(
         interval_s=interval_s,
         # The benchmark's startup delay is what the pool's replicaStartupSeconds would say.
         replica_startup_s=startup_s,
+        tuning=tuning if tuning is not None else Tuning(),
     )

@@ -53,6 +53,23 @@ def test_the_stream_is_the_stacked_layout_and_lands_where_it_left() -> None:
     assert torch.equal(stacked(dst, others), stacked(before, others))  # nothing else moved
 
 
+def test_every_bit_pattern_survives_a_round_trip() -> None:
+    """Runs move as 16-byte (complex128) elements; NaN payloads and signalling NaNs must
+    come out bit for bit."""
+    gen = torch.Generator().manual_seed(8)
+    shape = (2, HEADS, POOL, BS, DIM)
+    src = [torch.randint(0, 2**16, shape, generator=gen, dtype=torch.int32).to(torch.int16)
+           .view(torch.bfloat16) for _ in range(LAYERS)]  # fmt: skip
+    src[0].view(torch.int16)[0, 0, SRC_IDS[0], 0, :2] = torch.tensor([0x7F81, -0x7F])  # NaNs
+    dst = caches(9)
+    blocks = TransferBlocks.in_cache(src, SRC_IDS)
+    buffer = torch.empty(blocks.num_bytes, dtype=torch.uint8)
+    blocks.read(0, blocks.num_runs, buffer)
+    TransferBlocks.in_cache(dst, DST_IDS).write(0, blocks.num_runs, buffer)
+    for a, b in zip(src, dst, strict=True):
+        assert torch.equal(a[:, :, SRC_IDS].view(torch.int16), b[:, :, DST_IDS].view(torch.int16))
+
+
 def test_pieces_straddle_layers_and_add_up_to_the_whole() -> None:
     src, dst = caches(3), caches(4)
     blocks = TransferBlocks.in_cache(src, SRC_IDS)

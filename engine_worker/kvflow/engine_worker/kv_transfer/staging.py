@@ -4,10 +4,10 @@ one contiguous tensor per message; a CUDA cache reaches a socket through host me
 A fresh buffer costs its page faults on first touch: 0.5-2.8 s per GiB on this machine,
 more than the wire time, because a large allocation is always a new mmap. So a transfer
 borrows a few message-sized buffers and gives them back, and the next transfer finds them
-touched. Bounds: the pool keeps at most ``max_idle_bytes`` of idle buffers (by default 8
-messages of 4 MiB, 32 MiB per worker) and drops those idle longer than ``max_idle_s`` at
-its next use, so a worker that stops transferring keeps 32 MiB at most; in use, each
-transfer holds PIPELINE_DEPTH messages (12 MiB), so 16 transfers in flight hold 192 MiB.
+touched. Bounds: the pool keeps at most ``max_idle_bytes`` of idle buffers (by default 4
+messages of 16 MiB, 64 MiB per worker) and drops, at its next use, those idle longer than
+``max_idle_s``, so a worker that stops transferring keeps 64 MiB at most; in use, each
+transfer holds PIPELINE_DEPTH messages (32 MiB), so 16 transfers in flight hold 512 MiB.
 A buffer that a failed transfer may still be moving is never given back (the transport
 drops it), so it cannot leak into another transfer.
 """
@@ -20,13 +20,14 @@ from collections.abc import Callable
 
 import torch
 
-# Messages of 4 MiB: gather, wire and scatter overlap in pieces that stay in the 32 MiB L3
-# cache (a 1 GiB transfer is 256 messages; a gloo message costs ~0.1 ms beyond its bytes).
-MESSAGE_BYTES = 4 << 20
-# Messages of one transfer in flight: one being gathered or scattered, one on the wire,
-# one spare so the wire never waits for the other two.
-PIPELINE_DEPTH = 3
-MAX_IDLE_BYTES = 8 * MESSAGE_BYTES
+# Messages of 16 MiB, two in flight: the sender gathers one while gloo sends the other,
+# the receiver scatters one while the other arrives. Over gloo on this 2-core machine
+# (512 MiB, medians of 6, load 2-3): 16 MiB x 2 moved 1.26-1.41 GB/s, 16 MiB x 3 1.15-1.39,
+# 8 MiB x 3 1.09-1.22, 4 MiB x 3 1.03-1.23: every message is a hand-off between our thread
+# and gloo's, and fewer hand-offs win over keeping a message in the L3 cache.
+MESSAGE_BYTES = 16 << 20
+PIPELINE_DEPTH = 2
+MAX_IDLE_BYTES = 4 * MESSAGE_BYTES
 MAX_IDLE_S = 30.0
 
 

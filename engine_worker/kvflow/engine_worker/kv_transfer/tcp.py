@@ -12,7 +12,7 @@ receiver to accept the id, streams the payload, then waits for a final ack:
 With a CPU cache the payload goes from the sender's cache to the socket and from the
 socket into the receiver's cache by vectored I/O (vectored.py): no gather, no scatter, no
 staging, the same two kernel copies as a plain socket blast. Otherwise (a CUDA cache) each
-4 MiB message is gathered into a host buffer, sent, received into one and scattered. The
+16 MiB message is gathered into a host buffer, sent, received into one and scattered. The
 blocks are touched one socket call at a time, inside their access lock.
 """
 

@@ -9,7 +9,7 @@ Groups are cached per pair, so only a pair's first transfer pays the rendezvous;
 cost one store write and read. Concurrent transfers of a pair share the group under
 distinct tags (the decode worker numbers them).
 
-A transfer moves as messages of up to 4 MiB of its run stream (blocks.py), message ``i``
+A transfer moves as messages of up to 16 MiB of its run stream (blocks.py), message ``i``
 under tag ``transfer tag | i << 20``, through PIPELINE_DEPTH pooled staging buffers: the
 sender gathers message i + 1 while message i is on the wire, the receiver scatters message
 i while i + 1 arrives. One contiguous message per transfer, gathered and scattered whole,

@@ -9,11 +9,7 @@ Groups are cached per pair, so only a pair's first transfer pays the rendezvous;
 cost one store write and read. Concurrent transfers of a pair share the group under
 distinct tags (the decode worker numbers them).
 
-A transfer moves as messages of up to 16 MiB of its run stream (blocks.py), message ``i``
-under tag ``transfer tag | i << 20``, through PIPELINE_DEPTH pooled staging buffers: the
-sender gathers message i + 1 while message i is on the wire, the receiver scatters message
-i while i + 1 arrives. One contiguous message per transfer, gathered and scattered whole,
-ran at 10-19 % of the loopback ceiling (docs/benchmarks.md).
+A transfer moves as pipelined messages of up to 16 MiB (pipeline.py).
 
 A group whose transfer failed or timed out may still hold a half-done send or receive, so
 it is never reused: the side that notices marks it ``kvflow/broken/<name>`` in the store
@@ -29,7 +25,6 @@ import os
 import socket
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -46,8 +41,9 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferTimeoutError,
     split_endpoint,
 )
-from kvflow.engine_worker.kv_transfer.blocks import MAX_MESSAGES, TransferBlocks
-from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, PIPELINE_DEPTH, StagingPool
+from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.pipeline import Staging, receive_messages, send_messages
+from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
 
 log = logging.getLogger(__name__)
 # torch.distributed's stubs do not export the store and group classes used here.
@@ -66,16 +62,6 @@ _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 _FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
 
 
-# Transfer tags (the agent's) stay below 2**20; the message index takes the 11 bits above.
-TAG_BITS = 20
-assert MAX_MESSAGES <= 2 ** (31 - TAG_BITS)
-
-
-def message_tag(tag: int, index: int) -> int:
-    assert 0 <= tag < 2**TAG_BITS and 0 <= index < MAX_MESSAGES
-    return tag | index << TAG_BITS
-
-
 @dataclass(eq=False)
 class _Expected:
     tag: int
@@ -88,19 +74,6 @@ def _make_group(kind: KvTransportKind, store: Any, name: str, rank: int, timeout
     if kind is KvTransportKind.NCCL:
         return dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
     return dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
-
-
-def _wait(work: Any, deadline_s: float, what: str) -> None:
-    """Wait for a send or receive until the deadline. Gloo's point-to-point work reports
-    completion only through wait(), and a wait cannot be interrupted: cancellation is the
-    agent's (it stops listening and lets this thread run out its deadline)."""
-    timeout = timedelta(seconds=max(deadline_s - time.monotonic(), 0.001))
-    try:
-        work.wait(timeout)
-    except RuntimeError as exc:
-        if time.monotonic() >= deadline_s:
-            raise TransferTimeoutError(f"{what} timed out") from exc
-        raise KvTransferError(f"{what} failed: {exc}") from exc
 
 
 class TorchDistTransport:
@@ -140,51 +113,10 @@ class TorchDistTransport:
         self.pool = StagingPool()
         self.message_bytes = MESSAGE_BYTES  # both sides must agree; tests make it small
 
-    # -- messages ----------------------------------------------------------------------------
-
-    def _staging(self, blocks: TransferBlocks, num_messages: int, capacity: int) -> list[Any]:
+    def _pipe(self, blocks: TransferBlocks) -> Staging:
         # gloo moves CPU tensors; NCCL the cache's own device.
         device = blocks.device if self.kind is KvTransportKind.NCCL else torch.device("cpu")
-        return [self.pool.take(capacity, device) for _ in range(min(PIPELINE_DEPTH, num_messages))]
-
-    def _send_messages(
-        self, group: Any, blocks: TransferBlocks, tag: int, deadline_s: float, what: str
-    ) -> None:
-        messages = blocks.messages(self.message_bytes)
-        staging = self._staging(blocks, len(messages), messages[0][1] * blocks.run_bytes)
-        in_flight: deque[Any] = deque()
-        for i, (first, num_runs) in enumerate(messages):
-            if len(in_flight) == len(staging):
-                _wait(in_flight.popleft(), deadline_s, what)
-            buffer = staging[i % len(staging)]
-            with blocks.access():
-                blocks.read(first, num_runs, buffer)
-            payload = buffer[: num_runs * blocks.run_bytes]
-            in_flight.append(group.send([payload], 1, message_tag(tag, i)))
-        while in_flight:
-            _wait(in_flight.popleft(), deadline_s, what)
-        for buffer in staging:  # not after a failure: a send may still read them
-            self.pool.give(buffer)
-
-    def _receive_messages(
-        self, group: Any, blocks: TransferBlocks, tag: int, deadline_s: float, what: str
-    ) -> None:
-        messages = blocks.messages(self.message_bytes)
-        staging = self._staging(blocks, len(messages), messages[0][1] * blocks.run_bytes)
-
-        def post(i: int) -> Any:
-            payload = staging[i % len(staging)][: messages[i][1] * blocks.run_bytes]
-            return group.recv([payload], 0, message_tag(tag, i))
-
-        in_flight = deque(post(i) for i in range(len(staging)))
-        for i, (first, num_runs) in enumerate(messages):
-            _wait(in_flight.popleft(), deadline_s, what)
-            with blocks.access():
-                blocks.write(first, num_runs, staging[i % len(staging)])
-            if i + len(staging) < len(messages):
-                in_flight.append(post(i + len(staging)))
-        for buffer in staging:  # not after a failure: a late message may land in them
-            self.pool.give(buffer)
+        return Staging(self.pool, device, self.message_bytes)
 
     # -- groups ----------------------------------------------------------------------------
 
@@ -230,8 +162,10 @@ class TorchDistTransport:
                 raise TransferCancelledError(f"transfer {transfer_id} cancelled")
             name = value.decode()
             group = self._group(self._store, name, 1, deadline_s)
-            what = f"receiving transfer {transfer_id}"
-            self._receive_messages(group, expected.blocks, expected.tag, deadline_s, what)
+            receive_messages(
+                group, expected.blocks, expected.tag, deadline_s, self._pipe(expected.blocks),
+                what=f"receiving transfer {transfer_id}",
+            )  # fmt: skip
         except KvTransferError:
             if name is not None:
                 self._retire(self._store, name)
@@ -307,8 +241,10 @@ class TorchDistTransport:
             group = self._group(store, name, 0, deadline)
             if _FAULT_PAUSE_S > 0:
                 time.sleep(_FAULT_PAUSE_S)
-            what = f"sending transfer {target.transfer_id}"
-            self._send_messages(group, blocks, target.tag, deadline, what)
+            send_messages(
+                group, blocks, target.tag, deadline, self._pipe(blocks),
+                what=f"sending transfer {target.transfer_id}",
+            )  # fmt: skip
         except KvTransferError:
             with self._lock:
                 if self._send_group.get(peer) == name:

@@ -74,7 +74,7 @@ FULL = Traffic(stream_rate_per_s=0.2, stream_prompt_tokens=(24, 64), stream_outp
                warmup_s=15.0, measure_s=60.0, cooldown_s=60.0)  # fmt: skip
 FULL_STREAM_RATES = (0.2, 0.35)
 QUICK = replace(FULL, stream_rate_per_s=0.5, stream_output_tokens=32, long_interval_s=6.0,
-                long_prompt_tokens=(300, 600), warmup_s=2.0, measure_s=10.0,
+                long_prompt_tokens=(600, 900), warmup_s=2.0, measure_s=10.0,
                 cooldown_s=3.0)  # fmt: skip
 # TTFTs here are seconds and ITLs hundreds of ms, so a send 50 ms late changes no number
 # that matters; later than that, the client (sharing the 2 cores) was falling behind.

@@ -247,7 +247,7 @@ def make_plan(size: str, device: str) -> Plan:
         size,
         device,
         ParityPlan((("tiny", "float32"), ("tiny", "bfloat16")), (5, 17, 40), 8),
-        RooflinePlan("tiny", prompt_len=32, new_tokens=16, graph_steps=0, hf_new_tokens=16),
+        RooflinePlan("tiny", prompt_len=32, new_tokens=16, graph_steps=0, hf_new_tokens=128),
         ThroughputPlan(
             "tiny", (2, 4), (8, 24), (4, 12), kv_cache_gib=0.01, max_num_batched_tokens=256
         ),

@@ -95,7 +95,7 @@ def test_each_arm_ran_the_plans_it_claims(report: dict[str, Any]) -> None:
     assert set(by_arm["colocated"]) == {"{decision=colocated,reason=colocated_worker}"}
     # Streams are 24-64 tokens: more than one block, so `always` ships every prompt.
     assert set(by_arm["always-pd"]) == {"{decision=disaggregated,reason=many_missing_tokens}"}
-    # The default threshold keeps streams local and ships the 300-600-token prompts.
+    # The default threshold (512) keeps streams local and ships the 600-900-token prompts.
     assert set(by_arm["policy"]) == {"{decision=disaggregated,reason=many_missing_tokens}",
                                      "{decision=colocated,reason=few_missing_tokens}"}  # fmt: skip
     [point] = report["load_points"]

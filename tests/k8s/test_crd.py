@@ -49,6 +49,7 @@ def test_defaults_are_filled_in_by_the_api_server(
         "replicas": 1,
         "minReplicas": 0,
         "maxReplicas": 8,
+        "externalAutoscaler": False,
         "gpusPerPod": 0,
         "resources": {},
     }

@@ -40,7 +40,7 @@ PARAGRAPH = (
     "and the names of the ships that passed the rocks below the tower. "
 )
 LONG_PROMPT = (
-    "".join(f"Day {day}. {PARAGRAPH}" for day in range(1, 13))
+    "".join(f"Day {day}. {PARAGRAPH}" for day in range(1, 17))
     + "On the last day of the year, the lighthouse keeper"
 )
 MAX_TOKENS = 12

@@ -170,24 +170,3 @@ def test_a_draining_backlog_buys_nothing() -> None:
         (6, "BacklogDraining"),
         (7, "TtftViolation"),  # 30 % again: not draining
     ]
-
-
-def test_a_backlog_is_sized_to_drain_within_a_minute() -> None:
-    # 30 requests/s of 1k-token prompts: 3 replicas' worth, 4 at 80 %. 1,200 requests
-    # queued add 20 requests/s for 60 s: 5 shares, 7 replicas at 80 %.
-    run = Run(config("prefill", capacity=CAP, max_replicas=20))
-    obs = calm(0, 2, request_rate_per_s=30.0, num_waiting_requests=1200.0)
-    d = run.step("prefill", obs)
-    assert (d.replicas, d.reason) == (7, "Backlog")
-    assert "1200 requests queued: 7 drain them within 60 s" in d.message
-    # Without the queue length the planner sizes for the load alone.
-    d = Run(config("prefill", capacity=CAP)).step("prefill", calm(0, 2, request_rate_per_s=30.0))
-    assert (d.replicas, d.reason) == (4, "ForecastLoad")
-
-
-def test_a_queue_blocks_a_scale_down() -> None:
-    run = Run(config("prefill", capacity=CAP))
-    for i in range(20):  # 10 k tokens/s on 6 replicas: 2 would do, but 50 requests wait
-        d = run.step("prefill", calm(30 * i, 6, num_waiting_requests=50.0))
-        assert d.replicas == 6
-    assert "50 requests queued" in d.message

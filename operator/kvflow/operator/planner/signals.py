@@ -55,24 +55,6 @@ class Assessment:
     draining: str = ""  # over target, improving, and the profile says there is room
 
 
-def _backlog_want(obs: Observation, loads: Loads, t: Tuning) -> Want | None:
-    """Replicas to serve the load and drain the queue within `backlog_drain_s`.
-
-    Queued requests are demand that came and was not served: after a 5x step with a 60 s
-    start-up, 1,400 of them waited while the replicas sized for the load came, then drained
-    at the load's margin for 2 more minutes. Draining them within a minute adds
-    waiting / 60 requests/s to the load, in the shares the load's own requests take.
-    """
-    waiting, rate = obs.num_waiting_requests, obs.request_rate_per_s
-    if not waiting or not rate or not loads.shares_now or loads.shares_sizing is None:
-        return None
-    shares_per_request = loads.shares_now / rate
-    extra = waiting / t.backlog_drain_s * shares_per_request
-    need = math.ceil((loads.shares_sizing + extra) / t.target_utilization - 1e-9)
-    text = f"{waiting:.0f} requests queued: {need} drain them within {t.backlog_drain_s:.0f} s"
-    return Want(need, "Backlog", text, is_reactive=False)
-
-
 def violation_share(obs: Observation) -> float | None:
     """The larger share of requests over a latency target, or None when neither is known."""
     shares = [
@@ -198,8 +180,6 @@ def assess(
             calm.append(f"KV cache {kv:.0%} full")
     if obs.request_rate_per_s is None:
         missing.append("request_rate_per_s")
-    if obs.num_waiting_requests is not None and obs.num_waiting_requests > max(ready, 1):
-        calm.append(f"{obs.num_waiting_requests:.0f} requests queued")
 
     down_to: int | None = None
     if rcfg.capacity is not None:
@@ -217,9 +197,6 @@ def assess(
                         is_reactive=False,
                     )
                 )
-            drain = _backlog_want(obs, loads, t)
-            if drain is not None and drain.replicas > max(need, obs.desired_replicas):
-                wants.append(drain)
             if not calm:
                 down_to = math.ceil(loads.shares_sizing / t.scale_down_utilization - 1e-9)
     elif not calm:

@@ -96,7 +96,7 @@ SMALL = BenchConfig(
 
 
 def test_the_planner_follows_a_step() -> None:
-    _, planner, result = run_cell(SMALL, Cell("planner-derived", "step", 0.0))
+    _, planner, result = run_cell(SMALL, Cell("planner", "step", 0.0, static_replicas=1))
     # The step (4 -> 20 requests/s) comes at 60 s; the first scrape after it sizes the
     # pool from the arrivals (Little's law on 4-sequence replicas), not one replica at a
     # time, and the SLO is back within one bucket.
@@ -127,7 +127,7 @@ def test_runs_are_deterministic() -> None:
 
 def test_unknown_arm_and_bad_profile() -> None:
     with pytest.raises(ValueError, match="unknown arm 'hpa'"):
-        policy_for(SMALL, Cell("hpa", "step", 0.0))
+        policy_for(SMALL, Cell("hpa", "step", 0.0, static_replicas=1))
     err = _Capture()
     assert main(["--profile", "tpu-llama3-8b"], _Capture(), err) == 2
     assert "autoscale:" in err.text

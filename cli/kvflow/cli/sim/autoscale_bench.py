@@ -4,15 +4,16 @@ Every cell runs the same requests (per shape and seed) on a fresh elastic cluste
 same simulated workers. The static arms do not depend on the start-up delay (their pods
 start once, before the traffic), so they run once per shape. Sizing:
 
-- **planner** gets a measured capacity profile (`measured_capacity`: the rate one replica
-  holds, as an operator measuring one worker would find it); **planner-derived** the
-  profile `capacity_from_timing` derives from the workers' step-time profile and the
-  traffic's mean lengths (no measurement at all). Either is what a user would put in
+- **planner** gets the capacity profile `capacity_from_timing` derives from the workers'
+  step-time profile and the traffic's mean lengths (no measurement at all);
+  **planner-measured** one measured here (`measured_capacity`: the rate one replica holds,
+  as an operator measuring one worker would find it). Either is what a user would put in
   `autoscaling.replicaPromptTokensPerSecond` / `replicaDecodeTokensPerSecond`;
 - **static-peak** is the fewest replicas that hold the peak rate for `probe_s` of steady
   Poisson traffic with at least 95 % attainment (measured here, the most favourable
   sizing a static pool can get), **static-mean** the same for the mean rate;
-- **reactive** starts where the planner starts (`initial_replicas`).
+- **planner** and **reactive** start with the replicas the traffic at t = 0 needs (the
+  static sizing of that rate): a pool sized for the traffic it had, not a cold start.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kvflow.engine_worker.sim.profile_file import resolve_profile
 from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.operator.planner import CapacityProfile, StepCost, Tuning, capacity_from_timing
 
-ARMS = ("planner", "planner-derived", "static-peak", "static-mean", "reactive")
+ARMS = ("planner", "planner-measured", "static-peak", "static-mean", "reactive")
 STATIC_TARGET = 0.95
 
 
@@ -51,7 +52,7 @@ class BenchConfig:
     arms: tuple[str, ...] = ARMS
     min_replicas: int = 1
     max_replicas: int = 16
-    initial_replicas: int = 2
+    initial_replicas: int | None = None  # None: the static sizing of the rate at t = 0
     probe_s: float = 120.0
     seed: int = 0
     # The planner's Tuning.target_utilization / scale_down_utilization (None: its defaults).
@@ -96,7 +97,7 @@ class Cell:
     arm: str
     shape: str
     startup_s: float
-    static_replicas: int = 0
+    static_replicas: int = 0  # static arms: the fixed count; others: where they start
 
 
 def steady(config: BenchConfig, rate: float) -> Traffic:
@@ -156,21 +157,23 @@ def smallest_static(config: BenchConfig, rate: float) -> int:
 
 
 def policy_for(config: BenchConfig, cell: Cell, measured: CapacityProfile | None = None) -> Policy:
+    if cell.static_replicas < 1:
+        raise ValueError(f"{cell.arm}: needs at least one replica to start with")
     if cell.arm in ("static-peak", "static-mean"):
         return Static(cell.arm, cell.static_replicas)
     if cell.arm == "reactive":
-        return Reactive(config.min_replicas, config.max_replicas, config.initial_replicas)
-    if cell.arm in ("planner", "planner-derived"):
+        return Reactive(config.min_replicas, config.max_replicas, cell.static_replicas)
+    if cell.arm in ("planner", "planner-measured"):
         capacity = config.capacity()
-        if cell.arm == "planner":
-            assert measured is not None, "the planner arm runs on the measured profile"
+        if cell.arm == "planner-measured":
+            assert measured is not None, "planner-measured runs on the measured profile"
             capacity = measured
         return Planner(
             planner_config(
                 capacity=capacity,
                 min_replicas=config.min_replicas,
                 max_replicas=config.max_replicas,
-                initial=config.initial_replicas,
+                initial=cell.static_replicas,
                 ttft_target_s=config.slo.ttft_s,
                 tpot_target_s=config.slo.tpot_s,
                 percentile=config.slo.percentile,
@@ -208,7 +211,7 @@ def cells(config: BenchConfig, static: dict[str, dict[str, int]]) -> list[Cell]:
             if arm.startswith("static"):
                 out.append(Cell(arm, shape, 0.0, static[shape][arm]))
             else:
-                out.extend(Cell(arm, shape, s) for s in config.startups_s)
+                out.extend(Cell(arm, shape, s, static[shape]["initial"]) for s in config.startups_s)
     return out
 
 
@@ -218,13 +221,17 @@ def run_grid(
     by_rate: dict[float, int] = {}
     static: dict[str, dict[str, int]] = {}
     for shape in config.shapes:
+        traffic = config.traffic(shape)
         rates = {"static-peak": config.peak_rate_per_s,
-                 "static-mean": config.traffic(shape).mean_rate_per_s}  # fmt: skip
+                 "static-mean": traffic.mean_rate_per_s,
+                 "initial": traffic.rate_at(0.0)}  # fmt: skip
         for arm, rate in rates.items():
-            if arm in config.arms and rate not in by_rate:
+            if (arm in config.arms or arm == "initial") and rate not in by_rate:
                 by_rate[rate] = smallest_static(config, rate)
         static[shape] = {arm: by_rate.get(rate, 0) for arm, rate in rates.items()}
-    measured = measured_capacity(config) if "planner" in config.arms else None
+        if config.initial_replicas is not None:
+            static[shape]["initial"] = config.initial_replicas
+    measured = measured_capacity(config) if "planner-measured" in config.arms else None
     todo = cells(config, static)
     results = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:

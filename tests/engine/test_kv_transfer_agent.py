@@ -206,3 +206,67 @@ def test_a_gloo_receive_waiting_for_its_sender_ends_at_its_deadline_or_at_once_o
         assert time.monotonic() - started < 1.0
     finally:
         receiver.close()
+
+
+def test_a_sender_reuses_its_connection_and_survives_one_the_receiver_closed() -> None:
+    """A hand-made receiver serves one transfer per connection and then closes it: the
+    sender's kept connection is stale at the second transfer, which starts over on a new
+    connection; the first receiver keeps its connection for the next transfer."""
+    src = caches(8)
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+
+    def serve_once_per_connection() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            accepted.append(1)
+            with conn:
+                magic, id_len, num_bytes = struct.unpack("!4sHQ", _recv(conn, 14))
+                assert magic == b"KVF2"
+                _recv(conn, id_len)
+                conn.sendall(b"\x01")
+                _recv(conn, num_bytes)
+                conn.sendall(b"\x01")
+
+    thread = threading.Thread(target=serve_once_per_connection)
+    thread.start()
+    sender = agent(KvTransportKind.TCP, "prefill-f")
+    try:
+        target = SendTarget("x-2", f"127.0.0.1:{listener.getsockname()[1]}", 1, "decode-f")
+        for request_id in ("p5", "p6"):
+            sent = Outcome()
+            sender.send(request_id, target, TransferBlocks.in_cache(src, SRC_IDS), 10.0, sent)
+            assert isinstance(sent.wait(), SendStats), sent.value
+        assert len(accepted) == 2
+    finally:
+        thread.join(10)
+        listener.close()
+        sender.close()
+
+
+def test_a_receiver_serves_several_transfers_on_one_connection() -> None:
+    sender, receiver = (
+        agent(KvTransportKind.TCP, "prefill-g"),
+        agent(KvTransportKind.TCP, "decode-g"),
+    )
+    try:
+        src = caches(9)
+        for seed in (10, 11, 12):
+            dst = caches(seed)
+            error, stats = transfer(sender, receiver, src, dst)
+            assert error is None and isinstance(stats, SendStats)
+            assert torch.equal(dst[1][:, :, DST_IDS], src[1][:, :, SRC_IDS])
+        kept = sender.transport._kept  # type: ignore[attr-defined]
+        assert [len(v) for v in kept.values()] == [1]  # one connection, reused
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def _recv(conn: socket.socket, num_bytes: int) -> bytes:
+    data = bytearray()
+    while len(data) < num_bytes:
+        chunk = conn.recv(num_bytes - len(data))
+        assert chunk
+        data += chunk
+    return bytes(data)

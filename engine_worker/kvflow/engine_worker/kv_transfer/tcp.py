@@ -61,6 +61,15 @@ _SOCKET_BUFFER_BYTES = 4 << 20
 _FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
 
 
+# A sender keeps this many idle connections per receiver for later transfers (each holds
+# a receiver thread): as many as it usually sends to one decode worker at once.
+_MAX_KEPT_CONNECTIONS = 4
+
+
+class _StaleConnectionError(Exception):
+    """A kept connection was closed by the receiver before this transfer began."""
+
+
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes, writable, without a copy (CPU and contiguous)."""
     assert tensor.device.type == "cpu" and tensor.is_contiguous()
@@ -135,6 +144,7 @@ class TcpTransport:
         self.pool = StagingPool()
         self.message_bytes = MESSAGE_BYTES  # staged path only; tests make it small
         self._slots: dict[str, _Slot] = {}
+        self._kept: dict[str, list[socket.socket]] = {}  # sender: receiver endpoint -> idle
         self._lock = threading.Lock()
         self._closed = False
         self._acceptor = threading.Thread(target=self._accept_loop, name="kv-tcp", daemon=True)
@@ -206,83 +216,141 @@ class TcpTransport:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        slot: _Slot | None = None
+        """Transfers over one connection, one after another, until the sender closes it
+        (it keeps connections for later transfers) or a transfer fails or is refused."""
         with conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
             try:
-                conn.settimeout(10.0)
-                magic, id_len, num_bytes = _HEADER.unpack(_recv_exact(conn, _HEADER.size))
-                if magic != _MAGIC:
-                    return
-                transfer_id = _recv_exact(conn, id_len).decode()
-                with self._lock:
-                    slot = self._slots.get(transfer_id)
-                if slot is None or slot.is_abandoned or slot.blocks.num_bytes != num_bytes:
-                    conn.sendall(_REJECT)
-                    return
-                conn.sendall(_ACCEPT)
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
-                # No deadline here: a quiet sender is waited for as long as the receiver
-                # waits (its deadline, or a cancel, marks the slot abandoned).
-                abandoned = slot
-                self._stream(
-                    conn,
-                    slot.blocks,
-                    write=False,
-                    deadline_s=float("inf"),
-                    should_stop=lambda: abandoned.is_abandoned,
-                )
-                with self._lock:
-                    is_kept = not slot.is_abandoned
-                    if is_kept:
-                        slot.done.set()
-                conn.settimeout(10.0)
-                conn.sendall(_ACCEPT if is_kept else _REJECT)
-            except (OSError, ConnectionError, struct.error, KvTransferError) as exc:
-                if slot is not None and not slot.done.is_set():
-                    slot.error = KvTransferError(f"the KV stream broke: {exc}")
+                while self._serve_one(conn):
+                    pass
+            except (OSError, ConnectionError, struct.error):
+                pass  # the sender went away between transfers
+
+    def _serve_one(self, conn: socket.socket) -> bool:
+        """One transfer; False when the connection should close."""
+        conn.settimeout(None)  # between transfers the connection idles
+        header = _recv_exact(conn, _HEADER.size)
+        conn.settimeout(10.0)
+        slot: _Slot | None = None
+        try:
+            magic, id_len, num_bytes = _HEADER.unpack(header)
+            if magic != _MAGIC:
+                return False
+            transfer_id = _recv_exact(conn, id_len).decode()
+            with self._lock:
+                slot = self._slots.get(transfer_id)
+            if slot is None or slot.is_abandoned or slot.blocks.num_bytes != num_bytes:
+                conn.sendall(_REJECT)
+                return False
+            conn.sendall(_ACCEPT)
+            # No deadline here: a quiet sender is waited for as long as the receiver
+            # waits (its deadline, or a cancel, marks the slot abandoned).
+            abandoned = slot
+            self._stream(
+                conn,
+                slot.blocks,
+                write=False,
+                deadline_s=float("inf"),
+                should_stop=lambda: abandoned.is_abandoned,
+            )
+            with self._lock:
+                is_kept = not slot.is_abandoned
+                if is_kept:
                     slot.done.set()
+            conn.settimeout(10.0)
+            conn.sendall(_ACCEPT if is_kept else _REJECT)
+            return is_kept
+        except (OSError, ConnectionError, struct.error, KvTransferError) as exc:
+            if slot is not None and not slot.done.is_set():
+                slot.error = KvTransferError(f"the KV stream broke: {exc}")
+                slot.done.set()
+            return False
 
     # -- sending (prefill side) ------------------------------------------------------------
 
-    def send(self, target: SendTarget, blocks: TransferBlocks, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        host, port = split_endpoint(target.endpoint)
+    def _connect(self, endpoint: str, deadline_s: float) -> socket.socket:
+        host, port = split_endpoint(endpoint)
         try:
-            sock = socket.create_connection((host, port), timeout=max(timeout_s, 0.001))
+            sock = socket.create_connection((host, port), timeout=_remaining(deadline_s))
         except TimeoutError as exc:
-            raise TransferTimeoutError(f"connecting to {target.endpoint} timed out") from exc
+            raise TransferTimeoutError(f"connecting to {endpoint} timed out") from exc
         except OSError as exc:
             raise PeerUnreachableError(
-                f"cannot reach the decode worker at {target.endpoint}: {exc}"
+                f"cannot reach the decode worker at {endpoint}: {exc}"
             ) from exc
-        with sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
-            tid = target.transfer_id.encode()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
+        return sock
+
+    def send(self, target: SendTarget, blocks: TransferBlocks, timeout_s: float) -> None:
+        """Over a connection kept from an earlier transfer to the same receiver if there
+        is one (no connect, no new receiver thread, its TCP windows already open), else a
+        new one. A kept connection the receiver has meanwhile closed fails at the header
+        or the accept byte: the transfer then starts over on a new connection."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            kept = self._kept.get(target.endpoint)
+            sock = kept.pop() if kept else None
+        if sock is not None:
+            try:
+                self._send_on(sock, target, blocks, deadline, is_kept=True)
+                return
+            except _StaleConnectionError:
+                pass  # closed by the receiver meanwhile: start over on a new connection
+        self._send_on(self._connect(target.endpoint, deadline), target, blocks, deadline)
+
+    def _send_on(
+        self,
+        sock: socket.socket,
+        target: SendTarget,
+        blocks: TransferBlocks,
+        deadline: float,
+        *,
+        is_kept: bool = False,
+    ) -> None:
+        tid = target.transfer_id.encode()
+        try:
             try:
                 sock.settimeout(_remaining(deadline))
                 sock.sendall(_HEADER.pack(_MAGIC, len(tid), blocks.num_bytes) + tid)
-                if _recv_exact(sock, 1) != _ACCEPT:
-                    raise TransferRejectedError(
-                        f"{target.endpoint} does not expect transfer {target.transfer_id} "
-                        f"of {blocks.num_bytes} bytes (it gave up, or the KV layouts differ)"
-                    )
-                pause_at = blocks.num_bytes // 2 if _FAULT_PAUSE_S > 0 else None
-                self._stream(sock, blocks, write=True, deadline_s=deadline, pause_at=pause_at)
-                sock.settimeout(_remaining(deadline))
-                if _recv_exact(sock, 1) != _ACCEPT:
-                    raise TransferRejectedError(
-                        f"{target.endpoint} gave up on the transfer meanwhile"
-                    )
-            except TimeoutError as exc:
-                raise TransferTimeoutError(f"sending to {target.endpoint} timed out") from exc
+                accepted = _recv_exact(sock, 1) == _ACCEPT
             except (OSError, ConnectionError) as exc:
+                if is_kept and not isinstance(exc, TimeoutError):
+                    raise _StaleConnectionError from exc
+                raise
+            if not accepted:
+                raise TransferRejectedError(
+                    f"{target.endpoint} does not expect transfer {target.transfer_id} "
+                    f"of {blocks.num_bytes} bytes (it gave up, or the KV layouts differ)"
+                )
+            pause_at = blocks.num_bytes // 2 if _FAULT_PAUSE_S > 0 else None
+            self._stream(sock, blocks, write=True, deadline_s=deadline, pause_at=pause_at)
+            sock.settimeout(_remaining(deadline))
+            if _recv_exact(sock, 1) != _ACCEPT:
+                raise TransferRejectedError(f"{target.endpoint} gave up on the transfer meanwhile")
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, TimeoutError):
+                raise TransferTimeoutError(f"sending to {target.endpoint} timed out") from exc
+            if isinstance(exc, OSError | ConnectionError):
                 raise KvTransferError(f"the KV stream to {target.endpoint} broke: {exc}") from exc
+            raise
+        with self._lock:
+            kept_list = self._kept.setdefault(target.endpoint, [])
+            if len(kept_list) < _MAX_KEPT_CONNECTIONS:
+                kept_list.append(sock)
+                return
+        sock.close()
 
     def close(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError):
             self._listener.close()
+        with self._lock:
+            for socks in self._kept.values():
+                for sock in socks:
+                    sock.close()
+            self._kept.clear()
 
 
 def _remaining(deadline_s: float) -> float:

@@ -9,7 +9,7 @@ repetition) between the same two processes:
   kvflow-tcp, kvflow-gloo   what EngineLoop does: transfer_blocks of scattered block ids on
                             both sides, the KvTransferAgent and its transport, which read
                             and write the caches in place (TCP: vectored I/O straight from
-                            and into them; gloo: 4 MiB messages pipelined through pooled
+                            and into them; gloo: 16 MiB messages pipelined through pooled
                             staging buffers), the completion posted to the receiver's
                             thread; timed from the sender's hand-over to that completion
   raw-gloo                  one contiguous tensor of the same bytes, gloo send/recv on a
@@ -22,7 +22,7 @@ latency of a tiny (16 bytes) transfer through the agent once a pair exists (for 
 store handshake), and the first transfer of a fresh pair (group formation) is reported
 apart. The full run adds a what-if and a profile of the block I/O:
 
-  kvflow-staged-tcp         TCP through 4 MiB host staging messages (gather, send; receive,
+  kvflow-staged-tcp         TCP through 16 MiB host staging messages (gather, send; receive,
                             scatter), the path a CUDA cache takes, measured on the CPU cache
 
     python bench/kv_transfer.py [--quick] [--json PATH] [--dtype bfloat16|float32]

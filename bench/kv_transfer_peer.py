@@ -95,7 +95,7 @@ class Peer:
             )
             for kind in TRANSPORTS
         }
-        # The what-if: TCP through 4 MiB host staging messages, the path of a CUDA cache.
+        # The what-if: TCP through 16 MiB host staging messages, the path of a CUDA cache.
         staged = TcpTransport("127.0.0.1", 0, "127.0.0.1", is_in_place=False)
         self.agents["staged-tcp"] = KvTransferAgent(
             staged, instance_id=instance, max_timeout_s=TRANSFER_TIMEOUT_S

@@ -54,8 +54,9 @@ _HEADER = struct.Struct("!4sHQ")
 _ACCEPT, _REJECT = b"\x01", b"\x00"
 # A receiver re-checks for cancellation this often while a payload streams in.
 _POLL_S = 0.02
-# 4 MiB socket buffers: a 1 GB/s stream with 2 ms of scheduling jitter needs ~2 MB in flight.
-_SOCKET_BUFFER_BYTES = 4 << 20
+# Socket buffers are left to the kernel's autotuning: a fixed SO_SNDBUF/SO_RCVBUF turns it
+# off, and a fixed 4 MiB measured no faster than autotuning on loopback
+# (docs/benchmarks.md, "KV transfer").
 # Fault injection for tests only: pause this long after sending half of every payload, so
 # a test can kill a worker mid-transfer. Never set in production.
 _FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
@@ -219,7 +220,6 @@ class TcpTransport:
         """Transfers over one connection, one after another, until the sender closes it
         (it keeps connections for later transfers) or a transfer fails or is refused."""
         with conn:
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
             try:
                 while self._serve_one(conn):
                     pass
@@ -279,7 +279,6 @@ class TcpTransport:
                 f"cannot reach the decode worker at {endpoint}: {exc}"
             ) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
         return sock
 
     def send(self, target: SendTarget, blocks: TransferBlocks, timeout_s: float) -> None:

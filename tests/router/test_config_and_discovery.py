@@ -22,19 +22,18 @@ from kvflow.router.workers.discovery import (
 
 def test_config_defaults_and_overrides() -> None:
     default = parse_config(None)
-    assert default.weights == {"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 2.0,
-                               "session": 8.0}  # fmt: skip
+    assert default.weights == {"prefix_blocks": 1.0, "queue_depth": 1.0, "session": 8.0}
     assert default.tenants.is_open and default.max_body_bytes == 8 * 1024 * 1024
     config = parse_config(
         {
-            "routing": {"weights": {"kv_usage": 0}, "session_header": "X-Conversation"},
+            "routing": {"weights": {"kv_usage": 2}, "session_header": "X-Conversation"},
             "tenants": [{"name": "a", "api_key_sha256": hash_api_key("k")}],
             "public_prefixes": [{"system": "be nice"}, {"text": "<|im_start|>"}],
             "limits": {"max_body_bytes": 1000},
             "disaggregation": {"min_remote_prefill_tokens": 300, "transfer_timeout_s": 2},
         }
     )
-    assert config.weights["kv_usage"] == 0 and config.weights["prefix_blocks"] == 1.0
+    assert config.weights["kv_usage"] == 2 and config.weights["prefix_blocks"] == 1.0
     assert config.session_header == "x-conversation"
     assert config.tenants.lookup("k") is not None
     assert [p.system for p in config.public_prefixes] == ["be nice", None]

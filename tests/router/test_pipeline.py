@@ -102,8 +102,12 @@ def test_skipped_blocks_do_not_count_for_the_prefix_scorer() -> None:
     assert [d.score for d in each if d] == [0.0, 0.0]
 
 
+# The KV-usage scorer is off by default; the gateway's configuration can weigh it in.
+WITH_KV_USAGE = {**DEFAULT_WEIGHTS, "kv_usage": 2.0}
+
+
 def test_kv_usage_scorer_prefers_the_emptier_cache() -> None:
-    pipeline, _, _ = make()
+    pipeline, _, _ = make(WITH_KV_USAGE)
     decision = pipeline.route(request(), [worker("a", kv=0.9), worker("b", kv=0.2)])
     assert decision is not None and decision.worker_id == "b"
     assert decision.scores["kv_usage"] == -0.2
@@ -122,12 +126,26 @@ def test_session_affinity_outweighs_small_load_differences_only() -> None:
     )  # type: ignore[union-attr]
 
 
-def test_ties_are_broken_at_random() -> None:
+def test_ties_go_to_the_worker_chosen_least_recently() -> None:
     pipeline, _, _ = make(seed=3)
     workers = [worker(name) for name in "abcd"]
-    picks = Counter(pipeline.route(request(), workers).worker_id for _ in range(400))  # type: ignore[union-attr]
-    assert set(picks) == set("abcd")
-    assert min(picks.values()) > 50
+    picks = [pipeline.route(request(), workers).worker_id for _ in range(12)]  # type: ignore[union-attr]
+    # Every round of four gives each worker one request, in an order the seed draws.
+    for start in range(0, 12, 4):
+        assert sorted(picks[start : start + 4]) == list("abcd")
+    # A worker that joins is the least recently chosen of all: it takes the next one.
+    assert pipeline.route(request(), [*workers, worker("e")]).worker_id == "e"  # type: ignore[union-attr]
+
+
+def test_scores_within_half_a_point_tie_and_further_apart_do_not() -> None:
+    # KV usage 0.1 vs 0.3 is 0.4 points at weight 2: a tie, so the two alternate.
+    pipeline, _, _ = make(WITH_KV_USAGE)
+    close = [worker("a", kv=0.1), worker("b", kv=0.3)]
+    picks = [pipeline.route(request(), close).worker_id for _ in range(6)]  # type: ignore[union-attr]
+    assert Counter(picks) == {"a": 3, "b": 3}
+    # One queued request is a whole point: never a tie.
+    apart = [worker("a", queue=1), worker("b")]
+    assert {pipeline.route(request(), apart).worker_id for _ in range(6)} == {"b"}  # type: ignore[union-attr]
 
 
 def test_zero_weight_drops_a_scorer_and_unknown_names_fail() -> None:
@@ -143,12 +161,12 @@ def test_zero_weight_drops_a_scorer_and_unknown_names_fail() -> None:
 
 
 def test_header_value_explains_the_choice() -> None:
-    pipeline, index, _ = make()
+    pipeline, index, _ = make(WITH_KV_USAGE)
     index.add(WorkerId("a"), PROMPT[:4])
     decision = pipeline.route(request(), [worker("a", queue=1, kv=0.5)])
     assert decision is not None
     assert decision.header_value() == (
-        "worker=a; score=2; prefix_blocks=4; queue_depth=-1; kv_usage=-0.5; session=0; candidates=1"
+        "worker=a; score=2; prefix_blocks=4; queue_depth=-1; session=0; kv_usage=-0.5; candidates=1"
     )
 
 

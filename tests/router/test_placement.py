@@ -169,12 +169,12 @@ def test_route_header_names_both_workers_and_why() -> None:
     assert isinstance(plan, Disaggregated)
     assert plan.header_value() == (
         "prefill=p1 decode=d2; plan=disaggregated; reason=many_missing_tokens; "
-        "missing_tokens=544; score=4; prefix_blocks=5; queue_depth=-1; kv_usage=0; "
+        "missing_tokens=544; score=4; prefix_blocks=5; queue_depth=-1; "
         "session=0; candidates=2; prefill_score=2; prefill_prefix_blocks=2; "
-        "prefill_queue_depth=0; prefill_kv_usage=0; prefill_candidates=2"
+        "prefill_queue_depth=0; prefill_candidates=2"
     )
     colocated = plan_for([view("a", BOTH)])
     assert colocated is not None and colocated.header_value() == (
         "worker=a; plan=colocated; reason=colocated_worker; score=0; prefix_blocks=0; "
-        "queue_depth=0; kv_usage=0; session=0; candidates=1"
+        "queue_depth=0; session=0; candidates=1"
     )

@@ -2,7 +2,7 @@
 
 ```yaml
 routing:
-  weights: {prefix_blocks: 1.0, queue_depth: 1.0, kv_usage: 2.0, session: 8.0}
+  weights: {prefix_blocks: 1.0, queue_depth: 1.0, kv_usage: 0.0, session: 8.0}
   session_header: x-session-id
   max_blocks_per_worker: 262144
 tenants:

@@ -2,7 +2,7 @@
 
 - ``kvflow``: the gateway's placement with its default weights and load gate (what ships).
 - ``round-robin``: the default filters and a picker that takes the next worker in turn.
-- ``random``: the default filters, no scorer: every worker ties and the picker draws.
+- ``random``: the default filters and a picker that draws any worker at random.
 - ``least-loaded``: the queue-depth scorer alone.
 - ``session``: sticky sessions: the session scorer at a weight no queue outweighs, new
   sessions to the least loaded.
@@ -41,8 +41,8 @@ from kvflow.router.routing.plugins import (
     ExcludedFilter,
     HealthyFilter,
     LoadGate,
-    MaxScorePicker,
     ModelFilter,
+    RandomPicker,
     RoleFilter,
 )
 from kvflow.router.routing.sessions import SessionTable
@@ -132,7 +132,7 @@ def _round_robin(index: BlockIndex, sessions: SessionTable, rng: random.Random) 
 
 
 def _random(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
-    return ColocatedPlanner(RoutingPipeline(_filters(), [], MaxScorePicker(rng)))
+    return ColocatedPlanner(RoutingPipeline(_filters(), [], RandomPicker(rng)))
 
 
 ARMS: dict[str, Arm] = {

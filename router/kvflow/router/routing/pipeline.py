@@ -31,14 +31,17 @@ from kvflow.router.routing.types import (
     WorkerView,
 )
 
-# score = 1 x cached prefix blocks - 1 x queue depth - 2 x KV usage + 8 x same session.
-# One cached block (16 tokens of prefill saved) weighs as much as one queued request; a
-# full KV cache as two; returning to a session's worker as eight, enough to keep a
-# conversation in place against small load differences but not against a real backlog.
+# score = 1 x cached prefix blocks - 1 x queue depth + 8 x same session.
+# One cached block (16 tokens of prefill saved) weighs as much as one queued request;
+# returning to a session's worker as eight, enough to keep a conversation in place against
+# small load differences but not against a real backlog. The KV-usage scorer is off by
+# default (weight 0, as the operator's CRD has it): its reading is up to 250 ms old, so a
+# worker just sent a long prompt still looks empty and draws the next one too; on the
+# routing comparison's no-reuse control a weight of 2 put the default 6-33 % behind
+# least-loaded at TTFT P90 (docs/benchmarks.md, "No-reuse control").
 DEFAULT_WEIGHTS: Mapping[str, float] = {
     "prefix_blocks": 1.0,
     "queue_depth": 1.0,
-    "kv_usage": 2.0,
     "session": 8.0,
 }
 

@@ -169,16 +169,48 @@ class LoadGate:
 
 
 class MaxScorePicker:
-    """The highest total; ties (within float noise) broken at random, so equal workers
-    share load instead of the first in the list taking everything."""
+    """The highest total. Totals within half a point of it tie (half a queued request or
+    half a cached block: the integer scorers never tie by accident, while the KV-usage
+    term, a fraction read up to 250 ms ago, no longer decides between workers that differ
+    by less than a quarter of their cache). Ties go to the worker chosen least recently,
+    then at random.
 
-    _TIE_TOLERANCE = 1e-9
+    Why least recently and not at random: on the routing comparison's no-reuse control
+    (docs/benchmarks.md) the queue depth of a worker that was just sent a long prompt
+    often still equals the others', and a random tie-break sends it the next prompt too,
+    where that prompt waits behind the first's prefill; round-robin, which never returns
+    to a worker before the others had a turn, was 3x better there than least-loaded with
+    random ties. Least recently chosen spreads equal workers the way round-robin does.
+    """
+
+    TIE_POINTS = 0.5
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._num_picks = 0
+        # Worker -> the pick number that chose it last. Bounded by the workers this pool
+        # has ever had (ids of workers that left stay: a few dozen bytes each).
+        self._last_pick: dict[WorkerId, int] = {}
+
+    def pick(self, scored: Sequence[tuple[WorkerView, float]]) -> WorkerView:
+        assert scored, "the pipeline never calls the picker without candidates"
+        best = max(score for _, score in scored)
+        tied = [w for w, score in scored if score >= best - self.TIE_POINTS]
+        if len(tied) > 1:
+            oldest = min(self._last_pick.get(w.worker_id, -1) for w in tied)
+            tied = [w for w in tied if self._last_pick.get(w.worker_id, -1) == oldest]
+        chosen = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        self._num_picks += 1
+        self._last_pick[chosen.worker_id] = self._num_picks
+        return chosen
+
+
+class RandomPicker:
+    """Any candidate at random, whatever its score (the comparison's random arm)."""
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
     def pick(self, scored: Sequence[tuple[WorkerView, float]]) -> WorkerView:
         assert scored, "the pipeline never calls the picker without candidates"
-        best = max(score for _, score in scored)
-        tied = [w for w, score in scored if score >= best - self._TIE_TOLERANCE]
-        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        return self._rng.choice([w for w, _ in scored])

@@ -46,4 +46,29 @@ def test_lazy_and_repeat_hits() -> None:
     next(first)
     assert hasher.num_misses == 1  # one block hashed so far
     list(hasher.iter_hashes(tokens, block_size=16, seed=SEED))
-    assert (hasher.num_hits, hasher.num_misses) == (1, 10)
+    # The first pass stopped at block 0 (no worker held it): hashed, not kept.
+    assert (hasher.num_hits, hasher.num_misses) == (0, 11)
+    list(hasher.iter_hashes(tokens, block_size=16, seed=SEED))
+    assert (hasher.num_hits, hasher.num_misses) == (10, 11)
+
+
+def test_only_blocks_the_caller_went_past_are_kept() -> None:
+    """A prompt's first block that no worker holds (the caller stops there) is not
+    remembered; every block before it is."""
+    hasher = CachedBlockHasher()
+    tokens = list(range(160))
+    walk = hasher.iter_hashes(tokens, block_size=16, seed=SEED)
+    for _ in range(4):  # blocks 0-3 held, block 3 the first missing: the caller stops
+        next(walk)
+    assert len(hasher) == 3
+    walk.close()
+    assert len(hasher) == 3
+
+
+def test_equal_seeds_share_one_object() -> None:
+    hasher = CachedBlockHasher()
+    for start in (0, 1000):  # two prompts, so both requests store keys
+        seed = bytes(bytearray(SEED))  # equal, a new object, as from every protobuf
+        list(hasher.iter_hashes(list(range(start, start + 48)), block_size=16, seed=seed))
+    seeds = {id(key[1]) for key in hasher._hashes}
+    assert len(hasher) == 6 and len(seeds) == 1

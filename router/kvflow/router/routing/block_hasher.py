@@ -7,6 +7,12 @@ earlier requests already sent. A hit costs a dict lookup on a 64-byte key (about
 instead of BLAKE2b through Python (about 4 us), so a fully cached 8k-token prompt (512
 blocks) costs about 0.2 ms to hash instead of 2 ms. The block dispatch (first, salted,
 next) is `hash_block`'s alone: the memo keys on every input that function reads.
+
+A block's hash is remembered only once the caller asks for the next block, that is once
+some worker held this one: the first block no worker holds (a new question's) is hashed
+but not kept, since nobody asks for it again. Kept anyway, it was the gateway's one
+steady grower in the scale check, one entry (about 415 bytes) per request
+(docs/benchmarks.md, "Scale check").
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ class CachedBlockHasher:
         # entry table on every eviction, so once full each miss cost about 65 us at
         # 2**17 entries (600k misses: 40 s) against 0.6 us for popitem(last=False).
         self._hashes: OrderedDict[_Key, BlockHash] = OrderedDict()
+        # One bytes object per hash seed: a worker's seed arrives as a new object with
+        # every request, and each key would otherwise hold its own copy.
+        self._seeds: dict[bytes, bytes] = {}
         self.num_hits = 0
         self.num_misses = 0
 
@@ -48,7 +57,6 @@ class CachedBlockHasher:
         return found
 
     def _store(self, key: _Key, value: BlockHash) -> None:
-        self.num_misses += 1
         self._hashes[key] = value
         if len(self._hashes) > self._max_entries:
             self._hashes.popitem(last=False)
@@ -71,8 +79,13 @@ class CachedBlockHasher:
         # One pack for the whole prompt; a block's key is then a 64-byte slice.
         packed = array("I", token_ids[: num_full_blocks * block_size]).tobytes()
         step = 4 * block_size
+        seed = self._seeds.setdefault(seed, seed)
         parent: BlockHash | None = None
+        unkept: tuple[_Key, BlockHash] | None = None  # the last block hashed, not yet kept
         for i in range(num_full_blocks):
+            if unkept is not None:  # the caller asked for this block: keep the one before
+                self._store(*unkept)
+                unkept = None
             chunk = packed[i * step : (i + 1) * step]
             # Where this block stands relative to the public prefix: -1 inside, 0 at its
             # end (the salt may enter here), 1 past it.
@@ -84,9 +97,12 @@ class CachedBlockHasher:
                 found = hash_block(
                     i, parent, block, seed=seed, salt=salt, num_public_blocks=num_public_blocks
                 )
-                self._store(key, found)
+                self.num_misses += 1
+                unkept = (key, found)
             parent = found
             yield found
+        if unkept is not None:  # the caller went on past the last block: it was held
+            self._store(*unkept)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ virtual cluster's own logs over the last `window_s`:
   requests that ended in it (a request's TPOT is known at its end);
 - the prefill queue wait: the mean `Timings.queued_s` of the requests whose first token
   came in it (what workers export as kvflow_worker_queue_wait_seconds);
-- running requests per worker, queued requests per worker and KV usage from the workers'
-  last Load answers (gauges, now).
+- running requests per worker, queued requests (per worker, and in all) and KV usage from
+  the workers' last Load answers (gauges, now).
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def sample(
         prefill_queue_wait_s=sum(queued) / len(queued) if queued else (0.0 if not rate else None),
         decode_batch_size=sum(x.num_running for x in loads) / len(loads) if loads else None,
         kv_usage=sum(x.kv_usage for x in loads) / len(loads) if loads else None,
+        num_waiting_requests=sum(x.num_waiting for x in loads) if loads else None,
     )
     waiting = sum(x.num_waiting for x in loads) / len(loads) if loads else None
     return PoolSample(obs, num_waiting_per_replica=waiting, kv_usage=obs.kv_usage)

@@ -215,9 +215,18 @@ def _choose(
         loads,
         state.saturation_rate_per_replica,
         state.last_violation_share,
+        _starting_for_s(obs, config, state),
     )
     step = _choose_autoscaled(obs, config, rcfg, state, loads, found)
     return replace(step, saturated=any(w.reason in _SATURATED for w in found.wants))
+
+
+def _starting_for_s(obs: Observation, config: PlannerConfig, state: RoleState) -> float | None:
+    """Seconds until the replicas still starting serve: a start-up after the last scale-up
+    (None when unknown, e.g. after an operator restart)."""
+    if state.last_scale_up_s is None:
+        return None
+    return max(0.0, state.last_scale_up_s + config.replica_startup_s - obs.time_s)
 
 
 def _choose_autoscaled(
@@ -234,7 +243,10 @@ def _choose_autoscaled(
     if best is not None:
         return _scale_up(obs, config, rcfg, state, found, best, note)
     if found.draining and not found.wants:
-        return _Step(current, "BacklogDraining", f"{found.draining}{note}")
+        # Remembered as what the load needs, not as the replicas held for the drain: once
+        # the latency is calm they may go without a stabilization window of the drain.
+        wanted = None if found.sized is None else min(found.sized, current)
+        return _Step(current, "BacklogDraining", f"{found.draining}{note}", wanted=wanted)
     if found.wants:  # over a threshold, but what was asked for is already on its way
         pressing = max(found.wants, key=lambda w: w.replicas)
         starting = obs.pending_replicas - obs.unschedulable_replicas
@@ -304,7 +316,10 @@ def _scale_up(
             return _Step(current, "Cooldown", f"{best.detail}; waiting: {why}{note}", wanted=target)
         best, target = sized, min(sized.replicas, rcfg.max_replicas)
     capped = f" (capped at maxReplicas {rcfg.max_replicas})" if target < best.replicas else ""
-    return _Step(target, best.reason, f"{best.detail}{capped}{note}", is_up=True)
+    # A backlog's extra replicas are remembered as what the load needs: once the queue is
+    # drained they may go without a stabilization window of the backlog's size.
+    wanted = None if best.sustained is None else min(best.sustained, target)
+    return _Step(target, best.reason, f"{best.detail}{capped}{note}", wanted=wanted, is_up=True)
 
 
 def _in_cooldown(obs: Observation, config: PlannerConfig, state: RoleState) -> bool:

@@ -69,6 +69,9 @@ class Observation:
     prefill_queue_wait_s: float | None = None  # mean wait before a prompt's first chunk
     decode_batch_size: float | None = None  # running (decoding) requests per ready replica
     kv_usage: float | None = None  # KV cache fill per ready replica, 0..1 (mean)
+    # Requests queued for admission across the role's ready replicas, now (the sum of the
+    # workers' kvflow_worker_requests_waiting). Optional: without it, no backlog sizing.
+    num_waiting_requests: float | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ class Tuning:
     # Without a profile, scale down only if each remaining replica would carry less than
     # this share of the request rate per replica at which the role last broke its SLO.
     saturation_headroom: float = 0.75
+    # With a capacity profile and the queue length, size to drain the requests that will be
+    # queued when a replica ordered now serves within this long, on top of the load.
+    backlog_drain_s: float = 60.0
     kv_usage_high: float = 0.85  # above: preemptions are near; add decode capacity
     kv_usage_low: float = 0.5  # below (with the rest calm): KV does not block a scale-down
     # Holt's linear smoothing of the load (forecast.py); a forecast is capped at this many
@@ -196,6 +202,7 @@ DecisionReason = Literal[
     "QueueWait",  # up: prompts wait too long before prefill
     "KvPressure",  # up: KV cache nearly full (preemptions near)
     "ForecastLoad",  # up: the forecast load needs more replicas before the SLO breaks
+    "Backlog",  # up: queued requests need replicas to drain while the load goes on
     "Underloaded",  # down: the load fits fewer replicas with the SLO met
     "Stabilizing",  # a scale-down is wanted but not for the whole stabilization window
     "Cooldown",  # more is wanted, but the last scale-up is too recent to judge

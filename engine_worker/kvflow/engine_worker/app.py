@@ -19,6 +19,7 @@ from kvflow.engine_worker.engine_loop import EngineLoop
 from kvflow.engine_worker.http_server import start_http_server
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind
+from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.metrics import WorkerMetrics
 from kvflow.engine_worker.server import KV_TRANSPORTS, WorkerService
@@ -225,6 +226,7 @@ async def serve(settings: WorkerSettings) -> None:
         on_transfer=metrics.observe_transfer,
         kv=kv,
         blocks=built.runner,
+        heartbeat=EngineHeartbeat(settings.engine_stall_timeout_s),
     )
     loop.start()
 
@@ -244,6 +246,7 @@ async def serve(settings: WorkerSettings) -> None:
         settings.metrics_port,
         metrics.registry,
         is_ready=lambda: not loop.is_draining,
+        health_problem=loop.heartbeat.problem,
     )
     await server.start()
     metrics_port = http.server_address[1]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -31,6 +32,7 @@ from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats
 from kvflow.engine_worker.kv_transfer.base import KvTransferError, SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import InPlaceBlockIO, TransferBlocks
+from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import (
     BlockIO,
     KvReservationOut,
@@ -51,6 +53,11 @@ MAX_PENDING_KV_BATCHES = 4096
 # When every request waits on a KV transfer, the loop sleeps this long between looks at
 # the queue (commands still wake it at once): no busy spin, a few ms of latency at worst.
 IDLE_WAIT_S = 0.005
+# One step longer than this is a stuck engine thread (liveness.py says why a minute).
+DEFAULT_STALL_TIMEOUT_S = 60.0
+# Fault injection for tests only: the engine thread hangs for good in its Nth step, as a
+# deadlocked kernel or a stuck collective would. Never set in production.
+_FAULT_HANG_ON_STEP = int(os.environ.get("KVFLOW_FAULT_HANG_ON_STEP", "0"))
 
 
 class EngineLoop:
@@ -62,8 +69,10 @@ class EngineLoop:
         on_transfer: TransferObserver | None = None,
         kv: KvTransferAgent | None = None,
         blocks: BlockIO | None = None,
+        heartbeat: EngineHeartbeat | None = None,
     ) -> None:
         self.engine = engine
+        self.heartbeat = heartbeat or EngineHeartbeat(DEFAULT_STALL_TIMEOUT_S)
         self.on_step = on_step
         self.on_transfer = on_transfer
         self.kv = kv
@@ -78,11 +87,13 @@ class EngineLoop:
         self._subscribers: list[KvSubscription] = []
         self._stopped = False
         self.is_draining = False
+        self._num_steps = 0
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     # -- asyncio side ----------------------------------------------------------------------
 
     def start(self) -> None:
+        self.heartbeat.watch(self._thread)
         self._thread.start()
 
     def stop(self) -> None:
@@ -369,9 +380,11 @@ class EngineLoop:
                     or self.engine.has_schedulable_work
                     or any(s.needs_snapshot for s in self._subscribers)
                 ):
+                    self.heartbeat.waiting()
                     self._cond.wait()
                 if self._stopped:
                     return
+                self.heartbeat.working()
                 commands, self._inbox = self._inbox, []
             for command in commands:
                 try:
@@ -380,6 +393,9 @@ class EngineLoop:
                     log.exception("engine command failed")
             outputs: list[RequestOutput] = []
             if self.engine.has_schedulable_work:
+                self._num_steps += 1
+                if self._num_steps == _FAULT_HANG_ON_STEP:
+                    threading.Event().wait()
                 try:
                     outputs = self.engine.step()
                 except Exception:  # a bug or out of memory: fail the batch, keep serving
@@ -392,7 +408,9 @@ class EngineLoop:
                     # blocks: nap until a command arrives instead of spinning.
                     with self._cond:
                         if not self._inbox and not self._stopped:
+                            self.heartbeat.waiting()
                             self._cond.wait(IDLE_WAIT_S)
+                            self.heartbeat.working()
             self._publish_kv_events()
             self._update_load()
             if self.on_step is not None:

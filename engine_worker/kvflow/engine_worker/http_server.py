@@ -14,16 +14,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 
 def start_http_server(
-    host: str, port: int, registry: CollectorRegistry, is_ready: Callable[[], bool]
+    host: str,
+    port: int,
+    registry: CollectorRegistry,
+    is_ready: Callable[[], bool],
+    health_problem: Callable[[], str | None] = lambda: None,
 ) -> ThreadingHTTPServer:
+    """``/health`` fails with ``health_problem()``'s text (the engine thread stopped or
+    stuck: liveness.py) so the kubelet restarts the worker; ``/ready`` fails while
+    ``is_ready()`` is false (draining) or the worker is not healthy."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif self.path == "/health":
-                self._send(200, b"ok\n")
+                problem = health_problem()
+                if problem is None:
+                    self._send(200, b"ok\n")
+                else:
+                    self._send(503, f"unhealthy: {problem}\n".encode())
             elif self.path == "/ready":
-                ok = is_ready()
+                ok = is_ready() and health_problem() is None
                 self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
             else:
                 self._send(404, b"not found: try /metrics, /health or /ready\n")

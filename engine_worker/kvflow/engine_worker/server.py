@@ -283,7 +283,10 @@ class WorkerService(pb_grpc.WorkerServicer):
     async def Health(  # noqa: N802
         self, request: pb.HealthRequest, context: Context
     ) -> pb.HealthResponse:
-        return pb.HealthResponse(is_serving=not self.loop.is_draining, info=self.info)
+        # Not serving while draining or while the engine thread is stopped or stuck (the
+        # router then stops sending here; liveness.py).
+        is_serving = not self.loop.is_draining and self.loop.heartbeat.problem() is None
+        return pb.HealthResponse(is_serving=is_serving, info=self.info)
 
     async def Load(  # noqa: N802
         self, request: pb.LoadRequest, context: Context

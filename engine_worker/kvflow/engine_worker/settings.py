@@ -38,6 +38,7 @@ class WorkerSettings:
     sim_per_token_ms: float = 0.0
     sim_per_seq_ms: float = 0.0
     drain_timeout_s: float = 30.0
+    engine_stall_timeout_s: float = 60.0  # /health fails when one step runs longer
     seed: int = 0
     kv_transport: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     kv_port: int = 50052  # KV receiver (tcp) or rendezvous store (gloo, nccl); 0: any free
@@ -110,6 +111,13 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         default=d.drain_timeout_s,
         help="on SIGTERM, how long to let running requests finish",
     )
+    p.add_argument(
+        "--engine-stall-timeout-s",
+        type=float,
+        default=d.engine_stall_timeout_s,
+        help="/health (and gRPC Health) fail when the engine thread has stopped or spent "
+        "longer than this in one step, so the kubelet restarts a wedged worker",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling")
     p.add_argument(
         "--kv-transport",
@@ -158,6 +166,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         sim_per_token_ms=a.sim_per_token_ms,
         sim_per_seq_ms=a.sim_per_seq_ms,
         drain_timeout_s=a.drain_timeout_s,
+        engine_stall_timeout_s=a.engine_stall_timeout_s,
         seed=a.seed,
         kv_transport=a.kv_transport,
         kv_port=a.kv_port,

@@ -3,8 +3,10 @@ the Redis scripts (redis_store.py); tests hold the two to the same answers. Pure
 
 A bucket of ``capacity`` refills at ``capacity / 60`` per second (a per-minute limit with a
 one-minute burst). Admission needs ``require`` units in the bucket and then takes ``cost``,
-which may drive the level below zero: a request's completion tokens are only known at its
-end and are charged then, so a tenant that overspent waits until the debt is refilled.
+which may drive the level below zero, so a tenant that overspent waits until the debt is
+refilled. The gateway requires and takes a request's worst case (its prompts plus every
+choice's max_tokens) and at the end gives back what was not generated: a negative cost,
+which never fills the bucket past its capacity.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def take(
     wait_s = seconds_until(current, require, capacity)
     if wait_s > 0:
         return False, current, wait_s
-    return True, Bucket(current.level - cost, now_s), 0.0
+    # A negative cost gives back what a reservation did not use; never past full.
+    return True, Bucket(min(capacity, current.level - cost), now_s), 0.0
 
 
 def utc_day(epoch_s: float) -> int:

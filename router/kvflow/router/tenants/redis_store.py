@@ -44,7 +44,7 @@ end
 )
 
 # KEYS: requests bucket, tokens bucket, leases zset, daily tokens counter
-# ARGV: rpm, tpm, max concurrent, daily budget (0 = unlimited), prompt tokens, lease id,
+# ARGV: rpm, tpm, max concurrent, daily budget (0 = unlimited), reserved tokens, lease id,
 #       lease ttl s, seconds to the next UTC day
 # Returns {1} or {0, limit name, retry after in ms}.
 _ADMIT = (
@@ -53,7 +53,8 @@ _ADMIT = (
 local now = now_s()
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local conc, daily = tonumber(ARGV[3]), tonumber(ARGV[4])
-local prompt = tonumber(ARGV[5])
+local reserved = tonumber(ARGV[5])
+local need = math.max(1, reserved)
 local req_level, tok_level = 0, 0
 if rpm > 0 then
   req_level = refilled(KEYS[1], rpm, now)
@@ -63,8 +64,8 @@ if rpm > 0 then
 end
 if tpm > 0 then
   tok_level = refilled(KEYS[2], tpm, now)
-  if tok_level < 1 then
-    return {0, 'tokens_per_minute', math.ceil((1 - tok_level) * 60000 / tpm)}
+  if tok_level < need then
+    return {0, 'tokens_per_minute', math.ceil((need - tok_level) * 60000 / tpm)}
   end
 end
 if conc > 0 then
@@ -82,7 +83,7 @@ if rpm > 0 then
   redis.call('PEXPIRE', KEYS[1], BUCKET_TTL_MS)
 end
 if tpm > 0 then
-  redis.call('HSET', KEYS[2], 'level', tostring(tok_level - prompt), 'ts', tostring(now))
+  redis.call('HSET', KEYS[2], 'level', tostring(tok_level - reserved), 'ts', tostring(now))
   redis.call('PEXPIRE', KEYS[2], BUCKET_TTL_MS)
 end
 if conc > 0 then
@@ -94,8 +95,8 @@ return {1}
 )
 
 # KEYS: tokens bucket, leases zset, daily tokens counter
-# ARGV: tpm (0 = unlimited), completion tokens, lease id, prompt + completion tokens,
-#       daily counter ttl s
+# ARGV: tpm (0 = unlimited), tokens used beyond the reservation (negative: given back),
+#       lease id, prompt + completion tokens, daily counter ttl s
 _FINISH = (
     _REFILL
     + """
@@ -103,7 +104,7 @@ local now = now_s()
 local tpm = tonumber(ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[3])
 if tpm > 0 then
-  local level = refilled(KEYS[1], tpm, now) - tonumber(ARGV[2])
+  local level = math.min(tpm, refilled(KEYS[1], tpm, now) - tonumber(ARGV[2]))
   redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now))
   redis.call('PEXPIRE', KEYS[1], BUCKET_TTL_MS)
 end
@@ -139,7 +140,14 @@ class RedisQuotaStore:
     def _daily_key(self, tenant: Tenant) -> str:
         return self._key(tenant, f"day:{utc_day(time.time())}")
 
-    async def admit(self, tenant: Tenant, *, lease_id: str, prompt_tokens: int) -> Admission:
+    async def admit(
+        self,
+        tenant: Tenant,
+        *,
+        lease_id: str,
+        prompt_tokens: int,
+        reserved_tokens: int | None = None,
+    ) -> Admission:
         q = tenant.quotas
         result = await self._admit(
             keys=[
@@ -153,7 +161,7 @@ class RedisQuotaStore:
                 q.tokens_per_minute or 0,
                 q.max_concurrent_requests or 0,
                 q.daily_token_budget or 0,
-                prompt_tokens,
+                prompt_tokens if reserved_tokens is None else reserved_tokens,
                 lease_id,
                 LEASE_TTL_S,
                 SECONDS_PER_DAY - time.time() % SECONDS_PER_DAY,
@@ -165,8 +173,15 @@ class RedisQuotaStore:
         return Admission(False, limit, int(result[2]) / 1000.0)
 
     async def finish(
-        self, tenant: Tenant, *, lease_id: str, prompt_tokens: int, completion_tokens: int
+        self,
+        tenant: Tenant,
+        *,
+        lease_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        reserved_tokens: int | None = None,
     ) -> None:
+        reserved = prompt_tokens if reserved_tokens is None else reserved_tokens
         await self._finish(
             keys=[
                 self._key(tenant, "tokens"),
@@ -175,7 +190,7 @@ class RedisQuotaStore:
             ],
             args=[
                 tenant.quotas.tokens_per_minute or 0,
-                completion_tokens,
+                prompt_tokens + completion_tokens - reserved,
                 lease_id,
                 prompt_tokens + completion_tokens,
                 2 * SECONDS_PER_DAY,  # yesterday's counter lingers a day, then goes

@@ -34,6 +34,9 @@ class Lease:
     lease_id: str
     prompt_tokens: int
     in_redis: bool
+    # Taken from the token bucket at admission: the prompts plus every choice's max_tokens;
+    # what the request does not generate is given back by `finish`.
+    reserved_tokens: int | None = None
 
 
 class QuotaService:
@@ -66,13 +69,18 @@ class QuotaService:
             log.warning("Redis is reachable again: quotas are shared across replicas again")
             self._redis_down_until_s = 0.0
 
-    async def admit(self, tenant: Tenant, prompt_tokens: int) -> tuple[Admission, Lease]:
-        lease = Lease(tenant, uuid.uuid4().hex, prompt_tokens, in_redis=False)
+    async def admit(
+        self, tenant: Tenant, prompt_tokens: int, reserved_tokens: int | None = None
+    ) -> tuple[Admission, Lease]:
+        """Admit a request whose prompts hold ``prompt_tokens`` and which may use up to
+        ``reserved_tokens`` in all (None: the prompts' alone)."""
+        lease = Lease(tenant, uuid.uuid4().hex, prompt_tokens, False, reserved_tokens)
         if self._redis is not None and self._use_redis():
             try:
                 admission = await self._redis.admit(
-                    tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens
-                )
+                    tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens,
+                    reserved_tokens=reserved_tokens,
+                )  # fmt: skip
                 self._redis_ok()
                 lease.in_redis = True
             except _STORE_ERRORS as exc:
@@ -82,8 +90,9 @@ class QuotaService:
                     self._active[lease.lease_id] = lease
                 return admission, lease
         admission = await self._memory.admit(
-            tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens
-        )
+            tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens,
+            reserved_tokens=reserved_tokens,
+        )  # fmt: skip
         if admission.is_admitted:
             self._active[lease.lease_id] = lease
         return admission, lease
@@ -94,20 +103,22 @@ class QuotaService:
             return  # never admitted, or already finished
         usage.requests = 1
         tenant, lease_id, prompt = lease.tenant, lease.lease_id, lease.prompt_tokens
-        completion = usage.completion_tokens
+        completion, reserved = usage.completion_tokens, lease.reserved_tokens
         if lease.in_redis and self._redis is not None and self._use_redis():
             try:
                 await self._redis.finish(
-                    tenant, lease_id=lease_id, prompt_tokens=prompt, completion_tokens=completion
-                )
+                    tenant, lease_id=lease_id, prompt_tokens=prompt,
+                    completion_tokens=completion, reserved_tokens=reserved,
+                )  # fmt: skip
                 await self._redis.add_usage(lease.tenant, usage)
                 self._redis_ok()
                 return
             except _STORE_ERRORS as exc:
                 self._redis_failed(exc)  # the Redis lease expires on its own
         await self._memory.finish(
-            tenant, lease_id=lease_id, prompt_tokens=prompt, completion_tokens=completion
-        )
+            tenant, lease_id=lease_id, prompt_tokens=prompt, completion_tokens=completion,
+            reserved_tokens=reserved,
+        )  # fmt: skip
         await self._memory.add_usage(lease.tenant, usage)
 
     async def read_usage(self, tenant: Tenant) -> tuple[UsageTotals, str]:

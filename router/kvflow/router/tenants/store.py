@@ -44,16 +44,32 @@ class UsageTotals:
 
 
 class QuotaStore(Protocol):
-    async def admit(self, tenant: Tenant, *, lease_id: str, prompt_tokens: int) -> Admission:
-        """Check every quota and, only if all pass, take a request, the prompt's tokens and
-        a concurrency lease, atomically. Raises ConnectionError-like errors when the store
-        is unreachable (the caller falls back)."""
+    async def admit(
+        self,
+        tenant: Tenant,
+        *,
+        lease_id: str,
+        prompt_tokens: int,
+        reserved_tokens: int | None = None,
+    ) -> Admission:
+        """Check every quota and, only if all pass, take a request, the reserved tokens
+        (prompts + every choice's max_tokens; None: the prompt's alone) and a concurrency
+        lease, atomically. The token bucket must hold all the reserved tokens (at least 1).
+        Raises ConnectionError-like errors when the store is unreachable (the caller falls
+        back)."""
         ...
 
     async def finish(
-        self, tenant: Tenant, *, lease_id: str, prompt_tokens: int, completion_tokens: int
+        self,
+        tenant: Tenant,
+        *,
+        lease_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        reserved_tokens: int | None = None,
     ) -> None:
-        """Release the lease; charge completion tokens (per minute) and all tokens (daily)."""
+        """Release the lease; per minute, charge what was used beyond the reservation (give
+        back what was not, up to a full bucket); daily, charge all tokens used."""
         ...
 
     async def add_usage(self, tenant: Tenant, usage: UsageTotals) -> None: ...
@@ -85,8 +101,16 @@ class MemoryQuotaStore:
         if state.day != utc_day(now_s):
             state.day, state.day_tokens = utc_day(now_s), 0
 
-    async def admit(self, tenant: Tenant, *, lease_id: str, prompt_tokens: int) -> Admission:
+    async def admit(
+        self,
+        tenant: Tenant,
+        *,
+        lease_id: str,
+        prompt_tokens: int,
+        reserved_tokens: int | None = None,
+    ) -> Admission:
         q, state, now_s = tenant.quotas, self._state(tenant), self._clock_s()
+        reserved = prompt_tokens if reserved_tokens is None else reserved_tokens
         self._roll_day(state, now_s)
         new_requests, new_tokens = state.requests, state.tokens
         if q.requests_per_minute is not None:
@@ -97,7 +121,7 @@ class MemoryQuotaStore:
                 return Admission(False, "requests_per_minute", wait_s)
         if q.tokens_per_minute is not None:
             ok, new_tokens, wait_s = take(
-                state.tokens, now_s, q.tokens_per_minute, cost=prompt_tokens, require=1
+                state.tokens, now_s, q.tokens_per_minute, cost=reserved, require=max(1, reserved)
             )
             if not ok:
                 return Admission(False, "tokens_per_minute", wait_s)
@@ -112,13 +136,21 @@ class MemoryQuotaStore:
         return ADMITTED
 
     async def finish(
-        self, tenant: Tenant, *, lease_id: str, prompt_tokens: int, completion_tokens: int
+        self,
+        tenant: Tenant,
+        *,
+        lease_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        reserved_tokens: int | None = None,
     ) -> None:
         q, state, now_s = tenant.quotas, self._state(tenant), self._clock_s()
         state.leases.discard(lease_id)
+        reserved = prompt_tokens if reserved_tokens is None else reserved_tokens
         if q.tokens_per_minute is not None:
+            used = prompt_tokens + completion_tokens
             _, state.tokens, _ = take(
-                state.tokens, now_s, q.tokens_per_minute, cost=completion_tokens, require=0
+                state.tokens, now_s, q.tokens_per_minute, cost=used - reserved, require=0
             )
         self._roll_day(state, now_s)
         state.day_tokens += prompt_tokens + completion_tokens

@@ -90,6 +90,25 @@ def test_chat_all_supported_parameters() -> None:
         ({"messages": "hi"}, "messages", "expected an array"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "expected one of"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "string"),
+        # OpenAI: null (or absent) content only on an assistant message with tool calls.
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "null"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content", "null"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant"},
+                    {"role": "user", "content": "b"},
+                ]
+            },
+            "messages[1].content",
+            "Only an assistant message with 'tool_calls'",
+        ),
+        (
+            {"messages": [{"role": "system", "content": None}, {"role": "user", "content": "x"}]},
+            "messages[0].content",
+            "null",
+        ),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "messages[0].content[0].type",
@@ -169,9 +188,10 @@ def test_penalties_logit_bias_and_min_tokens() -> None:
     defaults = parse_completion_request(COMPLETION).sampling
     assert (defaults.presence_penalty, defaults.frequency_penalty) == (0.0, 0.0)
     assert (defaults.repetition_penalty, defaults.logit_bias, defaults.min_tokens) == (1.0, (), 0)
-    # The legacy endpoint's default max_tokens (16) bounds min_tokens too.
-    with pytest.raises(ApiError, match="more than max_tokens \\(16\\)"):
-        parse_completion_request({**COMPLETION, "min_tokens": 17})
+    # The legacy endpoint's default max_tokens (16) bounds min_tokens too, once the
+    # defaults are known (serving/token_budget.py; tests/router/test_defaults_and_limits.py).
+    s = parse_completion_request({**COMPLETION, "min_tokens": 17}).sampling
+    assert (s.max_tokens, s.min_tokens, "max_tokens" in s.unset) == (16, 17, True)
 
 
 def test_logit_bias_ids_are_checked_against_the_vocabulary() -> None:

@@ -14,11 +14,18 @@ tenants:
     tokens_per_minute: 200000
     max_concurrent_requests: 32
     daily_token_budget: 5000000
+    default_max_tokens: 512                      # this tenant's, over the model's
+    max_tokens_limit: 2048                       # the tighter of this and the model's wins
 public_prefixes:
   - system: "You are a helpful assistant."       # a system message, rendered by the template
   - text: "<|im_start|>system\\n..."              # or raw prompt text
 limits:
   max_body_bytes: 8388608
+  default_max_tokens: 1024                        # when a request has none (cut to the context)
+  max_tokens_limit: 4096                          # a request asking for more gets a 400
+sampling:
+  generation_config: auto                         # the model's own defaults; none: OpenAI's
+  defaults: {temperature: 0.7, top_p: 0.95}       # over the model's, where a request has none
 disaggregation:                                   # pools with prefill and decode workers
   enabled: true
   min_remote_prefill_tokens: 512                  # ship a prompt only when decode lacks this many
@@ -39,7 +46,13 @@ import yaml
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
 from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
 from kvflow.router.routing.placement import DisaggregationConfig
-from kvflow.router.tenants.config import TenantDirectory, parse_tenants
+from kvflow.router.tenants.config import (
+    MaxTokensLimits,
+    TenantDirectory,
+    parse_max_tokens_limits,
+    parse_tenants,
+)
+from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
 
 # 8 MiB: an 8k-token prompt is about 32 KB of text; even a 128k-token context with JSON
 # escaping stays under 2 MB, so this refuses only what no model here could read.
@@ -66,6 +79,10 @@ class RouterConfig:
     public_prefixes: tuple[PublicPrefixSpec, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     disaggregation: DisaggregationConfig = field(default_factory=DisaggregationConfig)
+    max_tokens: MaxTokensLimits = field(default_factory=MaxTokensLimits)
+    # False (`generation_config: none`): ignore the model's generation config.
+    use_generation_config: bool = True
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the operator's, over the model's
 
 
 @dataclass(frozen=True)
@@ -103,7 +120,7 @@ def parse_config(raw: object) -> RouterConfig:
         raise ConfigError("the configuration must be a YAML mapping")
     _check_keys(
         raw,
-        {"routing", "tenants", "public_prefixes", "limits", "disaggregation"},
+        {"routing", "tenants", "public_prefixes", "limits", "sampling", "disaggregation"},
         "the configuration",
     )
     routing = _section(raw, "routing")
@@ -111,7 +128,7 @@ def parse_config(raw: object) -> RouterConfig:
     weights = dict(DEFAULT_WEIGHTS)
     weights.update(_section(routing, "weights"))
     limits = _section(raw, "limits")
-    _check_keys(limits, {"max_body_bytes"}, "limits")
+    _check_keys(limits, {"max_body_bytes", "default_max_tokens", "max_tokens_limit"}, "limits")
     prefixes = []
     for i, item in enumerate(raw.get("public_prefixes") or []):
         if (
@@ -139,7 +156,44 @@ def parse_config(raw: object) -> RouterConfig:
         public_prefixes=tuple(prefixes),
         max_body_bytes=max_body,
         disaggregation=_disaggregation(_section(raw, "disaggregation")),
+        max_tokens=parse_max_tokens_limits(limits, "limits", ConfigError),
+        **_sampling(_section(raw, "sampling")),
     )
+
+
+# The ranges a request may ask for (protocol/requests.py).
+_SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0, 1), "top_k": (0, 2**31 - 1),
+                    "min_p": (0, 1), "repetition_penalty": (1e-9, 1e9)}  # fmt: skip
+
+
+def _float_or_none(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _sampling(raw: Mapping[str, Any]) -> dict[str, Any]:
+    _check_keys(raw, {"generation_config", "defaults"}, "sampling")
+    source = raw.get("generation_config", "auto")
+    if source not in ("auto", "none"):
+        raise ConfigError(f"sampling.generation_config must be auto or none, got {source!r}")
+    defaults = _section(raw, "defaults")
+    _check_keys(defaults, set(_SAMPLING_RANGES), "sampling.defaults")
+    for name, value in defaults.items():
+        low, high = _SAMPLING_RANGES[name]
+        is_number = not isinstance(value, bool) and isinstance(value, int | float)
+        if not is_number or not low <= value <= high or (name == "top_k" and value != int(value)):
+            raise ConfigError(
+                f"sampling.defaults.{name} must be a number in [{low}, {high}], got {value!r}"
+            )
+    return {
+        "use_generation_config": source == "auto",
+        "sampling_defaults": SamplingDefaults(
+            temperature=_float_or_none(defaults.get("temperature")),
+            top_p=_float_or_none(defaults.get("top_p")),
+            top_k=None if defaults.get("top_k") is None else int(defaults["top_k"]),
+            min_p=_float_or_none(defaults.get("min_p")),
+            repetition_penalty=_float_or_none(defaults.get("repetition_penalty")),
+        ),
+    }
 
 
 def _disaggregation(raw: Mapping[str, Any]) -> DisaggregationConfig:

@@ -35,7 +35,9 @@ from kvflow.router.protocol.responses import (
     chat_completion,
     text_completion,
 )
-from kvflow.router.serving.prompts import PreparedPrompt, check_context
+from kvflow.router.serving.defaults import apply_sampling_defaults
+from kvflow.router.serving.prompts import PreparedPrompt
+from kvflow.router.serving.token_budget import TokenBudget, plan_tokens
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.service import Lease
@@ -56,21 +58,23 @@ def _choice_sampling(s: SamplingOptions, j: int) -> SamplingOptions:
     return s if s.seed is None or j == 0 else replace(s, seed=s.seed + j)
 
 
-def _build_specs(prompts: list[PreparedPrompt], s: SamplingOptions) -> list[ChoiceSpec]:
+def _build_specs(
+    prompts: list[PreparedPrompt], s: SamplingOptions, budget: TokenBudget
+) -> list[ChoiceSpec]:
     return [
         ChoiceSpec(
             index=i * s.n + j,
             prompt_index=i,
             prompt_token_ids=prompt.token_ids,
-            sampling=_choice_sampling(s, j),
+            sampling=_choice_sampling(replace(s, max_tokens=budget.max_tokens[i]), j),
         )
         for i, prompt in enumerate(prompts)
         for j in range(s.n)
     ]
 
 
-async def _admit(gw: Gateway, tenant: Tenant, prompt_tokens: int) -> Lease:
-    admission, lease = await gw.quotas.admit(tenant, prompt_tokens)
+async def _admit(gw: Gateway, tenant: Tenant, prompt_tokens: int, reserved_tokens: int) -> Lease:
+    admission, lease = await gw.quotas.admit(tenant, prompt_tokens, reserved_tokens)
     if not admission.is_admitted:
         limit = admission.limit or "quota"
         gw.metrics.tenant_rejections.labels(tenant.name, limit).inc()
@@ -109,15 +113,15 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
         ]
     else:
         prompts = [gw.prompts.completion(p) for p in parsed.prompts]
-    sampling = parsed.sampling
-    max_len = gw.max_model_len(info.max_model_len)
-    for prompt in prompts:
-        check_context(len(prompt.token_ids), sampling.max_tokens, max_len)
-    lease = await _admit(gw, tenant, sum(len(p.token_ids) for p in prompts))
+    sampling = apply_sampling_defaults(parsed.sampling, gw.sampling_defaults)
+    prompt_lens = [len(p.token_ids) for p in prompts]
+    budget = plan_tokens(prompt_lens, sampling, max_len=gw.max_model_len(info.max_model_len),
+                         policy=gw.token_policy(tenant, parsed.model), is_chat=is_chat)  # fmt: skip
+    lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
     accounting = Accounting(gw, tenant, lease, trace)
     caller = Caller(tenant, parsed.model, request.headers.get(gw.session_header))
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = gw.service.run(
-        caller, _build_specs(prompts, sampling), trace, buffered=not parsed.stream
+        caller, _build_specs(prompts, sampling, budget), trace, buffered=not parsed.stream
     )
     tool_extractor = (
         extractor_factory(parsed, template_source) if isinstance(parsed, ChatRequest) else None

@@ -20,14 +20,17 @@ from kvflow.router.protocol.errors import (
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.placement import build_placement
 from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.serving.defaults import model_sampling_defaults
 from kvflow.router.serving.executor import PlanExecutor
 from kvflow.router.serving.generate import GenerationService
 from kvflow.router.serving.prompts import PromptBuilder
 from kvflow.router.serving.public_prefix import PublicPrefixes
+from kvflow.router.serving.token_budget import TokenPolicy, token_policy
 from kvflow.router.settings import ConfigError, RouterSettings
-from kvflow.router.tenants.config import ANONYMOUS, Tenant
+from kvflow.router.tenants.config import ANONYMOUS, MaxTokensLimits, Tenant
 from kvflow.router.tenants.redis_store import RedisQuotaStore
 from kvflow.router.tenants.service import QuotaService
+from kvflow.router.text.generation_config import SamplingDefaults
 from kvflow.router.text.model_files import TextModel, load_text_model
 from kvflow.router.workers.discovery import DnsWorkers, StaticWorkers, parse_address
 from kvflow.router.workers.pool import WorkerPool
@@ -56,6 +59,9 @@ class Gateway:
     metrics: RouterMetrics
     redis: Redis | None
     discovery: StaticWorkers | DnsWorkers
+    # For the fields a request leaves out: the operator's over the model's own.
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    max_tokens: MaxTokensLimits = field(default_factory=MaxTokensLimits)  # the model's
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -108,6 +114,11 @@ class Gateway:
             raise model_not_found(model, [m for m in served if tenant.may_use(m)])
         if not tenant.may_use(model):
             raise model_not_allowed(model)
+
+    def token_policy(self, tenant: Tenant, model: str) -> TokenPolicy:
+        return token_policy(self.max_tokens, tenant.max_tokens, model_name=model,
+                            tokens_per_minute=tenant.quotas.tokens_per_minute,
+                            tenant_name=tenant.name)  # fmt: skip
 
     def max_model_len(self, worker_max_len: int) -> int:
         files_max_len = self.text.max_model_len
@@ -167,6 +178,21 @@ def build_gateway(settings: RouterSettings) -> Gateway:
     else:
         discovery = StaticWorkers(settings.workers)
     metrics.watch(pool.num_healthy, lambda: len(pool), lambda: len(index))
+    defaults = model_sampling_defaults(
+        text.sampling_defaults, config.sampling_defaults, use_files=config.use_generation_config
+    )
+    # A length default from the model's files (max_new_tokens) yields to the operator's.
+    max_tokens = config.max_tokens
+    if max_tokens.default_max_tokens is None and defaults.max_tokens is not None:
+        limit = max_tokens.max_tokens_limit
+        default = defaults.max_tokens if limit is None else min(defaults.max_tokens, limit)
+        max_tokens = MaxTokensLimits(default, limit)
+    log.info(
+        "sampling defaults for requests that leave them out: %s (model's from %s%s)",
+        defaults.as_dict() or "none, OpenAI's",
+        text.sampling_defaults_source,
+        "" if config.use_generation_config else ", ignored: sampling.generation_config none",
+    )
     if config.tenants.is_open:
         log.warning("no tenants configured: the gateway accepts any API key (one shared cache)")
     return Gateway(
@@ -181,4 +207,6 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         metrics=metrics,
         redis=redis,
         discovery=discovery,
+        sampling_defaults=defaults,
+        max_tokens=max_tokens,
     )

@@ -54,9 +54,20 @@ class ChatMessage:
         return message
 
 
-def _message_content(value: object, index: int) -> str:
+def _message_content(value: object, index: int, *, may_be_null: bool) -> str:
     param = f"messages[{index}].content"
     if value is None:
+        # OpenAI's rule: only an assistant message that carries tool calls may leave its
+        # content out. A null user message used to render as an empty turn, and the model
+        # then answered nothing in particular until the context was full.
+        if not may_be_null:
+            raise invalid_request(
+                f"Invalid value for '{param}': expected a string or an array of content "
+                "parts, but got null instead. Only an assistant message with 'tool_calls' "
+                "may have null content.",
+                param=param,
+                code="invalid_type",
+            )
         return ""
     if isinstance(value, str):
         return value
@@ -138,7 +149,9 @@ def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
         messages.append(
             ChatMessage(
                 role="system" if role == "developer" else str(role),
-                content=_message_content(message.get("content"), i),
+                content=_message_content(
+                    message.get("content"), i, may_be_null=role == "assistant" and bool(tool_calls)
+                ),
                 name=name,
                 tool_calls=tool_calls,
                 tool_call_id=tool_call_id if role == "tool" else None,

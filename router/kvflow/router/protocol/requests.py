@@ -26,6 +26,8 @@ MAX_LOGPROBS_COMPLETIONS = 5
 MAX_PENALTY = 2  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 MAX_LOGIT_BIAS = 100  # OpenAI's range for one bias: [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+# The fields a model or an operator may give a default to.
+DEFAULTABLE = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 # Accepted and without effect here: account metadata and OpenAI-side storage options.
 _IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
@@ -61,6 +63,9 @@ class SamplingOptions:
     # The format the output must follow (response_format, structured_outputs, a forced
     # tool call); the worker masks every step to it.
     constraint: OutputConstraint | None = None
+    # Which of DEFAULTABLE the request left out: the model's and the operator's defaults
+    # (serving/defaults.py) fill only these, so an explicit value always wins.
+    unset: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,12 @@ def _common_sampling(
     fields: Fields, *, logprobs: bool, top_logprobs: int, max_tokens_default: int | None
 ) -> SamplingOptions:
     seed = fields.integer("seed", low=-(2**63), high=2**64 - 1)
+    unset = frozenset(
+        name
+        for name in DEFAULTABLE
+        if not fields.has(name)
+        and not (name == "max_tokens" and fields.has("max_completion_tokens"))
+    )
     max_tokens = _max_tokens(fields, max_tokens_default)
     return SamplingOptions(
         max_tokens=max_tokens,
@@ -267,7 +278,8 @@ def _common_sampling(
         or 0.0,
         logit_bias=_logit_bias(fields),
         repetition_penalty=_repetition_penalty(fields),
-        min_tokens=_min_tokens(fields, max_tokens),
+        min_tokens=_min_tokens(fields, None if "max_tokens" in unset else max_tokens),
+        unset=unset,
     )
 
 

@@ -42,12 +42,22 @@ class Quotas:
 
 
 @dataclass(frozen=True)
+class MaxTokensLimits:
+    """A default and a cap for a request's ``max_tokens`` (a tenant's, or the gateway's
+    `limits` for its model); None: none."""
+
+    default_max_tokens: int | None = None  # for a request that leaves max_tokens out
+    max_tokens_limit: int | None = None  # a request asking for more gets a 400
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     models: frozenset[str] | None  # None: every served model
     priority: int  # lower runs first on the workers
     quotas: Quotas
     cache_salt: str
+    max_tokens: MaxTokensLimits = MaxTokensLimits()
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -74,6 +84,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str]]:
     known = {
         "name", "api_key_sha256", "models", "priority", "cache_salt", "requests_per_minute",
         "tokens_per_minute", "max_concurrent_requests", "daily_token_budget",
+        "default_max_tokens", "max_tokens_limit",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -111,8 +122,29 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str]]:
         max_concurrent_requests=_positive_int(raw, "max_concurrent_requests", where),
         daily_token_budget=_positive_int(raw, "daily_token_budget", where),
     )
+    max_tokens = parse_max_tokens_limits(raw, where, TenantConfigError)
     models_set = None if models is None or "*" in models else frozenset(models)
-    return Tenant(name, models_set, priority, quotas, salt), hashes
+    return Tenant(name, models_set, priority, quotas, salt, max_tokens), hashes
+
+
+def parse_max_tokens_limits(
+    raw: Mapping[str, Any], where: str, error: type[ValueError]
+) -> MaxTokensLimits:
+    """``default_max_tokens`` and ``max_tokens_limit`` of a config mapping, checked."""
+    values = {}
+    for key in ("default_max_tokens", "max_tokens_limit"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):  # fmt: skip
+            raise error(f"{where}.{key} must be a positive integer, got {value!r}")
+        values[key] = value
+    limits = MaxTokensLimits(**values)
+    if (limits.default_max_tokens or 0) > (limits.max_tokens_limit or 2**63):
+        raise error(
+            f"{where}.default_max_tokens ({limits.default_max_tokens}) is more than "
+            f"{where}.max_tokens_limit ({limits.max_tokens_limit})"
+        )
+    return limits
 
 
 @dataclass(frozen=True)

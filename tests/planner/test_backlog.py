@@ -94,3 +94,15 @@ def test_latency_from_a_drained_queue_buys_nothing_and_is_not_remembered() -> No
     # ...and once calm the pool goes to what the load needs, not held for a window at 7.
     d = run.step("prefill", calm(390, 7, num_waiting_requests=0.0, **HOT))
     assert (d.replicas, d.reason) == (5, "Underloaded")
+
+
+def test_latency_over_a_queue_the_replicas_drain_in_time_buys_nothing() -> None:
+    # 7 replicas, 30 requests/s, 200 still queued (on the replicas that had them when the
+    # new ones came): 5 drain it within 60 s, so TTFT over target is its tail. No replica
+    # (one could not take the queued requests anyway).
+    obs = calm(0, 7, num_waiting_requests=200.0, ttft_s=5 * TTFT_S, **HOT)
+    d = Run(config("prefill", capacity=CAP)).step(
+        "prefill", replace(obs, ttft_violation_fraction=0.3)
+    )
+    assert (d.replicas, d.reason) == (7, "BacklogDraining")
+    assert "the queue drains within 60 s" in d.message

@@ -154,10 +154,14 @@ def assess(
     if rcfg.capacity is not None:
         wait_for_s = config.replica_startup_s if starting_for_s is None else starting_for_s
         backlog = backlog_want(obs, loads, config, wait_for_s)
-    # The queue gauge is now; latency at the percentile is the window's. No backlog now,
-    # with the replicas the load needs: the latency is the tail of one already drained
-    # (in the virtual cluster it bought a replica a minute after the queue was empty).
-    is_drained = obs.num_waiting_requests is not None and backlog is None
+    # The queue gauge is now; latency at the percentile is the window's. No backlog now, or
+    # one the replicas there are drain within backlog_drain_s, with the replicas the load
+    # needs: the latency is the tail of a backlog drained or draining (in the virtual
+    # cluster, 324 requests still queued on the replicas that had them bought a replica
+    # that could not take them, held for a whole window).
+    is_drained = obs.num_waiting_requests is not None and (
+        backlog is None or backlog.replicas <= obs.desired_replicas
+    )
     share = violation_share(obs)
     is_improving = is_drained or (
         share is not None and last_violation_share is not None and share < last_violation_share
@@ -168,11 +172,12 @@ def assess(
         if has_room and is_improving:
             # Fewer requests over target than an interval ago, with the replicas the load
             # needs: a backlog draining. Replicas ordered now would start after it is gone.
-            since = (
-                "no queue now"
-                if is_drained
-                else f"down from {last_violation_share:.0%} of requests over target"
-            )
+            if not is_drained:
+                since = f"down from {last_violation_share:.0%} of requests over target"
+            elif backlog is None:
+                since = "no queue now"
+            else:
+                since = f"the queue drains within {t.backlog_drain_s:.0f} s"
             draining.append(
                 f"{detail}; {since}, and the profile says {obs.desired_replicas} carry the load"
             )

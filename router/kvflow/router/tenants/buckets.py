@@ -6,7 +6,7 @@ one-minute burst). Admission needs ``require`` units in the bucket and then take
 which may drive the level below zero, so a tenant that overspent waits until the debt is
 refilled. The gateway requires and takes a request's worst case (its prompts plus every
 choice's max_tokens) and at the end gives back what was not generated: a negative cost,
-which never fills the bucket past its capacity.
+which never fills the bucket past its capacity (refilled() caps every read).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def take(
     wait_s = seconds_until(current, require, capacity)
     if wait_s > 0:
         return False, current, wait_s
-    # A negative cost gives back what a reservation did not use; never past full.
-    return True, Bucket(min(capacity, current.level - cost), now_s), 0.0
+    # A negative cost gives back what a reservation did not use; the next refilled()
+    # caps the level at the capacity again.
+    return True, Bucket(current.level - cost, now_s), 0.0
 
 
 def utc_day(epoch_s: float) -> int:

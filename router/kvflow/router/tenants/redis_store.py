@@ -104,7 +104,7 @@ local now = now_s()
 local tpm = tonumber(ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[3])
 if tpm > 0 then
-  local level = math.min(tpm, refilled(KEYS[1], tpm, now) - tonumber(ARGV[2]))
+  local level = refilled(KEYS[1], tpm, now) - tonumber(ARGV[2])
   redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now))
   redis.call('PEXPIRE', KEYS[1], BUCKET_TTL_MS)
 end

@@ -180,18 +180,28 @@ def chat_request(served_models: list[str]) -> Schema:
         "required": ["type", "text"],
         "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
     }
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}
+    # OpenAI's rule: content may be null or absent only on an assistant message with calls.
+    calls_tools = {
+        "required": ["role", "tool_calls"],
+        "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array",
+                                                                       "minItems": 1}},
+    }  # fmt: skip
     message = {
         "type": "object",
         "required": ["role"],
         "properties": {
             "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": opt({"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}),
+            "content": opt(content),
             "name": opt({"type": "string"}),
             "tool_calls": opt({"type": "array", "items": _TOOL_CALL}),  # assistant only
             "tool_call_id": opt({"type": "string"}),
         },
         "allOf": [
-            _when(_present("role", {"const": "tool"}), _present("tool_call_id", {"type": "string"}))
+            _when(
+                _present("role", {"const": "tool"}), _present("tool_call_id", {"type": "string"})
+            ),
+            _when({"not": calls_tools}, _present("content", content)),
         ],
     }
     props = {

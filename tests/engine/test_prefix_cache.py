@@ -101,3 +101,32 @@ def test_prefix_hit_rate_counts_prompt_tokens() -> None:
     admit(kv, make("b", list(range(9))))
     assert kv.stats.num_queried_tokens == 18
     assert kv.stats.num_hit_tokens == 8
+
+
+def _collide(req: Request, hashes: list) -> Request:  # type: ignore[type-arg]
+    """A request whose block hashes are forced to ``hashes``: a 64-bit collision cannot
+    be found by search, so the test makes one."""
+    req.block_hashes[:] = hashes
+    return req
+
+
+def test_a_hash_collision_is_a_miss_not_someone_elses_kv() -> None:
+    kv = KVCacheManager(num_blocks=16, block_size=BS, hash_seed=SEED)
+    a = make("a", list(range(12)), salt="tenant-a")
+    admit(kv, a)
+    # Other tokens under the same hashes: the first block's tokens differ.
+    b = _collide(make("b", list(range(100, 113)), salt="tenant-a"), list(a.block_hashes))
+    assert kv.get_computed_blocks(b) == ([], 0)
+    assert kv.stats.num_hash_mismatches == 1
+    # The same tokens under another tenant's salt: the salt is part of the identity.
+    c = _collide(make("c", list(range(12)) + [7], salt="tenant-b"), list(a.block_hashes))
+    assert kv.get_computed_blocks(c) == ([], 0)
+    # Equal first block, a later block differs: the hit stops before it.
+    d_tokens = list(range(4)) + [200, 201, 202, 203] + list(range(8, 12)) + [7]
+    d = _collide(make("d", d_tokens, salt="tenant-a"), list(a.block_hashes))
+    hits, num_hit = kv.get_computed_blocks(d)
+    assert [blk.block_id for blk in hits] == [0] and num_hit == 4
+    assert kv.stats.num_hash_mismatches == 3
+    # And the honest request still hits all three blocks.
+    e = make("e", list(range(12)) + [7], salt="tenant-a")
+    assert kv.get_computed_blocks(e)[1] == 12

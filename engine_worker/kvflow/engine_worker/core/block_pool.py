@@ -23,12 +23,19 @@ from dataclasses import dataclass
 from kvflow.engine_worker.core.kv_events import KvEventKind, KvEventLog
 from kvflow.proto.block_hash import BlockHash
 
+# What a cached block holds, checked on every prefix hit (kv_cache_manager.py): how the
+# salt entered its hash (None: it did not), the block it follows (id and incarnation;
+# None for a first block) and its tokens.
+BlockIdentity = tuple[object, tuple[int, int] | None, tuple[int, ...]]
+
 
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
+    identity: BlockIdentity | None = None  # set with block_hash
+    incarnation: int = 0  # +1 each time the block is cached under a hash
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -116,7 +123,9 @@ class BlockPool:
                 if block.block_hash is None:
                     self._free.move_to_end(block.block_id, last=False)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> bool:
+    def cache_block(
+        self, block: KVCacheBlock, block_hash: BlockHash, identity: BlockIdentity | None = None
+    ) -> bool:
         """Register a full, computed block under its chain hash.
 
         Returns False when another block already holds that hash (two requests computed
@@ -126,6 +135,8 @@ class BlockPool:
         if not self.enable_caching or block_hash in self._cached:
             return False
         block.block_hash = block_hash
+        block.identity = identity
+        block.incarnation += 1
         self._cached[block_hash] = block
         self.events.record(KvEventKind.STORED, [block_hash])
         return True

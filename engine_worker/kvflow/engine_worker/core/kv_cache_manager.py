@@ -8,13 +8,24 @@ The scheduler never sees the free queue or the hash map.
 A block enters the prefix cache (and a STORED event goes out) only in ``commit``, after its
 KV exists: a step that fails, or a remote transfer that never lands, leaves nothing cached
 that another request could reuse (STYLE.md, item 18).
+
+**A hit is verified, not trusted to the hash.** Block hashes are 64 bits (the router's
+index and the KV events share them; block_hash.py): at a million cached blocks a
+collision is about 5e-8 likely per worker, and across a fleet, months and salted tenants
+"unlikely" is not "never", and a collision would serve one tenant another's KV. So each
+cached block keeps its identity: its tokens, how the tenant's salt entered its hash, and
+the exact block it follows (id and incarnation). A lookup walks the chain and accepts a
+block only when all three match the request's, so a hit is the same tokens after the same
+verified prefix under the same salt, whatever the hashes say; a mismatch is a miss and is
+counted (``PrefixCacheStats.num_hash_mismatches``). It costs a 16-token tuple compare per
+hit block (about 1 us) and the tokens' tuple per cached block.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvflow.engine_worker.core.block_pool import BlockPool, KVCacheBlock
+from kvflow.engine_worker.core.block_pool import BlockIdentity, BlockPool, KVCacheBlock
 from kvflow.engine_worker.core.request import Request
 from kvflow.proto.block_hash import iter_block_hashes
 
@@ -25,6 +36,7 @@ class PrefixCacheStats:
 
     num_queried_tokens: int = 0
     num_hit_tokens: int = 0
+    num_hash_mismatches: int = 0  # a cached block's hash matched, its identity did not
 
     @property
     def hit_rate(self) -> float:
@@ -90,11 +102,16 @@ class KVCacheManager:
         num_needing_logits = 0 if request.is_prefill_only else 1
         max_blocks = (request.num_tokens - num_needing_logits) // self.block_size
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_blocks]:
+        previous: KVCacheBlock | None = None
+        for i, block_hash in enumerate(request.block_hashes[:max_blocks]):
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
+            if block.identity != self._identity(request, i, previous):
+                self.stats.num_hash_mismatches += 1
+                break
             hits.append(block)
+            previous = block
         if request.num_preemptions == 0:
             self.stats.num_queried_tokens += request.num_tokens
             self.stats.num_hit_tokens += len(hits) * self.block_size
@@ -144,8 +161,25 @@ class KVCacheManager:
         self._update_hashes(request)
         blocks = self._blocks[request.request_id]
         for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i])
+            # The block this one follows is the one cached under the previous hash (this
+            # request's own, or an equal one another request cached first).
+            previous = self.pool.get_cached_block(request.block_hashes[i - 1]) if i else None
+            identity = self._identity(request, i, previous)
+            self.pool.cache_block(blocks[i], request.block_hashes[i], identity)
         self._num_cached_blocks[request.request_id] = num_full
+
+    def _identity(self, request: Request, i: int, previous: KVCacheBlock | None) -> BlockIdentity:
+        """Block ``i`` of ``request`` after ``previous`` (block_hash.hash_block decides the
+        salt the same way)."""
+        tokens = tuple(request.token_ids[i * self.block_size : (i + 1) * self.block_size])
+        if i == 0:
+            first_salt = "" if request.num_public_blocks > 0 else request.cache_salt
+            return (("first", first_salt), None, tokens)
+        salted = i == request.num_public_blocks and bool(request.cache_salt)
+        salt = ("salted", request.cache_salt) if salted else None
+        # No cached predecessor: this block can never be reached by a lookup.
+        after = (previous.block_id, previous.incarnation) if previous is not None else (-1, -1)
+        return (salt, after, tokens)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first (the tail is evicted before the prefix)."""

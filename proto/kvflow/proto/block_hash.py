@@ -12,7 +12,9 @@ those are hashed with an empty salt, so every tenant shares them, and the salt e
 first private block instead, ``h_k = H(0x02 | h_{k-1} | salt | tokens[kB:(k+1)B])``; with
 ``num_public_blocks = 0`` this is the plain chain above. ``H`` is BLAKE2b cut to 64 bits: at a
 million cached blocks the chance of any collision is about 1e12 / 2**64 = 5e-8, and 8-byte
-ints keep the router's index small and hash with Python's dict in O(1). Seed and salt are
+ints keep the router's index small and hash with Python's dict in O(1). For the router a
+collision only misroutes a request; the worker's prefix cache does not trust the hash alone
+and checks each hit block's tokens, salt and predecessor (kv_cache_manager.py). Seed and salt are
 length-prefixed so ("ab", "c") and ("a", "bc") differ.
 
 Changing anything here changes every hash: bump ``HASH_VERSION`` and the golden vectors in

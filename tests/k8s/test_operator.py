@@ -27,7 +27,7 @@ from k8s.pools import (
 )
 from k8s.support import wait_for
 
-KINDS = ("deployments", "services", "configmaps", "poddisruptionbudgets")
+KINDS = ("deployments", "services", "configmaps", "poddisruptionbudgets", "networkpolicies")
 
 
 def names_by_kind(cluster: ControlPlane, namespace: str, pool: str) -> dict[str, list[str]]:
@@ -39,6 +39,7 @@ COLOCATED_CHILDREN = {
     "services": ["smol-gateway", "smol-workers"],
     "configmaps": ["smol-router"],
     "poddisruptionbudgets": ["smol-colocated", "smol-router"],
+    "networkpolicies": ["smol-workers"],
 }
 
 
@@ -80,7 +81,7 @@ def test_valid_pool_gets_children_and_a_ready_status(
     assert [p["status"]["phase"] for p in pods["items"]] == ["Running", "Running"]
 
     reasons = event_reasons(cluster, namespace, "smol")
-    assert reasons.count("Created") == 7 and "Ready" in reasons
+    assert reasons.count("Created") == 8 and "Ready" in reasons
     printed = cluster.kubectl("get", "kvpool", "smol", "-n", namespace).stdout
     assert "Ready" in printed and "colocated" in printed
 
@@ -140,6 +141,7 @@ def test_spec_change_rolls_out_and_mode_switch_replaces_roles(
         "services": ["smol-gateway", "smol-workers"],
         "configmaps": ["smol-router"],
         "poddisruptionbudgets": ["smol-decode", "smol-prefill", "smol-router"],
+        "networkpolicies": ["smol-workers"],
     }
     assert pool["status"]["readyReplicas"] == 3
     decode = cluster.kubectl_json("get", "deployment", "smol-decode", "-n", namespace)

@@ -41,7 +41,31 @@ def test_colocated_pool_children_in_apply_order() -> None:
         "Deployment p-router",
         "PodDisruptionBudget p-colocated",
         "PodDisruptionBudget p-router",
+        "NetworkPolicy p-workers",
     ]
+
+
+def test_only_the_pools_own_pods_reach_worker_grpc_and_kv_ports() -> None:
+    children = build(spec_of(mode="disaggregated", prefill={}, decode={}))
+    policy = children[ChildKey("networking.k8s.io/v1", "NetworkPolicy", "p-workers")]
+    spec = policy["spec"]
+    # Every worker of this pool, whatever its role; not the router.
+    assert spec["podSelector"]["matchLabels"] == {
+        "kvflow.io/pool": "p",
+        "app.kubernetes.io/component": "worker",
+    }
+    assert spec["policyTypes"] == ["Ingress"]
+    restricted, metrics = spec["ingress"]
+    assert restricted["from"] == [{"podSelector": {"matchLabels": {"kvflow.io/pool": "p"}}}]
+    assert sorted(p["port"] for p in restricted["ports"]) == [50051, 50052]
+    assert "from" not in metrics and metrics["ports"] == [{"protocol": "TCP", "port": 9400}]
+    # The pods it lets in carry that label: the router's and the workers'.
+    for name in ("p-router", "p-prefill", "p-decode"):
+        labels = children[ChildKey("apps/v1", "Deployment", name)]["spec"]["template"]["metadata"][
+            "labels"
+        ]
+        assert labels["kvflow.io/pool"] == "p"
+    assert policy["metadata"]["ownerReferences"][0]["controller"] is True
 
 
 def test_disaggregated_pool_has_a_deployment_and_budget_per_role() -> None:

@@ -129,8 +129,8 @@ SPEC = {"model": {"servedName": "m"}}
 def test_first_reconcile_creates_everything_and_writes_status(events: list[Any]) -> None:
     kube = FakeKube(pool_body(SPEC))
     reconciler(kube, events).reconcile("ns", "p")
-    assert len(kube.objects) == 7
-    assert [e[1] for e in events] == ["Created"] * 7 + ["Ready"]
+    assert len(kube.objects) == 8  # 7 + the workers NetworkPolicy
+    assert [e[1] for e in events] == ["Created"] * 8 + ["Ready"]
     assert kube.pool is not None and kube.pool["status"]["phase"] == "Ready"
 
 
@@ -210,7 +210,7 @@ def test_children_of_another_pool_with_the_same_name_are_not_adopted(events: lis
         obj["metadata"]["ownerReferences"][0]["uid"] = "old-uid"
     events.clear()
     r.reconcile("ns", "p")
-    assert [e[1] for e in events].count("Created") == 7  # treated as missing, not as ours
+    assert [e[1] for e in events].count("Created") == 8  # treated as missing, not as ours
     assert kube.deleted == []  # and never deleted by us
 
 

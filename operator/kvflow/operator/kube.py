@@ -56,6 +56,11 @@ RBAC_RULES: list[dict[str, list[str]]] = [
         "resources": ["poddisruptionbudgets"],
         "verbs": ["list", "create", "patch", "delete"],
     },
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["list", "create", "patch", "delete"],
+    },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # The planner counts a pool's ready and unschedulable pods and reads their /metrics.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
@@ -136,6 +141,7 @@ class Kube:
         core = client.CoreV1Api(api_client)
         apps = client.AppsV1Api(api_client)
         policy = client.PolicyV1Api(api_client)
+        networking = client.NetworkingV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._core = core
         self._coordination = client.CoordinationV1Api(api_client)
@@ -159,6 +165,11 @@ class Kube:
                 policy.list_namespaced_pod_disruption_budget,
                 policy.patch_namespaced_pod_disruption_budget,
                 policy.delete_namespaced_pod_disruption_budget,
+            ),
+            "NetworkPolicy": _KindApi(
+                networking.list_namespaced_network_policy,
+                networking.patch_namespaced_network_policy,
+                networking.delete_namespaced_network_policy,
             ),
         }
 

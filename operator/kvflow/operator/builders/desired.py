@@ -15,6 +15,7 @@ from kvflow.operator.builders.names import (
     worker_deployment_name,
     worker_roles,
 )
+from kvflow.operator.builders.network import workers_network_policy
 from kvflow.operator.builders.replicas import applied_replicas
 from kvflow.operator.builders.router import router_configmap, router_deployment
 from kvflow.operator.builders.services import disruption_budget, gateway_service, workers_service
@@ -44,6 +45,7 @@ OWNED_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 
@@ -73,6 +75,7 @@ def desired_children(
         disruption_budget(pool, worker_deployment_name(pool, role), role) for role, _ in roles
     ]
     children.append(disruption_budget(pool, router_name(pool), "router"))
+    children.append(workers_network_policy(pool))
     return children
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import yaml
@@ -59,9 +60,23 @@ def test_template_with_redis_and_example_pool(cluster: ControlPlane) -> None:
     )  # fmt: skip
     (pool,) = by_kind(docs, "InferencePool")
     assert pool["metadata"]["namespace"] == SYSTEM_NAMESPACE
-    assert pool["spec"]["router"]["redis"]["url"] == (
-        f"redis://kvflow-redis.{SYSTEM_NAMESPACE}.svc:6379/0"
+    # The pool reads the URL, password included, from the chart's Secret.
+    assert pool["spec"]["router"]["redis"] == {"urlSecret": {"name": "kvflow-redis", "key": "url"}}
+    (secret,) = by_kind(docs, "Secret")
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert len(password) == 32 and password.isalnum()
+    assert base64.b64decode(secret["data"]["url"]).decode() == (
+        f"redis://:{password}@kvflow-redis.{SYSTEM_NAMESPACE}.svc:6379/0"
     )
+    redis = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "kvflow-redis")
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert container["env"] == [
+        {
+            "name": "REDIS_PASSWORD",
+            "valueFrom": {"secretKeyRef": {"name": "kvflow-redis", "key": "password"}},
+        }
+    ]
     names = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
     assert names == {"kvflow-operator", "kvflow-redis"}
     operator = next(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import httpx
@@ -43,12 +43,16 @@ class GatewayProcess(KvflowProcess):
         raise TimeoutError(f"gateway not ready with {num_workers} workers: {last}\n{self.log}")
 
 
-def launch_gateway(args: Sequence[str], *, timeout_s: float = 90.0) -> GatewayProcess:
-    """Start `kvflow router --host 127.0.0.1 --port 0 ARGS` and wait for its ready line."""
+def launch_gateway(
+    args: Sequence[str], *, timeout_s: float = 90.0, env: Mapping[str, str] | None = None
+) -> GatewayProcess:
+    """Start `kvflow router --host 127.0.0.1 --port 0 ARGS` and wait for its ready line;
+    ``env`` adds to the inherited environment."""
     started = launch_kvflow(
         ["router", "--host", "127.0.0.1", "--port", "0", *args],
         ready_prefix=READY_PREFIX,
         timeout_s=timeout_s,
+        env=env,
     )
     return GatewayProcess(started.proc, started.ready_line, started.output)
 

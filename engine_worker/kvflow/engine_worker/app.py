@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from kvflow.engine_worker.auth import TOKEN_ENV, TokenInterceptor, token_from_env
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.engine import Engine, EngineConfig, ModelRunner
 from kvflow.engine_worker.engine_loop import EngineLoop
@@ -230,7 +231,10 @@ async def serve(settings: WorkerSettings) -> None:
     )
     loop.start()
 
-    server = grpc.aio.server()
+    token = token_from_env()
+    server = grpc.aio.server(interceptors=[TokenInterceptor(token)] if token else [])
+    if token is None:
+        log.warning("worker gRPC is open to any caller: set %s to require a token", TOKEN_ENV)
     structured = None
     if not settings.simulate:
         from kvflow.engine_worker.structured.service import StructuredOutputs

@@ -7,6 +7,7 @@ errors (workers/errors.py); Health, Load and the KV event stream are read by the
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import grpc
@@ -48,6 +49,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 0),
 ]
 
+# The pool's worker token (engine_worker/auth.py): sent on every call when set.
+WORKER_TOKEN_ENV = "KVFLOW_WORKER_TOKEN"
+
 GenerateCall = grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]
 KvEventsCall = grpc.aio.UnaryStreamCall[pb.SubscribeKvEventsRequest, pb.KvEventBatch]
 
@@ -57,24 +61,34 @@ class WorkerClient:
         self.address = address
         self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub: Any = pb_grpc.WorkerStub(self._channel)
+        token = os.environ.get(WORKER_TOKEN_ENV)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def health(self, timeout_s: float) -> pb.HealthResponse:
-        response: pb.HealthResponse = await self._stub.Health(pb.HealthRequest(), timeout=timeout_s)
+        response: pb.HealthResponse = await self._stub.Health(
+            pb.HealthRequest(), timeout=timeout_s, metadata=self._metadata
+        )
         return response
 
     async def load(self, timeout_s: float) -> pb.LoadResponse:
-        response: pb.LoadResponse = await self._stub.Load(pb.LoadRequest(), timeout=timeout_s)
+        response: pb.LoadResponse = await self._stub.Load(
+            pb.LoadRequest(), timeout=timeout_s, metadata=self._metadata
+        )
         return response
 
     def subscribe_kv_events(self) -> KvEventsCall:
-        call: KvEventsCall = self._stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
+        call: KvEventsCall = self._stub.SubscribeKvEvents(
+            pb.SubscribeKvEventsRequest(), metadata=self._metadata
+        )
         return call
 
     def generate(self, request: GenerateInput) -> WorkerStream:
         """Start generating; the stream must be cancelled or read to its end. Raises
         WorkerError."""
         try:
-            call: GenerateCall = self._stub.Generate(to_generate_request(request))
+            call: GenerateCall = self._stub.Generate(
+                to_generate_request(request), metadata=self._metadata
+            )
         except grpc.aio.UsageError as exc:
             raise from_grpc_error(self.address, exc) from exc
         return WorkerStream(self, request.request_id, call)
@@ -83,7 +97,7 @@ class WorkerClient:
         """Abort a running request (it still sends its final message); found or not."""
         try:
             response: pb.AbortResponse = await self._stub.Abort(
-                pb.AbortRequest(request_id=request_id), timeout=timeout_s
+                pb.AbortRequest(request_id=request_id), timeout=timeout_s, metadata=self._metadata
             )
         except GRPC_CALL_ERRORS as exc:
             raise from_grpc_error(self.address, exc) from exc
@@ -96,7 +110,7 @@ class WorkerClient:
         Cancelling the awaiting task cancels the call, which frees the worker's blocks."""
         try:
             response: pb.PrefillResponse = await self._stub.Prefill(
-                to_prefill_request(request, destination), timeout=timeout_s
+                to_prefill_request(request, destination), timeout=timeout_s, metadata=self._metadata
             )
         except GRPC_CALL_ERRORS as exc:
             raise from_grpc_error(self.address, exc) from exc
@@ -106,7 +120,9 @@ class WorkerClient:
         """Tell a decode worker to stop waiting for blocks and prefill locally; found or not."""
         try:
             response: pb.CancelKvTransferResponse = await self._stub.CancelKvTransfer(
-                pb.CancelKvTransferRequest(request_id=request_id), timeout=timeout_s
+                pb.CancelKvTransferRequest(request_id=request_id),
+                timeout=timeout_s,
+                metadata=self._metadata,
             )
         except GRPC_CALL_ERRORS as exc:
             raise from_grpc_error(self.address, exc) from exc

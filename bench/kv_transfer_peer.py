@@ -72,9 +72,9 @@ class Peer:
             for kv in self.runner.kv_caches:
                 # Distinct per block and per position in a block (a misplaced block or
                 # a shifted byte changes the checksum), without a 1 GiB randn.
-                kv_, heads, blocks, size, dim = kv.shape
-                per_block = torch.randn((kv_, heads, blocks, 1, 1), generator=gen)
-                per_slot = torch.randn((1, 1, 1, size, dim), generator=gen)
+                blocks, *block_shape = kv.shape  # [blocks, block_size, 2, kv_heads, head_dim]
+                per_block = torch.randn((blocks, 1, 1, 1, 1), generator=gen)
+                per_slot = torch.randn((1, *block_shape), generator=gen)
                 torch.add(per_block, per_slot, out=kv)
         # Scattered block ids, as a cache that has run a while holds them; the two sides
         # draw different ones (their caches differ).
@@ -219,7 +219,7 @@ class Peer:
         sums = []
         weights = None
         for kv in self.runner.kv_caches:
-            blocks = kv.index_select(2, idx).double()
+            blocks = kv.index_select(0, idx).double()
             if weights is None:
                 gen = torch.Generator().manual_seed(1234)
                 weights = torch.rand(blocks.shape, generator=gen, dtype=torch.float64)

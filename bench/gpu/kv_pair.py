@@ -85,7 +85,7 @@ class Peer:
     def checksum(self) -> list[float]:
         ids = torch.tensor(self.ids, device=self.runner.kv_caches[0].device)
         sums = [
-            kv.index_select(2, ids).double().sum(dim=(0, 1, 3, 4)) for kv in self.runner.kv_caches
+            kv.index_select(0, ids).double().sum(dim=(1, 2, 3, 4)) for kv in self.runner.kv_caches
         ]
         return [float(x) for x in torch.cat(sums).tolist()]
 
@@ -122,9 +122,9 @@ def fill_distinct_(kv_caches: list[torch.Tensor], seed: int) -> None:
     """Values distinct per block and per slot: a misplaced block or shifted run shows."""
     gen = torch.Generator().manual_seed(seed)
     for kv in kv_caches:
-        two, heads, blocks, size, dim = kv.shape
-        per_block = torch.randn((two, heads, blocks, 1, 1), generator=gen)
-        per_slot = torch.randn((1, 1, 1, size, dim), generator=gen)
+        blocks, *block_shape = kv.shape  # [blocks, block_size, 2, kv_heads, head_dim]
+        per_block = torch.randn((blocks, 1, 1, 1, 1), generator=gen)
+        per_slot = torch.randn((1, *block_shape), generator=gen)
         kv.copy_((per_block + per_slot).to(kv.dtype))
 
 

@@ -25,20 +25,22 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
+from kvflow.engine_worker.model.attention import kv_cache_shape
 
-LAYERS, HEADS, POOL, BS, DIM = 3, 2, 40, 4, 8  # runs of 64 bytes, 48 runs a layer
+LAYERS, HEADS, POOL, BS, DIM = 3, 2, 40, 4, 8  # runs (blocks) of 256 bytes, 12 runs a layer
+RUN_BYTES = BS * 2 * HEADS * DIM * 2
 SRC_IDS = [31, 2, 3, 4, 17, 9, 38, 0, 12, 13, 14, 25]
 DST_IDS = [5, 6, 7, 39, 21, 22, 1, 30, 10, 11, 36, 8]
 
 
 def caches(seed: int, pool: int = POOL) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    shape = (2, HEADS, pool, BS, DIM)
+    shape = kv_cache_shape(num_blocks=pool, block_size=BS, num_kv_heads=HEADS, head_dim=DIM)
     return [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(LAYERS)]
 
 
 def picked(kv_caches: list[torch.Tensor], ids: list[int]) -> list[torch.Tensor]:
-    return [kv[:, :, ids].clone() for kv in kv_caches]
+    return [kv[ids].clone() for kv in kv_caches]
 
 
 def agent(kind: KvTransportKind, name: str) -> KvTransferAgent:
@@ -67,8 +69,8 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[KvTransferAgent, KvTr
     kind = KvTransportKind.GLOO if request.param == "gloo" else KvTransportKind.TCP
     agents = (agent(kind, "prefill-a"), agent(kind, "decode-b"))
     for a in agents:
-        # Messages of 5 runs (320 bytes): 29 of them, several per layer, straddling layers.
-        a.transport.message_bytes = 5 * BS * DIM * 2  # type: ignore[attr-defined]
+        # Messages of 5 runs (1280 bytes): 8 of them, two or three per layer, straddling layers.
+        a.transport.message_bytes = 5 * RUN_BYTES  # type: ignore[attr-defined]
         if request.param == "tcp-staged":
             a.transport.is_in_place = False  # type: ignore[attr-defined]
     yield agents
@@ -120,10 +122,10 @@ def test_after_cancel_returns_a_late_payload_never_reaches_the_cache() -> None:
         received = Outcome()
         ticket = receiver.receive("d2", blocks, 10.0, received)
         payload = bytes(range(256)) * (blocks.num_bytes // 256)
-        first_run = dst[0][0, 0, DST_IDS[0]].clone()
+        first_run = dst[0][DST_IDS[0]].clone()
         sock = _connect_and_send_half(ticket.endpoint, ticket.transfer_id, payload)
         deadline = time.monotonic() + 5
-        while torch.equal(dst[0][0, 0, DST_IDS[0]], first_run) and time.monotonic() < deadline:
+        while torch.equal(dst[0][DST_IDS[0]], first_run) and time.monotonic() < deadline:
             time.sleep(0.01)  # the first half is landing in the reserved blocks
         assert receiver.cancel("d2")
         assert blocks.is_revoked  # at once, not when the transport's threads notice
@@ -255,7 +257,7 @@ def test_a_receiver_serves_several_transfers_on_one_connection() -> None:
             dst = caches(seed)
             error, stats = transfer(sender, receiver, src, dst)
             assert error is None and isinstance(stats, SendStats)
-            assert torch.equal(dst[1][:, :, DST_IDS], src[1][:, :, SRC_IDS])
+            assert torch.equal(dst[1][DST_IDS], src[1][SRC_IDS])
         kept = sender.transport._kept  # type: ignore[attr-defined]
         assert [len(v) for v in kept.values()] == [1]  # one connection, reused
     finally:

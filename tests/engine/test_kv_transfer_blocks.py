@@ -17,20 +17,21 @@ from kvflow.engine_worker.kv_transfer.base import TransferCancelledError
 from kvflow.engine_worker.kv_transfer.blocks import MAX_MESSAGES, TransferBlocks
 from kvflow.engine_worker.kv_transfer.staging import StagingPool
 from kvflow.engine_worker.kv_transfer.vectored import IoVecCursor
+from kvflow.engine_worker.model.attention import kv_cache_shape
 from kvflow.engine_worker.runner import TorchModelRunner
 
-LAYERS, HEADS, POOL, BS, DIM = 3, 2, 24, 4, 8  # a run: 4 x 8 bf16 = 64 bytes
+LAYERS, HEADS, POOL, BS, DIM = 3, 2, 24, 4, 8  # a run (one block): 4 x 2 x 2 x 8 bf16 = 256 B
+SHAPE = kv_cache_shape(num_blocks=POOL, block_size=BS, num_kv_heads=HEADS, head_dim=DIM)
 
 
 def caches(seed: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    shape = (2, HEADS, POOL, BS, DIM)
-    return [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(LAYERS)]
+    return [torch.randn(SHAPE, generator=gen).to(torch.bfloat16) for _ in range(LAYERS)]
 
 
 def stacked(kv_caches: list[torch.Tensor], ids: list[int]) -> torch.Tensor:
-    """The reference layout: [layers, 2, heads, blocks, block_size, dim]."""
-    return torch.stack([kv.index_select(2, torch.tensor(ids)) for kv in kv_caches])
+    """The reference layout: [layers, blocks, block_size, 2, heads, dim]."""
+    return torch.stack([kv.index_select(0, torch.tensor(ids)) for kv in kv_caches])
 
 
 SRC_IDS = [7, 3, 4, 5, 19, 0]
@@ -41,8 +42,8 @@ def test_the_stream_is_the_stacked_layout_and_lands_where_it_left() -> None:
     src, dst = caches(1), caches(2)
     before = [kv.clone() for kv in dst]
     blocks = TransferBlocks.in_cache(src, SRC_IDS)
-    assert blocks.run_bytes == BS * DIM * 2
-    assert blocks.num_runs == LAYERS * 2 * HEADS * len(SRC_IDS)
+    assert blocks.run_bytes == BS * 2 * HEADS * DIM * 2  # one block of one layer: K and V
+    assert blocks.num_runs == LAYERS * len(SRC_IDS)
     out = torch.empty(blocks.num_bytes, dtype=torch.uint8)
     blocks.read(0, blocks.num_runs, out)
     want = stacked(src, SRC_IDS)
@@ -57,17 +58,16 @@ def test_every_bit_pattern_survives_a_round_trip() -> None:
     """Runs move as 16-byte (complex128) elements; NaN payloads and signalling NaNs must
     come out bit for bit."""
     gen = torch.Generator().manual_seed(8)
-    shape = (2, HEADS, POOL, BS, DIM)
-    src = [torch.randint(0, 2**16, shape, generator=gen, dtype=torch.int32).to(torch.int16)
+    src = [torch.randint(0, 2**16, SHAPE, generator=gen, dtype=torch.int32).to(torch.int16)
            .view(torch.bfloat16) for _ in range(LAYERS)]  # fmt: skip
-    src[0].view(torch.int16)[0, 0, SRC_IDS[0], 0, :2] = torch.tensor([0x7F81, -0x7F])  # NaNs
+    src[0].view(torch.int16)[SRC_IDS[0], 0, 0, 0, :2] = torch.tensor([0x7F81, -0x7F])  # NaNs
     dst = caches(9)
     blocks = TransferBlocks.in_cache(src, SRC_IDS)
     buffer = torch.empty(blocks.num_bytes, dtype=torch.uint8)
     blocks.read(0, blocks.num_runs, buffer)
     TransferBlocks.in_cache(dst, DST_IDS).write(0, blocks.num_runs, buffer)
     for a, b in zip(src, dst, strict=True):
-        assert torch.equal(a[:, :, SRC_IDS].view(torch.int16), b[:, :, DST_IDS].view(torch.int16))
+        assert torch.equal(a[SRC_IDS].view(torch.int16), b[DST_IDS].view(torch.int16))
 
 
 def test_pieces_straddle_layers_and_add_up_to_the_whole() -> None:
@@ -76,10 +76,10 @@ def test_pieces_straddle_layers_and_add_up_to_the_whole() -> None:
     whole = torch.empty(blocks.num_bytes, dtype=torch.uint8)
     blocks.read(0, blocks.num_runs, whole)
     sink = TransferBlocks.in_cache(dst, DST_IDS)
-    messages = blocks.messages(max_bytes=5 * blocks.run_bytes)  # 24 runs a layer: straddles
-    assert [n for _, n in messages] == [5] * 14 + [2]
-    assert [f for f, _ in messages] == list(range(0, blocks.num_runs, 5))
-    piece = torch.empty(5 * blocks.run_bytes, dtype=torch.uint8)
+    messages = blocks.messages(max_bytes=4 * blocks.run_bytes)  # 6 runs a layer: straddles
+    assert [n for _, n in messages] == [4] * 4 + [2]
+    assert [f for f, _ in messages] == list(range(0, blocks.num_runs, 4))
+    piece = torch.empty(4 * blocks.run_bytes, dtype=torch.uint8)
     for first, num_runs in messages:
         blocks.read(first, num_runs, piece)
         span = slice(first * blocks.run_bytes, (first + num_runs) * blocks.run_bytes)
@@ -114,8 +114,9 @@ def test_iovecs_address_every_run_and_merge_neighbours() -> None:
     src = caches(6)
     blocks = TransferBlocks.in_cache(src, SRC_IDS)  # 3, 4, 5 are neighbours in the pool
     iov = blocks.iovecs()
-    # Per (layer, row): 7 | 3 4 5 | 19 | 0 -> 4 entries instead of 6.
-    assert len(iov) == LAYERS * 2 * HEADS * 4
+    # Per layer: 7 | 3 4 5 | 19 | 0 -> 4 entries instead of 6, each a whole block or more.
+    assert len(iov) == LAYERS * 4
+    assert sorted({int(n) for n in iov[:, 1]}) == [blocks.run_bytes, 3 * blocks.run_bytes]
     assert int(iov[:, 1].sum()) == blocks.num_bytes
     streamed = b"".join(ctypes.string_at(int(a), int(n)) for a, n in iov)
     want = torch.empty(blocks.num_bytes, dtype=torch.uint8)

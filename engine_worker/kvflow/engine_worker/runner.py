@@ -72,7 +72,7 @@ class TorchModelRunner:
 
     # -- whole blocks in and out (PD) ------------------------------------------------------
     # Transfers read and write the blocks in place (transfer_blocks); the buffered calls are
-    # the same stream as one [layers, 2, kv_heads, num_blocks, block_size, head_dim] buffer.
+    # the same stream as one [layers, num_blocks, block_size, 2, kv_heads, head_dim] buffer.
 
     def transfer_blocks(self, block_ids: Sequence[int]) -> TransferBlocks:
         """These blocks of every layer, in place, for a KV transfer to read or write."""
@@ -80,8 +80,8 @@ class TorchModelRunner:
 
     def empty_blocks(self, num_blocks: int) -> torch.Tensor:
         """A buffer for ``num_blocks`` blocks of every layer."""
-        _, heads, _, block_size, head_dim = self.kv_caches[0].shape
-        shape = (len(self.kv_caches), 2, heads, num_blocks, block_size, head_dim)
+        block_shape = self.kv_caches[0].shape[1:]
+        shape = (len(self.kv_caches), num_blocks, *block_shape)
         return torch.empty(shape, dtype=self.kv_caches[0].dtype, device=self.device)
 
     def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:

@@ -54,7 +54,7 @@ def test_generation_config_fields_become_defaults_and_bad_values_are_dropped() -
     )  # fmt: skip
     bad = {"temperature": 7, "top_p": "high", "top_k": 0, "repetition_penalty": 0}
     assert from_generation_config(bad, "g.json") == SamplingDefaults()
-    # Only token ids, as SmolLM2's own generation_config.json: no defaults at all.
+    # Only token ids (as many models' generation_config.json): no defaults at all.
     assert from_generation_config({"bos_token_id": 1, "eos_token_id": 2}, "g") == SamplingDefaults()
 
 

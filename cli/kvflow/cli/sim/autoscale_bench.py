@@ -57,6 +57,9 @@ class BenchConfig:
     seed: int = 0
     # The planner's Tuning.target_utilization / scale_down_utilization (None: its defaults).
     utilization: tuple[float, float] | None = None
+    # The planner's autoscaling.intervalSeconds (the CRD's default); the reactive arm syncs
+    # every 15 s (HPA's default).
+    planner_interval_s: float = 30.0
 
     def sim_profile(self) -> SimProfile:
         return dataclasses.replace(
@@ -178,6 +181,7 @@ def policy_for(config: BenchConfig, cell: Cell, measured: CapacityProfile | None
                 tpot_target_s=config.slo.tpot_s,
                 percentile=config.slo.percentile,
                 startup_s=cell.startup_s,
+                interval_s=config.planner_interval_s,
                 tuning=None
                 if config.utilization is None
                 else Tuning(

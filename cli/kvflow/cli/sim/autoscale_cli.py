@@ -42,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--utilization", nargs=2, type=float, metavar=("UP", "DOWN"),
                    help="the planner's target and scale-down utilisation (default: its "
                    "own)")  # fmt: skip
+    p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
+                   help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 5-10 minute traffic")
     p.add_argument("--jobs", type=int, default=1, help="cells run side by side")
     p.add_argument("--json", help="write the full report here")
@@ -60,6 +62,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         arms=tuple(args.arms),
         seed=args.seed,
         utilization=tuple(args.utilization) if args.utilization else None,
+        planner_interval_s=args.planner_interval,
     )
     if args.quick:
         config = dataclasses.replace(

@@ -125,7 +125,10 @@ class PodProcess:
 
 
 def container_env(
-    container: Mapping[str, Any], pod: Mapping[str, Any], address: str
+    container: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    address: str,
+    read_secret: Callable[[str], Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
     """The container's env as the kubelet sets it (values may refer to earlier entries)."""
     fields = {
@@ -140,6 +143,9 @@ def container_env(
             env[entry["name"]] = expand(entry["value"], env)
         elif "fieldRef" in entry.get("valueFrom", {}):
             env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in entry.get("valueFrom", {}) and read_secret is not None:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            env[entry["name"]] = read_secret(ref["name"])[ref["key"]]
         else:
             raise AssertionError(f"env {entry} of pod {pod['metadata']['name']}: unsupported here")
     return env
@@ -201,6 +207,7 @@ def pod_process(
     workdir: Path,
     read_configmap: Callable[[str], Mapping[str, str]],
     rewrite_args: Callable[[list[str]], list[str]] = lambda args: args,
+    read_secret: Callable[[str], Mapping[str, str]] | None = None,
 ) -> PodProcess:
     """The process that stands in for `pod` (not started). `rewrite_args` replaces what only
     a cluster provides (say, a Service's DNS name) and must say why where it is defined."""
@@ -209,7 +216,8 @@ def pod_process(
     folder.mkdir(parents=True, exist_ok=True)
     mounts = mount_folders(pod, container, folder, read_configmap)
     env = {
-        k: localize(v, mounts, address) for k, v in container_env(container, pod, address).items()
+        k: localize(v, mounts, address)
+        for k, v in container_env(container, pod, address, read_secret).items()
     }
     words = [*container.get("command", []), *container.get("args", [])]
     words = [localize(expand(w, env), mounts, address) for w in words]

@@ -10,6 +10,7 @@ endpoint.
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -99,10 +100,21 @@ def current_pods(cluster: ControlPlane, namespace: str, pool: str) -> list[dict[
 
 @contextmanager
 def run_pool(
-    cluster: ControlPlane, namespace: str, manifest: Path, network: LoopbackNetwork, workdir: Path
+    cluster: ControlPlane,
+    namespace: str,
+    manifest: Path,
+    network: LoopbackNetwork,
+    workdir: Path,
+    spec_overrides: dict[str, Any] | None = None,
 ) -> Iterator[RunningPool]:
-    pool = next(d for d in _yaml_docs(manifest) if d.get("kind") == "InferencePool")
+    """``spec_overrides`` are set on the pool's spec (top-level keys) before it is applied."""
+    docs = _yaml_docs(manifest)
+    pool = next(d for d in docs if d.get("kind") == "InferencePool")
     name = pool["metadata"]["name"]
+    if spec_overrides:
+        pool["spec"].update(spec_overrides)
+        manifest = workdir / manifest.name
+        manifest.write_text(yaml.safe_dump_all(docs))
     cluster.kubectl("apply", "-n", namespace, "-f", str(manifest))
     ready = wait_ready(cluster, namespace, name)
     num_workers = ready["status"]["desiredReplicas"]
@@ -114,6 +126,10 @@ def run_pool(
         data: dict[str, str] = cluster.kubectl_json("get", "configmap", cm, "-n", namespace)["data"]
         return data
 
+    def read_secret(name: str) -> dict[str, str]:
+        data = cluster.kubectl_json("get", "secret", name, "-n", namespace)["data"]
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
     def component(pod: dict[str, Any]) -> str:
         return str(pod["metadata"]["labels"]["app.kubernetes.io/component"])
 
@@ -122,7 +138,13 @@ def run_pool(
         workers = [p for p in pods if component(p) == "worker"]
         for pod in workers:
             running.append(
-                pod_process(pod, network.address(pod["metadata"]["name"]), workdir, read_configmap)
+                pod_process(
+                    pod,
+                    network.address(pod["metadata"]["name"]),
+                    workdir,
+                    read_configmap,
+                    read_secret=read_secret,
+                )
             )
             running[-1].start()
         for proc in running:
@@ -140,6 +162,7 @@ def run_pool(
                 workdir,
                 read_configmap,
                 rewrite_args=lambda a, listed=listed: replace_worker_dns(a, listed),  # type: ignore[misc]
+                read_secret=read_secret,
             )
             running.append(proc)
             proc.start()

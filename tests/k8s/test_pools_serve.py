@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import openai
 import pytest
 from k8s.controlplane import REPO, ControlPlane
@@ -26,10 +27,14 @@ from k8s.pod_processes import LoopbackNetwork
 from k8s.served_pools import RunningPool, run_pool
 from k8s.support import wait_for
 
+from kvflow.proto import worker_pb2 as pb
+from kvflow.proto import worker_pb2_grpc as pb_grpc
+
 pytestmark = pytest.mark.slow
 
 COLOCATED_SAMPLE = REPO / "samples" / "cpu-smollm2.yaml"
 DISAGGREGATED_SAMPLE = REPO / "samples" / "cpu-smollm2-disaggregated.yaml"
+WORKER_TOKEN = "t0ken-of-the-disaggregated-pool"
 ROUTE_HEADER = "x-kvflow-route"
 
 # Several hundred tokens, well above the disaggregated sample's minRemotePrefillTokens:
@@ -65,7 +70,12 @@ def network() -> LoopbackNetwork:
 
 @contextmanager
 def _served(
-    cluster: ControlPlane, namespace: str, sample: Path, network: LoopbackNetwork, workdir: Path
+    cluster: ControlPlane,
+    namespace: str,
+    sample: Path,
+    network: LoopbackNetwork,
+    workdir: Path,
+    worker_token: str | None = None,
 ) -> Iterator[RunningPool]:
     cluster.kubectl("create", "namespace", namespace)
     wait_for(  # pods are refused until the namespace's default ServiceAccount exists
@@ -75,8 +85,13 @@ def _served(
         60,
         f"namespace {namespace}'s default ServiceAccount",
     )
+    overrides = None
+    if worker_token is not None:  # the user's Secret, named in spec.workerTokenSecret
+        cluster.kubectl("create", "secret", "generic", "pool-token", "-n", namespace,
+                        f"--from-literal=token={worker_token}")  # fmt: skip
+        overrides = {"workerTokenSecret": {"name": "pool-token", "key": "token"}}
     try:
-        with run_pool(cluster, namespace, sample, network, workdir) as pool:
+        with run_pool(cluster, namespace, sample, network, workdir, overrides) as pool:
             yield pool
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
@@ -102,7 +117,9 @@ def disaggregated(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningPool]:
     workdir = tmp_path_factory.mktemp("disaggregated-pods")
-    with _served(cluster, "t-serve-disaggregated", DISAGGREGATED_SAMPLE, network, workdir) as pool:
+    # With a worker token: prefill and decode workers then serve only the pool's router.
+    with _served(cluster, "t-serve-disaggregated", DISAGGREGATED_SAMPLE, network, workdir,
+                 worker_token=WORKER_TOKEN) as pool:  # fmt: skip
         yield pool
 
 
@@ -177,3 +194,10 @@ def test_disaggregated_sample_serves_like_the_colocated_one(
         f"{ROUTE_HEADER}: {answer.route!r} should name prefill {prefill} and decode {decode}"
     )
     assert answer.text == reference.text
+
+    # The pool has a worker token (spec.workerTokenSecret): its workers refuse callers
+    # that do not present it, so what served above was the operator's wiring of the token.
+    for address in (prefill, decode):
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.WorkerStub(channel).Health(pb.HealthRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -286,3 +286,14 @@ def test_router_config_has_the_disaggregation_policy_only_when_disaggregated() -
     }
     bare = spec_of(mode="disaggregated", prefill={}, decode={})
     assert router_config(bare)["disaggregation"] == {"enabled": True}
+
+
+def test_a_worker_token_secret_reaches_workers_and_routers_and_nothing_else() -> None:
+    ref = {"name": "pool-token", "key": "token"}
+    children = build(spec_of(mode="disaggregated", prefill={}, decode={}, workerTokenSecret=ref))
+    want = {"name": "KVFLOW_WORKER_TOKEN", "valueFrom": {"secretKeyRef": ref}}
+    for name in ("p-prefill", "p-decode", "p-router"):
+        (container,) = pod_of(children, name)["containers"]
+        assert want in container["env"], name
+    # Only by reference: the token itself is in no object the operator writes.
+    assert "KVFLOW_WORKER_TOKEN" not in str(build(spec_of()))

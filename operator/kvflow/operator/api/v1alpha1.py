@@ -410,6 +410,12 @@ class InferencePoolSpec:
     router: RouterSpec = field("The gateway.", RouterSpec())
     slo: SloSpec = field("Latency targets.", SloSpec())
     autoscaling: AutoscalingSpec = field("The SLO planner.", AutoscalingSpec())
+    worker_token_secret: SecretKeyRef | None = field(
+        """A Secret key in the pool's namespace holding a token: the pool's workers refuse
+        gRPC calls that do not present it and its routers present it (KVFLOW_WORKER_TOKEN).
+        Unset: worker gRPC answers any caller that the pool's NetworkPolicy lets in.""",
+        None,
+    )
 
 
 # --- status --------------------------------------------------------------------------------

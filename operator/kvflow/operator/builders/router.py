@@ -117,7 +117,7 @@ def router_deployment(
         volumes.append(model_volume[0])
         mounts.append(model_volume[1])
 
-    env = pods.common_env()
+    env = [*pods.common_env(), *pods.worker_token_env(spec)]
     if router.redis.url_secret is not None:
         ref = router.redis.url_secret
         env.append(

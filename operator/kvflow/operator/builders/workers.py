@@ -107,7 +107,11 @@ def worker_deployment(
         "command": ["kvflow"],
         "args": worker_args(spec, role, gpus),
         "ports": worker_ports(role),
-        "env": [*pods.common_env(), {"name": "KVFLOW_POOL", "value": pool.name}],
+        "env": [
+            *pods.common_env(),
+            {"name": "KVFLOW_POOL", "value": pool.name},
+            *pods.worker_token_env(spec),
+        ],
         "resources": pods.resources(role_spec.resources, gpus),
         "startupProbe": pods.http_probe("/health", "metrics", STARTUP_PERIOD_S, STARTUP_FAILURES),
         "livenessProbe": pods.http_probe("/health", "metrics", 10, 3),

@@ -78,8 +78,13 @@ class RoutingPipeline:
         self._gate = gate
 
     def candidates(self, request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
-        """The workers every filter keeps."""
-        return [w for w in workers if all(f.keep(request, w) for f in self._filters)]
+        """The workers every filter keeps. Filter by filter over the list, not `all()` over
+        a generator per worker: 15 % faster at 64 workers (docs/benchmarks.md, "Scale
+        check")."""
+        candidates = list(workers)
+        for f in self._filters:
+            candidates = [w for w in candidates if f.keep(request, w)]
+        return candidates
 
     def route(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision | None:
         """The best worker for ``request``, or None when every worker is filtered out."""

@@ -154,12 +154,14 @@ def _gather(
 
     ``block_ids`` is ``[num_blocks]`` or ``[B, num_blocks]``. One ``index_select`` copies
     whole blocks (one memcpy each); the result is ``[..., tokens, 2, Hkv, D]`` and K and V are
-    strided views of it, which SDPA takes as they are (the last axis is contiguous). Measured
-    against the former head-major pool (one 4 KiB tile per head and block, then a view), 16
-    decodes over 400 tokens, 2 threads, fp32: SmolLM2's shape (3 KV heads, D 64) gather +
-    SDPA 1.6-1.9 vs 2.9-3.2 ms, 8 heads of 64 4.2-5.1 vs 5.4 ms; a ``[num_blocks, 2, Hkv,
-    block_size, D]`` pool gathered with one ``index_select`` into a permuted output sat in
-    between (2.3 and 4.0-4.2 ms) and needs an ``index_put_`` of (block, offset) pairs to write.
+    strided views of it, which SDPA takes as they are (the last axis is contiguous). Against
+    the former head-major pool (one 4 KiB tile per head and block), 16 decodes over 400
+    tokens, fp32, 2 busy cores (noisy): SmolLM2's shape (3 KV heads of 64) gather + SDPA
+    1.0-1.9 vs 1.3-3.2 ms, 8 heads of 64 3.1-5.1 vs 3.6-5.4 ms; the engine's decode throughput
+    is unchanged within noise. A ``[num_blocks, 2, Hkv, block_size, D]`` pool would keep
+    SDPA's old input (gather into a permuted output: 2.3 and 4.0 ms) but write with an
+    ``index_put_`` of (block, offset) pairs. Caveat: CPU SDPA in bf16 with 8 heads of 128 ran
+    slower on these strided views (75 vs 40 ms, one run); fp32 is the CPU default.
     """
     _, block_size, _, num_kv_heads, head_dim = kv_cache.shape
     kv = kv_cache.index_select(0, block_ids.reshape(-1))  # [B * n, block_size, 2, Hkv, D]

@@ -98,11 +98,12 @@ def test_quantile_and_violation_share_interpolate_in_buckets() -> None:
 
 def test_observation_of_a_colocated_role() -> None:
     w1, w2, router = WorkerMetrics(), WorkerMetrics(), RouterMetrics()
-    for m, running, kv in ((w1, 4, 0.5), (w2, 8, 0.7)):
+    for m, running, waiting, kv in ((w1, 4, 3, 0.5), (w2, 8, 2, 0.7)):
         m.finished.labels("stop").inc(10)
         m.prompt_tokens.inc(2000)
         m.generation_tokens.inc(500)
         m.running.set(running)
+        m.waiting.set(waiting)
         m.kv_usage.set(kv)
         for _ in range(10):
             m.tpot.observe(0.3)  # every request over the 100 ms target
@@ -132,6 +133,7 @@ def test_observation_of_a_colocated_role() -> None:
     assert obs.prefill_queue_wait_s == pytest.approx(0.2)
     assert obs.decode_batch_size == pytest.approx(6)
     assert obs.kv_usage == pytest.approx(0.6)
+    assert obs.num_waiting_requests == pytest.approx(5)  # summed: the role's whole queue
     assert (obs.ready_replicas, obs.pending_replicas, obs.unschedulable_replicas) == (2, 1, 1)
 
 
@@ -155,6 +157,7 @@ def test_roles_read_only_what_they_do_and_nothing_read_is_none() -> None:
         **kwargs,  # type: ignore[arg-type]
     )
     assert blind.request_rate_per_s is None and blind.tpot_s is None and blind.kv_usage is None
+    assert blind.num_waiting_requests is None
 
 
 def pod(name: str, role: str, *, ready: bool, ip: str = "", unschedulable: bool = False) -> dict:  # type: ignore[type-arg]

@@ -35,6 +35,7 @@ WORKER_FINISHED = "kvflow_worker_requests_finished"
 WORKER_PROMPT_TOKENS = "kvflow_worker_prompt_tokens"
 WORKER_GENERATION_TOKENS = "kvflow_worker_generation_tokens"
 WORKER_RUNNING = "kvflow_worker_requests_running"
+WORKER_WAITING = "kvflow_worker_requests_waiting"
 WORKER_KV_USAGE = "kvflow_worker_kv_cache_usage_ratio"
 ROUTER_TTFT = "kvflow_router_ttft_seconds"
 ROUTER_TPOT = "kvflow_router_tpot_seconds"
@@ -42,7 +43,7 @@ ROUTER_TPOT = "kvflow_router_tpot_seconds"
 WORKER_FAMILIES = frozenset(
     {
         WORKER_TTFT, WORKER_TPOT, WORKER_QUEUE_WAIT, WORKER_FINISHED, WORKER_PROMPT_TOKENS,
-        WORKER_GENERATION_TOKENS, WORKER_RUNNING, WORKER_KV_USAGE,
+        WORKER_GENERATION_TOKENS, WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE,
     }
 )  # fmt: skip
 ROUTER_FAMILIES = frozenset({ROUTER_TTFT, ROUTER_TPOT})
@@ -108,6 +109,8 @@ def observe_role(
         prefill_queue_wait_s=mean(_total(workers, WORKER_QUEUE_WAIT)) if prefills(role) else None,
         decode_batch_size=_mean_gauge(workers, WORKER_RUNNING) if decodes(role) else None,
         kv_usage=_mean_gauge(workers, WORKER_KV_USAGE),
+        # The planner's Backlog rule sizes for draining this queue (planner/signals.py).
+        num_waiting_requests=_sum_gauge(workers, WORKER_WAITING),
     )
 
 
@@ -130,6 +133,11 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
     return numerator / denominator
+
+
+def _sum_gauge(sources: Sequence[Metrics], family: str) -> float | None:
+    values = [m.gauges[family] for m in sources if family in m.gauges]
+    return sum(values) if values else None
 
 
 def _mean_gauge(sources: Sequence[Metrics], family: str) -> float | None:

@@ -42,6 +42,7 @@ def test_every_family_the_planner_reads_is_exported_with_its_type() -> None:
     }
     assert set(worker.gauges) == {
         "kvflow_worker_requests_running",
+        "kvflow_worker_requests_waiting",
         "kvflow_worker_kv_cache_usage_ratio",
     }
 

@@ -52,7 +52,7 @@ def test_every_field_is_described_and_the_crd_is_wired() -> None:
         "mode disaggregated needs both prefill and decode",
         "kvTransport nccl needs gpusPerPod > 0 on both prefill and decode",
         "kvTransport auto needs prefill and decode both on GPUs or both on CPUs "
-        "(it picks nccl on GPUs, gloo on CPUs)",
+        "(it picks nccl on GPUs, tcp on CPUs)",
     ]
     role = spec["properties"]["colocated"]
     assert role["default"] == {

@@ -379,7 +379,7 @@ class AutoscalingSpec:
         "!has(self.prefill) || !has(self.decode) || "
         "(self.prefill.gpusPerPod > 0) == (self.decode.gpusPerPod > 0)",
         "kvTransport auto needs prefill and decode both on GPUs or both on CPUs "
-        "(it picks nccl on GPUs, gloo on CPUs)",
+        "(it picks nccl on GPUs, tcp on CPUs)",
         ".kvTransport",
     ),
 )
@@ -402,7 +402,7 @@ class InferencePoolSpec:
     decode: RoleSpec | None = field("Decode workers (mode disaggregated).", None)
     kv_transport: KvTransport = field(
         """How KV blocks move from prefill to decode workers in mode disaggregated (the
-        worker's --kv-transport). auto: nccl between GPU workers, gloo between CPU workers.
+        worker's --kv-transport). auto: nccl between GPU workers, tcp between CPU workers.
         nccl: GPU to GPU (needs gpusPerPod on both roles; kvflow's own tests have not yet
         run it on GPUs). gloo: torch.distributed over TCP. tcp: a plain TCP stream.""",
         "auto",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import gguf
@@ -68,16 +67,43 @@ def test_second_load_comes_from_the_cache_with_identical_weights(
 
 
 def test_a_changed_file_gets_a_new_entry_and_the_old_one_goes(
-    cache: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+    cache: Path, tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = count_conversions(monkeypatch)
-    parameters(tiny_gguf)
+    first = parameters(tiny_gguf)
     old_entry = gguf_cache.cache_entry(tiny_gguf)
-    stat = tiny_gguf.stat()
-    os.utime(tiny_gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    parameters(tiny_gguf)
+    other = write_tiny_llama(tmp_path / "other", vocab_size=512, seed=1)
+    write_tiny_gguf(other, tiny_gguf, matrix_type=gguf.GGMLQuantizationType.Q8_0)
+    second = parameters(tiny_gguf)
     assert len(reads) == 2
     assert list(cache.glob("*.safetensors")) == [gguf_cache.cache_entry(tiny_gguf)] != [old_entry]
+    assert any(not torch.equal(first[name], second[name]) for name in first)
+
+
+def test_copies_in_two_places_share_one_entry(
+    cache: Path, tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The built-in model sits in each checkout's own virtual environment: a path-keyed
+    # cache grew by 540 MB per CI clone. A copy, even with a new mtime, is the same model.
+    copy = tmp_path / "elsewhere" / tiny_gguf.name
+    copy.parent.mkdir()
+    copy.write_bytes(tiny_gguf.read_bytes())
+    reads = count_conversions(monkeypatch)
+    assert_same(parameters(tiny_gguf), parameters(copy))
+    assert reads == [tiny_gguf]
+    assert list(cache.glob("*.safetensors")) == [gguf_cache.cache_entry(copy)]
+
+
+def test_entries_of_the_old_path_keyed_scheme_are_removed(cache: Path, tiny_gguf: Path) -> None:
+    cache.mkdir()
+    stale = cache / f"{tiny_gguf.stem}-{'a' * 16}-{'b' * 16}.safetensors"
+    stale.write_bytes(b"old")
+    unrelated = cache / f"{tiny_gguf.stem}-v2-{'c' * 32}.safetensors"  # another model file
+    unrelated.write_bytes(b"other")
+    parameters(tiny_gguf)
+    assert sorted(cache.glob("*.safetensors")) == sorted(
+        [gguf_cache.cache_entry(tiny_gguf), unrelated]
+    )
 
 
 def test_an_unusable_cache_directory_only_costs_the_cache(

@@ -4,21 +4,28 @@ For SmolLM2 reading the GGUF costs about 5 s on a 2-core CPU (2.6 s parsing the 
 tables, 2 s dequantizing); the cached float32 safetensors file (540 MB) loads in about 1 s
 because it is memory-mapped and needs no conversion.
 
-An entry is keyed by the GGUF's real path, size and modification time, plus ``_FORMAT``
-for changes to what we store. Writing a new entry deletes older entries of the same path,
-so the cache holds at most one entry per GGUF file. Every cache failure (a read-only or
-missing directory, a corrupt entry, a full disk) is logged and the load goes on without
-the cache: it is an optimisation, never a reason to fail.
+An entry is keyed by the GGUF's file name and a digest of its contents, plus ``_FORMAT``
+for changes to what we store. Not by its path: the built-in model lives inside a virtual
+environment, and every checkout (every CI clone) has its own, so a path key left one
+540 MB entry per clone until a CI machine ran out of disk. Hashing the file costs about
+0.1 s against the 5 s conversion it saves. Writing a new entry deletes the other entries
+of the same file name, so the cache holds at most one entry per model file name.
+
+Every cache failure (a read-only or missing directory, a corrupt entry, a full disk) is
+logged and the load goes on without the cache: it is an optimisation, never a reason to
+fail.
 
 Location: ``$KVFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvflow``, else ``~/.cache/kvflow``.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -33,6 +40,7 @@ from kvflow.engine_worker.model.hf_folder import SafetensorsTensors
 CACHE_DIR_ENV = "KVFLOW_CACHE_DIR"
 # Bump when the conversion changes what an entry holds (names, un-permutation, dtype).
 _FORMAT = "1"
+_HASH_CHUNK_BYTES = 8 << 20
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +57,11 @@ def cache_dir() -> Path:
 def cache_entry(gguf_path: Path) -> Path:
     """The cache file for this GGUF's current contents (it may not exist yet)."""
     real = gguf_path.resolve()
-    stat = real.stat()
-    state = f"{_FORMAT}|{stat.st_size}|{stat.st_mtime_ns}"
-    return cache_dir() / f"{real.stem}-{_digest(str(real))}-{_digest(state)}.safetensors"
+    content = hashlib.sha256(_FORMAT.encode())
+    with real.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK_BYTES):
+            content.update(chunk)
+    return cache_dir() / f"{real.stem}-{content.hexdigest()[:32]}.safetensors"
 
 
 def read_gguf_cached(gguf_path: Path) -> GgufContents:
@@ -92,14 +102,13 @@ def _write_entry(entry: Path, contents: GgufContents) -> None:
     except OSError as err:
         log.warning("not caching the dequantized model in %s: %s", entry.parent, err)
         return
-    prefix = entry.name.rsplit("-", 1)[0]  # stem and path digest: older states of this file
-    for stale in entry.parent.glob(f"{prefix}-*.safetensors"):
-        if stale != entry:
+    stem = entry.name.rsplit("-", 1)[0]
+    # Older contents of this file name, in this scheme or the old path-keyed one.
+    digests = r"-([0-9a-f]{32}|[0-9a-f]{16}-[0-9a-f]{16})\.safetensors"
+    same_name = re.compile(re.escape(stem) + digests)
+    for stale in entry.parent.glob(f"{glob.escape(stem)}-*.safetensors"):
+        if stale != entry and same_name.fullmatch(stale.name):
             try:
                 stale.unlink(missing_ok=True)
             except OSError as err:
                 log.warning("could not remove the stale model cache entry %s: %s", stale, err)
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -19,6 +19,10 @@ mkdir -p "$cache"
 export GOTOOLCHAIN=local   # never download another Go toolchain behind our back
 export CGO_ENABLED=0       # static binaries; no C toolchain needed
 export GOFLAGS="-mod=mod -buildvcs=false"
+# Go's build and module caches for these builds are private to the cache folder and deleted
+# once every component is built: left in ~/.cache/go-build and ~/go they held 4.6 GB that
+# no later run reads (the binaries are what is cached), and a CI machine ran out of disk.
+export GOCACHE="$cache/src/go-build" GOMODCACHE="$cache/src/go-mod"
 
 log() { echo "[k8s-build $(date +%H:%M:%S)] $*" >&2; }
 
@@ -105,4 +109,8 @@ build_kwok() {
 components=("$@")
 [[ ${#components[@]} -eq 0 ]] && components=(etcd kwok kubernetes)
 for c in "${components[@]}"; do "build_$c"; done
+if [[ -d "$cache/src" ]]; then
+  log "removing Go's build and module caches ($(du -sh "$cache/src" | cut -f1))"
+  chmod -R u+w "$cache/src" && rm -rf "$cache/src"   # the module cache is read-only
+fi
 echo "$cache"

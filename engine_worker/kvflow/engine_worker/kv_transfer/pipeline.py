@@ -52,12 +52,25 @@ class Staging:
             self.pool.give(buffer)
 
 
-def wait_work(work: Any, deadline_s: float, what: str) -> None:
+# How often a CUDA transfer's completion is polled: well under one 16 MiB message on NVLink.
+_CUDA_POLL_S = 100e-6
+
+
+def wait_work(work: Any, deadline_s: float, what: str, device: torch.device) -> None:
     """Wait for a send or receive until the deadline. Gloo's point-to-point work reports
     completion only through wait(), and a wait cannot be interrupted: cancellation is the
-    agent's (it stops listening and lets this thread run out its deadline)."""
-    timeout = timedelta(seconds=max(deadline_s - time.monotonic(), 0.001))
+    agent's (it stops listening and lets this thread run out its deadline).
+
+    NCCL's wait() returns at once: it only orders the current CUDA stream after the
+    operation, which keeps the data correct but would let a peer that never posts its half
+    hang the stream with no deadline tripped. So on CUDA the host polls completion first."""
     try:
+        if device.type == "cuda":
+            while not work.is_completed():
+                if time.monotonic() >= deadline_s:
+                    raise TransferTimeoutError(f"{what} timed out")
+                time.sleep(_CUDA_POLL_S)
+        timeout = timedelta(seconds=max(deadline_s - time.monotonic(), 0.001))
         work.wait(timeout)
     except RuntimeError as exc:
         if time.monotonic() >= deadline_s:
@@ -74,14 +87,14 @@ def send_messages(
     in_flight: deque[Any] = deque()
     for i, (first, num_runs) in enumerate(messages):
         if len(in_flight) == len(buffers):
-            wait_work(in_flight.popleft(), deadline_s, what)
+            wait_work(in_flight.popleft(), deadline_s, what, staging.device)
         buffer = buffers[i % len(buffers)]
         with blocks.access():
             blocks.read(first, num_runs, buffer)
         payload = buffer[: num_runs * blocks.run_bytes]
         in_flight.append(group.send([payload], 1, message_tag(tag, i)))
     while in_flight:
-        wait_work(in_flight.popleft(), deadline_s, what)
+        wait_work(in_flight.popleft(), deadline_s, what, staging.device)
     staging.give(buffers)
 
 
@@ -98,7 +111,7 @@ def receive_messages(
 
     in_flight = deque(post(i) for i in range(len(buffers)))
     for i, (first, num_runs) in enumerate(messages):
-        wait_work(in_flight.popleft(), deadline_s, what)
+        wait_work(in_flight.popleft(), deadline_s, what, staging.device)
         with blocks.access():
             blocks.write(first, num_runs, buffers[i % len(buffers)])
         if i + len(buffers) < len(messages):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import from_json
 from kvflow.operator.builders.desired import ChildKey, desired_children
 from kvflow.operator.builders.names import Images, PoolRef
@@ -72,11 +72,11 @@ def test_an_external_autoscalers_role_carries_no_replicas() -> None:
 
 def test_planned_replicas_read_from_status() -> None:
     status = from_json(
-        v1alpha1.InferencePoolStatus,
+        v1alpha1_status.InferencePoolStatus,
         {"planner": {"roles": [{"name": "decode", "replicas": 4}]}},
     )
     assert planned_replicas(status) == {"decode": 4}
-    assert planned_replicas(v1alpha1.InferencePoolStatus()) == {}
+    assert planned_replicas(v1alpha1_status.InferencePoolStatus()) == {}
 
 
 def managed(*entries: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:

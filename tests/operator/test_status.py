@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import from_json
-from kvflow.operator.api.v1alpha1 import RoleStatus
+from kvflow.operator.api.v1alpha1_status import RoleStatus
 from kvflow.operator.builders.names import PoolRef
 from kvflow.operator.status import (
     DeploymentObservation,
@@ -40,21 +40,21 @@ def observed(
 def status_of(
     deployments: dict[str, DeploymentObservation],
     problems: list[Problem] | None = None,
-    previous: v1alpha1.InferencePoolStatus | None = None,
+    previous: v1alpha1_status.InferencePoolStatus | None = None,
     now: str = T0,
     spec: v1alpha1.InferencePoolSpec = SPEC,
-) -> v1alpha1.InferencePoolStatus:
+) -> v1alpha1_status.InferencePoolStatus:
     return compute_status(
         pool=POOL,
         spec=spec,
         deployments=deployments,
         problems=problems or [],
-        previous=previous or v1alpha1.InferencePoolStatus(),
+        previous=previous or v1alpha1_status.InferencePoolStatus(),
         now=now,
     )
 
 
-def conditions(status: v1alpha1.InferencePoolStatus) -> dict[str, tuple[str, str]]:
+def conditions(status: v1alpha1_status.InferencePoolStatus) -> dict[str, tuple[str, str]]:
     return {c.type: (c.status, c.reason) for c in status.conditions}
 
 
@@ -156,16 +156,16 @@ def test_slo_condition_is_the_planners_once_it_has_judged() -> None:
     )
     awaiting = status_of(READY, spec=spec)
     assert conditions(awaiting)["SLOMet"] == ("Unknown", "AwaitingMetrics")
-    verdict = v1alpha1.Condition(
+    verdict = v1alpha1_status.Condition(
         "SLOMet", "False", "TTFTAboveTarget", "p90 TTFT 1.4 s > 1 s", T0, 4
     )
-    planner = v1alpha1.PlannerStatus(
-        roles=[v1alpha1.PlannedReplicas("colocated", 3)],
+    planner = v1alpha1_status.PlannerStatus(
+        roles=[v1alpha1_status.PlannedReplicas("colocated", 3)],
         last_decision="colocated 2->3",
         reason="TTFT above target",
         decided_at=T0,
     )
-    previous = v1alpha1.InferencePoolStatus(conditions=[verdict], planner=planner)
+    previous = v1alpha1_status.InferencePoolStatus(conditions=[verdict], planner=planner)
     status = status_of(READY, previous=previous, now=T1, spec=spec)
     assert next(c for c in status.conditions if c.type == "SLOMet") == verdict
     assert status.planner == planner
@@ -310,7 +310,7 @@ def test_the_planners_interval_writes_replicas_reason_and_slo() -> None:
         now=T1,
         generation=4,
     )
-    assert after.planner.roles == [v1alpha1.PlannedReplicas("colocated", 3)]
+    assert after.planner.roles == [v1alpha1_status.PlannedReplicas("colocated", 3)]
     assert after.planner.last_decision == "colocated 2->3"
     assert after.planner.reason == "colocated: TtftViolation: p90 TTFT 1.4 s > 1 s"
     assert conditions(after)["SLOMet"] == ("False", "TtftAboveTarget")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import Json, SchemaError, from_json, to_json
 from kvflow.operator.api.validation import spec_problems
 from kvflow.operator.builders.desired import OWNED_KINDS, ChildKey, desired_children
@@ -234,7 +234,9 @@ class Reconciler:
         )
         self._write(body, pool, status)
 
-    def _write(self, body: Json, pool: PoolRef, status: v1alpha1.InferencePoolStatus) -> None:
+    def _write(
+        self, body: Json, pool: PoolRef, status: v1alpha1_status.InferencePoolStatus
+    ) -> None:
         """Write status when it changed; an Event when the phase changed."""
         previous = _previous_status(body)
         status_json = to_json(status)
@@ -253,12 +255,12 @@ class Reconciler:
             )
 
 
-def _previous_status(body: Json) -> v1alpha1.InferencePoolStatus:
+def _previous_status(body: Json) -> v1alpha1_status.InferencePoolStatus:
     try:
-        return from_json(v1alpha1.InferencePoolStatus, body.get("status") or {})
+        return from_json(v1alpha1_status.InferencePoolStatus, body.get("status") or {})
     except SchemaError:
         log.warning("ignoring an unreadable status of %s", body["metadata"]["name"])
-        return v1alpha1.InferencePoolStatus()
+        return v1alpha1_status.InferencePoolStatus()
 
 
 def _version(obj: Json) -> str:

@@ -12,9 +12,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import Json
-from kvflow.operator.api.v1alpha1 import (
+from kvflow.operator.api.v1alpha1_status import (
     Condition,
     ConditionStatus,
     PlannedReplicas,
@@ -121,15 +121,15 @@ def compute_status(
     spec: v1alpha1.InferencePoolSpec,
     deployments: Mapping[str, DeploymentObservation],
     problems: Sequence[Problem],
-    previous: v1alpha1.InferencePoolStatus,
+    previous: v1alpha1_status.InferencePoolStatus,
     now: str,
     replicas: Mapping[WorkerRole, int | None] | None = None,
-) -> v1alpha1.InferencePoolStatus:
+) -> v1alpha1_status.InferencePoolStatus:
     """The status to write. `deployments` maps the names of the pool's observed Deployments;
     `replicas` what the operator applies per worker role (`builders.replicas`; None: an
     external autoscaler's role, whose Deployment says how many). Unset: spec.replicas."""
     applied = replicas or {}
-    expected: list[tuple[v1alpha1.RoleName, str, int]] = []
+    expected: list[tuple[v1alpha1_status.RoleName, str, int]] = []
     for role, rs in worker_roles(spec):
         name = worker_deployment_name(pool, role)
         wanted = applied.get(role, rs.replicas)
@@ -202,14 +202,14 @@ def compute_status(
         _slo_condition(spec, previous, now, generation),
     ]
     if degraded[0] == "True":
-        phase: v1alpha1.Phase = "Degraded"
+        phase: v1alpha1_status.Phase = "Degraded"
     elif ready[0] == "True":
         phase = "Ready"
     elif len(missing) == len(expected):
         phase = "Pending"
     else:
         phase = "Progressing"
-    return v1alpha1.InferencePoolStatus(
+    return v1alpha1_status.InferencePoolStatus(
         phase=phase,
         observed_generation=generation,
         conditions=conditions,
@@ -229,7 +229,7 @@ def _summary(roles: Sequence[RoleStatus]) -> str:
     return ", ".join(f"{r.name} {r.ready_replicas}/{r.desired_replicas} ready" for r in roles)
 
 
-def _previous(previous: v1alpha1.InferencePoolStatus, type_: str) -> Condition | None:
+def _previous(previous: v1alpha1_status.InferencePoolStatus, type_: str) -> Condition | None:
     return next((c for c in previous.conditions if c.type == type_), None)
 
 
@@ -239,7 +239,7 @@ def _condition(
     reason: str,
     message: str,
     *,
-    previous: v1alpha1.InferencePoolStatus,
+    previous: v1alpha1_status.InferencePoolStatus,
     now: str,
     generation: int,
 ) -> Condition:
@@ -257,7 +257,7 @@ def _condition(
 
 def _slo_condition(
     spec: v1alpha1.InferencePoolSpec,
-    previous: v1alpha1.InferencePoolStatus,
+    previous: v1alpha1_status.InferencePoolStatus,
     now: str,
     generation: int,
 ) -> Condition:
@@ -291,10 +291,10 @@ def _slo_condition(
 
 
 def unreadable_status(
-    problem: Problem, previous: v1alpha1.InferencePoolStatus, generation: int, now: str
-) -> v1alpha1.InferencePoolStatus:
+    problem: Problem, previous: v1alpha1_status.InferencePoolStatus, generation: int, now: str
+) -> v1alpha1_status.InferencePoolStatus:
     """Status of a pool whose spec cannot even be read (a CRD older than the operator)."""
-    return v1alpha1.InferencePoolStatus(
+    return v1alpha1_status.InferencePoolStatus(
         phase="Degraded",
         observed_generation=generation,
         conditions=[
@@ -326,14 +326,14 @@ def unreadable_status(
 
 
 def with_plan(
-    previous: v1alpha1.InferencePoolStatus,
+    previous: v1alpha1_status.InferencePoolStatus,
     *,
     decisions: Sequence[Decision],
     scaled_roles: Collection[str],
     slo: SloVerdict,
     now: str,
     generation: int,
-) -> v1alpha1.InferencePoolStatus:
+) -> v1alpha1_status.InferencePoolStatus:
     """The status after one planner interval: its replicas per role (what reconcile then
     applies), the decision and reason, and SLOMet, of which the planner is the only writer.
     `scaled_roles`: the roles the planner moves now (not pinned, not an external

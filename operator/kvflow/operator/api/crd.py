@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import Json, record_schema
 
 CRD_NAME = f"{v1alpha1.PLURAL}.{v1alpha1.GROUP}"
@@ -50,7 +50,7 @@ def inference_pool_crd() -> dict[str, Json]:
             },
             "status": {
                 "description": "Observed state, written by the operator.",
-                **_without_description(record_schema(v1alpha1.InferencePoolStatus)),
+                **_without_description(record_schema(v1alpha1_status.InferencePoolStatus)),
             },
         },
         "required": ["spec"],

@@ -1,4 +1,5 @@
-"""The InferencePool API, version v1alpha1: the one typed source of the CRD.
+"""The InferencePool API, version v1alpha1: the one typed source of the CRD (the planner's
+spec types are in ``v1alpha1_planner``, the status types in ``v1alpha1_status``).
 
 `tools/k8s/gen_crds.py` turns these records into `crds/` (and the chart's copy); the operator
 reads pools into them with `schema.from_json`. Descriptions are what `kubectl explain`
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, JsonObject, Quantity, cel, field
+from kvflow.operator.api.v1alpha1_planner import AutoscalingSpec, SloSpec
 
 GROUP = "kvflow.io"
 VERSION = "v1alpha1"
@@ -288,80 +290,6 @@ class RouterSpec:
     tolerations: list[JsonObject] = field("Router pod tolerations.", [])
 
 
-@dataclass(frozen=True)
-class SloSpec:
-    """Latency targets the planner scales for."""
-
-    ttft_target_ms: int = field("Time to first token target, ms.", 1000, minimum=1, maximum=600000)
-    tpot_target_ms: int = field("Time per output token target, ms.", 100, minimum=1, maximum=60000)
-    percentile: float = field(
-        "Percentile the targets apply to (90 means p90).", 90.0, minimum=50, maximum=99.99
-    )
-
-
-@cel(
-    CelRule(
-        "has(self.replicaPromptTokensPerSecond) == has(self.replicaDecodeTokensPerSecond)",
-        "autoscaling takes both replicaPromptTokensPerSecond and replicaDecodeTokensPerSecond, "
-        "or neither",
-    )
-)
-@dataclass(frozen=True)
-class AutoscalingSpec:
-    """The SLO planner: moves each role's replicas within [minReplicas, maxReplicas].
-
-    Prefill replicas follow TTFT, prompt-token load and queue wait; decode replicas follow
-    TPOT, decode concurrency and KV usage (docs/planner.md). With the per-replica capacity
-    below, the planner also sizes each role for the load it forecasts one replica start-up
-    ahead, so new replicas are ready before the SLO breaks.
-    """
-
-    enabled: bool = field("Let the planner change replicas.", False)
-    interval_seconds: int = field("Seconds between planner decisions.", 30, minimum=5, maximum=3600)
-    scale_down_stabilization_seconds: int = field(
-        """A scale-down must be wanted this long before it happens (the planner takes the
-        most replicas it wanted over this window).""",
-        300,
-        minimum=0,
-        maximum=86400,
-    )
-    scale_up_cooldown_seconds: int = field(
-        """After a scale-up, the planner waits this long before adding more on latency
-        alone (the new replicas need time to take load).""",
-        60,
-        minimum=0,
-        maximum=3600,
-    )
-    replica_startup_seconds: int = field(
-        """How long a new worker takes to serve (image pull, weight loading): the planner
-        forecasts load this far ahead.""",
-        60,
-        minimum=0,
-        maximum=3600,
-    )
-    manual_roles: list[WorkerRoleName] = field(
-        """Roles whose replicas stay as written in the spec while the planner runs
-        (a manual override; the planner still judges SLOMet).""",
-        [],
-        max_items=3,
-    )
-    replica_prompt_tokens_per_second: float | None = field(
-        """Prompt tokens per second one worker prefills with TTFT within target (measured,
-        or derived from a step-time profile: docs/planner.md). Unset: no forecast sizing.""",
-        None,
-        minimum=0,
-        exclusive_minimum=True,
-    )
-    replica_decode_tokens_per_second: float | None = field(
-        """Output tokens per second one worker generates with TPOT within target (its
-        largest batch within TPOT, KV and maxNumSeqs, over that batch's step time). Set
-        together with replicaPromptTokensPerSecond.""",
-        None,
-        minimum=0,
-        exclusive_minimum=True,
-    )
-
-
 @cel(
     CelRule(
         "self.mode == 'colocated' || (has(self.prefill) && has(self.decode))",
@@ -416,72 +344,3 @@ class InferencePoolSpec:
         Unset: worker gRPC answers any caller that the pool's NetworkPolicy lets in.""",
         None,
     )
-
-
-# --- status --------------------------------------------------------------------------------
-
-ConditionStatus = Literal["True", "False", "Unknown"]
-Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
-RoleName = Literal["colocated", "prefill", "decode", "router"]
-WorkerRoleName = Literal["colocated", "prefill", "decode"]
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One aspect of the pool's state (metav1.Condition)."""
-
-    type: str = field("Ready, Progressing, Degraded or SLOMet.")
-    status: ConditionStatus = field("True, False or Unknown.")
-    reason: str = field("CamelCase reason for the status.")
-    message: str = field("What happened, for people.", "")
-    last_transition_time: str = field("When status last changed (RFC 3339).", "")
-    observed_generation: int = field("The pool generation this was computed from.", 0)
-
-
-@dataclass(frozen=True)
-class RoleStatus:
-    """Replicas of one role's Deployment as last observed."""
-
-    name: RoleName = field("colocated, prefill, decode or router.")
-    desired_replicas: int = field("Replicas the operator asked for.", 0)
-    ready_replicas: int = field("Ready pods.", 0)
-    updated_replicas: int = field("Pods of the current template.", 0)
-
-
-@dataclass(frozen=True)
-class PlannedReplicas:
-    """The replicas the planner chose for one role."""
-
-    name: WorkerRoleName = field("colocated, prefill or decode.")
-    replicas: int = field("Replicas the operator applies to the role's Deployment.", 0)
-
-
-@dataclass(frozen=True)
-class PlannerStatus:
-    """The SLO planner's last decision."""
-
-    roles: list[PlannedReplicas] = field(
-        """Replicas per role the planner decided; the operator applies them (here, not in
-        the spec, so the spec stays what the user wrote and survives operator restarts).""",
-        [],
-        map_keys=("name",),
-    )
-    last_decision: str = field("e.g. 'decode 2->3'; empty before the first.", "")
-    reason: str = field("Why, with the measured latencies.", "")
-    decided_at: str = field("When (RFC 3339).", "")
-
-
-@dataclass(frozen=True)
-class InferencePoolStatus:
-    """What the operator observed and did (written by the operator only)."""
-
-    phase: Phase = field("Pending, Progressing, Ready or Degraded.", "Pending")
-    observed_generation: int = field("The spec generation last reconciled.", 0)
-    conditions: list[Condition] = field(
-        "Ready, Progressing, Degraded, SLOMet.", [], map_keys=("type",)
-    )
-    roles: list[RoleStatus] = field("Per-role replicas.", [], map_keys=("name",))
-    desired_replicas: int = field("Worker pods asked for, all roles.", 0)
-    ready_replicas: int = field("Ready worker pods, all roles.", 0)
-    gateway_endpoint: str = field("In-cluster URL of the OpenAI API (.../v1).", "")
-    planner: PlannerStatus = field("Autoscaling decisions.", PlannerStatus())

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import WorkerRole, worker_roles
 
@@ -43,7 +43,7 @@ def replica_owner(
     return "spec"  # autoscaling off, or the role pinned by the manual override
 
 
-def planned_replicas(status: v1alpha1.InferencePoolStatus) -> dict[str, int]:
+def planned_replicas(status: v1alpha1_status.InferencePoolStatus) -> dict[str, int]:
     """The planner's last decision per role, as persisted in the pool's status."""
     return {p.name: p.replicas for p in status.planner.roles}
 

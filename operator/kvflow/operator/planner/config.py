@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_planner
 from kvflow.operator.builders.names import worker_roles
 from kvflow.operator.planner.types import CapacityProfile, PlannerConfig, RoleConfig, Tuning
 
 
-def capacity_from_spec(spec: v1alpha1.AutoscalingSpec) -> CapacityProfile | None:
+def capacity_from_spec(spec: v1alpha1_planner.AutoscalingSpec) -> CapacityProfile | None:
     """The per-replica capacity the spec states, or None (the CRD asks for both or neither)."""
     tokens_per_s = spec.replica_prompt_tokens_per_second
     decode_per_s = spec.replica_decode_tokens_per_second

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvflow.router.protocol.requests import (
+from kvflow.router.protocol.requests import MAX_LOGPROBS_COMPLETIONS, MAX_N, MAX_TOP_LOGPROBS_CHAT
+from kvflow.router.protocol.sampling_fields import (
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
-    MAX_LOGPROBS_COMPLETIONS,
-    MAX_N,
     MAX_PENALTY,
     MAX_STOP_STRINGS,
-    MAX_TOP_LOGPROBS_CHAT,
 )
 from kvflow.router.tools.spec import MAX_TOOLS
 

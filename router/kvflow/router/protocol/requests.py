@@ -10,22 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvflow.router.protocol import sampling_fields
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
 from kvflow.router.protocol.messages import ChatMessage, parse_messages
+from kvflow.router.protocol.sampling_fields import MAX_INT32, MAX_PENALTY
 from kvflow.router.structured.constraint import OutputConstraint
 from kvflow.router.structured.formats import parse_response_format, parse_structured_outputs
 from kvflow.router.tools.constrain import forced_call_constraint
 from kvflow.router.tools.spec import ToolChoice, ToolSpec, parse_tool_choice, parse_tools
 
 MAX_N = 128  # OpenAI's limit for `n`
-MAX_INT32 = 2**31 - 1  # the worker's SamplingParams holds these counts as int32
-MAX_STOP_STRINGS = 4  # OpenAI's limit for `stop`
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
-MAX_PENALTY = 2  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
-MAX_LOGIT_BIAS = 100  # OpenAI's range for one bias: [-100, 100]
-MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
 # The fields a model or an operator may give a default to.
 DEFAULTABLE = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -113,46 +110,6 @@ class CompletionRequest:
         return self.stream_options.include_usage
 
 
-def _stop(fields: Fields) -> tuple[str, ...]:
-    value = fields.raw("stop")
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid_type("stop", "a string or an array of strings", value)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise invalid_request(
-            f"Invalid 'stop': at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}.",
-            param="stop",
-        )
-    if any(s == "" for s in stops):
-        raise invalid_request("Invalid 'stop': stop strings must not be empty.", param="stop")
-    return tuple(stops)
-
-
-def _stop_token_ids(fields: Fields) -> tuple[int, ...]:
-    value = fields.raw("stop_token_ids")
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT32 for v in value
-    ):
-        raise invalid_type("stop_token_ids", "an array of token ids (0 to 2**31 - 1)", value)
-    return tuple(value)
-
-
-def _max_tokens(fields: Fields, default: int | None) -> int | None:
-    legacy = fields.integer("max_tokens", low=1)
-    new = fields.integer("max_completion_tokens", low=1)
-    if legacy is not None and new is not None and legacy != new:
-        raise invalid_request(
-            "Pass one of 'max_tokens' and 'max_completion_tokens', not both.",
-            param="max_completion_tokens",
-        )
-    chosen = new if new is not None else legacy
-    return default if chosen is None else chosen
-
-
 def _stream_options(fields: Fields, stream: bool) -> StreamOptions:
     value = fields.raw("stream_options")
     if value is None:
@@ -179,37 +136,6 @@ def _stream_options(fields: Fields, stream: bool) -> StreamOptions:
     )
 
 
-def _logit_bias(fields: Fields) -> tuple[tuple[int, float], ...]:
-    value = fields.raw("logit_bias")
-    if value is None:
-        return ()
-    biases = as_mapping(value, "logit_bias")
-    if len(biases) > MAX_LOGIT_BIAS_ENTRIES:
-        raise invalid_request(
-            f"Invalid 'logit_bias': at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(biases)}.",
-            param="logit_bias",
-        )
-    pairs: dict[int, float] = {}
-    for key, bias in biases.items():
-        # JSON object keys are strings; OpenAI takes decimal token ids.
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise invalid_request(
-                f"Invalid key in 'logit_bias': {key}. You should only be submitting "
-                "non-negative integers (token ids).",
-                param="logit_bias",
-            )
-        if isinstance(bias, bool) or not isinstance(bias, int | float):
-            raise invalid_type(f"logit_bias.{key}", "a decimal", bias)
-        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise invalid_request(
-                f"Invalid value for 'logit_bias' token {key}: {bias}; a bias must be in "
-                f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}].",
-                param="logit_bias",
-            )
-        pairs[int(key)] = float(bias)  # "007" and "7" are one token: the last one wins
-    return tuple(sorted(pairs.items()))
-
-
 def check_logit_bias(sampling: SamplingOptions, vocab_size: int) -> None:
     """A 400 naming the first ``logit_bias`` token id outside the model's vocabulary."""
     bad = next((t for t, _ in sampling.logit_bias if t >= vocab_size), None)
@@ -219,30 +145,6 @@ def check_logit_bias(sampling: SamplingOptions, vocab_size: int) -> None:
             f"(size {vocab_size}).",
             param="logit_bias",
         )
-
-
-def _min_tokens(fields: Fields, max_tokens: int | None) -> int:
-    min_tokens = fields.integer("min_tokens", low=0, high=MAX_INT32) or 0
-    if max_tokens is not None and min_tokens > max_tokens:
-        raise invalid_request(
-            f"Invalid 'min_tokens': {min_tokens} is more than max_tokens ({max_tokens}).",
-            param="min_tokens",
-        )
-    return min_tokens
-
-
-def _repetition_penalty(fields: Fields) -> float:
-    value = fields.number("repetition_penalty")
-    if value is None:
-        return 1.0
-    if not value > 0 or value == float("inf"):
-        raise invalid_request(
-            f"Invalid 'repetition_penalty': expected a value > 0 (1 disables it), but got "
-            f"{value} instead.",
-            param="repetition_penalty",
-            code="invalid_value",
-        )
-    return value
 
 
 def _common_sampling(
@@ -255,7 +157,7 @@ def _common_sampling(
         if not fields.has(name)
         and not (name == "max_tokens" and fields.has("max_completion_tokens"))
     )
-    max_tokens = _max_tokens(fields, max_tokens_default)
+    max_tokens = sampling_fields.max_tokens(fields, max_tokens_default)
     return SamplingOptions(
         max_tokens=max_tokens,
         temperature=fields.number("temperature", low=0, high=2),
@@ -264,8 +166,8 @@ def _common_sampling(
         min_p=fields.number("min_p", low=0, high=1) or 0.0,
         # The worker's seed is unsigned 64-bit: wrap negative seeds instead of refusing them.
         seed=None if seed is None else seed % 2**64,
-        stop_strings=_stop(fields),
-        stop_token_ids=_stop_token_ids(fields),
+        stop_strings=sampling_fields.stop_strings(fields),
+        stop_token_ids=sampling_fields.stop_token_ids(fields),
         n=fields.integer("n", low=1, high=MAX_N) or 1,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
@@ -276,9 +178,11 @@ def _common_sampling(
         or 0.0,
         frequency_penalty=fields.number("frequency_penalty", low=-MAX_PENALTY, high=MAX_PENALTY)
         or 0.0,
-        logit_bias=_logit_bias(fields),
-        repetition_penalty=_repetition_penalty(fields),
-        min_tokens=_min_tokens(fields, None if "max_tokens" in unset else max_tokens),
+        logit_bias=sampling_fields.logit_bias(fields),
+        repetition_penalty=sampling_fields.repetition_penalty(fields),
+        min_tokens=sampling_fields.min_tokens(
+            fields, None if "max_tokens" in unset else max_tokens
+        ),
         unset=unset,
     )
 

@@ -94,9 +94,10 @@ return {1}
 """
 )
 
-# KEYS: tokens bucket, leases zset, daily tokens counter
+# KEYS: tokens bucket, leases zset, daily tokens counter, usage totals hash
 # ARGV: tpm (0 = unlimited), tokens used beyond the reservation (negative: given back),
-#       lease id, prompt + completion tokens, daily counter ttl s
+#       lease id, prompt + completion tokens, daily counter ttl s, then usage field/count
+#       pairs to add (the usage rides along: one round trip per request instead of two)
 _FINISH = (
     _REFILL
     + """
@@ -110,6 +111,7 @@ if tpm > 0 then
 end
 redis.call('INCRBY', KEYS[3], ARGV[4])
 redis.call('EXPIRE', KEYS[3], ARGV[5])
+for i = 6, #ARGV, 2 do redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
 return 1
 """
 )
@@ -180,13 +182,19 @@ class RedisQuotaStore:
         prompt_tokens: int,
         completion_tokens: int,
         reserved_tokens: int | None = None,
+        usage: UsageTotals | None = None,
     ) -> None:
         reserved = prompt_tokens if reserved_tokens is None else reserved_tokens
+        counts: list[str | int] = []
+        for name, count in (usage.as_dict() if usage else {}).items():
+            if count:
+                counts += [name, count]
         await self._finish(
             keys=[
                 self._key(tenant, "tokens"),
                 self._key(tenant, "leases"),
                 self._daily_key(tenant),
+                self._key(tenant, "usage"),
             ],
             args=[
                 tenant.quotas.tokens_per_minute or 0,
@@ -194,6 +202,7 @@ class RedisQuotaStore:
                 lease_id,
                 prompt_tokens + completion_tokens,
                 2 * SECONDS_PER_DAY,  # yesterday's counter lingers a day, then goes
+                *counts,
             ],
         )
 

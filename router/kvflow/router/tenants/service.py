@@ -108,18 +108,16 @@ class QuotaService:
             try:
                 await self._redis.finish(
                     tenant, lease_id=lease_id, prompt_tokens=prompt,
-                    completion_tokens=completion, reserved_tokens=reserved,
+                    completion_tokens=completion, reserved_tokens=reserved, usage=usage,
                 )  # fmt: skip
-                await self._redis.add_usage(lease.tenant, usage)
                 self._redis_ok()
                 return
             except _STORE_ERRORS as exc:
                 self._redis_failed(exc)  # the Redis lease expires on its own
         await self._memory.finish(
             tenant, lease_id=lease_id, prompt_tokens=prompt, completion_tokens=completion,
-            reserved_tokens=reserved,
+            reserved_tokens=reserved, usage=usage,
         )  # fmt: skip
-        await self._memory.add_usage(lease.tenant, usage)
 
     async def read_usage(self, tenant: Tenant) -> tuple[UsageTotals, str]:
         """The tenant's totals and their scope ("cluster" from Redis, else "replica")."""

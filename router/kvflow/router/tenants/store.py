@@ -67,9 +67,11 @@ class QuotaStore(Protocol):
         prompt_tokens: int,
         completion_tokens: int,
         reserved_tokens: int | None = None,
+        usage: UsageTotals | None = None,
     ) -> None:
         """Release the lease; per minute, charge what was used beyond the reservation (give
-        back what was not, up to a full bucket); daily, charge all tokens used."""
+        back what was not, up to a full bucket); daily, charge all tokens used; and add
+        ``usage`` to the tenant's totals in the same step (one round trip to Redis)."""
         ...
 
     async def add_usage(self, tenant: Tenant, usage: UsageTotals) -> None: ...
@@ -143,8 +145,11 @@ class MemoryQuotaStore:
         prompt_tokens: int,
         completion_tokens: int,
         reserved_tokens: int | None = None,
+        usage: UsageTotals | None = None,
     ) -> None:
         q, state, now_s = tenant.quotas, self._state(tenant), self._clock_s()
+        if usage is not None:
+            await self.add_usage(tenant, usage)
         state.leases.discard(lease_id)
         reserved = prompt_tokens if reserved_tokens is None else reserved_tokens
         if q.tokens_per_minute is not None:

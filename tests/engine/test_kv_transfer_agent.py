@@ -104,11 +104,11 @@ def test_blocks_land_in_the_reserved_blocks_and_nowhere_else(
 
 
 def _connect_and_send_half(endpoint: str, transfer_id: str, payload: bytes) -> socket.socket:
-    """A hand-made KVF2 sender that stops halfway through the payload."""
+    """A hand-made KVF3 sender (no token) that stops halfway through the payload."""
     host, port = endpoint.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
     tid = transfer_id.encode()
-    sock.sendall(struct.pack("!4sHQ", b"KVF2", len(tid), len(payload)) + tid)
+    sock.sendall(struct.pack("!4sHQ32s", b"KVF3", len(tid), len(payload), bytes(32)) + tid)
     assert sock.recv(1) == b"\x01"
     sock.sendall(payload[: len(payload) // 2])
     return sock
@@ -223,8 +223,8 @@ def test_a_sender_reuses_its_connection_and_survives_one_the_receiver_closed() -
             conn, _ = listener.accept()
             accepted.append(1)
             with conn:
-                magic, id_len, num_bytes = struct.unpack("!4sHQ", _recv(conn, 14))
-                assert magic == b"KVF2"
+                magic, id_len, num_bytes, _ = struct.unpack("!4sHQ32s", _recv(conn, 46))
+                assert magic == b"KVF3"
                 _recv(conn, id_len)
                 conn.sendall(b"\x01")
                 _recv(conn, num_bytes)

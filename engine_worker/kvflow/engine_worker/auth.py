@@ -7,8 +7,9 @@ runs). Routers send it from the same variable. The comparison is constant-time. 
 worker is open, as before (a laptop, a test): say so in the log.
 
 The token authenticates callers, it does not encrypt: on an untrusted network put the
-pool's traffic on a mesh with mTLS. The KV port (worker to worker) is not covered; the
-pool's NetworkPolicy limits it to the pool's own pods.
+pool's traffic on a mesh with mTLS. On the KV port the tcp transport proves the same
+token with an HMAC per transfer (kv_transfer/tcp.py); the gloo and nccl transports'
+rendezvous store has none, and the pool's NetworkPolicy limits it to the pool's pods.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ The decode worker listens on its KV port. A sender connects once per transfer (a
 0.1 ms on a LAN, well inside the 2 ms setup budget) and writes a header, waits for the
 receiver to accept the id, streams the payload, then waits for a final ack:
 
-    sender:   "KVF2" | id length (u16) | payload bytes (u64) | transfer id
-    receiver: 0x01 accept (or 0x00 reject: unknown id or a size mismatch)
+    sender:   "KVF3" | id length (u16) | payload bytes (u64) | mac (32 bytes) | transfer id
+    receiver: 0x01 accept (or 0x00 reject: unknown id, a size mismatch or a bad mac)
     sender:   payload: the blocks' run stream (blocks.py)
     receiver: 0x01 stored (or 0x00: the receiver gave up meanwhile)
 
@@ -14,11 +14,18 @@ socket into the receiver's cache by vectored I/O (vectored.py): no gather, no sc
 staging, the same two kernel copies as a plain socket blast. Otherwise (a CUDA cache) each
 16 MiB message is gathered into a host buffer, sent, received into one and scattered. The
 blocks are touched one socket call at a time, inside their access lock.
+
+With the pool's worker token set (``KVFLOW_WORKER_TOKEN``, as for worker gRPC) the mac is
+HMAC-SHA256 of the transfer id and size under the token, and a receiver refuses a sender
+that cannot produce it: without the token nobody can write into reserved KV blocks, even
+from inside the pool's network. Without a token the mac is zeros and is not checked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import os
 import select
@@ -49,8 +56,8 @@ from kvflow.engine_worker.kv_transfer.vectored import IoVecCursor
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"KVF2"  # KVF1 carried one contiguous tensor per transfer
-_HEADER = struct.Struct("!4sHQ")
+_MAGIC = b"KVF3"  # KVF2 had no mac; KVF1 carried one contiguous tensor per transfer
+_HEADER = struct.Struct("!4sHQ32s")
 _ACCEPT, _REJECT = b"\x01", b"\x00"
 # A receiver re-checks for cancellation this often while a payload streams in.
 _POLL_S = 0.02
@@ -69,6 +76,14 @@ _MAX_KEPT_CONNECTIONS = 4
 
 class _StaleConnectionError(Exception):
     """A kept connection was closed by the receiver before this transfer began."""
+
+
+def transfer_mac(token: str | None, transfer_id: bytes, num_bytes: int) -> bytes:
+    """Proof that the sender holds the pool's worker token, bound to one transfer."""
+    if token is None:
+        return bytes(32)
+    message = b"kvflow-kv|%d|" % num_bytes + transfer_id
+    return hmac.new(token.encode(), message, hashlib.sha256).digest()
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
@@ -134,10 +149,18 @@ class TcpTransport:
     kind = KvTransportKind.TCP
 
     def __init__(
-        self, host: str, port: int, advertise_host: str, *, is_in_place: bool = True
+        self,
+        host: str,
+        port: int,
+        advertise_host: str,
+        *,
+        is_in_place: bool = True,
+        token: str | None = None,
     ) -> None:
         """``is_in_place=False`` stages CPU caches through host buffers too, as a CUDA cache
-        must (tests and the benchmark use it to exercise and measure that path)."""
+        must (tests and the benchmark use it to exercise and measure that path). ``token``:
+        the pool's worker token, proven by senders and required of them (module docstring)."""
+        self._token = token
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self.port = self._listener.getsockname()[1]
         self.endpoint = f"{advertise_host}:{self.port}"
@@ -233,10 +256,17 @@ class TcpTransport:
         conn.settimeout(10.0)
         slot: _Slot | None = None
         try:
-            magic, id_len, num_bytes = _HEADER.unpack(header)
+            magic, id_len, num_bytes, mac = _HEADER.unpack(header)
             if magic != _MAGIC:
                 return False
-            transfer_id = _recv_exact(conn, id_len).decode()
+            raw_id = _recv_exact(conn, id_len)
+            if self._token is not None and not hmac.compare_digest(
+                mac, transfer_mac(self._token, raw_id, num_bytes)
+            ):
+                log.warning("refused a KV transfer without a valid worker token mac")
+                conn.sendall(_REJECT)
+                return False
+            transfer_id = raw_id.decode()
             with self._lock:
                 slot = self._slots.get(transfer_id)
             if slot is None or slot.is_abandoned or slot.blocks.num_bytes != num_bytes:
@@ -311,7 +341,8 @@ class TcpTransport:
         try:
             try:
                 sock.settimeout(_remaining(deadline))
-                sock.sendall(_HEADER.pack(_MAGIC, len(tid), blocks.num_bytes) + tid)
+                mac = transfer_mac(self._token, tid, blocks.num_bytes)
+                sock.sendall(_HEADER.pack(_MAGIC, len(tid), blocks.num_bytes, mac) + tid)
                 accepted = _recv_exact(sock, 1) == _ACCEPT
             except (OSError, ConnectionError) as exc:
                 if is_kept and not isinstance(exc, TimeoutError):
@@ -320,7 +351,8 @@ class TcpTransport:
             if not accepted:
                 raise TransferRejectedError(
                     f"{target.endpoint} does not expect transfer {target.transfer_id} "
-                    f"of {blocks.num_bytes} bytes (it gave up, or the KV layouts differ)"
+                    f"of {blocks.num_bytes} bytes (it gave up, the KV layouts differ, or the "
+                    "workers' tokens differ)"
                 )
             pause_at = blocks.num_bytes // 2 if _FAULT_PAUSE_S > 0 else None
             self._stream(sock, blocks, write=True, deadline_s=deadline, pause_at=pause_at)

@@ -1,17 +1,22 @@
 """Tenants as configured: who a key belongs to, what it may use, and its limits. Pure.
 
-API keys are never stored, only their SHA-256: keys are long random strings (the
-`kvflow router --hash-api-key` helper makes the hash), so a fast hash is enough, and a
-leaked config file or Redis dump reveals no usable key. A plain dict lookup on the hash is
-safe from timing attacks: the attacker controls the key, not its hash.
+API keys are never stored, only a digest: ``api_key_sha256`` (SHA-256 of the key; the
+`kvflow router --hash-api-key` helper makes it) or ``api_key_hmac_sha256`` (HMAC-SHA256
+under a server-side secret, ``KVFLOW_TENANT_KEY_SECRET``). Keys are long random strings, so
+a fast hash is enough, and a leaked config file or Redis dump reveals no usable key; with
+the HMAC form a leaked tenants file does not even allow guessing weak keys offline without
+the server's secret. A dict lookup on the digest needs no constant-time compare: the time
+it takes depends on the digest, which the caller cannot steer bit by bit (that is what a
+constant-time compare of the key itself would protect).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -24,6 +29,11 @@ class TenantConfigError(ValueError):
 
 def hash_api_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def hmac_api_key(api_key: str, secret: bytes) -> str:
+    """The ``api_key_hmac_sha256`` digest of a key under the server-side secret."""
+    return hmac.new(secret, api_key.encode(), hashlib.sha256).hexdigest()
 
 
 def default_cache_salt(tenant_name: str) -> str:
@@ -77,14 +87,14 @@ def _positive_int(raw: Mapping[str, Any], key: str, where: str) -> int | None:
     return value
 
 
-def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str]]:
+def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     where = f"tenants[{i}]"
     if not isinstance(raw, dict):
         raise TenantConfigError(f"{where} must be a mapping")
     known = {
-        "name", "api_key_sha256", "models", "priority", "cache_salt", "requests_per_minute",
-        "tokens_per_minute", "max_concurrent_requests", "daily_token_budget",
-        "default_max_tokens", "max_tokens_limit",
+        "name", "api_key_sha256", "api_key_hmac_sha256", "models", "priority", "cache_salt",
+        "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
+        "daily_token_budget", "default_max_tokens", "max_tokens_limit",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -94,16 +104,12 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str]]:
         raise TenantConfigError(
             f"{where}.name must be 1-63 letters, digits, '.', '_' or '-', got {name!r}"
         )
-    hashes = raw.get("api_key_sha256", [])
-    hashes = [hashes] if isinstance(hashes, str) else hashes
-    if (
-        not isinstance(hashes, list)
-        or not hashes
-        or not all(isinstance(h, str) and _SHA256_HEX.match(h) for h in hashes)
-    ):
+    hashes = _digests(raw, "api_key_sha256", where)
+    macs = _digests(raw, "api_key_hmac_sha256", where)
+    if not hashes and not macs:
         raise TenantConfigError(
-            f"{where}.api_key_sha256 must be one or more lowercase SHA-256 hex digests "
-            "(make one with: kvflow router --hash-api-key)"
+            f"{where} needs api_key_sha256 or api_key_hmac_sha256: one or more lowercase "
+            "SHA-256 hex digests (make one with: kvflow router --hash-api-key)"
         )
     models = raw.get("models")
     if models is not None and (
@@ -124,7 +130,20 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str]]:
     )
     max_tokens = parse_max_tokens_limits(raw, where, TenantConfigError)
     models_set = None if models is None or "*" in models else frozenset(models)
-    return Tenant(name, models_set, priority, quotas, salt, max_tokens), hashes
+    return Tenant(name, models_set, priority, quotas, salt, max_tokens), hashes, macs
+
+
+def _digests(raw: Mapping[str, Any], key: str, where: str) -> list[str]:
+    digests = raw.get(key, [])
+    digests = [digests] if isinstance(digests, str) else digests
+    if not isinstance(digests, list) or not all(
+        isinstance(h, str) and _SHA256_HEX.match(h) for h in digests
+    ):
+        raise TenantConfigError(
+            f"{where}.{key} must be lowercase SHA-256 hex digests, not the keys themselves "
+            "(make one with: kvflow router --hash-api-key)"
+        )
+    return digests
 
 
 def parse_max_tokens_limits(
@@ -151,27 +170,42 @@ def parse_max_tokens_limits(
 class TenantDirectory:
     tenants: Mapping[str, Tenant]  # by name
     _by_key_hash: Mapping[str, str]
+    _by_key_hmac: Mapping[str, str] = field(default_factory=dict)
+    key_secret: bytes | None = None  # for api_key_hmac_sha256 digests
 
     @property
     def is_open(self) -> bool:
         """No tenants configured: every caller is ANONYMOUS."""
         return not self.tenants
 
+    def with_key_secret(self, secret: bytes | None) -> TenantDirectory:
+        """This directory checking HMAC digests under ``secret``; a directory that lists
+        some and no secret to check them is a configuration error, not a silent 401."""
+        if self._by_key_hmac and not secret:
+            raise TenantConfigError(
+                "tenants list api_key_hmac_sha256 digests: set KVFLOW_TENANT_KEY_SECRET to "
+                "the secret they were made with"
+            )
+        return replace(self, key_secret=secret or None)
+
     def lookup(self, api_key: str) -> Tenant | None:
         name = self._by_key_hash.get(hash_api_key(api_key))
+        if name is None and self.key_secret is not None:
+            name = self._by_key_hmac.get(hmac_api_key(api_key, self.key_secret))
         return None if name is None else self.tenants[name]
 
 
 def parse_tenants(raw: Sequence[object] | None) -> TenantDirectory:
     tenants: dict[str, Tenant] = {}
-    by_key_hash: dict[str, str] = {}
+    by_digest: tuple[dict[str, str], dict[str, str]] = ({}, {})
     for i, item in enumerate(raw or []):
-        tenant, hashes = _parse_tenant(item, i)
+        tenant, hashes, macs = _parse_tenant(item, i)
         if tenant.name in tenants:
             raise TenantConfigError(f"tenants[{i}]: the name {tenant.name!r} is used twice")
         tenants[tenant.name] = tenant
-        for h in hashes:
-            if h in by_key_hash:
-                raise TenantConfigError(f"tenants[{i}]: an API key hash is used twice")
-            by_key_hash[h] = tenant.name
-    return TenantDirectory(tenants, by_key_hash)
+        for digests, seen in ((hashes, by_digest[0]), (macs, by_digest[1])):
+            for h in digests:
+                if h in seen:
+                    raise TenantConfigError(f"tenants[{i}]: an API key digest is used twice")
+                seen[h] = tenant.name
+    return TenantDirectory(tenants, *by_digest)

@@ -4,7 +4,9 @@ On Kubernetes the tenants come from a Secret the user owns (the pool's
 ``router.tenantsSecret``), mounted into the router pod as a file: the kubelet replaces a
 mounted Secret's files in place when the Secret changes (within about a minute), and this
 source re-reads the file every few seconds, so adding a tenant or rotating a key needs no
-restart. A file that no longer parses keeps the tenants in force and logs the error: a
+restart. The check rides on requests (at most one small file read every RELOAD_INTERVAL_S,
+on the request that finds the interval over): no task to start or stop. A file that no
+longer parses keeps the tenants in force and logs the error: a
 typo must not lock every tenant out. The file holds the ``tenants:`` section of the
 router's config (the same schema, docs/router.md), or just its list.
 
@@ -14,10 +16,11 @@ once at start.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -58,10 +61,16 @@ def parse_tenants_file(text: str, key_secret: bytes | None) -> TenantDirectory:
 
 
 class TenantSource:
-    """Holds the current TenantDirectory; ``watch`` keeps it in step with the file."""
+    """The current TenantDirectory, kept in step with the file (if any)."""
 
     def __init__(
-        self, configured: TenantDirectory, path: Path | None, key_secret: bytes | None
+        self,
+        configured: TenantDirectory,
+        path: Path | None,
+        key_secret: bytes | None,
+        *,
+        interval_s: float = RELOAD_INTERVAL_S,
+        clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         """Raises TenantConfigError when the tenants cannot be served as configured (both a
         config section and a file, an unreadable or invalid file, HMAC digests without
@@ -72,12 +81,22 @@ class TenantSource:
             )
         self.path = path
         self._key_secret = key_secret
+        self._interval_s, self._clock_s = interval_s, clock_s
+        self._next_check_s = clock_s() + interval_s
         self._digest = b""
-        self.current = configured.with_key_secret(key_secret)
+        self._directory = configured.with_key_secret(key_secret)
         if path is not None:
             text = self._read()
-            self.current = parse_tenants_file(text, key_secret)
+            self._directory = parse_tenants_file(text, key_secret)
             self._digest = hashlib.sha256(text.encode()).digest()
+
+    @property
+    def current(self) -> TenantDirectory:
+        """The tenants in force, re-read first when the file's interval is over."""
+        if self.path is not None and self._clock_s() >= self._next_check_s:
+            self._next_check_s = self._clock_s() + self._interval_s
+            self.reload_if_changed()
+        return self._directory
 
     def _read(self) -> str:
         assert self.path is not None
@@ -100,12 +119,6 @@ class TenantSource:
         except TenantConfigError as exc:
             log.error("keeping the tenants in force: %s", exc)
             return False
-        self.current = directory
+        self._directory = directory
         log.info("tenants reloaded from %s: %d tenants", self.path, len(directory.tenants))
         return True
-
-    async def watch(self, interval_s: float = RELOAD_INTERVAL_S) -> None:
-        """Reload every ``interval_s`` until cancelled (a background task of the gateway)."""
-        while self.path is not None:
-            await asyncio.sleep(interval_s)
-            self.reload_if_changed()

@@ -318,7 +318,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "kv_usage", "num_cached_blocks", "num_free_blocks", "num_total_blocks", "num_kv_transfers")
+    __slots__ = ("num_waiting", "num_running", "kv_usage", "num_cached_blocks", "num_free_blocks", "num_total_blocks", "num_kv_transfers", "max_waiting_requests", "queue_drain_rate_per_s")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +326,8 @@ class LoadResponse(_message.Message):
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DRAIN_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     kv_usage: float
@@ -333,7 +335,9 @@ class LoadResponse(_message.Message):
     num_free_blocks: int
     num_total_blocks: int
     num_kv_transfers: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_cached_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_kv_transfers: _Optional[int] = ...) -> None: ...
+    max_waiting_requests: int
+    queue_drain_rate_per_s: float
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_cached_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_kv_transfers: _Optional[int] = ..., max_waiting_requests: _Optional[int] = ..., queue_drain_rate_per_s: _Optional[float] = ...) -> None: ...
 
 class SubscribeKvEventsRequest(_message.Message):
     __slots__ = ()

@@ -77,7 +77,9 @@ class WorkerServicer:
     def Generate(self, request, context):
         """Token ids in, a stream of token ids out. The last message carries
         finish_reason, usage and timings. Cancelling the call aborts the request
-        and frees its KV blocks.
+        and frees its KV blocks. A full waiting queue answers RESOURCE_EXHAUSTED at once,
+        before anything is held, with trailing metadata `grpc-retry-pushback-ms` (gRFC A6):
+        when the queue should have room; try another worker or back off.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -171,6 +171,8 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
                 max_num_seqs=settings.max_num_seqs,
                 max_model_len=max_model_len,
                 block_size=settings.block_size,
+                max_waiting_requests=settings.max_waiting_requests,
+                max_queue_time_s=settings.max_queue_time_s,
             ),
             num_kv_blocks=num_blocks,
             vocab_size=vocab,

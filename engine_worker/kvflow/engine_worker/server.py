@@ -14,7 +14,11 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from kvflow.engine_worker.core.engine import RequestOutput
-from kvflow.engine_worker.core.errors import EngineOverloadedError, InvalidRequestError
+from kvflow.engine_worker.core.errors import (
+    EngineOverloadedError,
+    InvalidRequestError,
+    QueueFullError,
+)
 from kvflow.engine_worker.core.kv_events import KvEventKind
 from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
@@ -137,6 +141,21 @@ def output_to_proto(out: RequestOutput) -> pb.GenerateResponse:
     return msg
 
 
+# gRFC A6's server pushback: milliseconds until the caller should try this worker again.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+async def _abort_queue_full(context: Context, exc: QueueFullError) -> None:
+    """RESOURCE_EXHAUSTED, not UNAVAILABLE: the worker is healthy, only busy, and the router
+    must not mark it down (it fails the request over, or answers 503 with Retry-After)."""
+    pushback_ms = str(round(exc.retry_after_s * 1000))
+    await context.abort(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        str(exc),
+        trailing_metadata=((RETRY_PUSHBACK_KEY, pushback_ms),),
+    )
+
+
 class WorkerService(pb_grpc.WorkerServicer):
     def __init__(
         self,
@@ -207,6 +226,8 @@ class WorkerService(pb_grpc.WorkerServicer):
                         yield output_to_proto(out)
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except QueueFullError as exc:
+            await _abort_queue_full(context, exc)
         except EngineOverloadedError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
@@ -232,6 +253,8 @@ class WorkerService(pb_grpc.WorkerServicer):
             )
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except QueueFullError as exc:
+            await _abort_queue_full(context, exc)
         except EngineOverloadedError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except KvTransferError as exc:
@@ -292,7 +315,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         self, request: pb.LoadRequest, context: Context
     ) -> pb.LoadResponse:
         load = self.loop.load
+        queue = self.loop.engine.queue_stats  # replaced whole by the engine thread
         return pb.LoadResponse(
+            max_waiting_requests=queue.max_waiting_requests or 0,
+            queue_drain_rate_per_s=queue.drain_rate_per_s,
             num_waiting=load.num_waiting,
             num_running=load.num_running,
             kv_usage=load.kv_usage,

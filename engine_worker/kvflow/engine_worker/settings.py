@@ -26,6 +26,11 @@ class WorkerSettings:
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
+    # A full default batch four deep (256 behind 64 running): minutes of queue on a CPU,
+    # tens of seconds on a GPU. Past it a request is refused at once (RESOURCE_EXHAUSTED,
+    # with a retry-after) and the router tries another worker or answers 503.
+    max_waiting_requests: int = 256
+    max_queue_time_s: float | None = None  # also refuse past this estimated wait
     max_model_len: int | None = None  # None: the model's own limit
     kv_cache_gib: float = 1.0
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
@@ -83,6 +88,19 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     )
     p.add_argument(
         "--max-num-seqs", type=int, default=d.max_num_seqs, help="requests running at once"
+    )
+    p.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=d.max_waiting_requests,
+        help="requests that may wait for a slot; past it a new one is refused at once with "
+        "RESOURCE_EXHAUSTED and a retry-after (the router tries another worker or answers 503)",
+    )
+    p.add_argument(
+        "--max-queue-time-s",
+        type=float,
+        help="also refuse a request whose estimated wait (requests ahead / admissions per "
+        "second) is longer than this (default: no bound on time)",
     )
     p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     p.add_argument(
@@ -158,6 +176,8 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         block_size=a.block_size,
         max_num_batched_tokens=a.max_num_batched_tokens,
         max_num_seqs=a.max_num_seqs,
+        max_waiting_requests=a.max_waiting_requests,
+        max_queue_time_s=a.max_queue_time_s,
         max_model_len=a.max_model_len,
         kv_cache_gib=a.kv_cache_gib,
         num_kv_blocks=a.num_kv_blocks,

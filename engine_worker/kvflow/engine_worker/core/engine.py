@@ -15,6 +15,7 @@ from typing import Protocol
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.errors import DuplicateRequestError, InvalidRequestError
 from kvflow.engine_worker.core.kv_cache_manager import KVCacheManager
+from kvflow.engine_worker.core.queue_limits import DrainRateMeter, QueueStats, check_queue
 from kvflow.engine_worker.core.request import FinishReason, KvBlockRange, Request
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.core.scheduler import Scheduler, SchedulerOutput
@@ -99,6 +100,12 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv_cache)
         self.requests: dict[str, Request] = {}
         self.last_step_was_idle = False  # scheduled, reserved and sent nothing
+        self._drain = DrainRateMeter()
+        # When the last step ended with requests still waiting (None: it did not): the
+        # queue has been backlogged since, so the next step's admissions measure capacity.
+        self._backlogged_since_s: float | None = None
+        # Replaced (never mutated) after every step and admission: other threads read it.
+        self.queue_stats = QueueStats(max_waiting_requests=config.scheduler.max_waiting_requests)
         # A request can never grow past what the whole cache holds, or it would preempt
         # itself forever.
         self.max_len = min(
@@ -124,14 +131,18 @@ class Engine:
         cache_salt: str = "",
         num_public_blocks: int = 0,
         priority: int = 0,
+        tenant: str | None = None,
         wants_remote_kv: bool = False,
     ) -> Request:
-        """Validate and queue a request; raises InvalidRequestError saying what is wrong.
+        """Validate and queue a request; raises InvalidRequestError saying what is wrong,
+        QueueFullError (holding nothing) when the waiting queue is at its bound.
 
-        ``wants_remote_kv`` (PD, decode side): reserve blocks for the prompt part this worker
-        lacks and wait for a prefill worker to send them; the first output says which."""
+        ``tenant`` keys fair sharing (None: the cache salt). ``wants_remote_kv`` (PD,
+        decode side): reserve blocks for the prompt part this worker lacks and wait for a
+        prefill worker to send them; the first output says which."""
         self._validate(request_id, prompt_token_ids, num_public_blocks)
         sampling.validate(self.config.vocab_size)
+        self._check_queue()
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -140,10 +151,10 @@ class Engine:
             cache_salt=cache_salt,
             num_public_blocks=num_public_blocks,
             priority=priority,
+            tenant=cache_salt if tenant is None else tenant,
             wants_remote_kv=wants_remote_kv,
         )
-        self.requests[request_id] = request
-        self.scheduler.add_request(request)
+        self._queue(request)
         return request
 
     def add_prefill_request(
@@ -156,10 +167,11 @@ class Engine:
         cache_salt: str = "",
         num_public_blocks: int = 0,
         priority: int = 0,
+        tenant: str | None = None,
     ) -> Request:
         """PD, prefill side: compute the KV of prompt positions [0, end_token) (its own
         prefix cache counts) and, once done, hand blocks [first_token, end_token) out as
-        ``kv_to_send``; they stay held until ``complete_kv_send``."""
+        ``kv_to_send``; they stay held until ``complete_kv_send``. Raises as add_request."""
         self._validate(request_id, prompt_token_ids, num_public_blocks)
         block_size = self.config.scheduler.block_size
         if not (
@@ -180,11 +192,27 @@ class Engine:
             cache_salt=cache_salt,
             num_public_blocks=num_public_blocks,
             priority=priority,
+            tenant=cache_salt if tenant is None else tenant,
             send_from_token=first_token,
         )
-        self.requests[request_id] = request
-        self.scheduler.add_request(request)
+        self._check_queue()
+        self._queue(request)
         return request
+
+    def _check_queue(self) -> None:
+        check_queue(self.queue_stats, self.config.scheduler.max_queue_time_s)
+
+    def _queue(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+        self._publish_queue_stats()
+
+    def _publish_queue_stats(self) -> None:
+        self.queue_stats = QueueStats(
+            num_waiting=self.scheduler.num_waiting,
+            drain_rate_per_s=self._drain.rate_per_s,
+            max_waiting_requests=self.config.scheduler.max_waiting_requests,
+        )
 
     def _validate(
         self, request_id: str, prompt_token_ids: Sequence[int], num_public_blocks: int
@@ -215,6 +243,7 @@ class Engine:
         if request is None:
             return None
         self.scheduler.finish(request, FinishReason.ABORT)
+        self._publish_queue_stats()
         return self._finish(request, [])
 
     def remote_kv_landed(self, request_id: str) -> bool:
@@ -248,7 +277,14 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch. Returns an output for every request that sampled, and
         the PD handoffs the step made (blocks reserved, blocks ready to send)."""
-        output = self.scheduler.schedule(self.clock())
+        now_s = self.clock()
+        num_admitted_before = self.scheduler.num_admitted
+        output = self.scheduler.schedule(now_s)
+        if self._backlogged_since_s is not None:
+            self._drain.observe(self.scheduler.num_admitted - num_admitted_before,
+                                now_s - self._backlogged_since_s, was_backlogged=True)  # fmt: skip
+        self._backlogged_since_s = now_s if self.scheduler.waiting else None
+        self._publish_queue_stats()
         self.last_step_was_idle = output.is_empty and not output.reserved and not output.kv_ready
         results = [RequestOutput(r.request_id, [], kv_reserved=r.kv_range) for r in output.reserved]
         if not output.is_empty:

@@ -15,3 +15,13 @@ class DuplicateRequestError(InvalidRequestError):
 
 class EngineOverloadedError(EngineError):
     """The engine is draining or its queue is full; the caller may retry elsewhere."""
+
+
+class QueueFullError(EngineOverloadedError):
+    """The waiting queue is at its bound; ``retry_after_s`` is when it should have room.
+
+    Raised before the request holds anything (no blocks, no slot), so nothing leaks."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -56,7 +56,10 @@ class Request:
     arrival_time_s: float
     cache_salt: str = ""
     num_public_blocks: int = 0
-    priority: int = 0  # lower runs first
+    priority: int = 0  # lower runs first within a tenant; a weight across tenants
+    # Whose share of the worker this request uses (fair_queue.py); the cache salt when the
+    # caller names none, which the router makes unique per tenant.
+    tenant: str = ""
     # PD, decode side: wait for a prefill worker to send the prompt blocks this worker lacks.
     wants_remote_kv: bool = False
     # PD, prefill side: compute the prompt's KV (no sampling), then send blocks from this

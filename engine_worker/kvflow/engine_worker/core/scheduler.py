@@ -3,9 +3,11 @@
 Every step hands out at most ``max_num_batched_tokens`` tokens. A running request asks for
 all its uncomputed tokens (one, when decoding; the rest of its prompt, when prefilling) and
 gets what the budget allows, which is chunked prefill. Waiting requests are admitted in
-priority order, then first come first served, after their cached prefix is subtracted.
-When blocks run out, the lowest-priority, latest-arrived running request is preempted: its
-blocks are freed and it waits again to be recomputed (its cached blocks often survive).
+a fair order across tenants (fair_queue.py: the least-served backlogged tenant next,
+weighted by priority), and within a tenant by priority then first come first served, after
+their cached prefix is subtracted. When blocks run out, the latest request of the running
+tenant served most is preempted: its blocks are freed and it waits again to be recomputed
+(its cached blocks often survive).
 
 Prefill/decode disaggregation adds two states outside the running list. A decode-side
 request that wants remote KV is admitted by reserving blocks for the prompt part it lacks
@@ -17,12 +19,11 @@ its blocks until they are sent (``finish``). Both count against ``max_num_seqs``
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvflow.engine_worker.core.block_pool import KVCacheBlock
 from kvflow.engine_worker.core.config import SchedulerConfig
+from kvflow.engine_worker.core.fair_queue import FairWaitingQueue
 from kvflow.engine_worker.core.kv_cache_manager import KVCacheManager
 from kvflow.engine_worker.core.request import FinishReason, KvBlockRange, Request, RequestStatus
 
@@ -62,37 +63,12 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-class _WaitingQueue:
-    """Requests ordered by (priority, arrival, id); a heap, so push and pop are O(log n)."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple[int, float, str], Request]] = []
-
-    def push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.sort_key(), request))
-
-    def peek(self) -> Request:
-        return self._heap[0][1]
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[1]
-
-    def remove(self, request: Request) -> None:
-        self._heap = [item for item in self._heap if item[1] is not request]
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __iter__(self) -> Iterator[Request]:
-        return (item[1] for item in self._heap)
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager) -> None:
         self.config = config
         self.kv_cache = kv_cache
-        self.waiting = _WaitingQueue()
+        self.waiting = FairWaitingQueue()
+        self.num_admitted = 0  # requests that left the waiting queue, ever (drain rate)
         self.running: list[Request] = []
         self.waiting_for_kv: dict[str, Request] = {}
         self.sending: dict[str, Request] = {}
@@ -143,7 +119,7 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             assert num_new >= 1, "a running request always has a token to compute"
             while self.kv_cache.allocate_slots(request, num_new) is None:
-                victim = max(self.running[i:], key=Request.sort_key)
+                victim = max(self.running[i:], key=self._preemption_key)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
@@ -186,8 +162,14 @@ class Scheduler:
             budget -= num_new
         return out
 
+    def _preemption_key(self, request: Request) -> tuple[float, tuple[int, float, str]]:
+        """The largest is preempted first: the tenant served most, then its lowest
+        priority, latest request (so one tenant's burst is not paid for by another)."""
+        return (self.waiting.served_tokens(request.tenant), request.sort_key())
+
     def _admit(self, request: Request, num_hit_tokens: int, now_s: float) -> None:
         self.waiting.pop()
+        self.num_admitted += 1
         request.num_computed_tokens = num_hit_tokens
         if request.num_preemptions == 0:
             request.num_cached_tokens = num_hit_tokens
@@ -275,6 +257,7 @@ class Scheduler:
         for s in output.scheduled:
             request = s.request
             request.num_computed_tokens += s.num_new_tokens
+            self.waiting.charge(request, s.num_new_tokens)
             self.kv_cache.commit(request, request.num_computed_tokens)
             if request.is_prefill_only and request.num_computed_tokens == request.num_tokens:
                 self.running.remove(request)

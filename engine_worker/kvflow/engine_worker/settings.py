@@ -11,6 +11,10 @@ from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 ROLES = ("both", "prefill", "decode")
 DTYPES = ("float32", "bfloat16", "float16")
 KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
+# `kvflow worker`'s queue bound: a full default batch four deep (256 behind 64 running),
+# minutes of queue on a CPU, tens of seconds on a GPU. Past it a request is refused at once
+# (RESOURCE_EXHAUSTED, with a retry-after) and the router tries another worker or answers 503.
+DEFAULT_MAX_WAITING_REQUESTS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +30,9 @@ class WorkerSettings:
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
-    # A full default batch four deep (256 behind 64 running): minutes of queue on a CPU,
-    # tens of seconds on a GPU. Past it a request is refused at once (RESOURCE_EXHAUSTED,
-    # with a retry-after) and the router tries another worker or answers 503.
-    max_waiting_requests: int = 256
+    # None: unbounded, for engines built in-process (profiling, calibration) that study
+    # queueing; the command line's default is DEFAULT_MAX_WAITING_REQUESTS.
+    max_waiting_requests: int | None = None
     max_queue_time_s: float | None = None  # also refuse past this estimated wait
     max_model_len: int | None = None  # None: the model's own limit
     kv_cache_gib: float = 1.0
@@ -92,7 +95,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     p.add_argument(
         "--max-waiting-requests",
         type=int,
-        default=d.max_waiting_requests,
+        default=DEFAULT_MAX_WAITING_REQUESTS,
         help="requests that may wait for a slot; past it a new one is refused at once with "
         "RESOURCE_EXHAUSTED and a retry-after (the router tries another worker or answers 503)",
     )

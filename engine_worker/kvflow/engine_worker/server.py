@@ -45,6 +45,11 @@ Context = grpc.aio.ServicerContext[Any, Any]
 # subscribers (the router's index) go on believing this worker holds blocks it evicted,
 # as they would while events are lost or late. Never set in production.
 _FAULT_HIDE_REMOVALS = os.environ.get("KVFLOW_FAULT_HIDE_KV_REMOVALS") == "1"
+# Fault injection for tests only: after this many token messages of a Generate stream, stop
+# sending for KVFLOW_FAULT_STREAM_PAUSE_S while the engine runs on: a worker that stalls
+# mid-stream, as the router sees it (its token-stall deadline). Never set in production.
+_FAULT_STREAM_PAUSE_AFTER = int(os.environ.get("KVFLOW_FAULT_STREAM_PAUSE_AFTER", "0"))
+_FAULT_STREAM_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_STREAM_PAUSE_S", "0"))
 
 _FINISH_REASONS = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -217,6 +222,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             # A client that goes away closes this handler at a yield: close the engine's
             # stream right then, which aborts the request and frees its blocks.
             async with contextlib.aclosing(stream):
+                num_sent = 0
                 async for out in stream:
                     if isinstance(out, KvReservationOut):
                         yield reservation_to_proto(
@@ -224,6 +230,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                         )
                     else:
                         yield output_to_proto(out)
+                        num_sent += 1
+                        if num_sent == _FAULT_STREAM_PAUSE_AFTER:
+                            await asyncio.sleep(_FAULT_STREAM_PAUSE_S)
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except QueueFullError as exc:

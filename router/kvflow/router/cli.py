@@ -7,9 +7,10 @@ import asyncio
 import gc
 import getpass
 import logging
+import math
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import uvloop
 
@@ -17,9 +18,26 @@ from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key
 from kvflow.router.text.tokenizer import TokenizerLoadError
+from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.discovery import DiscoveryConfigError, parse_worker_list
 
 READY_PREFIX = "KVFLOW_ROUTER_READY"
+# After the drain, or on a second signal: how long open connections get to close.
+FINAL_CLOSE_S = 2
+
+
+def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            least = ">= 0" if allow_zero else "> 0"
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {least}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +72,27 @@ def _parser() -> argparse.ArgumentParser:
         "--redis-url",
         help="share quotas across router replicas (redis://host:6379/0); default: in-process",
     )
+    p.add_argument(
+        "--first-token-timeout-s",
+        type=_seconds(allow_zero=False),
+        default=d.deadlines.first_token_s,
+        help="an attempt without a first token by then fails over to another worker, which "
+        "is then avoided for a while (default: %(default)s)",
+    )
+    p.add_argument(
+        "--token-stall-timeout-s",
+        type=_seconds(allow_zero=False),
+        default=d.deadlines.stall_s,
+        help="a stream with no next token for this long ends with an error event and is "
+        "aborted on its worker (default: %(default)s)",
+    )
+    p.add_argument(
+        "--drain-grace-s",
+        type=_seconds(allow_zero=True),
+        default=d.drain_grace_s,
+        help="after SIGTERM, how long running requests may finish; /ready and new requests "
+        "answer 503 meanwhile (default: %(default)s)",
+    )
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument("--seed", type=int, help="seed of routing tie-breaks (default: random)")
     p.add_argument(
@@ -83,6 +122,8 @@ def parse_args(argv: Sequence[str]) -> RouterSettings | None:
         config=load_config(args.config),
         log_level=args.log_level,
         seed=args.seed,
+        deadlines=StreamDeadlines(args.first_token_timeout_s, args.token_stall_timeout_s),
+        drain_grace_s=args.drain_grace_s,
     )
 
 
@@ -90,9 +131,14 @@ async def _serve(settings: RouterSettings) -> None:
     import uvicorn
 
     from kvflow.router.api.app import create_app
+    from kvflow.router.api.drain import DrainState
     from kvflow.router.api.gateway import build_gateway
+    from kvflow.router.api.server import DrainingServer
 
     gateway = build_gateway(settings)
+    # build_gateway (api/gateway.py) does not pass the deadlines to the executor yet.
+    gateway.service.set_stream_deadlines(settings.deadlines)
+    drain = DrainState(settings.drain_grace_s)
     # Everything loaded so far (tokenizer tables, templates, the app) lives as long as the
     # process: freezing it keeps the garbage collector from re-scanning it on every full
     # collection, which shows up as tail latency under load.
@@ -107,14 +153,16 @@ async def _serve(settings: RouterSettings) -> None:
     sock.bind((settings.host, settings.port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        create_app(gateway),
+        create_app(gateway, drain),
         log_level=settings.log_level,
         access_log=False,  # one log line per request costs more than routing it
-        timeout_graceful_shutdown=5,
+        # The drain has already waited for running requests (api/server.py); this is for
+        # the last bytes of responses, and for a stop forced by a second signal.
+        timeout_graceful_shutdown=FINAL_CLOSE_S,
         loop="uvloop",
         http="httptools",
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, drain)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)

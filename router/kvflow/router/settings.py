@@ -43,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from kvflow.router.api.drain import DEFAULT_DRAIN_GRACE_S
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
 from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
 from kvflow.router.routing.placement import DisaggregationConfig
@@ -53,6 +54,7 @@ from kvflow.router.tenants.config import (
     parse_tenants,
 )
 from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
+from kvflow.router.workers.deadlines import StreamDeadlines
 
 # 8 MiB: an 8k-token prompt is about 32 KB of text; even a 128k-token context with JSON
 # escaping stays under 2 MB, so this refuses only what no model here could read.
@@ -98,6 +100,9 @@ class RouterSettings:
     config: RouterConfig = field(default_factory=RouterConfig)
     log_level: str = "info"
     seed: int | None = None  # of tie-breaking; None: random
+    # Each attempt's first-token and token-stall deadlines (workers/deadlines.py).
+    deadlines: StreamDeadlines = field(default_factory=StreamDeadlines)
+    drain_grace_s: float = DEFAULT_DRAIN_GRACE_S  # after SIGTERM, for running requests
 
 
 def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

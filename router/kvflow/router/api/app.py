@@ -1,4 +1,5 @@
-"""`create_app(gateway)`: thin routes over the gateway; every error leaves in OpenAI's shape."""
+"""`create_app(gateway, drain)`: thin routes over the gateway; every error leaves in OpenAI's
+shape; a draining router's /ready says 503 and new requests get one (api/drain.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvflow.router.api.completions import handle_completion
+from kvflow.router.api.drain import DrainMiddleware, DrainState
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import RequestIdMiddleware
 from kvflow.router.api.openapi import build_openapi
@@ -44,8 +46,9 @@ def _model_card(name: str, created_s: int) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": created_s, "owned_by": "kvflow"}
 
 
-def create_app(gateway: Gateway) -> FastAPI:
+def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     started_s = int(time.time())
+    drain = drain if drain is not None else DrainState()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,6 +66,9 @@ def create_app(gateway: Gateway) -> FastAPI:
         served_models=gateway.served_models(), vocab_size=gateway.text.tokenizer.vocab_size
     )
     app.state.gateway = gateway
+    app.state.drain = drain
+    # Added first, so it runs inside RequestIdMiddleware: its 503s get an id and a count.
+    app.add_middleware(DrainMiddleware, state=drain)
     app.add_middleware(RequestIdMiddleware, metrics=gateway.metrics, endpoints=_ENDPOINTS)
 
     @app.exception_handler(ApiError)
@@ -123,9 +129,10 @@ def create_app(gateway: Gateway) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         num_healthy = gateway.pool.num_healthy()
-        body = {"ready": num_healthy > 0, "workers_healthy": num_healthy,
-                "workers": len(gateway.pool)}  # fmt: skip
-        return JSONResponse(body, status_code=200 if num_healthy else 503)
+        is_ready = num_healthy > 0 and not drain.is_draining
+        body = {"ready": is_ready, "workers_healthy": num_healthy,
+                "workers": len(gateway.pool), "draining": drain.is_draining}  # fmt: skip
+        return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -6,6 +6,11 @@ of a buffered choice), raises AttemptFailedError naming the workers to exclude: 
 asks placement for a new plan. A refused request is a 400 wherever it runs; a failure after
 the client saw text is a 502 event in the stream.
 
+Every stream the client reads has a first-token and a token-stall deadline
+(workers/deadlines.py). Missing one cancels the call (the worker aborts the request and
+frees its blocks) and quarantines the worker, whose Health may still say serving; before
+the client saw text the request fails over, after it the stream ends with a 504 event.
+
 A disaggregated plan (docs/router.md, "Disaggregated serving"):
 
 1. Generate on the decode worker with `remote_prefill`; its first message is a
@@ -35,10 +40,12 @@ from kvflow.router.routing.placement import (
 from kvflow.router.routing.types import WorkerId
 from kvflow.router.serving.choice_stream import ChoiceStream
 from kvflow.router.workers.client import WorkerClient
+from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.errors import (
     RequestRejectedError,
     WorkerDownError,
     WorkerError,
+    WorkerStalledError,
     WorkerTimeoutError,
 )
 from kvflow.router.workers.pool import WorkerPool
@@ -52,6 +59,11 @@ CANCEL_TRANSFER_TIMEOUT_S = 2.0
 # still on its way: a 1-token answer can finish first. Wait this long for it (for metrics)
 # before cancelling; a prefill that takes longer was given up on by the decode worker.
 PREFILL_RESULT_GRACE_S = 1.0
+
+
+def worker_timed_out(message: str) -> ApiError:
+    """A worker stopped sending tokens after the client saw some: the stream's error event."""
+    return ApiError(504, message, type="server_error", code="worker_timeout")
 
 
 class AttemptFailedError(Exception):
@@ -75,11 +87,16 @@ def prefill_failure_kind(exc: WorkerError) -> str:
 
 class PlanExecutor:
     def __init__(
-        self, pool: WorkerPool, metrics: RouterMetrics, config: DisaggregationConfig
+        self,
+        pool: WorkerPool,
+        metrics: RouterMetrics,
+        config: DisaggregationConfig,
+        deadlines: StreamDeadlines | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
         self._config = config
+        self.deadlines = deadlines or StreamDeadlines()
 
     async def run(
         self, plan: ExecutionPlan, request: GenerateInput, choice: ChoiceStream, *,
@@ -98,10 +115,11 @@ class PlanExecutor:
         self, plan: Colocated, request: GenerateInput, choice: ChoiceStream
     ) -> None:
         worker_id = plan.stream_worker
-        stream = self._pool.client(worker_id).generate(request)
+        stream = self._pool.client(worker_id).generate(request, self.deadlines)
         try:
             with self._pool.request_open(worker_id):
                 await choice.run(stream)
+            self._pool.stream_finished(worker_id)
         finally:
             stream.cancel()  # no-op when finished; aborts the worker's request otherwise
 
@@ -112,7 +130,8 @@ class PlanExecutor:
         decode_id = plan.decode.worker_id
         decode = self._pool.client(decode_id)
         prefill_client = self._pool.client(plan.prefill.worker_id)  # now: the pool may change
-        stream = decode.generate(replace(request, remote_prefill_timeout_s=timeout_s))
+        stream = decode.generate(replace(request, remote_prefill_timeout_s=timeout_s),
+                                 self.deadlines)  # fmt: skip
         prefill: asyncio.Task[None] | None = None
         outcomes = self._metrics.pd_transfers
         try:
@@ -133,6 +152,7 @@ class PlanExecutor:
                 else:
                     outcomes.labels("nothing_to_send").inc()
                 await choice.run(stream)
+                self._pool.stream_finished(decode_id)
                 if prefill is not None:
                     await asyncio.wait({prefill}, timeout=PREFILL_RESULT_GRACE_S)
                     if not prefill.done():
@@ -186,7 +206,15 @@ class PlanExecutor:
         self, exc: WorkerError, choice: ChoiceStream, is_buffered: bool
     ) -> ApiError | AttemptFailedError:
         """What the failure of the stream the client reads means for the request."""
+        is_stalled = isinstance(exc, WorkerStalledError)
+        if is_stalled:
+            self._pool.quarantine(WorkerId(exc.worker_id), exc.detail)
         if choice.has_output and not is_buffered:
+            if is_stalled:
+                return worker_timed_out(
+                    f"The worker stopped mid-stream ({exc.detail}); the request was aborted "
+                    "there. Retry it."
+                )
             return worker_failed(f"The worker failed mid-stream ({exc.detail})")
         if isinstance(exc, RequestRejectedError):
             return invalid_request(f"The worker refused the request: {exc.detail}")

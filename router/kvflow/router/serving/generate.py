@@ -28,6 +28,7 @@ from kvflow.router.serving.executor import AttemptFailedError, PlanExecutor
 from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.text.tokenizer import TextTokenizer
+from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.pool import WorkerPool
 from kvflow.router.workers.records import GenerateInput
 
@@ -59,6 +60,10 @@ class GenerationService:
         self._public = public_prefixes
         self._metrics = metrics
         self._hasher = CachedBlockHasher()
+
+    def set_stream_deadlines(self, deadlines: StreamDeadlines) -> None:
+        """The first-token and token-stall deadlines of every attempt from now on."""
+        self._executor.deadlines = deadlines
 
     def model_info(self, model: str) -> pb.WorkerInfo:
         """A healthy worker's facts for ``model``, or a 503 when none is up."""

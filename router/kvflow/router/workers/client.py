@@ -20,10 +20,12 @@ from kvflow.router.workers.convert import (
     to_generate_request,
     to_prefill_request,
 )
+from kvflow.router.workers.deadlines import DeadlineMiss, StreamClock, StreamDeadlines
 from kvflow.router.workers.errors import (
     GRPC_CALL_ERRORS,
     WorkerCallError,
     WorkerError,
+    WorkerStalledError,
     WorkerTimeoutError,
     from_grpc_error,
 )
@@ -82,16 +84,18 @@ class WorkerClient:
         )
         return call
 
-    def generate(self, request: GenerateInput) -> WorkerStream:
-        """Start generating; the stream must be cancelled or read to its end. Raises
-        WorkerError."""
+    def generate(
+        self, request: GenerateInput, deadlines: StreamDeadlines | None = None
+    ) -> WorkerStream:
+        """Start generating; the stream must be cancelled or read to its end. With
+        ``deadlines``, a read past one raises WorkerStalledError. Raises WorkerError."""
         try:
             call: GenerateCall = self._stub.Generate(
                 to_generate_request(request), metadata=self._metadata
             )
         except grpc.aio.UsageError as exc:
             raise from_grpc_error(self.address, exc) from exc
-        return WorkerStream(self, request.request_id, call)
+        return WorkerStream(self, request.request_id, call, deadlines)
 
     async def abort(self, request_id: str, timeout_s: float) -> bool:
         """Abort a running request (it still sends its final message); found or not."""
@@ -134,24 +138,69 @@ class WorkerClient:
 
 class WorkerStream:
     """One Generate call as typed chunks. `cancel()` aborts the request on the worker and
-    frees its blocks (a no-op once the stream has finished)."""
+    frees its blocks (a no-op once the stream has finished).
 
-    def __init__(self, client: WorkerClient, request_id: str, call: GenerateCall) -> None:
+    Deadlines are watched by one timer per stream, re-armed only when it fires early, not
+    one per message: an `asyncio.timeout` around each read cost 14-24 us per token here
+    (a loaded 2-core machine), the timer's bookkeeping per token is one clock read."""
+
+    def __init__(
+        self,
+        client: WorkerClient,
+        request_id: str,
+        call: GenerateCall,
+        deadlines: StreamDeadlines | None = None,
+    ) -> None:
         self.worker_id = client.address
         self.request_id = request_id
         self._client = client
         self._call = call
         self._messages = aiter(call)
+        self._loop = asyncio.get_running_loop()
+        self._clock: StreamClock | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._missed: DeadlineMiss | None = None
+        if deadlines is not None:
+            self._clock = StreamClock(deadlines, self._loop.time())
+            self._timer = self._loop.call_at(self._clock.expires_at_s(), self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        assert self._clock is not None
+        miss = self._clock.miss(self._loop.time())
+        if miss is None:  # a token came since the timer was set: wait from the latest one
+            self._timer = self._loop.call_at(self._clock.expires_at_s(), self._check_deadline)
+            return
+        self._timer = None
+        self._missed = miss
+        # Ends the pending read (below) and tells the worker, which aborts the request
+        # and frees its blocks as soon as its engine thread runs again.
+        self._call.cancel()
 
     async def next(self) -> TokenChunk | KvReservation:
-        """The next message. Raises WorkerError, also for a stream that ends unfinished."""
+        """The next message. Raises WorkerError, also for a stream that ends unfinished,
+        and WorkerStalledError past a deadline."""
         try:
             message = await anext(self._messages, None)
+        except asyncio.CancelledError:
+            # A read of a call cancelled here raises CancelledError: ours, from the
+            # deadline timer, unless this task itself is being cancelled.
+            task = asyncio.current_task()
+            if self._missed is None or (task is not None and task.cancelling()):
+                raise
+            raise WorkerStalledError(self.worker_id, self._missed) from None
         except GRPC_CALL_ERRORS as exc:
             raise from_grpc_error(self.worker_id, exc) from exc
+        if self._missed is not None:  # the message raced the cancel: the call is gone
+            raise WorkerStalledError(self.worker_id, self._missed)
         if message is None:
             raise WorkerCallError(self.worker_id, "the stream ended without a final message")
-        return from_generate_response(message)
+        item = from_generate_response(message)
+        if self._clock is not None and isinstance(item, TokenChunk):
+            self._clock.saw_token(self._loop.time())
+            if item.finish_reason is not None and self._timer is not None:
+                self._timer.cancel()  # finished: nothing more is awaited
+                self._timer = None
+        return item
 
     async def next_within(self, timeout_s: float) -> TokenChunk | KvReservation:
         """`next()`, or WorkerTimeoutError after ``timeout_s`` (the stream is then unusable)."""
@@ -176,4 +225,7 @@ class WorkerStream:
             return None
 
     def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._call.cancel()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import grpc
 
+from kvflow.router.workers.deadlines import DeadlineMiss
+
 
 class WorkerError(Exception):
     """A call to a worker failed; ``detail`` is what the worker (or gRPC) said."""
@@ -28,6 +30,15 @@ class RequestRejectedError(WorkerError):
 
 class WorkerTimeoutError(WorkerError):
     """No answer within the deadline (DEADLINE_EXCEEDED, or the router's own wait)."""
+
+
+class WorkerStalledError(WorkerTimeoutError):
+    """The stream missed its first-token or token-stall deadline (workers/deadlines.py); the
+    call was cancelled, which aborts the request on the worker."""
+
+    def __init__(self, worker_id: str, miss: DeadlineMiss) -> None:
+        super().__init__(worker_id, miss.describe())
+        self.miss = miss
 
 
 class WorkerCallError(WorkerError):

@@ -16,6 +16,7 @@ from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
 from kvflow.router.workers.client import WorkerClient
+from kvflow.router.workers.deadlines import quarantine_s
 from kvflow.router.workers.kv_events import KvEventFollower
 
 log = logging.getLogger("kvflow.router.workers")
@@ -55,6 +56,9 @@ class _Worker:
     num_local_at_report: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     follower: asyncio.Task[None] | None = None
+    # After a missed deadline: not probed, so not routed to, before this (loop time).
+    held_until_s: float = 0.0
+    num_misses: int = 0  # deadline misses in a row (a finished stream resets it)
 
 
 class WorkerPool:
@@ -130,7 +134,12 @@ class WorkerPool:
 
     async def _monitor(self, worker: _Worker) -> None:
         num_loads = 0
+        loop = asyncio.get_running_loop()
         while True:
+            held_s = worker.held_until_s - loop.time()
+            if held_s > 0:  # quarantined: its Health may say serving while it is wedged
+                await asyncio.sleep(held_s)
+                continue
             try:
                 if not worker.is_healthy or num_loads % HEALTH_EVERY_N_LOADS == 0:
                     await self._probe_health(worker)
@@ -190,6 +199,25 @@ class WorkerPool:
         worker = self._workers.get(worker_id)
         if worker is not None:
             self._mark_unhealthy(worker, why)
+
+    def quarantine(self, worker_id: WorkerId, why: str) -> None:
+        """A stream there missed a deadline (wedged or far behind): avoid the worker for a
+        while even if its Health says serving; longer for each miss in a row."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
+        worker.num_misses += 1
+        hold_s = quarantine_s(worker.num_misses)
+        worker.held_until_s = asyncio.get_running_loop().time() + hold_s
+        log.warning("worker %s avoided for %g s (deadline miss %d in a row): %s",
+                    worker_id, hold_s, worker.num_misses, why)  # fmt: skip
+        self._mark_unhealthy(worker, why)
+
+    def stream_finished(self, worker_id: WorkerId) -> None:
+        """A stream there ran to its end: its past deadline misses no longer count."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.num_misses = 0
 
     @contextlib.contextmanager
     def request_open(self, worker_id: WorkerId) -> Iterator[None]:

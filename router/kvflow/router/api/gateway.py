@@ -20,6 +20,8 @@ from kvflow.router.protocol.errors import (
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.placement import build_placement
 from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.serving.admission import AdmissionConfig, AdmissionConfigError
+from kvflow.router.serving.admission_control import AdmissionControl, AdmittedGenerationService
 from kvflow.router.serving.defaults import model_sampling_defaults
 from kvflow.router.serving.executor import PlanExecutor
 from kvflow.router.serving.generate import GenerationService
@@ -62,6 +64,9 @@ class Gateway:
     # For the fields a request leaves out: the operator's over the model's own.
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     max_tokens: MaxTokensLimits = field(default_factory=MaxTokensLimits)  # the model's
+    # Sheds load (429/503) before the workers' queues make latency collapse; the service
+    # consults it (serving/admission_control.py). None: no admission control.
+    admission: AdmissionControl | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -70,12 +75,16 @@ class Gateway:
 
     async def start(self) -> None:
         self.quotas.start()
+        if self.admission is not None:
+            self.admission.start()
         self._tasks.append(asyncio.create_task(self.discovery.run(self.pool.set_addresses)))
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.admission is not None:
+            await self.admission.stop()
         await self.quotas.stop()
         await self.pool.close()
         if self.redis is not None:
@@ -154,7 +163,13 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         config.weights, config.disaggregation, index=index, sessions=sessions, rng=rng
     )
     pool = WorkerPool(index, sessions)
-    service = GenerationService(
+    try:
+        admission_config = AdmissionConfig.from_env()
+    except AdmissionConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+    admission = AdmissionControl(pool, admission_config, metrics)
+    service = AdmittedGenerationService(
+        admission,
         pool,
         placement,
         PlanExecutor(pool, metrics, config.disaggregation),
@@ -209,4 +224,5 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         discovery=discovery,
         sampling_defaults=defaults,
         max_tokens=max_tokens,
+        admission=admission,
     )

@@ -1,0 +1,176 @@
+"""Gateway admission control, pure: admit, 429 or 503 from the workers' estimated queues.
+
+Past saturation every request a gateway lets through makes every later one wait longer;
+latency grows until clients time out (and retry into the same queues). The gateway sheds
+instead, from each eligible worker's queue as it reports it (Load: requests waiting, the
+rate at which they are admitted, the queue's bound):
+
+- **estimated wait** of a worker = (waiting + this router's dispatches since the report,
+  spread over the eligible workers) / admissions per second; of the cluster = the best
+  worker's (routing sends a request to a short queue, and the worker queues are fair).
+- above ``max_queue_time_s``, or when every eligible worker's queue is at its bound (each
+  would refuse with RESOURCE_EXHAUSTED): **503**, the cluster is full, for everyone.
+- above ``shed_queue_time_s``: **429** for a tenant over its fair share of this router's
+  requests in flight (share weighted by priority, as on the workers); the others still get
+  in, so one tenant's burst is shed first.
+
+Retry-After is the time the best queue needs to drain back under the threshold crossed.
+The shares are this replica's view: N router replicas each judge their own traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kvflow.router.routing.types import WorkerId
+
+# As the workers (engine_worker core/fair_queue.py): a tenant one priority level more
+# urgent gets twice the share; clamped to +-16 levels.
+PRIORITY_WEIGHT_BASE = 2.0
+MAX_PRIORITY_LEVELS = 16
+MIN_RETRY_AFTER_S = 1.0
+MAX_RETRY_AFTER_S = 60.0
+ENV_PREFIX = "KVFLOW_ADMISSION_"
+
+
+class AdmissionConfigError(ValueError):
+    """An admission setting is invalid; the message names the variable."""
+
+
+def priority_weight(priority: int) -> float:
+    levels = max(-MAX_PRIORITY_LEVELS, min(MAX_PRIORITY_LEVELS, priority))
+    return float(PRIORITY_WEIGHT_BASE ** (-levels))
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    # 10 s of queue is already past what an interactive client tolerates before its first
+    # token; 30 s is where clients with default timeouts start giving up and retrying.
+    shed_queue_time_s: float = 10.0
+    max_queue_time_s: float = 30.0
+    # How often this router reads each worker's queue (besides the pool's own probes);
+    # between reads its own dispatches are counted in.
+    poll_interval_s: float = 0.5
+    is_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("shed_queue_time_s", "max_queue_time_s", "poll_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise AdmissionConfigError(f"{ENV_PREFIX}{name.upper()} must be > 0, got {value}")
+        if self.shed_queue_time_s > self.max_queue_time_s:
+            raise AdmissionConfigError(
+                f"{ENV_PREFIX}SHED_QUEUE_TIME_S ({self.shed_queue_time_s}) must be at most "
+                f"{ENV_PREFIX}MAX_QUEUE_TIME_S ({self.max_queue_time_s})"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> AdmissionConfig:
+        """KVFLOW_ADMISSION=off disables it; KVFLOW_ADMISSION_SHED_QUEUE_TIME_S,
+        _MAX_QUEUE_TIME_S and _POLL_INTERVAL_S override the defaults."""
+        d = cls()
+        values: dict[str, float] = {}
+        for name in ("shed_queue_time_s", "max_queue_time_s", "poll_interval_s"):
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is None:
+                values[name] = getattr(d, name)
+                continue
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise AdmissionConfigError(
+                    f"{ENV_PREFIX}{name.upper()} must be a number of seconds, got {raw!r}"
+                ) from None
+        switch = env.get("KVFLOW_ADMISSION", "on").lower()
+        if switch not in ("on", "off"):
+            raise AdmissionConfigError(f"KVFLOW_ADMISSION must be on or off, got {switch!r}")
+        return cls(**values, is_enabled=switch == "on")
+
+
+@dataclass(frozen=True)
+class WorkerQueue:
+    """One worker's waiting queue as it last reported it."""
+
+    worker_id: WorkerId
+    num_waiting: int
+    max_waiting_requests: int  # 0: unbounded
+    drain_rate_per_s: float  # admissions per second while backlogged; 0: not measured
+
+    @property
+    def is_full(self) -> bool:
+        return 0 < self.max_waiting_requests <= self.num_waiting
+
+    def estimated_wait_s(self, num_extra: float = 0.0) -> float:
+        """Seconds until a new request would be admitted; 0 when nothing waits, and when
+        the rate is unknown (a queue that never backlogged is short, and the count bound
+        catches the rest)."""
+        ahead = self.num_waiting + num_extra
+        if ahead < 1 or self.drain_rate_per_s <= 0:
+            return 0.0
+        return ahead / self.drain_rate_per_s
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """This router's requests in flight: the caller's tenant's, and everyone's, with the
+    summed weights of the tenants that have any (the caller's tenant included)."""
+
+    num_in_flight: int
+    weight: float
+    num_in_flight_total: int
+    active_weight_total: float
+    num_active_tenants: int
+
+    def is_over_share(self) -> bool:
+        """Would one more request put this tenant over its weighted share of what is in
+        flight? Never while it is the only tenant with requests in flight."""
+        if self.num_active_tenants <= 1:
+            return False
+        share = (self.num_in_flight_total + 1) * self.weight / self.active_weight_total
+        return self.num_in_flight + 1 > share
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: int  # 200: admitted; 429 or 503
+    reason: str  # "admitted", "over_share", "cluster_full", "queues_full"
+    estimated_wait_s: float
+    retry_after_s: float = 0.0
+
+    @property
+    def is_admitted(self) -> bool:
+        return self.status == 200
+
+
+def _retry_after_s(seconds: float) -> float:
+    return min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, seconds))
+
+
+def decide(
+    queues: Sequence[WorkerQueue],
+    num_dispatched_since_report: int,
+    tenant: TenantLoad,
+    config: AdmissionConfig,
+) -> Verdict:
+    """Admit, or refuse with a status and a Retry-After; ``queues`` are the eligible
+    workers' (none known yet: admit, the pool answers for a cluster with no worker)."""
+    if not config.is_enabled or not queues:
+        return Verdict(200, "admitted", 0.0)
+    extra = num_dispatched_since_report / len(queues)
+    best = min(queues, key=lambda q: (q.is_full, q.estimated_wait_s(extra)))
+    wait_s = best.estimated_wait_s(extra)
+    if best.is_full:
+        # Every queue is at its bound: the time for the best to drain by one is when a
+        # retry could get in.
+        one_s = 1.0 / best.drain_rate_per_s if best.drain_rate_per_s > 0 else 1.0
+        return Verdict(503, "queues_full", wait_s, _retry_after_s(one_s))
+    if wait_s > config.max_queue_time_s:
+        return Verdict(503, "cluster_full", wait_s,
+                       _retry_after_s(wait_s - config.max_queue_time_s))  # fmt: skip
+    if wait_s > config.shed_queue_time_s and tenant.is_over_share():
+        return Verdict(429, "over_share", wait_s,
+                       _retry_after_s(wait_s - config.shed_queue_time_s))  # fmt: skip
+    return Verdict(200, "admitted", wait_s)

@@ -1,0 +1,234 @@
+"""Overload with real processes: simulated workers with bounded, fair queues behind a real
+gateway. A full worker queue answers RESOURCE_EXHAUSTED holding nothing, and the client
+gets 503 with Retry-After (never a 500); the gateway sheds from the estimated queue time
+(503 cluster full, 429 for the tenant over its share); a tenant's flood does not starve
+another tenant."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import yaml
+from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.worker_process import WorkerProcess, launch_worker
+
+from kvflow.proto import worker_pb2 as pb
+from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.router.tenants.config import hash_api_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+GenerateCall = grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]
+
+MODEL = "sim"
+# One request at a time, 20 ms a step: a request of n tokens holds the worker n * 20 ms,
+# so queues build at a few requests per second and the timings below are far apart.
+SIM_ARGS = ["--simulate", "--served-model-name", MODEL, "--sim-base-step-ms", "20",
+            "--max-num-seqs", "1", "--num-kv-blocks", "1024"]  # fmt: skip
+
+
+def body(max_tokens: int) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": max_tokens, "ignore_eos": True}  # fmt: skip
+
+
+def load(worker: WorkerProcess) -> pb.LoadResponse:
+    with grpc.insecure_channel(worker.address) as channel:
+        response: pb.LoadResponse = pb_grpc.WorkerStub(channel).Load(pb.LoadRequest(), timeout=5)
+        return response
+
+
+def wait_until_idle(worker: WorkerProcess, timeout_s: float = 30.0) -> pb.LoadResponse:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = load(worker)
+        if got.num_waiting == got.num_running == 0 or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+async def post_all(
+    url: str, bodies: list[dict[str, object]], key: str = "sk-none", *, delay_s: float = 0.0
+) -> list[httpx.Response]:
+    """POST every body at once (after ``delay_s``); the responses in order."""
+    await asyncio.sleep(delay_s)
+    headers = {"authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=120) as client:
+        return list(await asyncio.gather(*(
+            client.post(f"{url}/v1/chat/completions", json=b, headers=headers) for b in bodies
+        )))  # fmt: skip
+
+
+def assert_overload_answer(r: httpx.Response, status: int, code: str) -> None:
+    assert r.status_code == status, r.text
+    assert r.headers["retry-after"].isdigit() and 1 <= int(r.headers["retry-after"]) <= 60
+    error = r.json()["error"]
+    assert error["code"] == code and error["message"], error
+
+
+@pytest.fixture
+def bounded_worker() -> Iterator[WorkerProcess]:
+    w = launch_worker([*SIM_ARGS, "--max-waiting-requests", "2"], timeout_s=120)
+    yield w
+    w.stop(timeout_s=10)
+
+
+def test_full_worker_queue_refuses_at_once_with_a_pushback_and_holds_nothing(
+    bounded_worker: WorkerProcess,
+) -> None:
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(bounded_worker.address) as channel:
+            stub = pb_grpc.WorkerStub(channel)
+
+            def generate(i: int) -> GenerateCall:
+                sampling = pb.SamplingParams(max_tokens=500, ignore_eos=True)
+                request = pb.GenerateRequest(request_id=f"r{i}", prompt_token_ids=list(range(40)),
+                                             sampling=sampling)  # fmt: skip
+                return stub.Generate(request)
+
+            calls = [generate(i) for i in range(3)]  # one runs, two wait
+            deadline = time.monotonic() + 20
+            while (await stub.Load(pb.LoadRequest())).num_waiting < 2:
+                assert time.monotonic() < deadline, "the requests never queued"
+                await asyncio.sleep(0.02)
+            over = generate(3)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await anext(aiter(over))
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "queue is full (2 requests waiting, --max-waiting-requests 2)" in str(
+                info.value.details()
+            )
+            trailers = dict(await over.trailing_metadata() or ())
+            assert 1000 <= int(trailers["grpc-retry-pushback-ms"]) <= 60_000
+            got = await stub.Load(pb.LoadRequest())
+            assert (got.num_waiting, got.num_running, got.max_waiting_requests) == (2, 1, 2)
+            for call in calls:
+                call.cancel()
+
+    asyncio.run(scenario())
+    idle = wait_until_idle(bounded_worker)
+    assert idle.kv_usage == 0.0  # the refused request and the cancelled ones hold no block
+
+
+def test_full_worker_queue_reaches_the_client_as_503_with_retry_after(
+    bounded_worker: WorkerProcess,
+) -> None:
+    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", bounded_worker.address],
+                             env={"KVFLOW_ADMISSION": "off"})  # fmt: skip
+    try:
+        gateway.wait_ready()
+        # 10 at once on a worker that runs 1 and queues 2: the rest are refused by it.
+        responses = asyncio.run(post_all(gateway.url, [body(20) for _ in range(10)]))
+        statuses = sorted(r.status_code for r in responses)
+        assert set(statuses) == {200, 503} and statuses.count(200) >= 3, statuses
+        for r in responses:
+            if r.status_code == 503:
+                assert_overload_answer(r, 503, "service_unavailable")
+                assert "RESOURCE_EXHAUSTED" in r.json()["error"]["message"]
+        # Busy is not down: the worker stays in the pool and serves the next request.
+        assert httpx.get(f"{gateway.url}/ready").json()["workers_healthy"] == 1
+        assert asyncio.run(post_all(gateway.url, [body(2)]))[0].status_code == 200
+        assert wait_until_idle(bounded_worker).kv_usage == 0.0
+    finally:
+        gateway.stop()
+
+
+@pytest.fixture
+def worker() -> Iterator[WorkerProcess]:
+    w = launch_worker(SIM_ARGS, timeout_s=120)  # the default bound: 256 waiting
+    yield w
+    w.stop(timeout_s=10)
+
+
+def test_gateway_sheds_from_the_estimated_queue_time_before_workers_refuse(
+    worker: WorkerProcess,
+) -> None:
+    env = {"KVFLOW_ADMISSION_SHED_QUEUE_TIME_S": "0.5", "KVFLOW_ADMISSION_MAX_QUEUE_TIME_S": "1",
+           "KVFLOW_ADMISSION_POLL_INTERVAL_S": "0.1"}  # fmt: skip
+    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address], env=env)
+    try:
+        gateway.wait_ready()
+
+        async def waves() -> list[httpx.Response]:
+            # A first wave backlogs the worker and lets it measure its drain rate (about
+            # 2.5 requests/s); the second finds more than 1 s of queue.
+            first, second = await asyncio.gather(
+                post_all(gateway.url, [body(20) for _ in range(6)]),
+                post_all(gateway.url, [body(20) for _ in range(20)], delay_s=1.5),
+            )
+            return [*first, *second]
+
+        started_s = time.monotonic()
+        responses = asyncio.run(waves())
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) == {200, 503}, statuses
+        refused = [r for r in responses if r.status_code == 503]
+        for r in refused:
+            assert_overload_answer(r, 503, "service_unavailable")
+            assert "at capacity" in r.json()["error"]["message"]
+        # Shed, not queued: the admitted requests' queue stayed short, so the whole run
+        # took far less than 26 requests one after another (26 * 0.4 s).
+        assert time.monotonic() - started_s < 8.0
+        assert load(worker).max_waiting_requests == 256  # the worker never had to refuse
+    finally:
+        gateway.stop()
+
+
+def key(tenant: str) -> str:
+    return f"sk-{tenant}-0123456789"
+
+
+@pytest.fixture
+def tenant_gateway(tmp_path: Path, worker: WorkerProcess) -> Iterator[GatewayProcess]:
+    config = {"tenants": [{"name": t, "api_key_sha256": hash_api_key(key(t))} for t in "ab"]}
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {"KVFLOW_ADMISSION_SHED_QUEUE_TIME_S": "0.5",
+           "KVFLOW_ADMISSION_MAX_QUEUE_TIME_S": "1000",
+           "KVFLOW_ADMISSION_POLL_INTERVAL_S": "0.1"}  # fmt: skip
+    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
+                              "--config", str(path)], env=env)  # fmt: skip
+    try:
+        gateway.wait_ready()
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def test_a_tenant_burst_neither_starves_another_nor_escapes_shedding(
+    tenant_gateway: GatewayProcess,
+) -> None:
+    url = tenant_gateway.url
+
+    async def scenario() -> tuple[list[httpx.Response], list[float], list[httpx.Response]]:
+        # Tenant a floods: 12 requests of 0.5 s each on a worker that runs one at a time,
+        # 6 s of work. First come first served would put b's requests behind all of it.
+        async def timed_b() -> float:
+            started_s = time.monotonic()
+            r = (await post_all(url, [body(5)], key("b"), delay_s=1.5))[0]
+            assert r.status_code == 200, r.text
+            return time.monotonic() - 1.5 - started_s
+
+        flood, more_a, *b_latencies = await asyncio.gather(
+            post_all(url, [body(25) for _ in range(12)], key("a")),
+            # While b has requests in flight and the queue is seconds long, a is over its
+            # share: more of a's requests are refused, b's were not.
+            post_all(url, [body(25) for _ in range(3)], key("a"), delay_s=1.6),
+            *(timed_b() for _ in range(3)),
+        )
+        return flood, b_latencies, more_a
+
+    flood, b_latencies, more_a = asyncio.run(scenario())
+    assert all(r.status_code == 200 for r in flood), [r.status_code for r in flood]
+    # b's three requests ran with the next free slots (about 0.5 s for a's running one,
+    # then 0.1 s each), not after a's 5 s of queue.
+    assert max(b_latencies) < 2.5, b_latencies
+    for r in more_a:
+        assert_overload_answer(r, 429, "rate_limit_exceeded")
+        assert "share of the requests in flight" in r.json()["error"]["message"]

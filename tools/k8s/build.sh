@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control plane (kube-apiserver, kube-controller-manager,
-# kube-scheduler), etcd and KWOK from their Go modules, for the integration tests.
+# kube-scheduler), etcd and KWOK from their Go modules, for the integration tests, and
+# Prometheus' promtool, which checks and unit-tests the chart's alerts.
 #
 # Idempotent: each component lands in its own folder of the cache, keyed by version
 # (versions.env), and is skipped when its folder is already complete. A fresh machine
 # needs only Go (>= the version k8s.io/kubernetes' go.mod asks for) and the Go module
-# proxy. Cold build: about 20 minutes on 2 cores (see docs/operator.md).
+# proxy. Cold build: about 20 minutes on 2 cores (see docs/operator.md), and 7-9 more for
+# promtool (docs/observability.md).
 #
 #   tools/k8s/build.sh            build what is missing, print the cache folder
+#   tools/k8s/build.sh promtool   build only the named components
 #   KVFLOW_K8S_CACHE=/x build.sh  use another cache folder
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -106,8 +109,30 @@ build_kwok() {
   log "kwok done: $out/bin"
 }
 
+# promtool checks and unit-tests the chart's PrometheusRule (tests/k8s/test_observability.py).
+# Prometheus v3 releases are published as module versions v0.3MM.P (v0.316.0 is 3.16.0);
+# its go.mod has no local replaces, so `go install module/cmd/promtool@version` builds it.
+build_promtool() {
+  local out="$cache/promtool-$PROMETHEUS_VERSION"
+  [[ -f "$out/.complete" ]] && return 0
+  local minor="${PROMETHEUS_VERSION#v0.3}"; minor="${minor%%.*}"
+  local release="3.$((10#$minor)).${PROMETHEUS_VERSION##*.}"   # v0.316.0 <-> 3.16.0
+  log "building promtool $PROMETHEUS_VERSION (Prometheus $release)"
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin"
+  # remove_all_sd: Prometheus' own build tag that leaves out the service-discovery plugins
+  # (the Azure, AWS, GCE, ... SDKs; about half the cold build): rule checks and rule unit
+  # tests discover nothing. Without the -X, `promtool --version` names no release.
+  GOBIN="$out.tmp/bin" GOFLAGS=-buildvcs=false go install -trimpath -tags remove_all_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+  "$out.tmp/bin/promtool" --version >&2
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "promtool done: $out/bin"
+}
+
 components=("$@")
-[[ ${#components[@]} -eq 0 ]] && components=(etcd kwok kubernetes)
+[[ ${#components[@]} -eq 0 ]] && components=(etcd kwok kubernetes promtool)
 for c in "${components[@]}"; do "build_$c"; done
 if [[ -d "$cache/src" ]]; then
   log "removing Go's build and module caches ($(du -sh "$cache/src" | cut -f1))"

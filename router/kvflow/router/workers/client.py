@@ -141,8 +141,9 @@ class WorkerStream:
     frees its blocks (a no-op once the stream has finished).
 
     Deadlines are watched by one timer per stream, re-armed only when it fires early, not
-    one per message: an `asyncio.timeout` around each read cost 14-24 us per token here
-    (a loaded 2-core machine), the timer's bookkeeping per token is one clock read."""
+    one per message: an `asyncio.timeout` around each read added 5-10 us to a 2 us read,
+    this timer 0.1-0.2 us, one clock read (100,000 reads of a fake call in process, a
+    loaded 2-core machine)."""
 
     def __init__(
         self,

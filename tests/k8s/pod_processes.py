@@ -11,12 +11,15 @@ a pod sandbox would provide filled in:
   namespace, where 0.0.0.0 means "this pod's addresses"; the processes here share one, so
   0.0.0.0 in args becomes the pod's address, and the fixed container ports of several pods
   (50051, 9400, 8000) do not collide.
-- volumes: emptyDir and configMap volumes become folders (a configMap's keys written from
-  the API server's copy); paths under a mount in args and env are rewritten to the folder.
+- volumes: emptyDir, configMap and secret volumes become folders (a configMap's or a
+  Secret's keys written from the API server's copy, at their `items` paths when the volume
+  lists some, as the kubelet does); paths under a mount in args and env are rewritten to
+  the folder.
 - `$(VAR)` in command and args is expanded from the container's env, as the kubelet does.
 - readiness: the container's own readinessProbe (httpGet) is polled.
 
-Anything else a pod spec might need (secrets, PVCs, host paths) fails loudly.
+Anything else a pod spec might need (PVCs, host paths, a secret volume without a way to
+read Secrets) fails loudly.
 """
 
 from __future__ import annotations
@@ -156,6 +159,7 @@ def mount_folders(
     container: Mapping[str, Any],
     folder: Path,
     read_configmap: Callable[[str], Mapping[str, str]],
+    read_secret: Callable[[str], Mapping[str, str]] | None = None,
 ) -> dict[str, Path]:
     """Container mount path -> a local folder holding what the volume would."""
     volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
@@ -167,6 +171,11 @@ def mount_folders(
         if "configMap" in volume:
             for key, text in read_configmap(volume["configMap"]["name"]).items():
                 (local / key).write_text(text)
+        elif "secret" in volume and read_secret is not None:
+            data = read_secret(volume["secret"]["secretName"])
+            items = volume["secret"].get("items") or [{"key": k, "path": k} for k in data]
+            for item in items:
+                (local / item["path"]).write_text(data[item["key"]])
         elif "emptyDir" not in volume:
             raise AssertionError(f"volume {volume} of pod {pod['metadata']['name']}: unsupported")
         mounts[mount["mountPath"]] = local
@@ -214,7 +223,7 @@ def pod_process(
     (container,) = pod["spec"]["containers"]
     folder = workdir / pod["metadata"]["name"]
     folder.mkdir(parents=True, exist_ok=True)
-    mounts = mount_folders(pod, container, folder, read_configmap)
+    mounts = mount_folders(pod, container, folder, read_configmap, read_secret)
     env = {
         k: localize(v, mounts, address)
         for k, v in container_env(container, pod, address, read_secret).items()

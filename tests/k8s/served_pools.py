@@ -107,12 +107,16 @@ def run_pool(
     workdir: Path,
     spec_overrides: dict[str, Any] | None = None,
 ) -> Iterator[RunningPool]:
-    """``spec_overrides`` are set on the pool's spec (top-level keys) before it is applied."""
+    """``spec_overrides`` are set on the pool's spec before it is applied: top-level keys,
+    merged one level down where both are mappings (``router: {tenantsSecret: ...}`` keeps
+    the sample's other router settings)."""
     docs = _yaml_docs(manifest)
     pool = next(d for d in docs if d.get("kind") == "InferencePool")
     name = pool["metadata"]["name"]
-    if spec_overrides:
-        pool["spec"].update(spec_overrides)
+    for key, value in (spec_overrides or {}).items():
+        current = pool["spec"].get(key)
+        both = isinstance(current, dict) and isinstance(value, dict)
+        pool["spec"][key] = {**current, **value} if both else value
         manifest = workdir / manifest.name
         manifest.write_text(yaml.safe_dump_all(docs))
     cluster.kubectl("apply", "-n", namespace, "-f", str(manifest))

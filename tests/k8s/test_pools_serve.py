@@ -29,12 +29,17 @@ from k8s.support import wait_for
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.router.tenants.config import hmac_api_key
 
 pytestmark = pytest.mark.slow
 
 COLOCATED_SAMPLE = REPO / "samples" / "cpu-smollm2.yaml"
 DISAGGREGATED_SAMPLE = REPO / "samples" / "cpu-smollm2-disaggregated.yaml"
 WORKER_TOKEN = "t0ken-of-the-disaggregated-pool"
+# The disaggregated pool's gateway has one tenant, from the user's Secret, its key kept as
+# an HMAC digest under a second Secret key (router.tenantsSecret, router.tenantKeySecret).
+TENANT_API_KEY = "sk-lighthouse-0123456789"
+TENANT_HMAC_SECRET = "hmac-secret-of-the-disaggregated-pool"
 ROUTE_HEADER = "x-kvflow-route"
 
 # Several hundred tokens, well above the disaggregated sample's minRemotePrefillTokens:
@@ -76,6 +81,7 @@ def _served(
     network: LoopbackNetwork,
     workdir: Path,
     worker_token: str | None = None,
+    tenant_api_key: str | None = None,
 ) -> Iterator[RunningPool]:
     cluster.kubectl("create", "namespace", namespace)
     wait_for(  # pods are refused until the namespace's default ServiceAccount exists
@@ -90,6 +96,19 @@ def _served(
         cluster.kubectl("create", "secret", "generic", "pool-token", "-n", namespace,
                         f"--from-literal=token={worker_token}")  # fmt: skip
         overrides = {"workerTokenSecret": {"name": "pool-token", "key": "token"}}
+    if tenant_api_key is not None:  # the user's tenants Secret
+        digest = hmac_api_key(tenant_api_key, TENANT_HMAC_SECRET.encode())
+        tenants = f"tenants:\n- name: lighthouse\n  api_key_hmac_sha256: [{digest}]\n"
+        cluster.kubectl("create", "secret", "generic", "pool-tenants", "-n", namespace,
+                        f"--from-literal=tenants.yaml={tenants}",
+                        f"--from-literal=hmac={TENANT_HMAC_SECRET}")  # fmt: skip
+        overrides = {
+            **(overrides or {}),
+            "router": {
+                "tenantsSecret": {"name": "pool-tenants", "key": "tenants.yaml"},
+                "tenantKeySecret": {"name": "pool-tenants", "key": "hmac"},
+            },
+        }
     try:
         with run_pool(cluster, namespace, sample, network, workdir, overrides) as pool:
             yield pool
@@ -119,7 +138,7 @@ def disaggregated(
     workdir = tmp_path_factory.mktemp("disaggregated-pods")
     # With a worker token: prefill and decode workers then serve only the pool's router.
     with _served(cluster, "t-serve-disaggregated", DISAGGREGATED_SAMPLE, network, workdir,
-                 worker_token=WORKER_TOKEN) as pool:  # fmt: skip
+                 worker_token=WORKER_TOKEN, tenant_api_key=TENANT_API_KEY) as pool:  # fmt: skip
         yield pool
 
 
@@ -130,13 +149,10 @@ class Answer:
     num_prompt_tokens: int
 
 
-def complete(pool: RunningPool, prompt: str) -> Answer:
+def complete(pool: RunningPool, prompt: str, api_key: str = "unused") -> Answer:
     """A greedy completion through the pool's gateway, asking for the route header."""
     client = openai.OpenAI(
-        base_url=f"{pool.gateway_url}/v1",
-        api_key="unused",  # a pool's gateway has no tenants yet (docs/operator.md)
-        max_retries=0,
-        timeout=180,
+        base_url=f"{pool.gateway_url}/v1", api_key=api_key, max_retries=0, timeout=180
     )
     raw = client.completions.with_raw_response.create(
         model=pool.spec["model"]["servedName"],
@@ -181,14 +197,14 @@ def test_disaggregated_sample_serves_like_the_colocated_one(
 
     # A short prompt stays on the decode worker: shipping its KV would cost more than
     # computing it there.
-    short = complete(disaggregated, "The capital of France is")
+    short = complete(disaggregated, "The capital of France is", TENANT_API_KEY)
     assert "Paris" in short.text
     assert decode in short.route and prefill not in short.route, short.route
 
     # A long one is prefilled by the prefill worker, its KV blocks move to the decode
     # worker, which generates: greedy text equal to the colocated pool's.
     reference = complete(colocated, LONG_PROMPT)
-    answer = complete(disaggregated, LONG_PROMPT)
+    answer = complete(disaggregated, LONG_PROMPT, TENANT_API_KEY)
     assert answer.num_prompt_tokens >= threshold + 200, answer.num_prompt_tokens
     assert prefill in answer.route and decode in answer.route, (
         f"{ROUTE_HEADER}: {answer.route!r} should name prefill {prefill} and decode {decode}"
@@ -201,3 +217,8 @@ def test_disaggregated_sample_serves_like_the_colocated_one(
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
             pb_grpc.WorkerStub(channel).Health(pb.HealthRequest(), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    # Its gateway serves only the tenant of the user's Secret (router.tenantsSecret).
+    for wrong in ("unused", TENANT_HMAC_SECRET):
+        with pytest.raises(openai.AuthenticationError):
+            complete(disaggregated, "The capital of France is", wrong)

@@ -229,6 +229,35 @@ def test_router_finds_workers_by_dns_and_reads_redis_from_a_secret() -> None:
     assert env["KVFLOW_REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis", "key": "url"}}
 
 
+def test_router_reads_tenants_from_the_users_secret_without_rolling_on_a_change() -> None:
+    tenants = {"name": "pool-tenants", "key": "tenants.yaml"}
+    spec = spec_of(router={"tenantsSecret": tenants,
+                           "tenantKeySecret": {"name": "pool-tenants", "key": "hmac"}})  # fmt: skip
+    args = router_args(POOL, spec)
+    assert args[args.index("--tenants-file") + 1] == "/etc/kvflow-tenants/tenants.yaml"
+    deployment = build(spec)[ChildKey("apps/v1", "Deployment", "p-router")]
+    pod = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # A whole-volume mount (never subPath), so the kubelet's updates reach the file.
+    assert volumes["tenants"]["secret"] == {
+        "secretName": "pool-tenants",
+        "items": [{"key": "tenants.yaml", "path": "tenants.yaml"}],
+    }
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tenants"]
+    assert mount == {"name": "tenants", "mountPath": "/etc/kvflow-tenants", "readOnly": True}
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["KVFLOW_TENANT_KEY_SECRET"]["valueFrom"] == {
+        "secretKeyRef": {"name": "pool-tenants", "key": "hmac"}
+    }
+    # The Secret's contents are not in the pod template: changing them rolls nothing.
+    plain = build(spec_of())[ChildKey("apps/v1", "Deployment", "p-router")]
+    assert (
+        deployment["spec"]["template"]["metadata"]["annotations"]
+        == plain["spec"]["template"]["metadata"]["annotations"]
+    )
+    assert "--tenants-file" not in router_args(POOL, spec_of())
+
+
 def test_routing_config_change_rolls_the_routers() -> None:
     def config_hash(spec: v1alpha1.InferencePoolSpec) -> str:
         deployment = build(spec)[ChildKey("apps/v1", "Deployment", "p-router")]

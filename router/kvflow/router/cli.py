@@ -11,12 +11,14 @@ import math
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import uvloop
 
 from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
-from kvflow.router.tenants.config import TenantConfigError, hash_api_key
+from kvflow.router.tenants.config import TenantConfigError, hash_api_key, hmac_api_key
+from kvflow.router.tenants.source import KEY_SECRET_ENV, key_secret_from_env
 from kvflow.router.text.tokenizer import TokenizerLoadError
 from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.discovery import DiscoveryConfigError, parse_worker_list
@@ -69,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
         help="YAML: routing weights, tenants, public prefixes, limits, disaggregation",
     )
     p.add_argument(
+        "--tenants-file",
+        help="YAML list of tenants (the config's tenants section), re-read when it changes: "
+        "a mounted Secret on Kubernetes (docs/router.md, Tenants)",
+    )
+    p.add_argument(
         "--redis-url",
         help="share quotas across router replicas (redis://host:6379/0); default: in-process",
     )
@@ -98,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hash-api-key",
         action="store_true",
-        help="read an API key from stdin, print the api_key_sha256 value for --config, exit",
+        help="read an API key from stdin, print its api_key_sha256 digest, or with "
+        f"{KEY_SECRET_ENV} set its api_key_hmac_sha256 digest, and exit",
     )
     return p
 
@@ -108,7 +116,8 @@ def parse_args(argv: Sequence[str]) -> RouterSettings | None:
     args = _parser().parse_args(list(argv))
     if args.hash_api_key:
         key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline()
-        print(hash_api_key(key.strip()))
+        secret = key_secret_from_env()
+        print(hash_api_key(key.strip()) if secret is None else hmac_api_key(key.strip(), secret))
         return None
     return RouterSettings(
         host=args.host,
@@ -124,6 +133,7 @@ def parse_args(argv: Sequence[str]) -> RouterSettings | None:
         seed=args.seed,
         deadlines=StreamDeadlines(args.first_token_timeout_s, args.token_stall_timeout_s),
         drain_grace_s=args.drain_grace_s,
+        tenants_file=Path(args.tenants_file) if args.tenants_file else None,
     )
 
 
@@ -190,7 +200,10 @@ def main(argv: Sequence[str]) -> int:
         # bind the socket first); about 2x cheaper per request than asyncio's own loop.
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_serve(settings))
-    except (TokenizerLoadError, ConfigError, RoutingConfigError, DiscoveryConfigError) as exc:
+    except (
+        TokenizerLoadError, ConfigError, TenantConfigError, RoutingConfigError,
+        DiscoveryConfigError,
+    ) as exc:  # fmt: skip
         print(f"kvflow router: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -103,6 +103,8 @@ class RouterSettings:
     # Each attempt's first-token and token-stall deadlines (workers/deadlines.py).
     deadlines: StreamDeadlines = field(default_factory=StreamDeadlines)
     drain_grace_s: float = DEFAULT_DRAIN_GRACE_S  # after SIGTERM, for running requests
+    # Tenants from this file instead of the config's section, re-read when it changes.
+    tenants_file: Path | None = None
 
 
 def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -283,6 +283,18 @@ class RouterSpec:
     port: int = field("Port of the gateway Service.", 80, minimum=1, maximum=65535)
     scorer_weights: ScorerWeights = field("Routing weights.", ScorerWeights())
     redis: RedisSpec = field("Shared state for router replicas.", RedisSpec())
+    tenants_secret: SecretKeyRef | None = field(
+        """A Secret key holding the gateway's tenants: the `tenants:` list of docs/router.md
+        (names, API key digests, models, quotas, priorities). Mounted into the router pods
+        and re-read when the Secret changes, without a restart. Unset: the gateway accepts
+        any API key.""",
+        None,
+    )
+    tenant_key_secret: SecretKeyRef | None = field(
+        """A Secret key holding the server-side secret that the tenants'
+        api_key_hmac_sha256 digests are made with (KVFLOW_TENANT_KEY_SECRET).""",
+        None,
+    )
     disaggregation: DisaggregationSpec = field(
         "Per-request disaggregation policy (used in mode disaggregated).", DisaggregationSpec()
     )

@@ -24,6 +24,11 @@ CONFIG_MOUNT = "/etc/kvflow"
 CONFIG_KEY = "router.yaml"
 CONFIG_HASH_ANNOTATION = "kvflow.io/router-config-sha256"
 REDIS_URL_ENV = "KVFLOW_REDIS_URL"
+# The tenants Secret: a volume of its own (not subPath, so the kubelet's updates reach the
+# running router, which re-reads the file), beside the ConfigMap, not inside its mount.
+TENANTS_MOUNT = "/etc/kvflow-tenants"
+TENANTS_FILE = "tenants.yaml"
+TENANT_KEY_SECRET_ENV = "KVFLOW_TENANT_KEY_SECRET"
 
 
 def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
@@ -92,6 +97,8 @@ def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
         args += ["--redis-url", f"$({REDIS_URL_ENV})"]
     elif redis.url:
         args += ["--redis-url", redis.url]
+    if spec.router.tenants_secret is not None:
+        args += ["--tenants-file", f"{TENANTS_MOUNT}/{TENANTS_FILE}"]
     return args
 
 
@@ -112,20 +119,22 @@ def router_deployment(
         scratch_mount,
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
     ]
+    tenants = router.tenants_secret
+    if tenants is not None:
+        items: Json = [{"key": tenants.key, "path": TENANTS_FILE}]
+        volumes.append({"name": "tenants", "secret": {"secretName": tenants.name, "items": items}})
+        mounts.append({"name": "tenants", "mountPath": TENANTS_MOUNT, "readOnly": True})
     model_volume = pods.model_volume(spec.model)  # the router tokenizes with the model's files
     if model_volume is not None:
         volumes.append(model_volume[0])
         mounts.append(model_volume[1])
 
     env = [*pods.common_env(), *pods.worker_token_env(spec)]
-    if router.redis.url_secret is not None:
-        ref = router.redis.url_secret
-        env.append(
-            {
-                "name": REDIS_URL_ENV,
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-            }
-        )
+    for name, ref in ((REDIS_URL_ENV, router.redis.url_secret),
+                      (TENANT_KEY_SECRET_ENV, router.tenant_key_secret)):  # fmt: skip
+        if ref is not None:
+            secret_ref: Json = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
+            env.append({"name": name, "valueFrom": secret_ref})
 
     container: dict[str, Json] = {
         "name": "router",

@@ -29,9 +29,10 @@ from kvflow.router.serving.prompts import PromptBuilder
 from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.serving.token_budget import TokenPolicy, token_policy
 from kvflow.router.settings import ConfigError, RouterSettings
-from kvflow.router.tenants.config import ANONYMOUS, MaxTokensLimits, Tenant
+from kvflow.router.tenants.config import ANONYMOUS, MaxTokensLimits, Tenant, parse_tenants
 from kvflow.router.tenants.redis_store import RedisQuotaStore
 from kvflow.router.tenants.service import QuotaService
+from kvflow.router.tenants.source import TenantSource, key_secret_from_env
 from kvflow.router.text.generation_config import SamplingDefaults
 from kvflow.router.text.model_files import TextModel, load_text_model
 from kvflow.router.workers.discovery import DnsWorkers, StaticWorkers, parse_address
@@ -67,6 +68,10 @@ class Gateway:
     # Sheds load (429/503) before the workers' queues make latency collapse; the service
     # consults it (serving/admission_control.py). None: no admission control.
     admission: AdmissionControl | None = None
+    # The tenants in force (the config's, or a file's, re-read when it changes).
+    tenants: TenantSource = field(
+        default_factory=lambda: TenantSource(parse_tenants(None), None, None)
+    )
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -96,7 +101,7 @@ class Gateway:
         return sorted(self.pool.known_models())
 
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
-        tenants = self.settings.config.tenants
+        tenants = self.tenants.current
         if tenants.is_open:
             return ANONYMOUS
         authorization = headers.get("authorization", "")
@@ -208,7 +213,8 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         text.sampling_defaults_source,
         "" if config.use_generation_config else ", ignored: sampling.generation_config none",
     )
-    if config.tenants.is_open:
+    tenants = TenantSource(config.tenants, settings.tenants_file, key_secret_from_env())
+    if tenants.current.is_open:
         log.warning("no tenants configured: the gateway accepts any API key (one shared cache)")
     return Gateway(
         settings=settings,
@@ -225,4 +231,5 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         sampling_defaults=defaults,
         max_tokens=max_tokens,
         admission=admission,
+        tenants=tenants,
     )

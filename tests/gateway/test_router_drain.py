@@ -86,7 +86,7 @@ def test_sigterm_lets_a_running_stream_finish_while_ready_and_new_requests_say_5
         assert usage["completion_tokens"] == num_tokens  # type: ignore[index]
         stream_done_s = time.monotonic()
         assert gateway.proc.wait(timeout=10) == 0
-        assert time.monotonic() - stream_done_s < 3.0  # it stops once drained, not at grace
+        assert time.monotonic() - stream_done_s < 5.0  # once drained, not at the grace (30 s)
         assert "drained: every request finished" in gateway.log
 
 

@@ -7,12 +7,10 @@ are fanned out from the same thread right after the step that caused them, which
 makes a snapshot plus the events after it exact.
 
 For prefill/decode disaggregation the loop also wires the engine to the KV transfer
-agent: a decode-side reservation hands its reserved blocks to a receive and gets a ticket
-(published to the request's stream), a prefill-side request whose blocks are computed has
-them sent; transfers read and write the cache in place on their own threads (a 1 GiB
-gather or scatter no longer stalls this thread), and end with an event posted back to this
-thread like any other command. Before this thread frees the blocks of a request in
-transfer, it cancels the transfer, which returns only once nothing touches them.
+agent through ``kv_handoff`` (reservations received, computed blocks sent; transfers run
+on their own threads, so a 1 GiB gather or scatter never stalls this one, and end with a
+command posted back here). Before this thread frees the blocks of a request in transfer,
+it cancels the transfer, which returns only once nothing touches them.
 """
 
 from __future__ import annotations
@@ -22,16 +20,15 @@ import contextlib
 import logging
 import os
 import threading
-import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
 from kvflow.engine_worker.core.errors import EngineError, EngineOverloadedError
-from kvflow.engine_worker.core.request import FinishReason, KvBlockRange
+from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.engine_worker.kv_handoff import KvHandoff
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats
-from kvflow.engine_worker.kv_transfer.base import KvTransferError, SendTarget
-from kvflow.engine_worker.kv_transfer.blocks import InPlaceBlockIO, TransferBlocks
+from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import (
     BlockIO,
@@ -42,7 +39,6 @@ from kvflow.engine_worker.loop_records import (
     PrefillResult,
     StepObserver,
     TransferObserver,
-    TransferRecord,
 )
 
 log = logging.getLogger(__name__)
@@ -78,8 +74,14 @@ class EngineLoop:
         self.kv = kv
         self.blocks = blocks
         assert (kv is None) == (blocks is None)
-        self._remote_timeouts: dict[str, float] = {}  # decode: request id -> seconds
-        self._send_targets: dict[str, tuple[SendTarget, float]] = {}  # prefill
+        self.handoff = (
+            None
+            if kv is None or blocks is None
+            else KvHandoff(
+                engine, kv, blocks, on_transfer=on_transfer,
+                post=self._post, push=self._push, deliver=self._deliver,
+            )
+        )  # fmt: skip
         self.load = LoadSnapshot(num_total_blocks=engine.kv_cache.num_total_blocks)
         self._cond = threading.Condition()
         self._inbox: list[Callable[[], None]] = []
@@ -133,8 +135,8 @@ class EngineLoop:
 
         def add() -> None:
             if wants_remote_kv:
-                assert remote_kv_timeout_s is not None
-                self._remote_timeouts[request_id] = remote_kv_timeout_s
+                assert remote_kv_timeout_s is not None and self.handoff is not None
+                self.handoff.remote_timeouts[request_id] = remote_kv_timeout_s
             self.engine.add_request(
                 request_id,
                 prompt_token_ids,
@@ -169,11 +171,12 @@ class EngineLoop:
         to ``target``. Raises InvalidRequestError, EngineOverloadedError or KvTransferError;
         cancelling it aborts the request and frees its blocks."""
         self._check_accepting()
-        if self.kv is None:
+        handoff = self.handoff
+        if handoff is None:
             raise EngineOverloadedError("this worker has no KV transport; it cannot prefill")
 
         def add() -> None:
-            self._send_targets[request_id] = (target, timeout_s)
+            handoff.send_targets[request_id] = (target, timeout_s)
             self.engine.add_prefill_request(
                 request_id,
                 prompt_token_ids,
@@ -213,8 +216,8 @@ class EngineLoop:
             try:
                 add()
             except EngineError as exc:
-                self._remote_timeouts.pop(request_id, None)
-                self._send_targets.pop(request_id, None)
+                if self.handoff is not None:
+                    self.handoff.forget(request_id)
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
                 return
             self._streams[request_id] = (loop, queue)
@@ -243,8 +246,8 @@ class EngineLoop:
         def abort() -> None:
             if self.kv is not None:
                 self.kv.cancel(request_id)
-            self._remote_timeouts.pop(request_id, None)
-            self._send_targets.pop(request_id, None)
+            if self.handoff is not None:
+                self.handoff.forget(request_id)
             out = self.engine.abort_request(request_id)
             if out is not None:
                 self._deliver(out)
@@ -274,102 +277,13 @@ class EngineLoop:
 
     def _handle(self, out: RequestOutput) -> None:
         if out.kv_reserved is not None:
-            self._on_reserved(out.request_id, out.kv_reserved)
+            assert self.handoff is not None
+            self.handoff.on_reserved(out.request_id, out.kv_reserved)
         elif out.kv_to_send is not None:
-            self._on_kv_ready(out.request_id, out.kv_to_send)
+            assert self.handoff is not None
+            self.handoff.on_kv_ready(out.request_id, out.kv_to_send)
         else:
             self._deliver(out)
-
-    # -- PD on the engine thread -------------------------------------------------------------
-
-    def _blocks_to_receive(
-        self, block_ids: Sequence[int]
-    ) -> tuple[TransferBlocks, Callable[[], None]]:
-        """Where a transfer lands, and what this thread does once it has landed."""
-        runner = self.blocks
-        assert runner is not None
-        if isinstance(runner, InPlaceBlockIO):
-            return runner.transfer_blocks(block_ids), lambda: None
-        buffer = runner.empty_blocks(len(block_ids))
-        return TransferBlocks.of_buffer(buffer), lambda: runner.write_blocks(block_ids, buffer)
-
-    def _blocks_to_send(self, block_ids: Sequence[int]) -> TransferBlocks:
-        assert self.blocks is not None
-        if isinstance(self.blocks, InPlaceBlockIO):
-            return self.blocks.transfer_blocks(block_ids)
-        return TransferBlocks.of_buffer(self.blocks.read_blocks(block_ids))
-
-    def _on_reserved(self, request_id: str, kv_range: KvBlockRange) -> None:
-        timeout_s = self._remote_timeouts.pop(request_id, 0.0)
-        if not kv_range.block_ids:
-            reservation = KvReservationOut(
-                request_id, kv_range.first_token, kv_range.end_token, None
-            )
-            self._push(request_id, reservation)
-            return
-        assert self.kv is not None
-        blocks, land = self._blocks_to_receive(kv_range.block_ids)
-        started_s = time.perf_counter()
-
-        def on_done(error: KvTransferError | None) -> None:
-            self._observe("receive", error, blocks.num_bytes, time.perf_counter() - started_s)
-            self._post(lambda: self._on_received(request_id, kv_range, land, error))
-
-        ticket = self.kv.receive(request_id, blocks, timeout_s, on_done)
-        self._push(
-            request_id,
-            KvReservationOut(request_id, kv_range.first_token, kv_range.end_token, ticket),
-        )
-
-    def _on_received(
-        self,
-        request_id: str,
-        kv_range: KvBlockRange,
-        land: Callable[[], None],
-        error: KvTransferError | None,
-    ) -> None:
-        request = self.engine.scheduler.waiting_for_kv.get(request_id)
-        if request is None or request.kv_range != kv_range:
-            return  # aborted meanwhile: its blocks are already free
-        if error is None:
-            land()
-            self.engine.remote_kv_landed(request_id)
-            return
-        log.warning("request %s: no remote KV (%s); computing the prompt here", request_id, error)
-        self.engine.remote_kv_failed(request_id)
-
-    def _on_kv_ready(self, request_id: str, kv_range: KvBlockRange) -> None:
-        assert self.kv is not None
-        target, timeout_s = self._send_targets.pop(request_id)
-        blocks = self._blocks_to_send(kv_range.block_ids)
-
-        def on_done(result: SendStats | KvTransferError) -> None:
-            self._post(lambda: self._on_sent(request_id, result))
-
-        self.kv.send(request_id, target, blocks, timeout_s, on_done)
-
-    def _observe(
-        self, direction: str, error: KvTransferError | None, num_bytes: int, s: float
-    ) -> None:
-        if self.on_transfer is not None:
-            num_bytes = 0 if error is not None else num_bytes
-            outcome = "ok" if error is None else error.kind
-            self.on_transfer(TransferRecord(direction, outcome, num_bytes, s))
-
-    def _on_sent(self, request_id: str, result: SendStats | KvTransferError) -> None:
-        if self.on_transfer is not None:
-            if isinstance(result, SendStats):
-                record = TransferRecord("send", "ok", result.num_bytes, result.transfer_s)
-            else:
-                record = TransferRecord("send", result.kind, 0, 0.0)
-            self.on_transfer(record)
-        if isinstance(result, KvTransferError):
-            log.warning("request %s: sending KV failed: %s", request_id, result)
-        out = self.engine.complete_kv_send(request_id, is_sent=isinstance(result, SendStats))
-        if out is None:
-            return  # aborted meanwhile
-        self._push(request_id, result)  # an error is raised in the caller
-        self._deliver(out)
 
     def _run(self) -> None:
         while True:

@@ -146,8 +146,6 @@ async def _serve(settings: RouterSettings) -> None:
     from kvflow.router.api.server import DrainingServer
 
     gateway = build_gateway(settings)
-    # build_gateway (api/gateway.py) does not pass the deadlines to the executor yet.
-    gateway.service.set_stream_deadlines(settings.deadlines)
     drain = DrainState(settings.drain_grace_s)
     # Everything loaded so far (tokenizer tables, templates, the app) lives as long as the
     # process: freezing it keeps the garbage collector from re-scanning it on every full

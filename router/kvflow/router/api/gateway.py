@@ -177,7 +177,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         admission,
         pool,
         placement,
-        PlanExecutor(pool, metrics, config.disaggregation),
+        PlanExecutor(pool, metrics, config.disaggregation, settings.deadlines),
         sessions,
         text.tokenizer,
         _public_prefixes(settings, text),

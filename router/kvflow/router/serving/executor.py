@@ -43,6 +43,7 @@ from kvflow.router.workers.client import WorkerClient
 from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.errors import (
     RequestRejectedError,
+    WorkerBusyError,
     WorkerDownError,
     WorkerError,
     WorkerStalledError,
@@ -67,11 +68,15 @@ def worker_timed_out(message: str) -> ApiError:
 
 
 class AttemptFailedError(Exception):
-    """This attempt failed before the client saw anything: exclude ``worker_ids``, re-plan."""
+    """This attempt failed before the client saw anything: exclude ``worker_ids``, re-plan.
+    ``retry_after_s``: a busy worker's own estimate of when it takes requests again."""
 
-    def __init__(self, why: str, worker_ids: frozenset[WorkerId]) -> None:
+    def __init__(
+        self, why: str, worker_ids: frozenset[WorkerId], retry_after_s: float | None = None
+    ) -> None:
         super().__init__(why)
         self.worker_ids = worker_ids
+        self.retry_after_s = retry_after_s
 
 
 def prefill_failure_kind(exc: WorkerError) -> str:
@@ -220,4 +225,5 @@ class PlanExecutor:
             return invalid_request(f"The worker refused the request: {exc.detail}")
         if isinstance(exc, WorkerDownError):
             self._pool.mark_failed(WorkerId(exc.worker_id), exc.detail)
-        return AttemptFailedError(str(exc), frozenset({WorkerId(exc.worker_id)}))
+        retry_after_s = exc.retry_after_s if isinstance(exc, WorkerBusyError) else None
+        return AttemptFailedError(str(exc), frozenset({WorkerId(exc.worker_id)}), retry_after_s)

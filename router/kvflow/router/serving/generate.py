@@ -28,7 +28,6 @@ from kvflow.router.serving.executor import AttemptFailedError, PlanExecutor
 from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.text.tokenizer import TextTokenizer
-from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.pool import WorkerPool
 from kvflow.router.workers.records import GenerateInput
 
@@ -60,10 +59,6 @@ class GenerationService:
         self._public = public_prefixes
         self._metrics = metrics
         self._hasher = CachedBlockHasher()
-
-    def set_stream_deadlines(self, deadlines: StreamDeadlines) -> None:
-        """The first-token and token-stall deadlines of every attempt from now on."""
-        self._executor.deadlines = deadlines
 
     def model_info(self, model: str) -> pb.WorkerInfo:
         """A healthy worker's facts for ``model``, or a 503 when none is up."""
@@ -152,6 +147,7 @@ class GenerationService:
                               num_public)  # fmt: skip
         excluded: set[WorkerId] = set()
         last_failure = ""
+        busy_retry_after_s: list[float] = []  # the hints of the workers that were full
         for attempt in range(MAX_ATTEMPTS):
             plan = self._plan(caller, hashes, excluded)
             if plan is None:
@@ -178,6 +174,8 @@ class GenerationService:
                 last_failure = str(exc)
                 log.warning("%s: failing over: %s", request.request_id, exc)
                 excluded |= exc.worker_ids
+                if exc.retry_after_s is not None:
+                    busy_retry_after_s.append(exc.retry_after_s)
                 self._metrics.failovers.inc()
                 continue
             for item in sink:
@@ -189,7 +187,9 @@ class GenerationService:
         raise no_worker_available(
             f"No worker could take this request for '{caller.model}'"
             + (f"; the last failure was {last_failure}" if last_failure else "")
-            + "; retry shortly."
+            + "; retry shortly.",
+            # The soonest a worker that refused for a full queue said it takes requests.
+            retry_after_s=max(1.0, min(busy_retry_after_s, default=1.0)),
         )
 
     def _first_message(self, trace: RequestTrace) -> None:

@@ -6,6 +6,9 @@ prefill); nothing above this module reads a status code or an exception's text.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import grpc
 
 from kvflow.router.workers.deadlines import DeadlineMiss
@@ -41,12 +44,37 @@ class WorkerStalledError(WorkerTimeoutError):
         self.miss = miss
 
 
+class WorkerBusyError(WorkerError):
+    """The worker's queue is full (RESOURCE_EXHAUSTED): healthy, so not marked down; try
+    another. ``retry_after_s`` is its own estimate of when it will take requests again
+    (gRFC A6's ``grpc-retry-pushback-ms`` trailer), None when it sent none."""
+
+    def __init__(self, worker_id: str, detail: str, retry_after_s: float | None) -> None:
+        super().__init__(worker_id, detail)
+        self.retry_after_s = retry_after_s
+
+
 class WorkerCallError(WorkerError):
     """Anything else: aborted, out of resources, a stream that ended without finishing."""
 
 
 _DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                          grpc.StatusCode.UNKNOWN})  # fmt: skip
+
+
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def _pushback_s(exc: grpc.aio.AioRpcError) -> float | None:
+    # At run time grpc.aio.Metadata, iterated as (key, value) pairs; the stubs disagree.
+    pairs = cast("Iterable[tuple[str, str | bytes]]", exc.trailing_metadata() or ())
+    for key, value in pairs:
+        if key == RETRY_PUSHBACK_KEY:
+            try:
+                return max(0.0, int(value) / 1000)
+            except ValueError:
+                return None
+    return None
 
 
 # What a gRPC call can raise: a status from the worker, or a call on a channel the pool has
@@ -66,4 +94,6 @@ def from_grpc_error(worker_id: str, exc: Exception) -> WorkerError:
         return RequestRejectedError(worker_id, detail)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return WorkerTimeoutError(worker_id, detail)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return WorkerBusyError(worker_id, detail, _pushback_s(exc))
     return WorkerCallError(worker_id, detail)

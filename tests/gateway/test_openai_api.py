@@ -84,6 +84,24 @@ def test_models_health_ready_and_metrics(client: openai.OpenAI, gateway: Gateway
     assert "kvflow_router_workers_healthy 2.0" in metrics
 
 
+def test_the_gateway_measures_inter_token_latency(
+    client: openai.OpenAI, gateway: GatewayProcess
+) -> None:
+    def itl_count() -> float:
+        for line in httpx.get(f"{gateway.url}/metrics").text.splitlines():
+            if line.startswith("kvflow_router_itl_seconds_count "):
+                return float(line.split()[1])
+        raise AssertionError("no kvflow_router_itl_seconds_count")
+
+    before = itl_count()
+    stream = client.completions.create(
+        model=MODEL, prompt="Tell me", max_tokens=12, stream=True, extra_body=NO_EOS
+    )
+    num_messages = sum(1 for chunk in stream if chunk.choices and chunk.choices[0].text)
+    # One gap per token message after the first (the simulated worker sends one per step).
+    assert num_messages >= 2 and itl_count() - before == 11
+
+
 def test_chat_non_streaming_counts_usage_exactly(client: openai.OpenAI) -> None:
     text_model = load_text_model(None)
     prompt = text_model.chat_template.render(MESSAGES)  # type: ignore[union-attr]

@@ -90,7 +90,14 @@ ROWS: dict[str, list[Panel]] = {
             "s",
             quantiles("kvflow_router_tpot_seconds"),
             "Per request, (last token - first token) / (completion tokens - 1), at the "
-            "gateway. Gateway-side ITL is not exported yet: see Workers > ITL.",
+            "gateway.",
+        ),
+        Panel(
+            "ITL",
+            "s",
+            quantiles("kvflow_router_itl_seconds"),
+            "Inter-token latency as clients see it: the time between a choice's successive "
+            "token messages at the gateway.",
         ),
         Panel(
             "End to end",

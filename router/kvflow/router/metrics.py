@@ -70,6 +70,13 @@ class RouterMetrics:
             buckets=_TPOT_BUCKETS_S,
             registry=r,
         )
+        self.itl_s = Histogram(
+            "kvflow_router_itl_seconds",
+            "Inter-token latency at the gateway: time between a choice's successive token "
+            "messages from its worker",
+            buckets=_TPOT_BUCKETS_S,
+            registry=r,
+        )
         self.e2e_s = Histogram(
             "kvflow_router_e2e_seconds",
             "Request arrival at the gateway to its last token",

@@ -7,6 +7,7 @@ A stop string ends the choice early: the worker's request is aborted and its fin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from kvflow.router.protocol.errors import worker_failed
@@ -31,7 +32,10 @@ class ChoiceStream:
         tokenizer: TextTokenizer,
         emit: Emit,
         on_first_message: Callable[[], None],
+        on_token_gap: Callable[[float], None] | None = None,
     ) -> None:
+        """``on_token_gap``: the seconds between this choice's successive token messages
+        (the gateway's inter-token latency, as its clients see it)."""
         self._spec = spec
         self._decoder = ChoiceDecoder(
             spec.index,
@@ -45,6 +49,8 @@ class ChoiceStream:
         )
         self._emit = emit
         self._on_first_message = on_first_message
+        self._on_token_gap = on_token_gap
+        self._last_message_s = 0.0
         self.has_output = False  # a chunk arrived: a retry is no longer invisible
 
     async def run(self, stream: WorkerStream, first: TokenChunk | None = None) -> None:
@@ -62,9 +68,14 @@ class ChoiceStream:
 
     async def _feed(self, stream: WorkerStream, chunk: TokenChunk) -> bool:
         """Emit what ``chunk`` adds; True once the choice is complete."""
+        now_s = time.perf_counter()
         if not self.has_output:
             self.has_output = True
             self._on_first_message()
+        elif self._on_token_gap is not None and chunk.token_ids:
+            self._on_token_gap(now_s - self._last_message_s)
+        if chunk.token_ids:
+            self._last_message_s = now_s
         emit = self._emit
         delta = self._decoder.feed(chunk.token_ids, chunk.logprobs)
         if self._decoder.is_stopped:

@@ -167,6 +167,7 @@ class GenerationService:
                 self._tokenizer,
                 sink.append if buffered else queue.put_nowait,
                 lambda: self._first_message(trace),
+                self._metrics.itl_s.observe,
             )
             try:
                 await self._executor.run(plan, request, choice, is_buffered=buffered)

@@ -89,8 +89,7 @@ ROWS: dict[str, list[Panel]] = {
             "TPOT",
             "s",
             quantiles("kvflow_router_tpot_seconds"),
-            "Per request, (last token - first token) / (completion tokens - 1), at the "
-            "gateway.",
+            "Per request, (last token - first token) / (completion tokens - 1), at the gateway.",
         ),
         Panel(
             "ITL",

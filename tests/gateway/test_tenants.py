@@ -27,8 +27,8 @@ SYSTEM = "You are the support assistant of Example Corp. Answer briefly and poli
 TENANTS = {
     "alice": {"requests_per_minute": 4},
     "carol": {"models": ["another-model"]},
-    "dave": {},
-    "erin": {},
+    "dave": {"admin": True},  # they may see route explanations (x-kvflow-route)
+    "erin": {"admin": True},
     "frank": {"requests_per_minute": 2},
     "gina": {"max_concurrent_requests": 1},
 }
@@ -169,6 +169,18 @@ def _route_blocks(
     assert r.status_code == 200, r.text
     blocks = int(float(re.search(r"prefix_blocks=([^;]+)", r.headers["x-kvflow-route"]).group(1)))  # type: ignore[union-attr]
     return blocks, r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_route_explanations_are_for_admin_tenants_only(gateways: list[GatewayProcess]) -> None:
+    # A prompt shorter than a block: it leaves nothing cached for the other tests.
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    for tenant, shown in (("dave", True), ("gina", False)):
+        headers = {"authorization": f"Bearer {key(tenant)}", "x-kvflow-route": "1"}
+        r = httpx.post(f"{gateways[0].base_url}/completions", json=body, timeout=60,
+                       headers=headers)  # fmt: skip
+        assert r.status_code == 200, r.text
+        # Worker addresses and scores are the operator's business, not every tenant's.
+        assert ("x-kvflow-route" in r.headers) is shown, (tenant, r.headers)
 
 
 def test_one_tenants_cache_is_invisible_to_another(gateways: list[GatewayProcess]) -> None:

@@ -98,7 +98,9 @@ def _served(
         overrides = {"workerTokenSecret": {"name": "pool-token", "key": "token"}}
     if tenant_api_key is not None:  # the user's tenants Secret
         digest = hmac_api_key(tenant_api_key, TENANT_HMAC_SECRET.encode())
-        tenants = f"tenants:\n- name: lighthouse\n  api_key_hmac_sha256: [{digest}]\n"
+        tenants = (  # admin: the test reads the route explanations (x-kvflow-route)
+            f"tenants:\n- name: lighthouse\n  api_key_hmac_sha256: [{digest}]\n  admin: true\n"
+        )
         cluster.kubectl("create", "secret", "generic", "pool-tenants", "-n", namespace,
                         f"--from-literal=tenants.yaml={tenants}",
                         f"--from-literal=hmac={TENANT_HMAC_SECRET}")  # fmt: skip

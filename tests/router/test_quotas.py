@@ -125,6 +125,7 @@ def test_tenant_config_parsing() -> None:
         ({"name": "a", "api_key_sha256": "sk-plain-key"}, "hash-api-key"),
         ({"name": "a", "api_key_sha256": key_hash, "requests_per_minute": 0}, "positive"),
         ({"name": "a", "api_key_sha256": key_hash, "rpm": 3}, "unknown fields"),
+        ({"name": "a", "api_key_sha256": key_hash, "admin": "yes"}, "admin"),
     ]
     for raw, fragment in bad:
         with pytest.raises(TenantConfigError, match=fragment):

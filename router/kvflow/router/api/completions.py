@@ -132,7 +132,9 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     created_s = int(time.time())
     is_echo = isinstance(parsed, CompletionRequest) and parsed.echo
     echo = [p.text for p in prompts] if is_echo else None
-    want_route = ROUTE_DEBUG_HEADER in request.headers
+    # Worker addresses and scores: for admin tenants only (and the one caller of a gateway
+    # without tenants); anyone else asking gets the answer without them.
+    want_route = ROUTE_DEBUG_HEADER in request.headers and tenant.is_admin
     if not parsed.stream:
         try:
             return await _collect(request, parsed, stream, accounting, response_id, created_s,

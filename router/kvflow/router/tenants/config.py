@@ -68,6 +68,8 @@ class Tenant:
     quotas: Quotas
     cache_salt: str
     max_tokens: MaxTokensLimits = MaxTokensLimits()
+    # May ask for route explanations (x-kvflow-route: worker addresses, scores).
+    is_admin: bool = False
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -75,7 +77,8 @@ class Tenant:
 
 # With no tenants configured (kvflow up), every caller is this one: no limits, and one
 # shared cache, as on a single-user machine.
-ANONYMOUS = Tenant("anonymous", None, 0, Quotas(), cache_salt="")
+# It is the one caller there is, so it may see route explanations too.
+ANONYMOUS = Tenant("anonymous", None, 0, Quotas(), cache_salt="", is_admin=True)
 
 
 def _positive_int(raw: Mapping[str, Any], key: str, where: str) -> int | None:
@@ -94,7 +97,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     known = {
         "name", "api_key_sha256", "api_key_hmac_sha256", "models", "priority", "cache_salt",
         "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
-        "daily_token_budget", "default_max_tokens", "max_tokens_limit",
+        "daily_token_budget", "default_max_tokens", "max_tokens_limit", "admin",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -130,7 +133,11 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     )
     max_tokens = parse_max_tokens_limits(raw, where, TenantConfigError)
     models_set = None if models is None or "*" in models else frozenset(models)
-    return Tenant(name, models_set, priority, quotas, salt, max_tokens), hashes, macs
+    is_admin = raw.get("admin", False)
+    if not isinstance(is_admin, bool):
+        raise TenantConfigError(f"{where}.admin must be true or false")
+    tenant = Tenant(name, models_set, priority, quotas, salt, max_tokens, is_admin)
+    return tenant, hashes, macs
 
 
 def _digests(raw: Mapping[str, Any], key: str, where: str) -> list[str]:

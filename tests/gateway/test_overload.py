@@ -232,3 +232,43 @@ def test_a_tenant_burst_neither_starves_another_nor_escapes_shedding(
     for r in more_a:
         assert_overload_answer(r, 429, "rate_limit_exceeded")
         assert "share of the requests in flight" in r.json()["error"]["message"]
+
+
+@pytest.fixture
+def one_at_a_time_worker() -> Iterator[WorkerProcess]:
+    w = launch_worker(SIM_ARGS, timeout_s=120)
+    yield w
+    w.stop(timeout_s=10)
+
+
+def test_fair_shares_follow_the_tenant_field_not_the_cache_salt(
+    one_at_a_time_worker: WorkerProcess,
+) -> None:
+    """Two tenants configured with one cache salt (sharing a prefix cache on purpose) still
+    get a fair share each: the router sends the tenant's name (GenerateRequest.tenant)."""
+
+    async def finish_order(b_tenant: str) -> list[str]:
+        async with grpc.aio.insecure_channel(one_at_a_time_worker.address) as channel:
+            stub = pb_grpc.WorkerStub(channel)
+            order: list[str] = []
+
+            async def run(request_id: str, tenant: str) -> None:
+                sampling = pb.SamplingParams(max_tokens=8, ignore_eos=True)
+                request = pb.GenerateRequest(
+                    request_id=request_id, prompt_token_ids=list(range(20)), sampling=sampling,
+                    cache_salt="shared", tenant=tenant,
+                )  # fmt: skip
+                async for _ in stub.Generate(request):
+                    pass
+                order.append(request_id)
+
+            flood = [asyncio.create_task(run(f"a{i}", "a")) for i in range(6)]
+            await asyncio.sleep(0.1)  # a0 runs, a1-a5 wait
+            await run("b0", b_tenant)
+            await asyncio.gather(*flood)
+            return order
+
+    # Its own tenant: b0 goes next to a0 (or nearly), not behind the flood.
+    assert asyncio.run(finish_order("b")).index("b0") <= 2
+    # Sharing a's name, b0 is a's seventh request: last.
+    assert asyncio.run(finish_order("a"))[-1] == "b0"

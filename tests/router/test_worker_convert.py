@@ -45,7 +45,8 @@ def test_generate_input_with_and_without_remote_prefill() -> None:
     request = to_generate_request(g)
     assert (request.request_id, list(request.prompt_token_ids)) == ("r-c0-a0", [1, 2, 3])
     assert (request.cache_salt, request.priority, request.num_public_blocks) == ("salt", 2, 1)
-    assert not request.HasField("remote_prefill")
+    assert not request.HasField("remote_prefill") and request.tenant == ""
+    assert to_generate_request(replace(g, tenant="acme")).tenant == "acme"
     request = to_generate_request(replace(g, remote_prefill_timeout_s=2.5))
     assert request.remote_prefill.version == pb.KV_HANDOFF_VERSION_1
     assert request.remote_prefill.timeout_s == 2.5

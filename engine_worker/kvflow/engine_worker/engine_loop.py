@@ -122,6 +122,7 @@ class EngineLoop:
         cache_salt: str = "",
         num_public_blocks: int = 0,
         priority: int = 0,
+        tenant: str | None = None,
         remote_kv_timeout_s: float | None = None,
     ) -> AsyncGenerator[RequestOutput | KvReservationOut]:
         """Outputs of one request until it finishes. Leaving early aborts it and frees its
@@ -144,6 +145,7 @@ class EngineLoop:
                 cache_salt=cache_salt,
                 num_public_blocks=num_public_blocks,
                 priority=priority,
+                tenant=tenant,
                 wants_remote_kv=wants_remote_kv,
             )
 
@@ -166,6 +168,7 @@ class EngineLoop:
         cache_salt: str = "",
         num_public_blocks: int = 0,
         priority: int = 0,
+        tenant: str | None = None,
     ) -> PrefillResult:
         """PD, prefill side: compute the prompt's KV and send blocks [first_token, end_token)
         to ``target``. Raises InvalidRequestError, EngineOverloadedError or KvTransferError;
@@ -185,6 +188,7 @@ class EngineLoop:
                 cache_salt=cache_salt,
                 num_public_blocks=num_public_blocks,
                 priority=priority,
+                tenant=tenant,
             )
 
         stats: SendStats | None = None

@@ -217,6 +217,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 cache_salt=request.cache_salt,
                 num_public_blocks=request.num_public_blocks,
                 priority=request.priority,
+                tenant=request.tenant or None,
                 remote_kv_timeout_s=remote_kv_timeout_s,
             )
             # A client that goes away closes this handler at a yield: close the engine's
@@ -259,6 +260,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 cache_salt=request.cache_salt,
                 num_public_blocks=request.num_public_blocks,
                 priority=request.priority,
+                tenant=request.tenant or None,
             )
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -160,6 +160,7 @@ class GenerationService:
                 cache_salt=salt,
                 priority=caller.tenant.priority,
                 num_public_blocks=num_public,
+                tenant=caller.tenant.name,
             )
             sink: list[ChoiceDelta | ChoiceUsage] = []
             choice = ChoiceStream(

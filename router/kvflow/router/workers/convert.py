@@ -57,6 +57,7 @@ def to_generate_request(g: GenerateInput) -> pb.GenerateRequest:
         cache_salt=g.cache_salt,
         priority=g.priority,
         num_public_blocks=g.num_public_blocks,
+        tenant=g.tenant,
     )
     constraint = g.sampling.constraint
     if constraint is not None:
@@ -101,6 +102,7 @@ def to_prefill_request(p: PrefillInput, destination: KvReservation) -> pb.Prefil
         num_public_blocks=p.num_public_blocks,
         priority=p.priority,
         destination=pb.KvReservation.FromString(destination.wire),
+        tenant=p.tenant,
     )
 
 

@@ -25,6 +25,7 @@ class GenerateInput:
     cache_salt: str
     priority: int
     num_public_blocks: int
+    tenant: str = ""  # keys the workers' fair sharing; empty: the cache salt does
     # Set on the decode half of a disaggregated plan: the worker reserves the blocks it
     # lacks, answers with a KvReservation first, and waits this long for them.
     remote_prefill_timeout_s: float | None = None
@@ -79,6 +80,7 @@ class PrefillInput:
     cache_salt: str
     priority: int
     num_public_blocks: int
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: help setup up test lint fmt proto proto-check bench bench-quick clean \
-	k8s-bins crds manifests helm-check system-deps guidellm
+	k8s-bins crds manifests helm-check system-deps guidellm llamacpp
 
 help:
 	@echo "make up           run kvflow on this machine (installs into $(VENV) on first use)"
@@ -17,6 +17,7 @@ help:
 	@echo "make manifests    regenerate deploy/kvflow-operator.yaml (helm template of the chart)"
 	@echo "make helm-check   helm lint --strict and helm template of helm/kvflow"
 	@echo "make guidellm     install guidellm (vLLM's load generator) into .venv-guidellm"
+	@echo "make llamacpp     install llama-cpp-python[server] into .venv-llamacpp (bench/llamacpp_peer.py)"
 
 setup: $(VENV)/.installed
 
@@ -54,6 +55,16 @@ guidellm: $(GUIDELLM_VENV)/.installed
 $(GUIDELLM_VENV)/.installed:
 	test -x $(GUIDELLM_VENV)/bin/python || python3 -m venv $(GUIDELLM_VENV)
 	$(GUIDELLM_VENV)/bin/python -m pip install -q guidellm==0.8.1
+	touch $@
+
+# llama.cpp's server (llama-cpp-python, built from its PyPI sdist: several minutes on 2 cores,
+# then pip's wheel cache) in a venv of its own: bench/llamacpp_peer.py's peer. Bench only.
+LLAMACPP_VENV ?= .venv-llamacpp
+llamacpp: $(LLAMACPP_VENV)/.installed
+
+$(LLAMACPP_VENV)/.installed:
+	test -x $(LLAMACPP_VENV)/bin/python || python3 -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36'
 	touch $@
 
 proto: setup

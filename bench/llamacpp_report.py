@@ -1,0 +1,136 @@
+"""The llama.cpp vs kvflow table, pure: from `kvflow bench` JSON reports (schema
+`kvflow-bench/1`) of interleaved runs to one row per server and concurrency (the median
+over runs, and the spread of throughput) and kvflow's ratio to llama.cpp."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SERVERS = ("llama.cpp", "kvflow")
+
+
+@dataclass(frozen=True)
+class Row:
+    server: str
+    users: int
+    runs: int
+    output_tokens_per_s: float  # median over runs
+    output_tokens_per_s_min: float
+    output_tokens_per_s_max: float
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    itl_p50_ms: float | None
+    itl_p90_ms: float | None
+    mean_output_tokens: float | None
+    num_ok: int  # summed over runs
+    num_errors: int
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def rows(runs: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Row]:
+    """``runs``: (server, report) pairs; each report's load points are closed-loop users."""
+    points: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for server, report in runs:
+        for point in report["load_points"]:
+            points.setdefault((server, int(point["value"])), []).append(point)
+    out = []
+    for (server, users), found in sorted(
+        points.items(), key=lambda kv: (kv[0][1], SERVERS.index(kv[0][0]))
+    ):
+        lat = [p["latency"] for p in found]
+        thr = [p["throughput"] for p in found]
+        tok_s = [float(t["output_tokens_per_s"]) for t in thr]
+        out.append(
+            Row(
+                server=server,
+                users=users,
+                runs=len(found),
+                output_tokens_per_s=statistics.median(tok_s),
+                output_tokens_per_s_min=min(tok_s),
+                output_tokens_per_s_max=max(tok_s),
+                ttft_p50_ms=_ms(_median([x["ttft_s"]["p50"] for x in lat])),
+                ttft_p90_ms=_ms(_median([x["ttft_s"]["p90"] for x in lat])),
+                itl_p50_ms=_ms(_median([x["itl_s"]["p50"] for x in lat])),
+                itl_p90_ms=_ms(_median([x["itl_s"]["p90"] for x in lat])),
+                mean_output_tokens=_median([t["mean_output_tokens"] for t in thr]),
+                num_ok=sum(int(t["num_ok"]) for t in thr),
+                num_errors=sum(sum(t["errors"].values()) for t in thr),
+            )
+        )
+    return out
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+def ratios(table: Sequence[Row]) -> dict[int, dict[str, float | None]]:
+    """Per concurrency, kvflow / llama.cpp: above 1 is more throughput, or a longer wait."""
+    by_key = {(r.server, r.users): r for r in table}
+    out: dict[int, dict[str, float | None]] = {}
+    for users in sorted({r.users for r in table}):
+        k, ll = by_key.get(("kvflow", users)), by_key.get(("llama.cpp", users))
+        if k is None or ll is None:
+            continue
+        out[users] = {
+            "output_tokens_per_s": _ratio(k.output_tokens_per_s, ll.output_tokens_per_s),
+            "ttft_p50": _ratio(k.ttft_p50_ms, ll.ttft_p50_ms),
+            "ttft_p90": _ratio(k.ttft_p90_ms, ll.ttft_p90_ms),
+            "itl_p50": _ratio(k.itl_p50_ms, ll.itl_p50_ms),
+            "itl_p90": _ratio(k.itl_p90_ms, ll.itl_p90_ms),
+        }
+    return out
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render(table: Sequence[Row]) -> str:
+    header = (
+        "| users | server | out tok/s (min-max) | TTFT P50 ms | P90 | ITL P50 ms | P90 "
+        "| out tok/req | ok | errors |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(
+            f"| {r.users} | {r.server} | {_f(r.output_tokens_per_s)} "
+            f"({_f(r.output_tokens_per_s_min)}-{_f(r.output_tokens_per_s_max)}) "
+            f"| {_f(r.ttft_p50_ms)} | {_f(r.ttft_p90_ms)} | {_f(r.itl_p50_ms)} "
+            f"| {_f(r.itl_p90_ms)} | {_f(r.mean_output_tokens)} | {r.num_ok} | {r.num_errors} |"
+        )
+    lines += [
+        "",
+        "kvflow / llama.cpp (throughput: above 1 is kvflow faster; latency: above 1 "
+        "is kvflow slower)",
+        "",
+        "| users | out tok/s | TTFT P50 | TTFT P90 | ITL P50 | ITL P90 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for users, ratio in ratios(table).items():
+        cells = " | ".join(
+            _f(ratio[k], 2)
+            for k in ("output_tokens_per_s", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
+        )
+        lines.append(f"| {users} | {cells} |")
+    return "\n".join(lines)
+
+
+def as_json(table: Sequence[Row]) -> dict[str, Any]:
+    return {
+        "rows": [asdict(r) for r in table],
+        "ratios_kvflow_over_llamacpp": {str(u): r for u, r in ratios(table).items()},
+    }

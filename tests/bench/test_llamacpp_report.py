@@ -1,0 +1,75 @@
+"""bench/llamacpp_report.py: interleaved `kvflow bench` reports become one row per server
+and concurrency (medians, throughput spread) and kvflow's ratios to llama.cpp."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from llamacpp_report import as_json, ratios, render, rows
+
+
+def _point(users: int, tok_s: float, ttft_s: float, itl_s: float, errors: int = 0) -> Any:
+    return {
+        "value": users,
+        "latency": {
+            "ttft_s": {"p50": ttft_s, "p90": 2 * ttft_s},
+            "itl_s": {"p50": itl_s, "p90": None},
+        },
+        "throughput": {
+            "output_tokens_per_s": tok_s,
+            "mean_output_tokens": 32.0,
+            "num_ok": 10,
+            "errors": {"timeout": errors} if errors else {},
+        },
+    }
+
+
+def _report(*points: Any) -> Any:
+    return {"schema": "kvflow-bench/1", "load_points": list(points)}
+
+
+RUNS = [
+    ("llama.cpp", _report(_point(1, 20.0, 0.5, 0.025), _point(8, 20.0, 8.0, 0.025))),
+    ("kvflow", _report(_point(1, 10.0, 0.25, 0.05), _point(8, 40.0, 1.0, 0.1))),
+    ("llama.cpp", _report(_point(1, 30.0, 0.7, 0.035), _point(8, 22.0, 9.0, 0.025, errors=2))),
+    ("kvflow", _report(_point(1, 12.0, 0.35, 0.06), _point(8, 60.0, 3.0, 0.1))),
+]
+
+
+def test_rows_take_the_median_over_runs_and_keep_the_spread() -> None:
+    table = rows(RUNS)
+    assert [(r.users, r.server) for r in table] == [
+        (1, "llama.cpp"),
+        (1, "kvflow"),
+        (8, "llama.cpp"),
+        (8, "kvflow"),
+    ]
+    llama1 = table[0]
+    assert llama1.runs == 2
+    assert llama1.output_tokens_per_s == 25.0
+    assert (llama1.output_tokens_per_s_min, llama1.output_tokens_per_s_max) == (20.0, 30.0)
+    assert llama1.ttft_p50_ms == 600.0 and llama1.ttft_p90_ms == 1200.0
+    assert llama1.itl_p90_ms is None  # not measured in any run: no number, not zero
+    assert table[2].num_ok == 20 and table[2].num_errors == 2
+
+
+def test_ratios_are_kvflow_over_llamacpp() -> None:
+    r = ratios(rows(RUNS))
+    assert r[1]["output_tokens_per_s"] == 11.0 / 25.0
+    assert r[8]["output_tokens_per_s"] == 50.0 / 21.0
+    assert r[8]["ttft_p50"] == 2000.0 / 8500.0
+    assert r[8]["itl_p90"] is None
+
+
+def test_render_and_json_carry_every_row() -> None:
+    table = rows(RUNS)
+    text = render(table)
+    assert "| 8 | kvflow | 50.0 (40.0-60.0) | 2000.0 | 4000.0 | 100.0 | - |" in text
+    assert "| 8 | 2.38 | 0.24 |" in text
+    record = as_json(table)
+    assert len(record["rows"]) == 4
+    assert record["ratios_kvflow_over_llamacpp"]["1"]["output_tokens_per_s"] == 0.44

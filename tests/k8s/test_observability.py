@@ -117,7 +117,8 @@ def test_pod_monitors_scrape_the_operators_pods(binaries: Binaries, tmp_path: Pa
     docs = helm_template(binaries, tmp_path, *ALL_ON, "--set", "operator.watchNamespaces={a,b}")
     monitors = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodMonitor"}
     assert set(monitors) == {"kvflow-router", "kvflow-worker"}
-    for component, port in (("router", "http"), ("worker", "metrics")):
+    # Both scrape the operator's pods' container port named "metrics" (off the API port).
+    for component, port in (("router", "metrics"), ("worker", "metrics")):
         spec = monitors[f"kvflow-{component}"]
         assert spec["namespaceSelector"] == {"matchNames": ["a", "b"]}
         assert spec["selector"]["matchLabels"]["app.kubernetes.io/component"] == component

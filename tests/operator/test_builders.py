@@ -218,7 +218,7 @@ def test_gpu_worker_requests_gpus_and_gets_shared_memory_and_the_model_volume() 
 def test_router_finds_workers_by_dns_and_reads_redis_from_a_secret() -> None:
     spec = spec_of(router={"redis": {"urlSecret": {"name": "redis", "key": "url"}}})
     assert router_args(POOL, spec) == [
-        "router", "--host", "0.0.0.0", "--port", "8000",
+        "router", "--host", "0.0.0.0", "--port", "8000", "--metrics-port", "9401",
         "--served-model-name", "m",
         "--worker-dns", "p-workers.ns.svc:50051",
         "--config", "/etc/kvflow/router.yaml",

@@ -190,7 +190,7 @@ def test_pods_counted_per_role_with_their_metrics_urls() -> None:
     )
     assert pods.roles["decode"] == RolePods(1, 2, 1, ("http://10.0.0.2:9400/metrics",))
     assert pods.roles["prefill"].targets == ("http://[fd00::5]:9400/metrics",)
-    assert pods.router_targets == ("http://10.0.0.4:8000/metrics",)
+    assert pods.router_targets == ("http://10.0.0.4:9401/metrics",)
 
 
 def test_metrics_record_defaults_are_independent() -> None:

@@ -100,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
         help="after SIGTERM, how long running requests may finish; /ready and new requests "
         "answer 503 meanwhile (default: %(default)s)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics on this port (0: any free port) and not on --port, which "
+        "tenants reach (default: on --port)",
+    )
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument("--seed", type=int, help="seed of routing tie-breaks (default: random)")
     p.add_argument(
@@ -134,6 +140,7 @@ def parse_args(argv: Sequence[str]) -> RouterSettings | None:
         deadlines=StreamDeadlines(args.first_token_timeout_s, args.token_stall_timeout_s),
         drain_grace_s=args.drain_grace_s,
         tenants_file=Path(args.tenants_file) if args.tenants_file else None,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -170,13 +177,23 @@ async def _serve(settings: RouterSettings) -> None:
         loop="uvloop",
         http="httptools",
     )
+    metrics_field = ""
+    if settings.metrics_port is not None:
+        # prometheus_client's own small HTTP server, on a thread: scrapes never queue
+        # behind API requests, and the API's port has no /metrics for tenants to read.
+        from prometheus_client import start_http_server
+
+        metrics_server, _ = start_http_server(
+            settings.metrics_port, addr=settings.host, registry=gateway.metrics.registry
+        )
+        metrics_field = f" metrics_port={metrics_server.server_port}"
     server = DrainingServer(config, drain)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
     if server.started:
         # One machine-readable line for whoever started us with --port 0 (tests, kvflow up).
-        print(f"{READY_PREFIX} port={port}", flush=True)
+        print(f"{READY_PREFIX} port={port}{metrics_field}", flush=True)
     await serving
 
 

@@ -105,6 +105,9 @@ class RouterSettings:
     drain_grace_s: float = DEFAULT_DRAIN_GRACE_S  # after SIGTERM, for running requests
     # Tenants from this file instead of the config's section, re-read when it changes.
     tenants_file: Path | None = None
+    # Serve /metrics on this port (0: any free one) instead of on the API's, which tenants
+    # reach; None: on the API's port, as `kvflow up` does.
+    metrics_port: int | None = None
 
 
 def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

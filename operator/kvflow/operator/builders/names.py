@@ -20,6 +20,8 @@ WORKER_GRPC_PORT = 50051
 WORKER_KV_PORT = 50052
 WORKER_METRICS_PORT = 9400
 ROUTER_HTTP_PORT = 8000
+# Off the API port: tenants reach 8000 through the gateway Service, never this one.
+ROUTER_METRICS_PORT = 9401
 
 # Non-root uid/gid baked into every kvflow image (docker/*.Dockerfile).
 IMAGE_UID = 10001

@@ -11,6 +11,7 @@ from kvflow.operator.api.schema import Json
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.names import (
     ROUTER_HTTP_PORT,
+    ROUTER_METRICS_PORT,
     WORKER_GRPC_PORT,
     Images,
     PoolRef,
@@ -82,7 +83,8 @@ def worker_dns(pool: PoolRef) -> str:
 
 def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
     """The `kvflow router` command line (the router's CLI contract)."""
-    args = ["router", "--host", "0.0.0.0", "--port", str(ROUTER_HTTP_PORT)]
+    args = ["router", "--host", "0.0.0.0", "--port", str(ROUTER_HTTP_PORT),
+            "--metrics-port", str(ROUTER_METRICS_PORT)]  # fmt: skip
     path = pods.model_path(spec.model)
     if path:
         args += ["--model", path]
@@ -142,7 +144,10 @@ def router_deployment(
         "imagePullPolicy": router.image_pull_policy,
         "command": ["kvflow"],
         "args": router_args(pool, spec),
-        "ports": [{"name": "http", "containerPort": ROUTER_HTTP_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": ROUTER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
         "env": env,
         "resources": pods.resources(router.resources),
         "livenessProbe": pods.http_probe("/health", "http", 10, 3),

@@ -9,7 +9,7 @@ from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import (
     LABEL_COMPONENT,
     LABEL_ROLE,
-    ROUTER_HTTP_PORT,
+    ROUTER_METRICS_PORT,
     WORKER_METRICS_PORT,
 )
 
@@ -56,7 +56,7 @@ def classify(pods: Iterable[Mapping[str, Json]]) -> PoolPods:
         ready = _condition(pod, "Ready").get("status") == "True"
         if labels.get(LABEL_COMPONENT) == "router":
             if ready and ip:
-                routers.append(metrics_url(ip, ROUTER_HTTP_PORT))
+                routers.append(metrics_url(ip, ROUTER_METRICS_PORT))
             continue
         role = labels.get(LABEL_ROLE)
         if labels.get(LABEL_COMPONENT) != "worker" or not role:

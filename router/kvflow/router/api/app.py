@@ -134,8 +134,11 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
                 "workers": len(gateway.pool), "draining": drain.is_draining}  # fmt: skip
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    if gateway.settings.metrics_port is None:  # else on its own port (cli.py)
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            registry = gateway.metrics.registry
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

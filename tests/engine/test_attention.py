@@ -128,3 +128,67 @@ def test_many_decodes_are_grouped_by_length_and_stay_exact() -> None:
     )
     for i, (q, k, v) in enumerate(seqs):
         torch.testing.assert_close(o[i], reference(q, k, v)[-1], atol=1e-5, rtol=1e-5)
+
+
+def _prefill_then_decode(
+    tables: list[list[int]], lens: list[int], *, cached: int = 0
+) -> tuple[list[torch.Tensor], list[torch.Tensor], AttentionMetadata]:
+    """Write all but the last token of each sequence (``cached`` of them in an earlier step,
+    the rest as a chunk over that context), then decode the last one; return each
+    sequence's prefill-chunk output, its decode output and the decode step's metadata."""
+    g = torch.Generator().manual_seed(2)
+    cache = torch.zeros(
+        kv_cache_shape(num_blocks=NB * 8, block_size=BS, num_kv_heads=HKV, head_dim=D)
+    )
+    seqs = [
+        (
+            torch.randn(n, H, D, generator=g),
+            torch.randn(n, HKV, D, generator=g),
+            torch.randn(n, HKV, D, generator=g),
+        )
+        for n in lens
+    ]
+    refs = [reference(q, k, v) for q, k, v in seqs]
+    chunks: list[torch.Tensor] = []
+    for i, (q, k, v) in enumerate(seqs):
+        for a, b in ((0, cached), (cached, lens[i] - 1)):
+            if b > a:
+                meta = AttentionMetadata.build(
+                    query_lens=[b - a], context_lens=[b], block_tables=[tables[i]], block_size=BS
+                )
+                o = paged_attention(q[a:b], k[a:b], v[a:b], cache, meta, D**-0.5)
+        chunks.append(o - refs[i][cached : lens[i] - 1])
+    meta = AttentionMetadata.build(
+        query_lens=[1] * len(lens), context_lens=lens, block_tables=tables, block_size=BS
+    )
+    o = paged_attention(
+        torch.cat([q[-1:] for q, _, _ in seqs]),
+        torch.cat([k[-1:] for _, k, _ in seqs]),
+        torch.cat([v[-1:] for _, _, v in seqs]),
+        cache,
+        meta,
+        D**-0.5,
+    )
+    return chunks, [o[i] - refs[i][-1] for i in range(len(lens))], meta
+
+
+def test_consecutive_blocks_are_read_in_place_and_stay_exact() -> None:
+    # Consecutive blocks are sliced out of the cache, scattered ones gathered: both exact,
+    # and a table that is only nearly consecutive (a gap) must not be taken for one run.
+    for table, in_place in (([8, 9, 10, 11], True), ([8, 9, 11, 12], False), ([3], True)):
+        n = len(table) * BS - 1
+        chunks, decodes, meta = _prefill_then_decode([table], [n], cached=min(BS, n - 2))
+        (d,) = meta.decodes
+        assert (d.first_block == table[0]) is in_place
+        assert d.rows is None and d.mask is None  # one sequence: no row gather, no padding
+        for err in chunks + decodes:
+            assert err.abs().max() < 1e-5
+
+
+def test_equal_length_decodes_need_no_mask() -> None:
+    tables = [[0, 1, 2], [5, 4, 3], [20, 30, 7]]
+    _, decodes, meta = _prefill_then_decode(tables, [10, 10, 10])
+    (d,) = meta.decodes
+    assert d.mask is None and d.first_block is None and d.rows is None
+    for err in decodes:
+        assert err.abs().max() < 1e-5

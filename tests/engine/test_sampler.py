@@ -1,6 +1,7 @@
 """The sampler: greedy, filters, seeds reproducible regardless of batch, logprobs."""
 
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -84,3 +85,21 @@ def test_logprobs_of_chosen_and_top_n() -> None:
     assert out[0].top_token_ids == tuple(lp.topk(3).indices.tolist())
     assert out[0].top_logprobs == tuple(lp.topk(3).values.tolist())
     assert out[1].logprob is None and out[1].top_token_ids == ()
+
+
+def test_an_all_greedy_batch_still_reports_logprobs_and_applies_bias() -> None:
+    # All rows greedy takes the fast path only when no row shapes logits or wants logprobs.
+    logits = logits_rows(2)
+    histories = [SimpleNamespace(token_ids=[1], prompt_token_ids=[1])] * 2
+    greedy = SamplingParams(temperature=0.0)
+    with_logprobs = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2)
+    out = Sampler().sample(logits, ["a", "b"], [with_logprobs, greedy], histories=histories)
+    lp = torch.log_softmax(logits[0], -1)
+    assert math.isclose(out[0].logprob or 0.0, float(lp.max()), rel_tol=1e-6)
+    assert out[0].top_token_ids == tuple(lp.topk(2).indices.tolist())
+    assert out[1].token_id == int(logits[1].argmax()) and out[1].logprob is None
+
+    biased = int(logits[0].argmin())
+    with_bias = SamplingParams(temperature=0.0, logit_bias=((biased, 100.0),))
+    out = Sampler().sample(logits, ["a", "b"], [with_bias, greedy], histories=histories)
+    assert out[0].token_id == biased

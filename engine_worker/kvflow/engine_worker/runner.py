@@ -132,8 +132,10 @@ class TorchModelRunner:
         hidden = self.model(ids_t, pos_t, self.kv_caches, meta)
         if not sample_rows:
             return {}
-        rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden[rows])
+        if len(sample_rows) < len(input_ids):
+            hidden = hidden[torch.tensor(sample_rows, dtype=torch.int64, device=self.device)]
+        # else every row samples (a pure decode step): no gather of the rows
+        logits = self.model.compute_logits(hidden)
         tokens = self.sampler.sample(
             logits,
             [r.request_id for r in sample_requests],

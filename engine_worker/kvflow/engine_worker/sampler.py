@@ -68,6 +68,9 @@ class Sampler:
         ``histories`` (the engine's requests) give each row's prompt and outputs so far;
         required when a row has penalties, logit bias, min_tokens or a logits processor."""
         assert logits.shape[0] == len(request_ids) == len(params)
+        if all(_is_plain_greedy(p) for p in params):
+            # The common batch: one argmax and one copy out, no per-row tensors.
+            return [SampledToken(t) for t in logits.argmax(dim=-1).tolist()]
         raw = logits.float()
         num_rows = raw.shape[0]
         logits = self._shape(raw, request_ids, params, histories)
@@ -247,6 +250,19 @@ class Sampler:
         # Never land on a filtered token (possible only through float ties at the edge).
         index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
         return sorted_ids.gather(1, index)[:, 0]
+
+
+def _is_plain_greedy(p: SamplingParams) -> bool:
+    """Greedy with nothing that shapes the logits or reports logprobs."""
+    return (
+        p.is_greedy
+        and not p.has_penalties
+        and not p.logit_bias
+        and p.min_tokens == 0
+        and p.logits_processor is None
+        and not p.logprobs
+        and p.top_logprobs == 0
+    )
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:

@@ -37,15 +37,19 @@ class PrefillSeq:
     query_len: int
     context_len: int  # tokens it attends to, the new ones included
     block_ids: torch.Tensor  # [ceil(context_len / block_size)] int64
+    first_block: int | None = None  # its blocks are consecutive from here: a view, no gather
 
 
 @dataclass(frozen=True)
 class DecodeBatch:
     """Sequences with exactly one new token each, padded to the longest context."""
 
-    rows: torch.Tensor  # [B] int64: their rows in the flattened batch
+    rows: torch.Tensor | None  # [B] int64: their rows in the flattened batch; None: all, in order
     block_ids: torch.Tensor  # [B, max_blocks] int64 (padding points at block 0)
-    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool: True where a real token is
+    num_tokens: int  # the longest context: tokens gathered per sequence
+    # [B, 1, 1, num_tokens] bool, True where a real token is; None when no row is padded.
+    mask: torch.Tensor | None
+    first_block: int | None = None  # one sequence on consecutive blocks from here: no gather
 
 
 @dataclass(frozen=True)
@@ -94,34 +98,58 @@ class AttentionMetadata:
                 decode_lens.append(ctx)
             else:
                 ids = torch.tensor(used, dtype=torch.int64, device=device)
-                prefills.append(PrefillSeq(row, q, ctx, ids))
+                prefills.append(PrefillSeq(row, q, ctx, ids, _first_if_consecutive(used)))
             row += q
 
         decodes: list[DecodeBatch] = []
         order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
         group_size = -(-len(order) // MAX_DECODE_GROUPS) if order else 1
         group_size = max(group_size, MIN_DECODE_GROUP)
+        # The rows of a single group that holds every token of the step, in order, need no
+        # gather from q nor scatter into the output (a pure decode step of one group).
+        all_rows = len(decode_rows) == row and len(order) <= group_size
         for start in range(0, len(order), group_size):
             members = order[start : start + group_size]
+            if all_rows:
+                members = list(range(len(order)))
+            lens = [decode_lens[i] for i in members]
             max_blocks = max(len(decode_tables[i]) for i in members)
-            padded = torch.zeros(len(members), max_blocks, dtype=torch.int64)
-            for j, i in enumerate(members):
-                padded[j, : len(decode_tables[i])] = torch.tensor(
-                    decode_tables[i], dtype=torch.int64
-                )
-            positions = torch.arange(max_blocks * block_size)
-            lens = torch.tensor([decode_lens[i] for i in members])
-            mask = positions[None, :] < lens[:, None]
+            # One padded table, built in Python and converted once.
+            padded = [
+                decode_tables[i] + [0] * (max_blocks - len(decode_tables[i])) for i in members
+            ]
+            longest = max(lens)
+            mask = None
+            if min(lens) != longest:
+                positions = torch.arange(longest)
+                mask = (positions[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
+                mask = mask.to(device)
+            first = _first_if_consecutive(padded[0]) if len(members) == 1 else None
+            rows = None
+            if not all_rows:
+                rows = torch.tensor([decode_rows[i] for i in members], dtype=torch.int64)
+                rows = rows.to(device)
             decodes.append(
                 DecodeBatch(
-                    rows=torch.tensor(
-                        [decode_rows[i] for i in members], dtype=torch.int64, device=device
-                    ),
-                    block_ids=padded.to(device),
-                    mask=mask[:, None, None, :].to(device),
+                    rows=rows,
+                    block_ids=torch.tensor(padded, dtype=torch.int64, device=device),
+                    num_tokens=longest,
+                    mask=mask,
+                    first_block=first,
                 )
             )
         return AttentionMetadata(slot_mapping.to(device), tuple(prefills), tuple(decodes))
+
+
+def _first_if_consecutive(table: list[int]) -> int | None:
+    """The first block id if ``table`` is a run of consecutive ids (a fresh pool hands them
+    out so), else None: such blocks are one slice of the cache, read with no copy."""
+    first = table[0]
+    return (
+        first
+        if table[-1] - first == len(table) - 1 and table == list(range(first, first + len(table)))
+        else None
+    )
 
 
 def kv_cache_shape(
@@ -148,23 +176,30 @@ def write_kv(
 
 
 def _gather(
-    kv_cache: torch.Tensor, block_ids: torch.Tensor, num_tokens: int, dtype: torch.dtype
+    kv_cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    num_tokens: int,
+    dtype: torch.dtype,
+    first_block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the blocks' first ``num_tokens`` tokens, ``[..., Hkv, num_tokens, D]``.
 
     ``block_ids`` is ``[num_blocks]`` or ``[B, num_blocks]``. One ``index_select`` copies
     whole blocks (one memcpy each); the result is ``[..., tokens, 2, Hkv, D]`` and K and V are
-    strided views of it, which SDPA takes as they are (the last axis is contiguous). Against
-    the former head-major pool (one 4 KiB tile per head and block), 16 decodes over 400
-    tokens, fp32, 2 busy cores (noisy): SmolLM2's shape (3 KV heads of 64) gather + SDPA
-    1.0-1.9 vs 1.3-3.2 ms, 8 heads of 64 3.1-5.1 vs 3.6-5.4 ms; the engine's decode throughput
-    is unchanged within noise. A ``[num_blocks, 2, Hkv, block_size, D]`` pool would keep
-    SDPA's old input (gather into a permuted output: 2.3 and 4.0 ms) but write with an
-    ``index_put_`` of (block, offset) pairs. Caveat: CPU SDPA in bf16 with 8 heads of 128 ran
-    slower on these strided views (75 vs 40 ms, one run); fp32 is the CPU default.
+    strided views of it, which SDPA takes as they are (the last axis is contiguous). With
+    ``first_block`` (one sequence whose blocks are consecutive) the same views are of the
+    cache itself: no copy. Against the former head-major pool (one 4 KiB tile per head and
+    block), 16 decodes over 400 tokens, fp32, 2 busy cores (noisy): SmolLM2's shape (3 KV
+    heads of 64) gather + SDPA 1.0-1.9 vs 1.3-3.2 ms, 8 heads of 64 3.1-5.1 vs 3.6-5.4 ms;
+    the engine's decode throughput is unchanged within noise. Caveat: CPU SDPA in bf16 with
+    8 heads of 128 ran slower on these strided views (75 vs 40 ms, one run); fp32 is the
+    CPU default.
     """
     _, block_size, _, num_kv_heads, head_dim = kv_cache.shape
-    kv = kv_cache.index_select(0, block_ids.reshape(-1))  # [B * n, block_size, 2, Hkv, D]
+    if first_block is not None:
+        kv = kv_cache.narrow(0, first_block, block_ids.shape[-1])
+    else:
+        kv = kv_cache.index_select(0, block_ids.reshape(-1))  # [B * n, block_size, 2, Hkv, D]
     kv = kv.view(*block_ids.shape[:-1], block_ids.shape[-1] * block_size, 2, num_kv_heads, head_dim)
     kv = kv.narrow(-4, 0, num_tokens)  # [..., tokens, 2, Hkv, D]
     kv = kv.movedim(-3, 0).transpose(-3, -2)  # [2, ..., Hkv, tokens, D]
@@ -189,6 +224,8 @@ def paged_attention(
     """
     write_kv(kv_cache, k, v, meta.slot_mapping)
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]
+    if not meta.prefills and len(meta.decodes) == 1 and meta.decodes[0].rows is None:
+        return _decode(q, kv_cache, meta.decodes[0], scale)  # a pure decode step: no scatter
     out = torch.empty_like(q)
 
     for seq in meta.prefills:
@@ -202,7 +239,7 @@ def paged_attention(
             )
         else:
             # New token i sits at position context_len - query_len + i and sees keys up to it.
-            ks, vs = _gather(kv_cache, seq.block_ids, seq.context_len, q.dtype)
+            ks, vs = _gather(kv_cache, seq.block_ids, seq.context_len, q.dtype, seq.first_block)
             first = seq.context_len - seq.query_len
             q_pos = torch.arange(first, seq.context_len, device=q.device)[:, None]
             k_pos = torch.arange(seq.context_len, device=q.device)[None, :]
@@ -212,10 +249,25 @@ def paged_attention(
         out[seq.query_start : seq.query_start + seq.query_len] = o.transpose(0, 1)
 
     for d in meta.decodes:
-        qd = q[d.rows][:, :, None, :]  # [B, H, 1, D]
-        kd, vd = _gather(kv_cache, d.block_ids, d.mask.shape[-1], q.dtype)  # [B, Hkv, ctx, D]
-        o = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=d.mask, scale=scale, enable_gqa=is_gqa
-        )
-        out[d.rows] = o[:, :, 0, :]
+        qd = q if d.rows is None else q[d.rows]
+        o = _decode(qd, kv_cache, d, scale)
+        if d.rows is None:
+            out.copy_(o)
+        else:
+            out[d.rows] = o
     return out
+
+
+def _decode(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeBatch, scale: float) -> torch.Tensor:
+    """One token per sequence ``q`` ``[B, H, D]`` attending to its gathered context.
+
+    Grouped-query heads are folded into the query axis: the ``H / Hkv`` heads that share a
+    KV head are that head's query rows (``[B, Hkv, H / Hkv, D]``), so SDPA reads each K/V
+    head once and needs no ``enable_gqa`` expansion (SmolLM2's 9 over 3 heads, 64
+    decodes over 160 tokens: about 10-40 % less time, noisy)."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[3]
+    kd, vd = _gather(kv_cache, d.block_ids, d.num_tokens, q.dtype, d.first_block)
+    qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(qg, kd, vd, attn_mask=d.mask, scale=scale)
+    return o.reshape(batch, num_heads, head_dim)

@@ -67,9 +67,11 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         half = torch.outer(positions, inv_freq)  # [max_positions, head_dim / 2]
         angles = torch.cat([half, half], dim=-1)
+        # The sine's first half negated: rotate-half's sign lives in the table, not the step.
+        signs = torch.cat([-torch.ones_like(inv_freq), torch.ones_like(inv_freq)])
         # Not persistent: derived from the config, so never part of a checkpoint.
         self.register_buffer("cos", angles.cos().to(device), persistent=False)
-        self.register_buffer("sin", angles.sin().to(device), persistent=False)
+        self.register_buffer("sin", (angles.sin() * signs).to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """The rotation of tokens at ``positions`` ``[T]``, once per step for every layer.
@@ -84,9 +86,13 @@ class RotaryEmbedding(nn.Module):
 
 class Rotation(NamedTuple):
     cos: torch.Tensor
-    sin: torch.Tensor
+    sin: torch.Tensor  # signed: -sin on the first half, +sin on the second
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` ``[T, num_heads, head_dim]``: dimension i with i + head_dim / 2."""
-        first, second = x.chunk(2, dim=-1)
-        return x * self.cos + torch.cat([-second, first], dim=-1) * self.sin
+        """Rotate ``x`` ``[T, num_heads, head_dim]``: dimension i with i + head_dim / 2.
+
+        ``x * cos + cat(-second, first) * sin``, as three ops: the halves swapped by one
+        ``flip`` and the sign carried by the table."""
+        head_dim = x.shape[-1]
+        swapped = x.view(*x.shape[:-1], 2, head_dim // 2).flip(-2).view(x.shape)
+        return torch.addcmul(x * self.cos, swapped, self.sin)

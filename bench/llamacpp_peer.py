@@ -14,12 +14,15 @@ What differs, by design of each server:
 - llama-cpp-python's server runs one request at a time (an asyncio lock around the model;
   it has no parallel-slots option, unlike llama.cpp's own C++ `llama-server -np N`), so
   concurrent requests queue; it is started with `--interrupt_requests False`, else each new
-  request cuts the running one short. kvflow batches all running requests continuously.
+  request cuts the running one short, and `--logits_all False` (the server's default, True,
+  keeps every prompt position's logits for logprobs nobody asks for here; measured: no
+  difference beyond noise). kvflow batches all running requests continuously.
 
 Workload (the same request bytes to both, `bench/llamacpp_client.py`): `--workload
 no-reuse`, completions API, short prompts, a fixed number of output tokens (``min_tokens =
 max_tokens``, greedy), closed loop at `--users 1,8,32`. The arms interleave, llama.cpp then
 kvflow, `--repeats` times; each repeat draws new text (seed = repeat), the same for both.
+Throughput is the served rate by Little's law (`bench/llamacpp_report.py` says why).
 
     flock /tmp/kvflow-bench.lock python bench/llamacpp_peer.py --json out/bench/llamacpp.json
 """

@@ -12,10 +12,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from llamacpp_report import as_json, ratios, render, rows
 
 
-def _point(users: int, tok_s: float, ttft_s: float, itl_s: float, errors: int = 0) -> Any:
+def _point(
+    users: int, e2e_s: float, ttft_s: float, itl_s: float, errors: int = 0, tok_s: float = 1.0
+) -> Any:
     return {
         "value": users,
         "latency": {
+            "e2e_s": {"mean": e2e_s},
             "ttft_s": {"p50": ttft_s, "p90": 2 * ttft_s},
             "itl_s": {"p50": itl_s, "p90": None},
         },
@@ -32,12 +35,20 @@ def _report(*points: Any) -> Any:
     return {"schema": "kvflow-bench/1", "load_points": list(points)}
 
 
-RUNS = [
-    ("llama.cpp", _report(_point(1, 20.0, 0.5, 0.025), _point(8, 20.0, 8.0, 0.025))),
-    ("kvflow", _report(_point(1, 10.0, 0.25, 0.05), _point(8, 40.0, 1.0, 0.1))),
-    ("llama.cpp", _report(_point(1, 30.0, 0.7, 0.035), _point(8, 22.0, 9.0, 0.025, errors=2))),
-    ("kvflow", _report(_point(1, 12.0, 0.35, 0.06), _point(8, 60.0, 3.0, 0.1))),
+RUNS = [  # (users, mean E2E s, TTFT P50 s, ITL P50 s): 32 output tokens a request
+    ("llama.cpp", _report(_point(1, 1.0, 0.5, 0.025), _point(8, 16.0, 8.0, 0.025))),
+    ("kvflow", _report(_point(1, 2.0, 0.25, 0.05), _point(8, 4.0, 1.0, 0.1))),
+    ("llama.cpp", _report(_point(1, 0.64, 0.7, 0.035), _point(8, 16.0, 9.0, 0.025, errors=2))),
+    ("kvflow", _report(_point(1, 2.0, 0.35, 0.06), _point(8, 4.0, 3.0, 0.1))),
 ]
+
+
+def test_served_throughput_is_littles_law_not_the_windowed_rate() -> None:
+    # 8 users, 32 tokens each, 16 s mean E2E: 16 tok/s served, whatever the window said.
+    (row,) = rows([("llama.cpp", _report(_point(8, 16.0, 15.0, 0.02, tok_s=5.0)))])
+    assert row.served_tokens_per_s == 16.0
+    assert row.bench_tokens_per_s == 5.0
+    assert row.e2e_mean_s == 16.0
 
 
 def test_rows_take_the_median_over_runs_and_keep_the_spread() -> None:
@@ -50,8 +61,8 @@ def test_rows_take_the_median_over_runs_and_keep_the_spread() -> None:
     ]
     llama1 = table[0]
     assert llama1.runs == 2
-    assert llama1.output_tokens_per_s == 25.0
-    assert (llama1.output_tokens_per_s_min, llama1.output_tokens_per_s_max) == (20.0, 30.0)
+    assert llama1.served_tokens_per_s == 41.0  # 32 / 1.0 s and 32 / 0.64 s
+    assert (llama1.served_tokens_per_s_min, llama1.served_tokens_per_s_max) == (32.0, 50.0)
     assert llama1.ttft_p50_ms == 600.0 and llama1.ttft_p90_ms == 1200.0
     assert llama1.itl_p90_ms is None  # not measured in any run: no number, not zero
     assert table[2].num_ok == 20 and table[2].num_errors == 2
@@ -59,8 +70,8 @@ def test_rows_take_the_median_over_runs_and_keep_the_spread() -> None:
 
 def test_ratios_are_kvflow_over_llamacpp() -> None:
     r = ratios(rows(RUNS))
-    assert r[1]["output_tokens_per_s"] == 11.0 / 25.0
-    assert r[8]["output_tokens_per_s"] == 50.0 / 21.0
+    assert r[1]["served_tokens_per_s"] == 16.0 / 41.0
+    assert r[8]["served_tokens_per_s"] == 64.0 / 16.0
     assert r[8]["ttft_p50"] == 2000.0 / 8500.0
     assert r[8]["itl_p90"] is None
 
@@ -68,8 +79,8 @@ def test_ratios_are_kvflow_over_llamacpp() -> None:
 def test_render_and_json_carry_every_row() -> None:
     table = rows(RUNS)
     text = render(table)
-    assert "| 8 | kvflow | 50.0 (40.0-60.0) | 2000.0 | 4000.0 | 100.0 | - |" in text
-    assert "| 8 | 2.38 | 0.24 |" in text
+    assert "| 8 | kvflow | 64.0 (64.0-64.0) | 1.0 | 2000.0 | 4000.0 | 100.0 | - | 4.00 |" in text
+    assert "| 8 | 4.00 | 0.24 |" in text
     record = as_json(table)
     assert len(record["rows"]) == 4
-    assert record["ratios_kvflow_over_llamacpp"]["1"]["output_tokens_per_s"] == 0.44
+    assert record["ratios_kvflow_over_llamacpp"]["1"]["served_tokens_per_s"] == 16.0 / 41.0

@@ -28,6 +28,7 @@ from kvflow.router.routing.pipeline import (
     build_pipeline,
 )
 from kvflow.router.routing.placement import (
+    DEFAULT_IN_FLIGHT_TTL_S,
     PREFILL_ROLES,
     Colocated,
     DisaggregationConfig,
@@ -54,7 +55,7 @@ STICKY_SESSION_WEIGHT = 1000.0
 
 class Planner(Protocol):
     def plan(
-        self, request: PlacementRequest, workers: Sequence[WorkerView]
+        self, request: PlacementRequest, workers: Sequence[WorkerView], now_s: float | None = None
     ) -> ExecutionPlan | None: ...
 
 
@@ -74,7 +75,10 @@ class ColocatedPlanner:
     def __init__(self, pipeline: RoutingPipeline) -> None:
         self._pipeline = pipeline
 
-    def plan(self, request: PlacementRequest, workers: Sequence[WorkerView]) -> Colocated | None:
+    def plan(
+        self, request: PlacementRequest, workers: Sequence[WorkerView], now_s: float | None = None
+    ) -> Colocated | None:
+        """(``now_s`` unused: the baselines keep no memory of their placements.)"""
         route = RouteRequest(
             request.model, request.block_hashes, request.session_id, request.excluded
         )
@@ -113,16 +117,18 @@ def _default(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> P
     )
 
 
-def _placement(weights: Mapping[str, float], gate: LoadGate | None) -> Builder:
-    """The gateway's placement with other weights or another gate (build_placement's two
-    profiles: the prefill one without session affinity)."""
+def _placement(
+    weights: Mapping[str, float], gate: LoadGate | None, in_flight_ttl_s: float
+) -> Builder:
+    """The gateway's placement with other weights, another gate or another in-flight TTL
+    (build_placement's two profiles: the prefill one without session affinity)."""
 
     def build(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
         decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng, gate=gate)
         prefill_weights = {name: w for name, w in weights.items() if name != "session"}
         prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
                                  roles=PREFILL_ROLES, gate=gate)  # fmt: skip
-        return Placement(decode, prefill, index, DisaggregationConfig())
+        return Placement(decode, prefill, index, DisaggregationConfig(), in_flight_ttl_s)
 
     return build
 
@@ -150,8 +156,9 @@ ARMS: dict[str, Arm] = {
 
 def resolve_arm(spec: str) -> Arm:
     """An arm by name, or ``kvflow:<key>=<value>,...``: the gateway's placement with other
-    routing weights (scorer names) or load gate (``gate=off``, ``gate_fraction=``,
-    ``gate_requests=``), the rest at their defaults."""
+    routing weights (scorer names), load gate (``gate=off``, ``gate_fraction=``,
+    ``gate_requests=``) or memory of its placements (``in_flight_ttl=<s>``, 0: none), the
+    rest at their defaults."""
     if spec in ARMS:
         return ARMS[spec]
     name, _, settings = spec.partition(":")
@@ -162,6 +169,7 @@ def resolve_arm(spec: str) -> Arm:
     weights = dict(DEFAULT_WEIGHTS)
     gate: LoadGate | None = DEFAULT_LOAD_GATE
     fraction, requests = DEFAULT_LOAD_GATE.slack_fraction, DEFAULT_LOAD_GATE.slack_requests
+    in_flight_ttl_s = DEFAULT_IN_FLIGHT_TTL_S
     for item in settings.split(","):
         key, _, value = item.partition("=")
         if key == "gate" and value == "off":
@@ -175,8 +183,12 @@ def resolve_arm(spec: str) -> Arm:
             fraction = number
         elif key == "gate_requests":
             requests = number
+        elif key == "in_flight_ttl":
+            if number < 0:
+                raise ValueError(f"arm {spec!r}: in_flight_ttl must be >= 0")
+            in_flight_ttl_s = number
         else:
             weights[key] = number
     if gate is not None:
         gate = LoadGate(fraction, requests)
-    return Arm(spec, _placement(weights, gate))
+    return Arm(spec, _placement(weights, gate, in_flight_ttl_s))

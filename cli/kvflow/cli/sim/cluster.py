@@ -169,7 +169,7 @@ class VirtualCluster:
         placement = PlacementRequest(
             self.spec.model, hashes, len(tokens), self._block_size, request.session_id
         )
-        plan = self._planner.plan(placement, self.router.views())
+        plan = self._planner.plan(placement, self.router.views(), now_s)
         if plan is None:
             self._fail(request, now_s, "no_worker", "no worker could take the request")
             return

@@ -69,8 +69,10 @@ class CachedBlockHasher:
         seed: bytes,
         salt: str = "",
         num_public_blocks: int = 0,
+        keep: bool = True,
     ) -> Iterator[BlockHash]:
-        """The same hashes as `iter_block_hashes(...)`, lazily."""
+        """The same hashes as `iter_block_hashes(...)`, lazily. With ``keep=False`` the
+        memo is read but nothing new is stored in it."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         num_full_blocks = len(token_ids) // block_size
@@ -98,7 +100,8 @@ class CachedBlockHasher:
                     i, parent, block, seed=seed, salt=salt, num_public_blocks=num_public_blocks
                 )
                 self.num_misses += 1
-                unkept = (key, found)
+                if keep:
+                    unkept = (key, found)
             parent = found
             yield found
         if unkept is not None:  # the caller went on past the last block: it was held
@@ -124,4 +127,17 @@ class PromptHashes:
             seed=self.seed,
             salt=self.salt,
             num_public_blocks=self.num_public_blocks,
+        )
+
+    def peek(self) -> Iterator[BlockHash]:
+        """The hashes, remembering none the memo lacks. Placement records a placed prompt's
+        leading blocks this way (in_flight.py): most of a new prompt is never asked for
+        again, and a block that is (a burst's shared prefix) is remembered then."""
+        return self.hasher.iter_hashes(
+            self.token_ids,
+            block_size=self.block_size,
+            seed=self.seed,
+            salt=self.salt,
+            num_public_blocks=self.num_public_blocks,
+            keep=False,
         )

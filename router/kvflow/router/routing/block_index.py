@@ -10,6 +10,9 @@ AND over 64 workers is still one machine word.
 Bounded: each worker holds at most ``max_blocks_per_worker`` entries, oldest dropped first.
 A worker never caches more blocks than it has, so the bound only bites when removal events
 were lost; a fresh snapshot then puts the worker's view right again.
+
+Blocks placement just sent to a worker count as held there too, until the worker's STORED
+event confirms them or their time is up (`in_flight.InFlightBlocks`; why: that module).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvflow.proto.block_hash import BlockHash
+from kvflow.router.routing.in_flight import InFlightBlocks
 from kvflow.router.routing.types import WorkerId
 
 # 2**18 blocks = 4M tokens at 16 tokens a block. An H200 with 100 GB of KV for Llama-3-8B
@@ -35,6 +39,7 @@ class BlockIndex:
         self._slot_of: dict[WorkerId, int] = {}
         self._worker_at: dict[int, WorkerId] = {}
         self._free_slots: list[int] = []
+        self._in_flight = InFlightBlocks()
 
     # -- updates from a worker's event stream ------------------------------------------------
 
@@ -48,10 +53,15 @@ class BlockIndex:
         return slot
 
     def add(self, worker_id: WorkerId, block_hashes: Iterable[BlockHash]) -> None:
-        """Blocks the worker stored (a STORED event)."""
-        bit = 1 << self._slot(worker_id)
+        """Blocks the worker stored (a STORED event); any of them in flight there are
+        confirmed."""
+        slot = self._slot(worker_id)
+        bit = 1 << slot
         owned = self._blocks[worker_id]
+        in_flight = self._in_flight if self._in_flight else None
         for block_hash in block_hashes:
+            if in_flight is not None:
+                in_flight.confirm(slot, block_hash)
             if block_hash in owned:
                 continue
             owned[block_hash] = None
@@ -79,10 +89,12 @@ class BlockIndex:
                 self._forget(worker_id, 1 << slot, block_hash)
 
     def clear(self, worker_id: WorkerId) -> None:
-        """The worker dropped its whole cache (a CLEARED event); its slot stays."""
+        """The worker dropped its whole cache (a CLEARED event); its slot stays. What was
+        in flight to it is forgotten too: this also starts a snapshot (a restart, a gap)."""
         slot = self._slot_of.get(worker_id)
         if slot is None:
             return
+        self._in_flight.forget(slot)
         for block_hash in list(self._blocks[worker_id]):
             self._forget(worker_id, 1 << slot, block_hash)
 
@@ -101,6 +113,24 @@ class BlockIndex:
         del self._blocks[worker_id]
         self._free_slots.append(slot)
 
+    # -- what placement just sent ---------------------------------------------------------------
+
+    def add_in_flight(
+        self, worker_id: WorkerId, block_hashes: Iterable[BlockHash], until_s: float
+    ) -> None:
+        """Placement just sent a prompt with these leading blocks to the worker: count them
+        as held there until its STORED events confirm them, or until ``until_s``."""
+        slot = self._slot(worker_id)
+        owned = self._blocks[worker_id]
+        self._in_flight.add(slot, (h for h in block_hashes if h not in owned), until_s)
+
+    def expire_in_flight(self, now_s: float) -> None:
+        self._in_flight.expire(now_s)
+
+    def num_in_flight(self) -> int:
+        """(worker, block) pairs in flight, not yet confirmed."""
+        return len(self._in_flight)
+
     # -- queries -------------------------------------------------------------------------------
 
     def num_blocks(self, worker_id: WorkerId) -> int:
@@ -113,7 +143,8 @@ class BlockIndex:
     def match_prefix(
         self, block_hashes: Iterable[BlockHash], worker_ids: Iterable[WorkerId]
     ) -> dict[WorkerId, int]:
-        """For each of ``worker_ids``, how many leading blocks of the prompt it holds.
+        """For each of ``worker_ids``, how many leading blocks of the prompt it holds, or
+        will hold once the requests in flight to it are prefilled.
 
         Consumes ``block_hashes`` only until no candidate holds the next block.
         """
@@ -127,8 +158,12 @@ class BlockIndex:
         if not active:
             return matched  # nobody indexed: do not hash even one block
         holders = self._holders
+        in_flight = self._in_flight.masks
         for block_hash in block_hashes:
-            still = holders.get(block_hash, 0) & active
+            held = holders.get(block_hash, 0)
+            if in_flight:
+                held |= in_flight.get(block_hash, 0)
+            still = held & active
             if still != active:
                 self._record_depth(active & ~still, depth, matched)
                 active = still

@@ -11,16 +11,23 @@
 
 A plan names its workers and why; serving/ carries it out. A retry asks for a new plan with
 the failed workers excluded; a plan is never patched.
+
+4. Given the time, placement remembers the first blocks of each prompt it places on the
+   workers of the plan, and the index counts them as held there until those workers' KV
+   events confirm them or ``in_flight_ttl_s`` passes (in_flight.py): a burst of requests on
+   a new prefix then follows its first request instead of scattering.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvflow.proto.block_hash import BlockHash
+from kvflow.router.routing.block_hasher import PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import SERVING_ROLES, RoutingPipeline, build_pipeline
 from kvflow.router.routing.sessions import SessionTable
@@ -46,6 +53,19 @@ DEFAULT_MAX_PREFILL_QUEUE_DEPTH = 8
 # did worse than never shipped); with 30 s, 3 of 26 did. An 8k-token Llama-3-8B prompt is
 # 1 GiB of KV, about 1 s over 10 Gb/s. Still well under a client's usual 60 s timeout.
 DEFAULT_TRANSFER_TIMEOUT_S = 30.0
+
+# How long a placed prompt's blocks count as held by its worker before that worker's KV
+# events confirm them. Confirmation normally comes a prefill after the placement (0.2 s for
+# 6,000 tokens on an H100; more behind a queue); the TTL only bounds what a request that
+# never stores its blocks (failed, cancelled, a worker without a prefix cache) can claim.
+# On the routing comparison's hot-prefix workload 1, 2, 5, 10 and 30 s all gave the same
+# placements (docs/router.md, "Routing"); 5 s covers a prompt queued a few seconds.
+DEFAULT_IN_FLIGHT_TTL_S = 5.0
+# Of each placed prompt, the leading blocks remembered (2,048 tokens). A burst's later
+# requests then match up to that many blocks on the first one's worker, more than any queue
+# difference the load gate lets through, and a cold prompt costs at most 128 block hashes
+# (about 0.5 ms) to record. Never more than the prompt holds, so it can only under-claim.
+MAX_IN_FLIGHT_BLOCKS = 128
 
 PREFILL_ROLES = frozenset({WorkerRole.PREFILL})
 
@@ -164,16 +184,50 @@ class Placement:
         prefill: RoutingPipeline,
         index: BlockIndex,
         config: DisaggregationConfig,
+        in_flight_ttl_s: float = DEFAULT_IN_FLIGHT_TTL_S,
     ) -> None:
+        assert in_flight_ttl_s >= 0
         self._decode = decode
         self._prefill = prefill
         self._index = index
         self.config = config
+        self.in_flight_ttl_s = in_flight_ttl_s  # 0: remember nothing
 
     def plan(
+        self,
+        request: PlacementRequest,
+        workers: Sequence[WorkerView],
+        now_s: float | None = None,
+    ) -> ExecutionPlan | None:
+        """The plan for ``request``, or None when no worker can stream it.
+
+        ``now_s`` (seconds on a clock that does not go back): what was placed before counts
+        until its TTL, and this plan's prompt is remembered on its workers. Without it,
+        routing sees the KV events' view alone and remembers nothing.
+        """
+        if now_s is not None:
+            self._index.expire_in_flight(now_s)
+        plan = self._plan(request, workers)
+        if plan is not None and now_s is not None and self.in_flight_ttl_s > 0:
+            self._remember(plan, request, now_s + self.in_flight_ttl_s)
+        return plan
+
+    def _remember(self, plan: ExecutionPlan, request: PlacementRequest, until_s: float) -> None:
+        """The prompt's leading blocks are on their way to the plan's workers: a
+        disaggregated plan's prefill worker computes them (from its own cache) and keeps
+        them, and its decode worker receives or computes them."""
+        hashes = request.block_hashes
+        blocks = hashes.peek() if isinstance(hashes, PromptHashes) else iter(hashes)
+        leading = list(itertools.islice(blocks, MAX_IN_FLIGHT_BLOCKS))
+        workers = [plan.stream_worker]
+        if isinstance(plan, Disaggregated):
+            workers.append(plan.prefill.worker_id)
+        for worker_id in workers:
+            self._index.add_in_flight(worker_id, leading, until_s)
+
+    def _plan(
         self, request: PlacementRequest, workers: Sequence[WorkerView]
     ) -> ExecutionPlan | None:
-        """The plan for ``request``, or None when no worker can stream it."""
         route = RouteRequest(
             request.model, request.block_hashes, request.session_id, request.excluded
         )
@@ -218,6 +272,7 @@ def build_placement(
     index: BlockIndex,
     sessions: SessionTable,
     rng: random.Random,
+    in_flight_ttl_s: float = DEFAULT_IN_FLIGHT_TTL_S,
 ) -> Placement:
     """The decode profile with every configured scorer; the prefill profile without
     session affinity (a conversation returns to its decode worker, where its KV lives)."""
@@ -225,4 +280,4 @@ def build_placement(
     prefill_weights = {name: w for name, w in weights.items() if name != "session"}
     prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
                              roles=PREFILL_ROLES)  # fmt: skip
-    return Placement(decode, prefill, index, config)
+    return Placement(decode, prefill, index, config, in_flight_ttl_s)

@@ -125,7 +125,8 @@ class GenerationService:
             caller.session_id,
             frozenset(excluded),
         )
-        plan = self._placement.plan(request, self._pool.views())
+        # The clock lets placement count its own recent placements until KV events confirm them.
+        plan = self._placement.plan(request, self._pool.views(), time.monotonic())
         self._metrics.decision_s.observe(time.perf_counter() - started_s)
         if plan is not None:
             self._metrics.pd_decisions.labels(plan.decision, plan.reason.value).inc()

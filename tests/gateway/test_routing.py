@@ -189,19 +189,3 @@ def test_a_restarted_router_rebuilds_its_index_from_snapshots() -> None:
             assert (worker, blocks) == (holder, 32)
         finally:
             fresh.stop()
-
-
-def test_a_burst_on_a_new_prefix_follows_its_first_request() -> None:
-    """Requests sharing a prefix nobody holds yet, sent before any KV event could report it:
-    the router counts its own placements (routing/in_flight.py) and keeps them together,
-    instead of scattering the prefix over every worker. Slow steps keep the first prefill
-    running while the others arrive."""
-    with cluster(3, "--sim-base-step-ms", "40") as (g, _):
-        prefix = list(range(5000, 5512))  # 32 blocks
-        with ThreadPoolExecutor(3) as pool:
-            futures = []
-            for i in range(3):
-                futures.append(pool.submit(complete, g, [*prefix, 7000 + i], 2))
-                time.sleep(0.05)  # in order, each while the earlier ones still prefill
-            workers = [f.result()[0] for f in futures]
-        assert len(set(workers)) == 1, workers

@@ -124,3 +124,45 @@ def test_a_jump_is_no_slope_but_a_ramp_is() -> None:
     for i in range(7, 12):  # then a ramp, +3 per 30 s
         holt = start_or_update(holt, 31.0 + 3 * (i - 6), 30.0 * i, alpha=0.5, beta=0.3)
     assert holt.forecast(90.0) > 46.0 + 3.0
+
+
+def test_a_colocated_replica_pays_the_base_step_once() -> None:
+    """Prompt and decode shares of a colocated replica add to its busy time per second.
+
+    Its prompts' chunks ride in the steps it runs for decode, so the base step is in the
+    decode share only (n / step(n) counts one base per step); counting it in the prompt
+    share too overstated the load (issue 9's doubt: 3.85 shares where 3.73 is right).
+    """
+    cost = StepCost(0.02, per_prefill_token_s=100e-6, per_decode_seq_s=200e-6,
+                    per_kv_token_s=1e-8, per_prefill_seq_s=1e-3)  # fmt: skip
+    kw = {
+        "mean_input_tokens": 250.0,
+        "mean_output_tokens": 50.0,
+        "ttft_target_s": 5.0,  # loose: rho is the 0.95 cap
+        "tpot_target_s": 0.06,
+        "percentile": 90.0,
+        "max_num_batched_tokens": 2000,
+        "max_num_seqs": 32,
+        "kv_capacity_tokens": 10**6,
+    }
+    apart = capacity_from_timing(cost, **kw)  # type: ignore[arg-type]
+    joint = capacity_from_timing(cost, colocated=True, **kw)  # type: ignore[arg-type]
+    assert joint.max_decode_tokens_per_s == apart.max_decode_tokens_per_s
+    # Per prompt token: 100 us + 10 ns KV + 1 ms / 250 tokens per prompt = 104.01 us.
+    assert joint.max_prompt_tokens_per_s == pytest.approx(0.95 / 104.01e-6, rel=1e-9)
+    # A disaggregated prefill replica's chunk of 2,000 tokens (8 prompts) pays the base:
+    # 20 ms + 2,000 x 100.01 us + 8 x 1 ms = 228.02 ms.
+    assert apart.max_prompt_tokens_per_s == pytest.approx(0.95 * 2000 / 0.22802, rel=1e-9)
+    # 20 requests/s: 5,000 prompt and 1,000 output tokens/s. Busy seconds per second, at
+    # full decode batches of 32 (context 275: 200 us + 275 x 10 ns per sequence):
+    # 1,000 / 32 steps x 20 ms base + 1,000 x 202.75 us + 5,000 x 104.01 us.
+    prompt, output = 5000.0, 1000.0
+    busy = output / 32 * 0.02 + output * 202.75e-6 + prompt * 104.01e-6
+    shares = prompt / joint.max_prompt_tokens_per_s + output / joint.max_decode_tokens_per_s
+    # The prompt share carries the queue's margin (rho 0.95) and nothing else.
+    assert shares == pytest.approx(busy + prompt * 104.01e-6 * (1 / 0.95 - 1), rel=1e-9)
+    apart_shares = prompt / apart.max_prompt_tokens_per_s + output / apart.max_decode_tokens_per_s
+    # Counted apart, each prompt token also paid its chunk's share of a base step (and of
+    # the per-prompt cost at 8 prompts per chunk): 20 ms / 2,000 = 10 us more per token.
+    extra_per_token_s = 0.22802 / 2000 - 104.01e-6
+    assert apart_shares - shares == pytest.approx(prompt * extra_per_token_s / 0.95, rel=1e-6)

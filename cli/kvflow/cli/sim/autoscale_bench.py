@@ -92,6 +92,7 @@ class BenchConfig:
             max_num_seqs=p.max_num_seqs,
             kv_capacity_tokens=p.num_kv_blocks * p.block_size,
             source=f"{p.name} (derived)",
+            colocated=True,  # the benchmark's one role is colocated
         )  # fmt: skip
 
 

@@ -17,8 +17,16 @@ the replica then generates n / step(n) tokens/s. For h100-llama3-8b (6.6 ms base
 30.3 us/seq, 48.9 ns/token) at L = 1,152 and a 50 ms TPOT: (50 - 6.6) / (30.3 + 56.3) us =
 501 -> capped at max_num_seqs 256, a 28.8 ms step: 8.9 k tokens/s.
 
-Prefill: a replica prefills at most B / step(B) tokens/s with full B-token chunks (B =
-max_num_batched_tokens). Prompts arrive at random, so a queue forms well before that:
+Prefill: a prefill replica prefills at most B / step(B) tokens/s with full B-token chunks (B =
+max_num_batched_tokens). A colocated replica runs its prompts' chunks inside the steps it
+runs for decode anyway: the base step is paid once per step, and the decode capacity
+(n / step(n)) already counts it, so its prompt tokens cost only their own work,
+1 / (per_prefill_token + per_kv_token + per_prefill_seq / input) tokens/s. Counting the
+base in both (as this module did) made a replica's shares add to more than its busy time:
+at the planner benchmark's mix (h200x2-llama3-70b, 256 in / 64 out) the prompt share was
+7.6 % too large, 3.85 shares at 40 requests/s where one step-time budget per replica says
+3.73 (3.65 at 100 % busy; the simulator holds 10.4 requests/s per replica at 95 %
+attainment, 3.85 replicas' worth). Prompts arrive at random, so a queue forms well before that:
 a prompt's wait W in an M/D/1 queue at utilisation rho, with service s = input /
 throughput, has the heavy-traffic tail P(W > t) ~= rho x exp(-2 (1 - rho) t / (rho s))
 (Kingman; deterministic service). The largest rho with P(W > ttft - alone) <= 1 - p/100,
@@ -89,6 +97,16 @@ def prefill_tokens_per_s(cost: StepCost, *, input_tokens: float, chunk_tokens: i
     return chunk_tokens / step_s
 
 
+def marginal_prefill_tokens_per_s(cost: StepCost, *, input_tokens: float) -> float:
+    """Prompt tokens/s a colocated replica adds to steps it runs anyway (no base step)."""
+    per_token_s = (
+        cost.per_prefill_token_s
+        + cost.per_kv_token_s
+        + cost.per_prefill_seq_s / max(input_tokens, 1.0)
+    )
+    return math.inf if per_token_s <= 0 else 1.0 / per_token_s
+
+
 def prompt_alone_s(cost: StepCost, *, input_tokens: float, chunk_tokens: int) -> float:
     """One mean prompt's prefill on an idle replica (its chunks back to back)."""
     num_chunks = max(1, math.ceil(input_tokens / chunk_tokens))
@@ -129,8 +147,14 @@ def capacity_from_timing(
     max_num_seqs: int,
     kv_capacity_tokens: int,
     source: str = "",
+    colocated: bool = False,
 ) -> CapacityProfile:
-    """A replica's SLO capacity for a traffic mix (the module docstring's arithmetic)."""
+    """A replica's SLO capacity for a traffic mix (the module docstring's arithmetic).
+
+    `colocated`: the replica both prefills and decodes (role colocated), so its prompt
+    capacity is the marginal one (no base step); False: a prefill or decode replica of a
+    disaggregated pool, whose prefill steps pay the base themselves.
+    """
     if mean_input_tokens <= 0 or mean_output_tokens <= 0:
         raise ValueError("mean input and output tokens must be > 0")
     throughput = prefill_tokens_per_s(
@@ -163,8 +187,15 @@ def capacity_from_timing(
             f"not one {mean_input_tokens + mean_output_tokens:.0f}-token sequence fits the "
             "KV cache; use more GPUs per replica or shorter requests"
         )
+    # The queue's utilisation bound stays the one whole chunks set: a prompt waits for the
+    # steps ahead of it either way; only what each prompt token costs differs.
+    prompt_tokens_per_s = (
+        marginal_prefill_tokens_per_s(cost, input_tokens=mean_input_tokens)
+        if colocated
+        else throughput
+    )
     return CapacityProfile(
-        max_prompt_tokens_per_s=rho * throughput,
+        max_prompt_tokens_per_s=rho * prompt_tokens_per_s,
         max_decode_tokens_per_s=seqs / decode_step_s(cost, seqs, context_tokens),
         source=source or "step-time profile",
     )

@@ -60,6 +60,12 @@ class PlannerMetrics:
             pool,
             registry=r,
         )
+        self.prometheus_failures = Counter(
+            "kvflow_operator_planner_prometheus_failures",
+            "Intervals a pool's Prometheus (autoscaling.prometheus) gave no usable answer",
+            pool,
+            registry=r,
+        )
         self.interval_s = Histogram(
             "kvflow_operator_planner_interval_seconds",
             "One planner interval of one pool: list pods, scrape, decide, write",

@@ -47,6 +47,8 @@ from kvflow.operator.observe.observation import (
     observe_role,
 )
 from kvflow.operator.observe.pods import PoolPods, RolePods, classify
+from kvflow.operator.observe.prometheus import PrometheusError, instant_query
+from kvflow.operator.observe.promql import AnswerError, fold, pool_query
 from kvflow.operator.observe.scrape import fetch_all
 from kvflow.operator.planner.config import config_from_spec
 from kvflow.operator.planner.model import plan
@@ -55,6 +57,7 @@ from kvflow.operator.planner.types import (
     Observation,
     PlannerConfig,
     PlannerState,
+    SloVerdict,
 )
 from kvflow.operator.planner_metrics import PlannerMetrics
 from kvflow.operator.reconcile import PlanOutcome, Reconciler
@@ -137,24 +140,42 @@ class PlanningLoop:
                 self.kube.list_children, "Deployment", namespace, pool_labels(pool)
             )
         }
-        reads = await self._read(namespace, name, pods)
-        previous, previous_at_s = memory.reads, memory.read_at_s
-        memory.reads, memory.read_at_s = reads, now_s
-        if previous_at_s is None:
-            log.info("planner: %s/%s: first read; deciding from the next one", namespace, name)
-            return
-        windows = {url: window(m, previous.get(url)) for url, m in reads.items()}
-        observations = _observations(
-            spec, pool, pods, deployments, windows, now_s, now_s - previous_at_s
-        )
-        for role, obs in observations.items():
-            self.metrics.observed(namespace, name, role, obs)
+        source = spec.autoscaling.prometheus
+        unavailable = ""  # why Prometheus gave no inputs: hold replicas, say so
+        if source is not None:
+            # Prometheus keeps the history: no first read to wait for. Going back to direct
+            # scrapes later starts from a fresh first read.
+            memory.reads, memory.read_at_s = {}, None
+            window_s = float(source.window_seconds or spec.autoscaling.interval_seconds)
+            try:
+                targets = await query_targets(source.url, spec, pool, window_s, pods)
+            except PrometheusError as exc:
+                unavailable = str(exc)
+                self.metrics.prometheus_failures.labels(namespace, name).inc()
+                log.warning("planner: %s/%s: Prometheus: %s", namespace, name, exc)
+                targets = {}
+        else:
+            reads = await self._read(namespace, name, pods)
+            previous, previous_at_s = memory.reads, memory.read_at_s
+            memory.reads, memory.read_at_s = reads, now_s
+            if previous_at_s is None:
+                log.info("planner: %s/%s: first read; deciding from the next one", namespace, name)
+                return
+            windows = {url: window(m, previous.get(url)) for url, m in reads.items()}
+            targets = scraped_targets(spec, pods, windows)
+            window_s = now_s - previous_at_s
+        observations = observations_of(spec, pool, pods, deployments, targets, now_s, window_s)
+        if not unavailable:
+            for role, obs in observations.items():
+                self.metrics.observed(namespace, name, role, obs)
 
         def decide(current: Json) -> PlanOutcome | None:
             current_spec = _spec(current)
             if current_spec is None or not current_spec.autoscaling.enabled:
                 return None
             config = _config(current_spec)
+            if unavailable:
+                return _hold(config, observations, unavailable)
             result = plan(config, observations, memory.state)
             memory.state = result.state
             roles = tuple(role for role, rc in config.roles.items() if rc.is_autoscaled)
@@ -229,12 +250,76 @@ def _config(spec: v1alpha1.InferencePoolSpec) -> PlannerConfig:
     return dataclasses.replace(config, roles=roles)
 
 
-def _observations(
+async def query_targets(
+    url: str,
+    spec: v1alpha1.InferencePoolSpec,
+    pool: PoolRef,
+    window_s: float,
+    pods: PoolPods,
+) -> dict[WorkerRole, Targets]:
+    """Each role's metrics over the last `window_s` from the Prometheus at `url`, per
+    scraped target: what `scraped_targets` gives from direct scrapes."""
+    namespace, name = pool.namespace, pool.name
+    data = await instant_query(url, pool_query(namespace, name, window_s))
+    try:
+        series = fold(data)
+    except AnswerError as exc:
+        raise PrometheusError(f"{url}: {exc}") from exc
+    ready = sum(role.ready_replicas for role in pods.roles.values())
+    if ready and not series.workers:
+        raise PrometheusError(
+            f"{url} has no kvflow_worker series with namespace={namespace!r}, "
+            f"pool={name!r} over the last {window_s:.0f} s while {ready} workers are "
+            "ready: does it scrape them (the chart's PodMonitors, monitoring.podMonitor)?"
+        )
+    routers = list(series.routers.values())
+    return {
+        role: Targets(workers=list(series.workers.get(role, {}).values()), routers=routers)
+        for role, _ in worker_roles(spec)
+    }
+
+
+def _hold(
+    config: PlannerConfig, observations: dict[WorkerRole, Observation], why: str
+) -> PlanOutcome:
+    """No inputs this interval (Prometheus did not answer): every role the planner moves
+    keeps the replicas its Deployment asks for, and status says why."""
+    roles = tuple(role for role, rc in config.roles.items() if rc.is_autoscaled)
+    message = f"cannot read the planner's inputs: {why}"
+    decisions = tuple(
+        Decision(
+            role=role,
+            replicas=obs.desired_replicas,
+            previous_replicas=obs.desired_replicas,
+            reason="PrometheusUnavailable",
+            message=f"holding {obs.desired_replicas}: {message}",
+        )
+        for role, obs in observations.items()
+        if role in roles
+    )
+    verdict = SloVerdict("Unknown", "PrometheusUnavailable", message[:1024])
+    return PlanOutcome(decisions=decisions, scaled_roles=roles, slo=verdict)
+
+
+def scraped_targets(
+    spec: v1alpha1.InferencePoolSpec, pods: PoolPods, windows: dict[str, Metrics]
+) -> dict[WorkerRole, Targets]:
+    """Each role's windows from direct scrapes: its ready pods' and every router's."""
+    routers = [windows[url] for url in pods.router_targets if url in windows]
+    out: dict[WorkerRole, Targets] = {}
+    for role, _ in worker_roles(spec):
+        role_pods = pods.roles.get(role, RolePods())
+        workers = [windows[url] for url in role_pods.targets if url in windows]
+        out[role] = Targets(workers=workers, routers=routers)
+    return out
+
+
+def observations_of(
     spec: v1alpha1.InferencePoolSpec,
     pool: PoolRef,
     pods: PoolPods,
     deployments: dict[str, Json],
-    windows: dict[str, Metrics],
+    targets: dict[WorkerRole, Targets],
     now_s: float,
     window_s: float,
 ) -> dict[WorkerRole, Observation]:
@@ -243,7 +328,6 @@ def _observations(
         tpot_target_s=spec.slo.tpot_target_ms / 1000,
         percentile=spec.slo.percentile,
     )
-    routers = [windows[url] for url in pods.router_targets if url in windows]
     out: dict[WorkerRole, Observation] = {}
     for role, role_spec in worker_roles(spec):
         role_pods = pods.roles.get(role, RolePods())
@@ -253,14 +337,13 @@ def _observations(
             if deployment is not None
             else role_spec.replicas
         )
-        workers = [windows[url] for url in role_pods.targets if url in windows]
         out[role] = observe_role(
             role,
             time_s=now_s,
             window_s=window_s,
             desired_replicas=desired,
             pods=role_pods,
-            targets=Targets(workers=workers, routers=routers),
+            targets=targets.get(role, Targets(workers=[], routers=[])),
             slo=slo,
         )
     return out

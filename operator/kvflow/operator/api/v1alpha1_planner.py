@@ -29,6 +29,28 @@ class SloSpec:
     )
 
 
+@dataclass(frozen=True)
+class PrometheusSource:
+    """A Prometheus that scrapes the pool's workers and routers: the planner reads its
+    inputs with PromQL over its HTTP API instead of scraping the pods itself."""
+
+    url: str = field(
+        """Base URL of the Prometheus HTTP API (the planner calls <url>/api/v1/query), e.g.
+        http://prometheus-operated.monitoring:9090. Its kvflow series must carry the labels
+        namespace, pool and role, as the chart's PodMonitors add them.""",
+        pattern="^https?://[^\\s]+$",
+        max_length=2048,
+    )
+    window_seconds: int | None = field(
+        """The window rates, percentiles and violation shares are taken over (PromQL
+        increase over it). Unset: intervalSeconds. Give it at least two scrape intervals
+        (four is Prometheus' advice for rates): with fewer, a series has no increase.""",
+        None,
+        minimum=5,
+        maximum=3600,
+    )
+
+
 @cel(
     CelRule(
         "has(self.replicaPromptTokensPerSecond) == has(self.replicaDecodeTokensPerSecond)",
@@ -89,4 +111,10 @@ class AutoscalingSpec:
         None,
         minimum=0,
         exclusive_minimum=True,
+    )
+    prometheus: PrometheusSource | None = field(
+        """Read the planner's inputs from this Prometheus. Unset: the operator scrapes the
+        workers' and routers' /metrics itself. Unreachable: the planner holds replicas and
+        says so (reason PrometheusUnavailable).""",
+        None,
     )

@@ -197,6 +197,7 @@ DecisionReason = Literal[
     "AutoscalingDisabled",  # spec replicas: autoscaling is off
     "ManualOverride",  # spec replicas: the role is pinned in autoscaling.manualRoles
     "MetricsMissing",  # no usable input: replicas held
+    "PrometheusUnavailable",  # autoscaling.prometheus gave no answer: replicas held
     "TtftViolation",  # up: TTFT at the percentile over target
     "TpotViolation",  # up: TPOT at the percentile over target
     "QueueWait",  # up: prompts wait too long before prefill
@@ -221,6 +222,7 @@ SloReason = Literal[
     "TpotAboveTarget",
     "TtftAndTpotAboveTarget",
     "AwaitingMetrics",  # no latency measured yet (no traffic, or not scraped)
+    "PrometheusUnavailable",  # autoscaling.prometheus gave no answer: nothing measured
     "AutoscalingDisabled",
 ]
 

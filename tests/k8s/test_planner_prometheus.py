@@ -1,0 +1,65 @@
+"""A pool whose Prometheus does not answer, in the real operator against the real API
+server: the planner holds replicas, says why in status, and goes on running.
+
+(The Prometheus source's answers against a real Prometheus: tests/operator/
+test_planner_prometheus.py.)
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+
+from k8s.controlplane import ControlPlane
+from k8s.operator_process import OperatorProcess
+from k8s.pools import apply_pool, condition, get_pool, wait_ready
+from k8s.support import wait_for
+from k8s.test_planner import deployment_replicas, loopback_node, planner_spec
+
+__all__ = ["loopback_node"]  # the fixture, used by name
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_prometheus_holds_replicas_and_says_so(
+    cluster: ControlPlane, namespace: str, operator: OperatorProcess, loopback_node: str
+) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    spec = planner_spec(loopback_node, replicas=2)
+    spec["autoscaling"]["prometheus"] = {"url": url}
+    apply_pool(cluster, namespace, "blind", spec)
+    wait_ready(cluster, namespace, "blind")
+
+    def held() -> bool:
+        status = get_pool(cluster, namespace, "blind").get("status", {})
+        try:
+            slo = condition({"status": status}, "SLOMet")
+        except StopIteration:
+            return False
+        return slo["reason"] == "PrometheusUnavailable"
+
+    wait_for(held, 60, "SLOMet to say PrometheusUnavailable")
+    status = get_pool(cluster, namespace, "blind")["status"]
+    slo = condition({"status": status}, "SLOMet")
+    assert slo["status"] == "Unknown" and url in slo["message"], slo
+    assert "colocated: PrometheusUnavailable: holding 2" in status["planner"]["reason"]
+    assert status["planner"]["roles"] == [{"name": "colocated", "replicas": 2}]
+    time.sleep(12)  # two more intervals: still held, the operator still running
+    assert deployment_replicas(cluster, namespace, "blind-colocated") == 2
+    assert operator.proc is not None and operator.proc.popen.poll() is None
+    metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{operator.liveness_port}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
+    failures = [
+        line for line in metrics.splitlines()
+        if line.startswith("kvflow_operator_planner_prometheus_failures_total")
+        and 'pool="blind"' in line
+    ]  # fmt: skip
+    assert failures and float(failures[0].split()[-1]) >= 3, failures

@@ -16,11 +16,20 @@ import yaml
 from kvflow.engine_worker.settings import parse_args as parse_worker_args
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import from_json
+from kvflow.operator.api.v1alpha1_admission import (
+    ROUTER_MAX_QUEUE_TIME_S,
+    ROUTER_SHED_QUEUE_TIME_S,
+)
 from kvflow.operator.builders.desired import desired_children
 from kvflow.operator.builders.names import Images, PoolRef
 from kvflow.operator.builders.router import CONFIG_KEY, router_config
 from kvflow.router.cli import parse_args as parse_router_args
-from kvflow.router.settings import parse_config
+from kvflow.router.serving.admission import (
+    DEFAULT_MAX_QUEUE_TIME_S,
+    DEFAULT_SHED_QUEUE_TIME_S,
+    AdmissionConfig,
+)
+from kvflow.router.settings import RouterSettings, parse_config
 
 POOL = PoolRef(name="p", namespace="ns", uid="uid-1", generation=1)
 IMAGES = Images(worker="w:1", router="r:1")
@@ -138,3 +147,28 @@ def test_router_accepts_the_disaggregation_policy() -> None:
     assert policy.min_remote_prefill_tokens == 300
     assert policy.max_prefill_queue_depth == 4
     assert policy.transfer_timeout_s == 2.5
+
+
+def test_the_admission_spec_reaches_the_router_and_its_defaults_are_the_routers(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / CONFIG_KEY
+    config.write_text("{}")
+
+    def router_settings(spec: v1alpha1.InferencePoolSpec) -> RouterSettings:
+        (router,) = [c for c in containers(spec) if c["args"][0] == "router"]
+        args = [str(config) if a.endswith("/" + CONFIG_KEY) else a for a in router["args"][1:]]
+        settings = parse_router_args(args, env={})
+        assert settings is not None
+        return settings
+
+    spec = spec_of({"model": {"servedName": "m"},
+                    "router": {"admission": {"shedQueueTimeSeconds": 2.5,
+                                             "maxQueueTimeSeconds": 5,
+                                             "pollIntervalSeconds": 0.25}}})  # fmt: skip
+    assert router_settings(spec).admission == AdmissionConfig(2.5, 5.0, 0.25, is_enabled=True)
+    off = spec_of({"model": {"servedName": "m"}, "router": {"admission": {"enabled": False}}})
+    assert not router_settings(off).admission.is_enabled
+    # The CRD's CEL rule repeats the router's defaults (v1alpha1_admission).
+    assert (ROUTER_SHED_QUEUE_TIME_S, ROUTER_MAX_QUEUE_TIME_S) == (
+        DEFAULT_SHED_QUEUE_TIME_S, DEFAULT_MAX_QUEUE_TIME_S)  # fmt: skip

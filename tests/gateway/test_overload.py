@@ -119,8 +119,8 @@ def test_full_worker_queue_refuses_at_once_with_a_pushback_and_holds_nothing(
 def test_full_worker_queue_reaches_the_client_as_503_with_retry_after(
     bounded_worker: WorkerProcess,
 ) -> None:
-    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", bounded_worker.address],
-                             env={"KVFLOW_ADMISSION": "off"})  # fmt: skip
+    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", bounded_worker.address,
+                              "--admission", "off"])  # fmt: skip
     try:
         gateway.wait_ready()
         # 10 at once on a worker that runs 1 and queues 2: the rest are refused by it.
@@ -149,9 +149,9 @@ def worker() -> Iterator[WorkerProcess]:
 def test_gateway_sheds_from_the_estimated_queue_time_before_workers_refuse(
     worker: WorkerProcess,
 ) -> None:
-    env = {"KVFLOW_ADMISSION_SHED_QUEUE_TIME_S": "0.5", "KVFLOW_ADMISSION_MAX_QUEUE_TIME_S": "1",
-           "KVFLOW_ADMISSION_POLL_INTERVAL_S": "0.1"}  # fmt: skip
-    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address], env=env)
+    flags = ["--admission-shed-queue-time-s", "0.5", "--admission-max-queue-time-s", "1",
+             "--admission-poll-interval-s", "0.1"]  # fmt: skip
+    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address, *flags])
     try:
         gateway.wait_ready()
 
@@ -189,11 +189,10 @@ def tenant_gateway(tmp_path: Path, worker: WorkerProcess) -> Iterator[GatewayPro
     config = {"tenants": [{"name": t, "api_key_sha256": hash_api_key(key(t))} for t in "ab"]}
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {"KVFLOW_ADMISSION_SHED_QUEUE_TIME_S": "0.5",
-           "KVFLOW_ADMISSION_MAX_QUEUE_TIME_S": "1000",
-           "KVFLOW_ADMISSION_POLL_INTERVAL_S": "0.1"}  # fmt: skip
+    flags = ["--admission-shed-queue-time-s", "0.5", "--admission-max-queue-time-s", "1000",
+             "--admission-poll-interval-s", "0.1"]  # fmt: skip
     gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
-                              "--config", str(path)], env=env)  # fmt: skip
+                              "--config", str(path), *flags])  # fmt: skip
     try:
         gateway.wait_ready()
         yield gateway

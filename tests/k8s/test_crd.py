@@ -145,6 +145,16 @@ def test_defaults_are_filled_in_by_the_api_server(
             "spec.engine.kvCacheGiB: Invalid value: 0",
         ),
         (
+            "admission-shed-over-max",
+            {"model": {"servedName": "m"}, "router": {"admission": {"maxQueueTimeSeconds": 5}}},
+            "router.admission.shedQueueTimeSeconds (default 10) must be at most",
+        ),
+        (
+            "admission-zero-poll",
+            {"model": {"servedName": "m"}, "router": {"admission": {"pollIntervalSeconds": 0}}},
+            "spec.router.admission.pollIntervalSeconds: Invalid value: 0",
+        ),
+        (
             "9starts-with-digit",
             {"model": {"servedName": "m"}},
             "an InferencePool name must start with a letter",

@@ -258,6 +258,19 @@ def test_router_reads_tenants_from_the_users_secret_without_rolling_on_a_change(
     assert "--tenants-file" not in router_args(POOL, spec_of())
 
 
+def test_router_admission_spec_becomes_the_routers_flags() -> None:
+    base = router_args(POOL, spec_of())
+    assert not [a for a in base if a.startswith("--admission")]  # the router's defaults
+    spec = spec_of(router={"admission": {"shedQueueTimeSeconds": 2.5, "maxQueueTimeSeconds": 5,
+                                         "pollIntervalSeconds": 0.25}})  # fmt: skip
+    assert router_args(POOL, spec)[len(base):] == [
+        "--admission-shed-queue-time-s", "2.5", "--admission-max-queue-time-s", "5.0",
+        "--admission-poll-interval-s", "0.25",
+    ]  # fmt: skip
+    off = spec_of(router={"admission": {"enabled": False}})
+    assert router_args(POOL, off)[len(base) :] == ["--admission", "off"]
+
+
 def test_routing_config_change_rolls_the_routers() -> None:
     def config_hash(spec: v1alpha1.InferencePoolSpec) -> str:
         deployment = build(spec)[ChildKey("apps/v1", "Deployment", "p-router")]

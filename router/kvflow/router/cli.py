@@ -8,14 +8,21 @@ import gc
 import getpass
 import logging
 import math
+import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import uvloop
 
 from kvflow.router.routing.pipeline import RoutingConfigError
+from kvflow.router.serving.admission import (
+    ADMISSION_FLAGS,
+    AdmissionConfig,
+    AdmissionConfigError,
+    removed_env_problem,
+)
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key, hmac_api_key
 from kvflow.router.tenants.source import KEY_SECRET_ENV, key_secret_from_env
@@ -106,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve /metrics on this port (0: any free port) and not on --port, which "
         "tenants reach (default: on --port)",
     )
+    _admission_flags(p, d.admission)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument("--seed", type=int, help="seed of routing tie-breaks (default: random)")
     p.add_argument(
@@ -117,9 +125,59 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str]) -> RouterSettings | None:
+def _admission_flags(p: argparse.ArgumentParser, d: AdmissionConfig) -> None:
+    g = p.add_argument_group(
+        "admission control",
+        "shed load at the gateway from the workers' estimated queue time, before latency "
+        "collapses (docs/router.md, Overload)",
+    )
+    g.add_argument(
+        "--admission",
+        choices=["on", "off"],
+        default="on" if d.is_enabled else "off",
+        help="off: admit everything; workers with a bounded queue still refuse (503) "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        ADMISSION_FLAGS["shed_queue_time_s"],
+        type=_seconds(allow_zero=False),
+        default=d.shed_queue_time_s,
+        metavar="S",
+        help="past this estimated wait, a tenant over its fair share of the requests in "
+        "flight gets 429 with Retry-After (default: %(default)s)",
+    )
+    g.add_argument(
+        ADMISSION_FLAGS["max_queue_time_s"],
+        type=_seconds(allow_zero=False),
+        default=d.max_queue_time_s,
+        metavar="S",
+        help="past this estimated wait, everyone gets 503 with Retry-After; at least the "
+        "shed time (default: %(default)s)",
+    )
+    g.add_argument(
+        ADMISSION_FLAGS["poll_interval_s"],
+        type=_seconds(allow_zero=False),
+        default=d.poll_interval_s,
+        metavar="S",
+        help="how often each worker's queue is read (default: %(default)s)",
+    )
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> RouterSettings | None:
     """Settings from the command line; None after --hash-api-key did its job."""
     args = _parser().parse_args(list(argv))
+    removed = removed_env_problem(env)
+    if removed is not None:
+        raise ConfigError(removed)
+    try:
+        admission = AdmissionConfig(
+            shed_queue_time_s=args.admission_shed_queue_time_s,
+            max_queue_time_s=args.admission_max_queue_time_s,
+            poll_interval_s=args.admission_poll_interval_s,
+            is_enabled=args.admission == "on",
+        )
+    except AdmissionConfigError as exc:
+        raise ConfigError(str(exc)) from exc
     if args.hash_api_key:
         key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline()
         secret = key_secret_from_env()
@@ -141,6 +199,7 @@ def parse_args(argv: Sequence[str]) -> RouterSettings | None:
         drain_grace_s=args.drain_grace_s,
         tenants_file=Path(args.tenants_file) if args.tenants_file else None,
         metrics_port=args.metrics_port,
+        admission=admission,
     )
 
 

@@ -47,6 +47,7 @@ from kvflow.router.api.drain import DEFAULT_DRAIN_GRACE_S
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
 from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
 from kvflow.router.routing.placement import DisaggregationConfig
+from kvflow.router.serving.admission import AdmissionConfig
 from kvflow.router.tenants.config import (
     MaxTokensLimits,
     TenantDirectory,
@@ -108,6 +109,8 @@ class RouterSettings:
     # Serve /metrics on this port (0: any free one) instead of on the API's, which tenants
     # reach; None: on the API's port, as `kvflow up` does.
     metrics_port: int | None = None
+    # Gateway admission control (serving/admission.py): the --admission* flags.
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
 
 def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -1,5 +1,6 @@
 """The InferencePool API, version v1alpha1: the one typed source of the CRD (the planner's
-spec types are in ``v1alpha1_planner``, the status types in ``v1alpha1_status``).
+spec types are in ``v1alpha1_planner``, admission's in ``v1alpha1_admission``, the status
+types in ``v1alpha1_status``).
 
 `tools/k8s/gen_crds.py` turns these records into `crds/` (and the chart's copy); the operator
 reads pools into them with `schema.from_json`. Descriptions are what `kubectl explain`
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, JsonObject, Quantity, cel, field
+from kvflow.operator.api.v1alpha1_admission import AdmissionSpec
 from kvflow.operator.api.v1alpha1_planner import AutoscalingSpec, SloSpec
 
 GROUP = "kvflow.io"
@@ -297,6 +299,9 @@ class RouterSpec:
     )
     disaggregation: DisaggregationSpec = field(
         "Per-request disaggregation policy (used in mode disaggregated).", DisaggregationSpec()
+    )
+    admission: AdmissionSpec = field(
+        "Load shedding (429/503 with Retry-After) from the workers' queues.", AdmissionSpec()
     )
     node_selector: dict[str, str] = field("Node labels the router pods require.", {})
     tolerations: list[JsonObject] = field("Router pod tolerations.", [])

@@ -6,7 +6,7 @@ import hashlib
 
 import yaml
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_admission
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.names import (
@@ -101,6 +101,19 @@ def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
         args += ["--redis-url", redis.url]
     if spec.router.tenants_secret is not None:
         args += ["--tenants-file", f"{TENANTS_MOUNT}/{TENANTS_FILE}"]
+    return args + admission_args(spec.router.admission)
+
+
+def admission_args(admission: v1alpha1_admission.AdmissionSpec) -> list[str]:
+    """The router's --admission* flags; none for unset fields (the router's defaults)."""
+    args = [] if admission.enabled else ["--admission", "off"]
+    for flag, value in (
+        ("--admission-shed-queue-time-s", admission.shed_queue_time_seconds),
+        ("--admission-max-queue-time-s", admission.max_queue_time_seconds),
+        ("--admission-poll-interval-s", admission.poll_interval_seconds),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
     return args
 
 

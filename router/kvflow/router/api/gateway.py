@@ -20,7 +20,6 @@ from kvflow.router.protocol.errors import (
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.placement import build_placement
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.serving.admission import AdmissionConfig, AdmissionConfigError
 from kvflow.router.serving.admission_control import AdmissionControl, AdmittedGenerationService
 from kvflow.router.serving.defaults import model_sampling_defaults
 from kvflow.router.serving.executor import PlanExecutor
@@ -168,11 +167,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         config.weights, config.disaggregation, index=index, sessions=sessions, rng=rng
     )
     pool = WorkerPool(index, sessions)
-    try:
-        admission_config = AdmissionConfig.from_env()
-    except AdmissionConfigError as exc:
-        raise ConfigError(str(exc)) from exc
-    admission = AdmissionControl(pool, admission_config, metrics)
+    admission = AdmissionControl(pool, settings.admission, metrics)
     service = AdmittedGenerationService(
         admission,
         pool,

@@ -16,12 +16,12 @@ rate at which they are admitted, the queue's bound):
 
 Retry-After is the time the best queue needs to drain back under the threshold crossed.
 The shares are this replica's view: N router replicas each judge their own traffic.
+Configured by the router's --admission* flags (router/cli.py).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,11 +33,27 @@ PRIORITY_WEIGHT_BASE = 2.0
 MAX_PRIORITY_LEVELS = 16
 MIN_RETRY_AFTER_S = 1.0
 MAX_RETRY_AFTER_S = 60.0
-ENV_PREFIX = "KVFLOW_ADMISSION_"
 
 
 class AdmissionConfigError(ValueError):
-    """An admission setting is invalid; the message names the variable."""
+    """An admission setting is invalid; the message names the flag."""
+
+
+# The router's flags, one per field (router/cli.py): messages name what the operator types.
+ADMISSION_FLAGS = {
+    "shed_queue_time_s": "--admission-shed-queue-time-s",
+    "max_queue_time_s": "--admission-max-queue-time-s",
+    "poll_interval_s": "--admission-poll-interval-s",
+}
+# The environment variables of the first release; a router with one set refuses to start
+# (router/cli.py) rather than ignore it: a deployment that set them would silently shed
+# at the defaults instead.
+REMOVED_ENV = {
+    "KVFLOW_ADMISSION": "--admission on|off",
+    "KVFLOW_ADMISSION_SHED_QUEUE_TIME_S": ADMISSION_FLAGS["shed_queue_time_s"],
+    "KVFLOW_ADMISSION_MAX_QUEUE_TIME_S": ADMISSION_FLAGS["max_queue_time_s"],
+    "KVFLOW_ADMISSION_POLL_INTERVAL_S": ADMISSION_FLAGS["poll_interval_s"],
+}
 
 
 def priority_weight(priority: int) -> float:
@@ -45,49 +61,44 @@ def priority_weight(priority: int) -> float:
     return float(PRIORITY_WEIGHT_BASE ** (-levels))
 
 
+# 10 s of queue is already past what an interactive client tolerates before its first
+# token; 30 s is where clients with default timeouts start giving up and retrying.
+DEFAULT_SHED_QUEUE_TIME_S = 10.0
+DEFAULT_MAX_QUEUE_TIME_S = 30.0
+# How often this router reads each worker's queue (besides the pool's own probes);
+# between reads its own dispatches are counted in.
+DEFAULT_POLL_INTERVAL_S = 0.5
+
+
 @dataclass(frozen=True)
 class AdmissionConfig:
-    # 10 s of queue is already past what an interactive client tolerates before its first
-    # token; 30 s is where clients with default timeouts start giving up and retrying.
-    shed_queue_time_s: float = 10.0
-    max_queue_time_s: float = 30.0
-    # How often this router reads each worker's queue (besides the pool's own probes);
-    # between reads its own dispatches are counted in.
-    poll_interval_s: float = 0.5
+    shed_queue_time_s: float = DEFAULT_SHED_QUEUE_TIME_S
+    max_queue_time_s: float = DEFAULT_MAX_QUEUE_TIME_S
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     is_enabled: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("shed_queue_time_s", "max_queue_time_s", "poll_interval_s"):
+        for name, flag in ADMISSION_FLAGS.items():
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
-                raise AdmissionConfigError(f"{ENV_PREFIX}{name.upper()} must be > 0, got {value}")
+                raise AdmissionConfigError(f"{flag} must be a number of seconds > 0, got {value}")
         if self.shed_queue_time_s > self.max_queue_time_s:
+            shed, most = ADMISSION_FLAGS["shed_queue_time_s"], ADMISSION_FLAGS["max_queue_time_s"]
             raise AdmissionConfigError(
-                f"{ENV_PREFIX}SHED_QUEUE_TIME_S ({self.shed_queue_time_s}) must be at most "
-                f"{ENV_PREFIX}MAX_QUEUE_TIME_S ({self.max_queue_time_s})"
+                f"{shed} ({self.shed_queue_time_s:g}) must be at most {most} "
+                f"({self.max_queue_time_s:g}): tenants over their share are shed first, then "
+                f"everyone; raise {most} or lower {shed}"
             )
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> AdmissionConfig:
-        """KVFLOW_ADMISSION=off disables it; KVFLOW_ADMISSION_SHED_QUEUE_TIME_S,
-        _MAX_QUEUE_TIME_S and _POLL_INTERVAL_S override the defaults."""
-        d = cls()
-        values: dict[str, float] = {}
-        for name in ("shed_queue_time_s", "max_queue_time_s", "poll_interval_s"):
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw is None:
-                values[name] = getattr(d, name)
-                continue
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                raise AdmissionConfigError(
-                    f"{ENV_PREFIX}{name.upper()} must be a number of seconds, got {raw!r}"
-                ) from None
-        switch = env.get("KVFLOW_ADMISSION", "on").lower()
-        if switch not in ("on", "off"):
-            raise AdmissionConfigError(f"KVFLOW_ADMISSION must be on or off, got {switch!r}")
-        return cls(**values, is_enabled=switch == "on")
+
+def removed_env_problem(env: Mapping[str, str]) -> str | None:
+    """What to do instead, when ``env`` still sets a removed KVFLOW_ADMISSION* variable."""
+    found = sorted(name for name in REMOVED_ENV if name in env)
+    if not found:
+        return None
+    flags = " ".join(REMOVED_ENV[name] for name in found)
+    return (f"{', '.join(found)} is no longer read (admission is configured by flags): "
+            f"unset it and pass {flags} instead")  # fmt: skip
 
 
 @dataclass(frozen=True)

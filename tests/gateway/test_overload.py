@@ -16,6 +16,7 @@ import httpx
 import pytest
 import yaml
 from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.scrape import sample
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.proto import worker_pb2 as pb
@@ -131,12 +132,56 @@ def test_full_worker_queue_reaches_the_client_as_503_with_retry_after(
             if r.status_code == 503:
                 assert_overload_answer(r, 503, "service_unavailable")
                 assert "RESOURCE_EXHAUSTED" in r.json()["error"]["message"]
+        # Counted on both sides, the same number of times: each refusal is one 503 here
+        # (one worker, nowhere to fail over to).
+        num_refused = statuses.count(503)
+        worker_metrics = f"http://127.0.0.1:{bounded_worker.metrics_port}/metrics"
+        assert sample(worker_metrics, "kvflow_worker_requests_rejected_total",
+                      reason="queue_full") == num_refused  # fmt: skip
+        assert sample(worker_metrics, "kvflow_worker_requests_rejected_total",
+                      reason="queue_time") == 0  # fmt: skip
+        assert sample(f"{gateway.url}/metrics", "kvflow_router_worker_rejections_total",
+                      worker=bounded_worker.address) == num_refused  # fmt: skip
+        assert sample(f"{gateway.url}/metrics", "kvflow_router_admission_rejections_total") == 0
         # Busy is not down: the worker stays in the pool and serves the next request.
         assert httpx.get(f"{gateway.url}/ready").json()["workers_healthy"] == 1
         assert asyncio.run(post_all(gateway.url, [body(2)]))[0].status_code == 200
         assert wait_until_idle(bounded_worker).kv_usage == 0.0
     finally:
         gateway.stop()
+
+
+def test_a_worker_refuses_past_its_queue_time_and_both_sides_count_it() -> None:
+    """--max-queue-time-s: once the worker knows its drain rate (about 2.5 requests/s
+    here), a request that would wait over 0.3 s is refused; the worker counts queue_time,
+    the gateway counts the worker's refusal, and the client gets 503."""
+    worker = launch_worker([*SIM_ARGS, "--max-queue-time-s", "0.3"], timeout_s=120)
+    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
+                              "--admission", "off"])  # fmt: skip
+    try:
+        gateway.wait_ready()
+
+        async def waves() -> list[httpx.Response]:
+            # The first wave is accepted whole (no rate known yet) and backlogs the worker
+            # for seconds; the second finds a measured rate and a long queue.
+            first, second = await asyncio.gather(
+                post_all(gateway.url, [body(20) for _ in range(6)]),
+                post_all(gateway.url, [body(20) for _ in range(6)], delay_s=1.0),
+            )
+            return [*first, *second]
+
+        statuses = [r.status_code for r in asyncio.run(waves())]
+        num_refused = statuses.count(503)
+        assert num_refused >= 1 and set(statuses) == {200, 503}, statuses
+        worker_metrics = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+        name = "kvflow_worker_requests_rejected_total"
+        assert sample(worker_metrics, name, reason="queue_time") == num_refused
+        assert sample(worker_metrics, name, reason="queue_full") == 0
+        assert sample(f"{gateway.url}/metrics", "kvflow_router_worker_rejections_total",
+                      worker=worker.address) == num_refused  # fmt: skip
+    finally:
+        gateway.stop()
+        worker.stop(timeout_s=10)
 
 
 @pytest.fixture
@@ -172,6 +217,10 @@ def test_gateway_sheds_from_the_estimated_queue_time_before_workers_refuse(
         for r in refused:
             assert_overload_answer(r, 503, "service_unavailable")
             assert "at capacity" in r.json()["error"]["message"]
+        metrics = f"{gateway.url}/metrics"
+        name = "kvflow_router_admission_rejections_total"
+        assert sample(metrics, name, code="503", reason="cluster_full") == len(refused)
+        assert sample(metrics, name, code="429") == 0
         # Shed, not queued: the admitted requests' queue stayed short, so the whole run
         # took far less than 26 requests one after another (26 * 0.4 s).
         assert time.monotonic() - started_s < 8.0
@@ -231,6 +280,10 @@ def test_a_tenant_burst_neither_starves_another_nor_escapes_shedding(
     for r in more_a:
         assert_overload_answer(r, 429, "rate_limit_exceeded")
         assert "share of the requests in flight" in r.json()["error"]["message"]
+    name = "kvflow_router_admission_rejections_total"
+    metrics = f"{url}/metrics"
+    assert sample(metrics, name, code="429", reason="over_share") == len(more_a)
+    assert sample(metrics, name, code="503", reason="cluster_full") == 0
 
 
 @pytest.fixture

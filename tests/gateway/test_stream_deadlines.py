@@ -24,6 +24,7 @@ import grpc
 import httpx
 import pytest
 from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.scrape import sample
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.proto import worker_pb2 as pb
@@ -102,6 +103,10 @@ def workers_tried(route: str) -> list[str]:
     return re.findall(r"worker=([^;,]+)", route)
 
 
+def deadline_misses(gateway: GatewayProcess, kind: str) -> float:
+    return sample(f"{gateway.url}/metrics", "kvflow_router_deadline_misses_total", kind=kind)
+
+
 def test_a_worker_wedged_before_its_first_token_is_failed_over_and_then_avoided() -> None:
     with cluster({}, {"KVFLOW_FAULT_HANG_ON_STEP": "1"}) as (gateway, (healthy, wedged)):
         # Until placement picks the wedged worker once (a tie between idle workers).
@@ -118,6 +123,8 @@ def test_a_worker_wedged_before_its_first_token_is_failed_over_and_then_avoided(
         # Answered by the healthy worker, after waiting the first-token deadline once.
         assert workers_tried(result.route) == [wedged.address, healthy.address]
         assert FIRST_TOKEN_S <= elapsed_s < FIRST_TOKEN_S + SLACK_S
+        assert deadline_misses(gateway, "first_token") == 1
+        assert deadline_misses(gateway, "token_stall") == 0
         # The wedged worker still says it serves (liveness is off), yet new requests avoid
         # it at once: each is fast and placed on the healthy worker only.
         with grpc.insecure_channel(wedged.address) as channel:
@@ -142,6 +149,8 @@ def test_a_worker_wedged_mid_stream_ends_the_stream_with_an_error_not_a_hang() -
         assert "no token for" in str(result.error["message"])
         # (Measured here: each arrival is late by a few ms of transit, not always equally.)
         assert STALL_S - 0.25 <= result.error_s - result.last_text_s < STALL_S + SLACK_S
+        assert deadline_misses(gateway, "token_stall") == 1
+        assert deadline_misses(gateway, "first_token") == 0
         # The only worker is quarantined: a non-streaming request is a 503 JSON at once.
         started_s = time.monotonic()
         body = {"model": MODEL, "prompt": list(range(40)), "max_tokens": 4}

@@ -244,7 +244,7 @@ async def serve(settings: WorkerSettings) -> None:
         structured = StructuredOutputs(
             settings.model, built.info.vocab_size, built.info.eos_token_ids
         )
-    service = WorkerService(loop, built.info, built.runner.kv_layout, structured)
+    service = WorkerService(loop, built.info, built.runner.kv_layout, structured, metrics)
     pb_grpc.add_WorkerServicer_to_server(service, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     http = start_http_server(

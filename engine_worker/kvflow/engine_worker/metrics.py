@@ -16,6 +16,8 @@ LATENCY_BUCKETS_S = (
     0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0,
 )  # fmt: skip
 
+REJECT_REASONS = ("queue_full", "queue_time")
+
 
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -97,6 +99,16 @@ class WorkerMetrics:
             "Requests waiting for remote KV or holding blocks until sent",
             registry=r,
         )
+        self.rejected = Counter(
+            p + "requests_rejected",
+            "Generate and Prefill calls refused before queueing (RESOURCE_EXHAUSTED): the "
+            "queue at --max-waiting-requests (queue_full) or the estimated wait over "
+            "--max-queue-time-s (queue_time)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
         self._last_token_time_s: dict[str, float] = {}
         self._last_step_time_s: float | None = None
         self._seen_queried = 0

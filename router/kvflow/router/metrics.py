@@ -47,6 +47,10 @@ PD_FAILURE_KINDS = (
     "decode_failed",  # the decode worker failed before its first token: re-planned
 )
 
+# Why admission control refused a request (serving/admission.py), by the status answered.
+ADMISSION_REFUSALS = {"429": ("over_share",), "503": ("cluster_full", "queues_full")}
+DEADLINE_KINDS = ("first_token", "token_stall")  # workers/deadlines.py's DeadlineKind
+
 
 class RouterMetrics:
     def __init__(self) -> None:
@@ -168,6 +172,33 @@ class RouterMetrics:
             "kvflow_router_tenant_rejections_total",
             "Requests refused by a quota or rate limit",
             ["tenant", "limit"],
+            registry=r,
+        )
+        self.admission_rejections = Counter(
+            "kvflow_router_admission_rejections_total",
+            "Requests admission control refused before any worker saw them, by the status "
+            "answered (429: a tenant over its share; 503: the cluster is full) and why",
+            ["code", "reason"],
+            registry=r,
+        )
+        for code, reasons in ADMISSION_REFUSALS.items():
+            for reason in reasons:
+                self.admission_rejections.labels(code, reason)
+        self.deadline_misses = Counter(
+            "kvflow_router_deadline_misses_total",
+            "Worker streams cancelled for missing a deadline: no first token within "
+            "--first-token-timeout-s, or no next token within --token-stall-timeout-s",
+            ["kind"],
+            registry=r,
+        )
+        for kind in DEADLINE_KINDS:
+            self.deadline_misses.labels(kind)
+        # Label worker: the pool's workers (host:port), bounded by its size, as the index's.
+        self.worker_rejections = Counter(
+            "kvflow_router_worker_rejections_total",
+            "Calls a worker refused with its queue full (RESOURCE_EXHAUSTED), by worker; "
+            "the request went to another worker or got 503",
+            ["worker"],
             registry=r,
         )
         self._workers_healthy = Gauge(

@@ -131,6 +131,7 @@ class AdmissionControl:
             self._num_dispatched += 1
             return verdict
         self._metrics.tenant_rejections.labels(tenant.name, verdict.reason).inc()
+        self._metrics.admission_rejections.labels(str(verdict.status), verdict.reason).inc()
         wait = f"about {verdict.estimated_wait_s:.0f} s of queue"
         if verdict.status == 429:
             raise rate_limited(

@@ -192,6 +192,8 @@ class PlanExecutor:
                 result = await client.prefill(job, reservation, self._config.transfer_timeout_s)
         except WorkerError as exc:
             metrics.pd_failures.labels(prefill_failure_kind(exc)).inc()
+            if isinstance(exc, WorkerBusyError):
+                metrics.worker_rejections.labels(exc.worker_id).inc()
             metrics.pd_transfers.labels("fallback").inc()
             # A rejection is a configuration bug (kv layout, handoff version): say so louder.
             level = logging.ERROR if isinstance(exc, RequestRejectedError) else logging.WARNING
@@ -213,8 +215,11 @@ class PlanExecutor:
     ) -> ApiError | AttemptFailedError:
         """What the failure of the stream the client reads means for the request."""
         is_stalled = isinstance(exc, WorkerStalledError)
-        if is_stalled:
+        if isinstance(exc, WorkerStalledError):
+            self._metrics.deadline_misses.labels(exc.miss.kind.value).inc()
             self._pool.quarantine(WorkerId(exc.worker_id), exc.detail)
+        if isinstance(exc, WorkerBusyError):
+            self._metrics.worker_rejections.labels(exc.worker_id).inc()
         if choice.has_output and not is_buffered:
             if is_stalled:
                 return worker_timed_out(

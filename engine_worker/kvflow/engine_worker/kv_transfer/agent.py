@@ -219,11 +219,12 @@ class KvTransferAgent:
 def make_transport(
     kind: KvTransportKind, *, host: str, port: int, advertise_host: str, instance_id: str
 ) -> Transport:
+    from kvflow.engine_worker.auth import token_from_env
+
     if kind is KvTransportKind.TCP:
-        from kvflow.engine_worker.auth import token_from_env
         from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 
         return TcpTransport(host, port, advertise_host, token=token_from_env())
     from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 
-    return TorchDistTransport(kind, host, port, advertise_host, instance_id)
+    return TorchDistTransport(kind, host, port, advertise_host, instance_id, token=token_from_env())

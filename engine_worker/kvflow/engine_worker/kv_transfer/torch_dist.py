@@ -14,6 +14,11 @@ A transfer moves as pipelined messages of up to 16 MiB (pipeline.py).
 A group whose transfer failed or timed out may still hold a half-done send or receive, so
 it is never reused: the side that notices marks it ``kvflow/broken/<name>`` in the store
 and the next transfer forms a fresh group with a new name.
+
+With the pool's worker token (KVFLOW_WORKER_TOKEN) each new group first runs a mutual
+HMAC challenge-response (group_auth.py): the store is open to anyone who reaches the port,
+so a group is used only once its other rank proved the token. A group whose peer fails is
+refused (the transfer fails, its blocks are freed) and never cached.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from kvflow.engine_worker.kv_transfer.base import (
     split_endpoint,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.group_auth import HandshakeRefusedError, prove_peer
 from kvflow.engine_worker.kv_transfer.pipeline import Staging, receive_messages, send_messages
 from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
 
@@ -78,11 +84,15 @@ def _make_group(kind: KvTransportKind, store: Any, name: str, rank: int, timeout
 
 class TorchDistTransport:
     def __init__(
-        self, kind: KvTransportKind, host: str, port: int, advertise_host: str, instance_id: str
-    ) -> None:
+        self, kind: KvTransportKind, host: str, port: int, advertise_host: str, instance_id: str,
+        token: str | None = None,
+    ) -> None:  # fmt: skip
+        """``token``: the pool's worker token, proven by both ranks of every new group
+        (group_auth.py); None: groups are trusted as formed (a laptop, a test)."""
         assert kind in (KvTransportKind.GLOO, KvTransportKind.NCCL)
         self.kind: KvTransportKind = kind
         self._instance_id = instance_id
+        self._token = token
         # TCPStore binds every address when it opens its own socket; bind --host ourselves
         # so two workers on different addresses of one machine can share a port.
         listener = socket.create_server((host, port), backlog=128)
@@ -120,7 +130,9 @@ class TorchDistTransport:
 
     # -- groups ----------------------------------------------------------------------------
 
-    def _group(self, store: Any, name: str, rank: int, deadline_s: float) -> Any:
+    def _group(
+        self, store: Any, name: str, rank: int, deadline_s: float, device: torch.device
+    ) -> Any:
         with self._lock:
             lock = self._group_locks.setdefault(name, threading.Lock())
         with lock:
@@ -131,9 +143,28 @@ class TorchDistTransport:
                     group = _make_group(self.kind, store, name, rank, deadline_s - time.monotonic())
                 except RuntimeError as exc:
                     raise PeerUnreachableError(f"forming KV group {name} failed: {exc}") from exc
+                if self._token is not None:
+                    self._prove_peer(group, name, rank, deadline_s, device)
                 self._groups[name] = group
                 log.info("KV group %s formed in %.1f ms", name, (time.monotonic() - started) * 1e3)
             return group
+
+    def _prove_peer(
+        self, group: Any, name: str, rank: int, deadline_s: float, device: torch.device
+    ) -> None:
+        assert self._token is not None
+        try:
+            prove_peer(group, name, rank, self._token, deadline_s, device)
+        except HandshakeRefusedError as exc:
+            log.warning("refused KV group %s: %s", name, exc)
+            if not exc.is_idle:  # an operation may be pending in it: keep it from the GC
+                with self._lock:
+                    self._broken.append(group)
+            raise
+        except KvTransferError:
+            with self._lock:
+                self._broken.append(group)
+            raise
 
     def _retire(self, store: Any, name: str) -> None:
         with self._lock:
@@ -161,7 +192,9 @@ class TorchDistTransport:
             if cancel.is_set() or value == _CANCELLED:
                 raise TransferCancelledError(f"transfer {transfer_id} cancelled")
             name = value.decode()
-            group = self._group(self._store, name, 1, deadline_s)
+            group = self._group(
+                self._store, name, 1, deadline_s, self._pipe(expected.blocks).device
+            )
             receive_messages(
                 group, expected.blocks, expected.tag, deadline_s, self._pipe(expected.blocks),
                 what=f"receiving transfer {transfer_id}",
@@ -238,7 +271,7 @@ class TorchDistTransport:
                 self._clients.pop(target.endpoint, None)
             raise PeerUnreachableError(f"the KV store at {target.endpoint} failed: {exc}") from exc
         try:
-            group = self._group(store, name, 0, deadline)
+            group = self._group(store, name, 0, deadline, self._pipe(blocks).device)
             if _FAULT_PAUSE_S > 0:
                 time.sleep(_FAULT_PAUSE_S)
             send_messages(

@@ -1,15 +1,20 @@
 """Engine throughput and prefix-caching TTFT, side by side in one run.
 
 Arms, same model, same prompts, greedy decoding, each request generating exactly its
-drawn number of tokens:
-  kvflow        our engine, every request submitted at once (continuous batching)
-  hf-serial     transformers `generate`, one request at a time
+drawn number of tokens, every request submitted at once:
+  kvflow        our engine (continuous batching), a fresh engine per run
+  hf-cb         transformers' own continuous batching (``init_continuous_batching``), a
+                fresh manager per run, warmed up, its KV cache sized to the workload
   hf-static     transformers `generate` on one static left-padded batch of all requests
                 (it runs until the longest request is done: the padding and finished rows
                 are the waste continuous batching removes; useful tokens are counted)
-Then the TTFT of prompts that share 97 % of their tokens, with prefix caching on vs off.
+  hf-serial     transformers `generate`, one request at a time
+The arms run interleaved ``--runs`` times (the order rotated each run); each arm is
+reported as the median and range of its runs, with kvflow's ratios of medians. Then the
+TTFT of prompts that share 97 % of their tokens, with prefix caching on vs off.
 
-    python bench/engine_throughput.py [--quick] [--models tiny,smollm2] [--json PATH]
+    python bench/engine_throughput.py [--quick] [--models tiny,smollm2] [--runs 3]
+        [--arms kvflow,hf-cb,hf-static,hf-serial] [--json PATH]
 
 Ratios are what to read: every arm runs in this process, on the same machine state.
 """
@@ -18,20 +23,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from gpu.hf_cb import HfContinuousBatching  # noqa: E402
+from throughput_stats import (  # noqa: E402
+    FULL,
+    QUICK,
+    Workload,
+    WorkloadSpec,
+    make_workload,
+    ratio_spread,
+    ratios_of_medians,
+    rotated,
+    summarize_runs,
+)
 
 from kvflow.engine_worker.app import build_worker  # noqa: E402
 from kvflow.engine_worker.core.engine import Engine  # noqa: E402
@@ -40,38 +59,14 @@ from kvflow.engine_worker.model.default_model import default_model_path  # noqa:
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
-
-@dataclass(frozen=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-
-@dataclass
-class ArmResult:
-    arm: str
-    wall_s: float
-    output_tokens: int
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.wall_s
+ARMS = ("kvflow", "hf-cb", "hf-static", "hf-serial")
+# Our engine's step budget and batch size, which transformers' manager gets too.
+MAX_BATCHED_TOKENS = 512
+MAX_SEQS = 64
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def make_workload(num: int, low: int, high: int, vocab: int, seed: int) -> Workload:
-    rng = random.Random(seed)
-    lens = [(rng.randint(low, high), rng.randint(low, high)) for _ in range(num)]
-    # Token ids from 3 up: clear of the special tokens a real tokenizer puts first.
-    prompts = [[rng.randrange(3, vocab) for _ in range(p)] for p, _ in lens]
-    return Workload(prompts, [o for _, o in lens])
 
 
 def new_engine(model: str | None, loaded: Any, **overrides: Any) -> Engine:
@@ -81,22 +76,50 @@ def new_engine(model: str | None, loaded: Any, **overrides: Any) -> Engine:
     return build_worker(settings, loaded=loaded).engine
 
 
-def run_kvflow(engine: Engine, w: Workload) -> ArmResult:
+def run_kvflow(engine: Engine, w: Workload) -> tuple[float, int]:
+    start = time.perf_counter()
     for i, (prompt, n) in enumerate(zip(w.prompts, w.output_lens, strict=True)):
         engine.add_request(
             f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         )
-    start = time.perf_counter()
     produced = 0
     while engine.has_unfinished_requests:
         for out in engine.step():
             produced += len(out.new_tokens)
     wall = time.perf_counter() - start
     assert produced == w.num_output_tokens, (produced, w.num_output_tokens)
-    return ArmResult("kvflow", wall, produced)
+    return wall, produced
 
 
-def run_hf_serial(hf: Any, w: Workload, progress: Callable[[int], None]) -> ArmResult:
+def new_hf_cb(hf: Any, w: Workload) -> HfContinuousBatching:
+    """A manager sized to the workload (every request at once, a quarter to spare), with
+    our engine's step budget and batch size; warmed up on two short requests."""
+    cb = HfContinuousBatching(
+        hf,
+        max_new_tokens=max(w.output_lens),
+        max_requests=len(w.prompts),
+        max_request_tokens=w.max_request_tokens,
+        max_batch_tokens=MAX_BATCHED_TOKENS,
+        is_cuda=False,
+    )
+    # Prompts of their own: the manager's prefix cache must not serve the timed ones.
+    cb.run([[5] * 16, [7] * 24], [4, 4], timeout_s=120)
+    return cb
+
+
+def run_hf_cb(hf: Any, w: Workload) -> tuple[float, int]:
+    # A fresh manager per run, as our engine: its prefix cache (on by default) would
+    # otherwise serve a later run's repeat of the same prompts.
+    cb = new_hf_cb(hf, w)
+    try:
+        wall, produced = cb.run(w.prompts, w.output_lens, timeout_s=900)
+    finally:
+        cb.close()
+    assert produced == w.num_output_tokens, (produced, w.num_output_tokens)
+    return wall, produced
+
+
+def run_hf_serial(hf: Any, w: Workload, progress: Callable[[int], None]) -> tuple[float, int]:
     start = time.perf_counter()
     for i, (prompt, n) in enumerate(zip(w.prompts, w.output_lens, strict=True)):
         ids = torch.tensor([prompt])
@@ -110,10 +133,10 @@ def run_hf_serial(hf: Any, w: Workload, progress: Callable[[int], None]) -> ArmR
         )
         assert out.shape[1] == len(prompt) + n
         progress(i)
-    return ArmResult("hf-serial", time.perf_counter() - start, w.num_output_tokens)
+    return time.perf_counter() - start, w.num_output_tokens
 
 
-def run_hf_static(hf: Any, w: Workload) -> ArmResult:
+def run_hf_static(hf: Any, w: Workload) -> tuple[float, int]:
     longest = max(len(p) for p in w.prompts)
     ids = torch.zeros(len(w.prompts), longest, dtype=torch.int64)
     mask = torch.zeros_like(ids)
@@ -132,7 +155,7 @@ def run_hf_static(hf: Any, w: Workload) -> ArmResult:
     )
     wall = time.perf_counter() - start
     assert out.shape[1] == longest + n
-    return ArmResult("hf-static", wall, w.num_output_tokens)
+    return wall, w.num_output_tokens
 
 
 def ttft_prefix_caching(
@@ -170,6 +193,10 @@ def ttft_prefix_caching(
     return result
 
 
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
 def bench_model(
     name: str, path: str | None, hf_loader: Callable[[], Any], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -177,49 +204,77 @@ def bench_model(
     loaded = load_model(path)
     config = loaded[1]
     hf = hf_loader()
-    if args.quick:
-        w = make_workload(16, 16, 64, config.vocab_size, args.seed)
-    else:
-        w = make_workload(args.num_requests, 32, 256, config.vocab_size, args.seed)
-    log(f"{name}: {len(w.prompts)} requests, {w.num_output_tokens} output tokens")
-
-    warm = make_workload(2, 8, 16, config.vocab_size, args.seed + 1)
-    run_kvflow(new_engine(path, loaded, max_num_seqs=64), warm)
-    run_hf_static(hf, warm)
-
-    results = [run_kvflow(new_engine(path, loaded, max_num_seqs=64), w)]
-    log(f"{name}: kvflow {results[-1].tokens_per_s:.1f} tok/s")
-    results.append(run_hf_static(hf, w))
-    log(f"{name}: hf-static {results[-1].tokens_per_s:.1f} tok/s")
-    step = max(1, len(w.prompts) // 8)
-    results.append(
-        run_hf_serial(
-            hf,
-            w,
-            lambda i: (i + 1) % step == 0 and log(f"{name}: hf-serial {i + 1}/{len(w.prompts)}"),
-        )
+    spec: WorkloadSpec = QUICK if args.quick else FULL
+    if args.num_requests is not None:
+        spec = WorkloadSpec(args.num_requests, spec.prompt_len, spec.output_len)
+    w = make_workload(spec, config.vocab_size, args.seed)
+    log(
+        f"{name}: {len(w.prompts)} requests, {w.num_output_tokens} output tokens "
+        f"({100 * w.static_useful_fraction:.0f} % of a static batch's output slots)"
     )
-    log(f"{name}: hf-serial {results[-1].tokens_per_s:.1f} tok/s")
-
-    by_arm = {r.arm: r for r in results}
-    ttft = ttft_prefix_caching(
-        path,
-        loaded,
-        vocab=config.vocab_size,
-        prompt_len=256 if args.quick else 1024,
-        num_prompts=4 if args.quick else 8,
-        seed=args.seed,
-    )
-    log(f"{name}: prefix caching TTFT {ttft['ttft_speedup']:.1f}x")
-    return {
-        "model": name,
-        "num_requests": len(w.prompts),
-        "output_tokens": w.num_output_tokens,
-        "arms": {r.arm: {**asdict(r), "tokens_per_s": r.tokens_per_s} for r in results},
-        "ratio_vs_hf_serial": by_arm["kvflow"].tokens_per_s / by_arm["hf-serial"].tokens_per_s,
-        "ratio_vs_hf_static": by_arm["kvflow"].tokens_per_s / by_arm["hf-static"].tokens_per_s,
-        "prefix_caching": ttft,
+    step = max(1, len(w.prompts) // 4)
+    arms: dict[str, Callable[[Workload], tuple[float, int]]] = {
+        "kvflow": lambda wl: run_kvflow(new_engine(path, loaded, max_num_seqs=MAX_SEQS), wl),
+        "hf-cb": lambda wl: run_hf_cb(hf, wl),
+        "hf-static": lambda wl: run_hf_static(hf, wl),
+        "hf-serial": lambda wl: run_hf_serial(
+            hf, wl, lambda i: (i + 1) % step == 0 and log(f"  hf-serial {i + 1}/{len(wl.prompts)}")
+        ),
     }
+    chosen = [a for a in ARMS if a in args.arms]
+
+    # Warm-up of every arm on two short requests: first-call costs are paid here.
+    warm = make_workload(WorkloadSpec(2, (8, 16), (8, 16)), config.vocab_size, args.seed + 1)
+    for arm in chosen:
+        arms[arm](warm)
+
+    runs: list[dict[str, Any]] = []
+    for run in range(args.runs):
+        order = rotated(chosen, run)
+        record: dict[str, Any] = {"order": order, "arms": {}}
+        for arm in order:
+            before = load1()
+            wall, produced = arms[arm](w)
+            record["arms"][arm] = {
+                "wall_s": wall,
+                "output_tokens": produced,
+                "tokens_per_s": produced / wall,
+                "load1_before": before,
+                "load1_after": load1(),
+            }
+            log(f"{name} run {run + 1}: {arm} {produced / wall:.1f} tok/s (load {before:.1f})")
+        runs.append(record)
+
+    tok_s = [{arm: r["tokens_per_s"] for arm, r in run["arms"].items()} for run in runs]
+    summary = summarize_runs(tok_s)
+    result: dict[str, Any] = {
+        "model": name,
+        "workload": {
+            "num_requests": spec.num_requests,
+            "prompt_len": list(spec.prompt_len),
+            "output_len": list(spec.output_len),
+            "output_tokens": w.num_output_tokens,
+            "static_useful_fraction": w.static_useful_fraction,
+        },
+        "runs": runs,
+        "summary_tokens_per_s": summary,
+    }
+    if "kvflow" in summary:
+        result["kvflow_ratio_of_medians"] = ratios_of_medians(summary, "kvflow")
+        result["kvflow_ratio_per_run"] = {
+            arm: ratio_spread(tok_s, "kvflow", arm) for arm in summary if arm != "kvflow"
+        }
+    if not args.no_ttft:
+        result["prefix_caching"] = ttft_prefix_caching(
+            path,
+            loaded,
+            vocab=config.vocab_size,
+            prompt_len=256 if args.quick else 1024,
+            num_prompts=4 if args.quick else 8,
+            seed=args.seed,
+        )
+        log(f"{name}: prefix caching TTFT {result['prefix_caching']['ttft_speedup']:.1f}x")
+    return result
 
 
 def tiny_model(tmp: Path) -> str:
@@ -240,16 +295,45 @@ def tiny_model(tmp: Path) -> str:
     )
 
 
+def print_table(report: dict[str, Any]) -> None:
+    def cell(s: dict[str, float], fmt: str = ".1f") -> str:
+        return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+
+    print(f"\ntokens/s, median of {report['runs']} runs (range); kvflow's ratio of medians")
+    for m in report["models"]:
+        s = m["summary_tokens_per_s"]
+        print(f"\n{m['model']}: {m['workload']['num_requests']} requests")
+        for arm, stats in s.items():
+            ratio = m.get("kvflow_ratio_of_medians", {}).get(arm)
+            per_run = m.get("kvflow_ratio_per_run", {}).get(arm)
+            extra = (
+                f"  kvflow {ratio:.2f}x (per run {cell(per_run, '.2f')})"
+                if ratio is not None
+                else ""
+            )
+            print(f"  {arm:<10} {cell(stats)}{extra}")
+        if "prefix_caching" in m:
+            print(f"  prefix-cache TTFT {m['prefix_caching']['ttft_speedup']:.1f}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="16 short requests: a few minutes")
+    parser.add_argument(
+        "--quick", action="store_true", help="24 requests, outputs 8-256 tokens: a few minutes"
+    )
     parser.add_argument("--models", default="tiny,smollm2")
-    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"any of {','.join(ARMS)}")
+    parser.add_argument("--runs", type=int, default=3, help="interleaved runs of the arms")
+    parser.add_argument("--num-requests", type=int, help="override the workload's count")
+    parser.add_argument("--no-ttft", action="store_true", help="skip the prefix-caching TTFT")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    args.arms = args.arms.split(",")
+    if unknown := set(args.arms) - set(ARMS):
+        parser.error(f"unknown arms {sorted(unknown)}: choose from {','.join(ARMS)}")
     import tempfile
 
     import transformers
@@ -261,8 +345,13 @@ def main() -> int:
             "platform": platform.platform(),
             "cpus": torch.get_num_threads(),
             "torch": torch.__version__,
+            "transformers": transformers.__version__,
         },
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(sys.argv),
         "quick": args.quick,
+        "runs": args.runs,
+        "load1_at_start": load1(),
         "models": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -279,21 +368,8 @@ def main() -> int:
             else:
                 parser.error(f"unknown model {name!r}: choose tiny or smollm2")
             report["models"].append(bench_model(name, path, loader, args))
-
-    print()
-    print(
-        "| model | requests | kvflow tok/s | hf-static tok/s | hf-serial tok/s "
-        "| vs serial | vs static | prefix-cache TTFT |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for m in report["models"]:
-        a = m["arms"]
-        print(
-            f"| {m['model']} | {m['num_requests']} | {a['kvflow']['tokens_per_s']:.1f} | "
-            f"{a['hf-static']['tokens_per_s']:.1f} | {a['hf-serial']['tokens_per_s']:.1f} | "
-            f"{m['ratio_vs_hf_serial']:.2f}x | {m['ratio_vs_hf_static']:.2f}x | "
-            f"{m['prefix_caching']['ttft_speedup']:.1f}x |"
-        )
+    report["load1_at_end"] = load1()
+    print_table(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control plane (kube-apiserver, kube-controller-manager,
 # kube-scheduler), etcd and KWOK from their Go modules, for the integration tests, and
-# Prometheus' promtool, which checks and unit-tests the chart's alerts.
+# Prometheus' promtool, which checks and unit-tests the chart's alerts, and the Prometheus
+# server the planner's Prometheus source is tested against.
 #
 # Idempotent: each component lands in its own folder of the cache, keyed by version
 # (versions.env), and is skipped when its folder is already complete. A fresh machine
 # needs only Go (>= the version k8s.io/kubernetes' go.mod asks for) and the Go module
-# proxy. Cold build: about 20 minutes on 2 cores (see docs/operator.md), and 7-9 more for
-# promtool (docs/observability.md).
+# proxy. Cold build: about 20 minutes on 2 cores (see docs/operator.md), 7-9 more for
+# promtool (docs/observability.md) and about 7 more for the prometheus server (after
+# promtool, whose module download and compiled packages it reuses; 8.4 + 6.7 minutes on 2
+# cores that other jobs kept at a load average of 15).
 #
 #   tools/k8s/build.sh            build what is missing, print the cache folder
-#   tools/k8s/build.sh promtool   build only the named components
+#   tools/k8s/build.sh promtool prometheus   build only the named components
 #   KVFLOW_K8S_CACHE=/x build.sh  use another cache folder
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -131,8 +134,30 @@ build_promtool() {
   log "promtool done: $out/bin"
 }
 
+# The Prometheus server itself, from the same module, version and build tag as promtool: the
+# planner's Prometheus source is tested against a real one scraping real worker and router
+# processes (tests/operator/test_planner_prometheus.py). Built right after promtool in the
+# same run, so it reuses promtool's downloaded module and compiled packages (GOCACHE above).
+# No web UI assets are embedded (that needs the `builtinassets` tag and a Node build): the
+# HTTP API the planner queries is all that is used.
+build_prometheus() {
+  local out="$cache/prometheus-$PROMETHEUS_VERSION"
+  [[ -f "$out/.complete" ]] && return 0
+  local minor="${PROMETHEUS_VERSION#v0.3}"; minor="${minor%%.*}"
+  local release="3.$((10#$minor)).${PROMETHEUS_VERSION##*.}"   # v0.316.0 <-> 3.16.0
+  log "building prometheus $PROMETHEUS_VERSION (Prometheus $release)"
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp/bin"
+  GOBIN="$out.tmp/bin" GOFLAGS=-buildvcs=false go install -trimpath -tags remove_all_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
+  "$out.tmp/bin/prometheus" --version >&2
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "prometheus done: $out/bin"
+}
+
 components=("$@")
-[[ ${#components[@]} -eq 0 ]] && components=(etcd kwok kubernetes promtool)
+[[ ${#components[@]} -eq 0 ]] && components=(etcd kwok kubernetes promtool prometheus)
 for c in "${components[@]}"; do "build_$c"; done
 if [[ -d "$cache/src" ]]; then
   log "removing Go's build and module caches ($(du -sh "$cache/src" | cut -f1))"

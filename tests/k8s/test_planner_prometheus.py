@@ -13,7 +13,7 @@ import urllib.request
 
 from k8s.controlplane import ControlPlane
 from k8s.operator_process import OperatorProcess
-from k8s.pools import apply_pool, condition, get_pool, wait_ready
+from k8s.pools import apply_pool, condition, get_pool, pool_events, wait_ready
 from k8s.support import wait_for
 from k8s.test_planner import deployment_replicas, loopback_node, planner_spec
 
@@ -47,10 +47,16 @@ def test_an_unreachable_prometheus_holds_replicas_and_says_so(
     status = get_pool(cluster, namespace, "blind")["status"]
     slo = condition({"status": status}, "SLOMet")
     assert slo["status"] == "Unknown" and url in slo["message"], slo
-    assert "colocated: PrometheusUnavailable: holding 2" in status["planner"]["reason"]
+    assert "colocated: PrometheusUnavailable: cannot read" in status["planner"]["reason"]
+    assert status["planner"]["lastDecision"] == "colocated 2"
     assert status["planner"]["roles"] == [{"name": "colocated", "replicas": 2}]
     time.sleep(12)  # two more intervals: still held, the operator still running
     assert deployment_replicas(cluster, namespace, "blind-colocated") == 2
+    # One Warning when it starts, not one per interval.
+    warnings = [
+        m for r, m in pool_events(cluster, namespace, "blind") if r == "PrometheusUnavailable"
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith("colocated held at 2: "), warnings
     assert operator.proc is not None and operator.proc.popen.poll() is None
     metrics = (
         urllib.request.urlopen(f"http://127.0.0.1:{operator.liveness_port}/metrics", timeout=5)

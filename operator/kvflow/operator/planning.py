@@ -67,8 +67,9 @@ log = logging.getLogger(__name__)
 # How often the loop looks for pools that are due: intervals run at most this late. The
 # smallest intervalSeconds is 5; listing pools every 2 s is one cheap call.
 TICK_S = 2.0
-# Decisions that hold replicas although more are wanted: a Warning Event when one starts.
-BLOCKED = ("PendingPods", "AtMaxReplicas")
+# Decisions that hold replicas although more are wanted, or with nothing to decide from: a
+# Warning Event when one starts.
+BLOCKED = ("PendingPods", "AtMaxReplicas", "PrometheusUnavailable")
 
 PoolKey = tuple[str, str]
 
@@ -292,7 +293,7 @@ def _hold(
             replicas=obs.desired_replicas,
             previous_replicas=obs.desired_replicas,
             reason="PrometheusUnavailable",
-            message=f"holding {obs.desired_replicas}: {message}",
+            message=message,
         )
         for role, obs in observations.items()
         if role in roles

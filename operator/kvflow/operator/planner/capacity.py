@@ -26,10 +26,12 @@ base in both (as this module did) made a replica's shares add to more than its b
 at the planner benchmark's mix (h200x2-llama3-70b, 256 in / 64 out) the prompt share was
 7.6 % too large, 3.85 shares at 40 requests/s where one step-time budget per replica says
 3.73 (3.65 at 100 % busy; the simulator holds 10.4 requests/s per replica at 95 %
-attainment, 3.85 replicas' worth). Prompts arrive at random, so a queue forms well before that:
-a prompt's wait W in an M/D/1 queue at utilisation rho, with service s = input /
-throughput, has the heavy-traffic tail P(W > t) ~= rho x exp(-2 (1 - rho) t / (rho s))
-(Kingman; deterministic service). The largest rho with P(W > ttft - alone) <= 1 - p/100,
+attainment, 3.85 replicas' worth).
+
+Prompts arrive at random, so a queue forms well before that throughput: a prompt's wait
+W in an M/D/1 queue at utilisation rho, with service s = input / throughput, has the
+heavy-traffic tail P(W > t) ~= rho x exp(-2 (1 - rho) t / (rho s)) (Kingman;
+deterministic service). The largest rho with P(W > ttft - alone) <= 1 - p/100,
 `alone` being one mean prompt's own prefill, times the throughput is the capacity. For
 h100-llama3-8b, 1k-token prompts, TTFT 1 s at p90: throughput 35.8 k tokens/s, alone
 34.4 ms, rho 0.95 (the cap) -> 34.0 k tokens/s; TTFT 200 ms at p99: rho 0.73 -> 26.1 k.

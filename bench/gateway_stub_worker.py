@@ -39,6 +39,7 @@ class StubWorker(pb_grpc.WorkerServicer):
             num_total_blocks=1 << 16,
             vocab_size=49152,
             eos_token_ids=[2],
+            prefix_caching=True,  # it publishes STORED events for every prompt
         )
         self.num_running = 0
         self.seq = 0

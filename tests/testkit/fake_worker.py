@@ -73,7 +73,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
     model: str = "fake"
     tokens: Sequence[int] = (1, 2, 3)
     # "ok", "unavailable" (refuse before the first token), "die" (UNAVAILABLE after
-    # `die_after` tokens), "invalid" (INVALID_ARGUMENT)
+    # `die_after` tokens), "invalid" (INVALID_ARGUMENT), "busy" (RESOURCE_EXHAUSTED: a full
+    # queue, which leaves the worker healthy)
     mode: str = "ok"
     die_after: int = 2
     num_running: int = 0  # reported by Load: makes this worker look busy
@@ -81,6 +82,9 @@ class FakeWorker(pb_grpc.WorkerServicer):
     max_model_len: int = 2048
     role: int = pb.ROLE_BOTH
     is_serving: bool = True
+    # Advertised in WorkerInfo. Off by default: this worker caches nothing and publishes no
+    # STORED events, so a router must not count what it sent here as cached.
+    prefix_caching: bool = False
     requests: list[pb.GenerateRequest] = field(default_factory=list)
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # -- decode side of a remote prefill ----------------------------------------------------
@@ -116,6 +120,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "fake worker: unavailable")
             if self.mode == "invalid":
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake worker: bad request")
+            if self.mode == "busy":
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake worker: queue full")
             first_token = remote_tokens = 0
             if request.HasField("remote_prefill") and self.reserve_mode != "ignore":
                 reservation = self._reservation(request)
@@ -243,6 +249,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             vocab_size=49152,
             eos_token_ids=[2],
             kv_transport=pb.KV_TRANSPORT_TCP,
+            prefix_caching=self.prefix_caching,
         )
         return pb.HealthResponse(is_serving=self.is_serving, info=info)
 

@@ -193,6 +193,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
         vocab_size=vocab,
         eos_token_ids=list(eos),
         kv_transport=KV_TRANSPORTS[KvTransportKind(settings.resolved_kv_transport())],
+        prefix_caching=settings.enable_prefix_caching,
     )
     return BuiltWorker(engine, info, runner)
 

@@ -282,7 +282,7 @@ class AbortResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("instance_id", "model", "role", "block_size", "hash_seed", "max_model_len", "num_total_blocks", "vocab_size", "eos_token_ids", "kv_transport")
+    __slots__ = ("instance_id", "model", "role", "block_size", "hash_seed", "max_model_len", "num_total_blocks", "vocab_size", "eos_token_ids", "kv_transport", "prefix_caching")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +293,7 @@ class WorkerInfo(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     model: str
     role: Role
@@ -303,7 +304,8 @@ class WorkerInfo(_message.Message):
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_transport: KvTransport
-    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., block_size: _Optional[int] = ..., hash_seed: _Optional[bytes] = ..., max_model_len: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_transport: _Optional[_Union[KvTransport, str]] = ...) -> None: ...
+    prefix_caching: bool
+    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., block_size: _Optional[int] = ..., hash_seed: _Optional[bytes] = ..., max_model_len: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_transport: _Optional[_Union[KvTransport, str]] = ..., prefix_caching: _Optional[bool] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

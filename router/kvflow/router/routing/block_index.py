@@ -124,6 +124,15 @@ class BlockIndex:
         owned = self._blocks[worker_id]
         self._in_flight.add(slot, (h for h in block_hashes if h not in owned), until_s)
 
+    def drop_in_flight(self, worker_id: WorkerId, block_hashes: Iterable[BlockHash]) -> None:
+        """Placement's claim that these blocks are on their way to the worker is void (the
+        request failed there)."""
+        slot = self._slot_of.get(worker_id)
+        if slot is None:
+            return
+        for block_hash in block_hashes:
+            self._in_flight.confirm(slot, block_hash)
+
     def expire_in_flight(self, now_s: float) -> None:
         self._in_flight.expire(now_s)
 

@@ -209,19 +209,34 @@ class Placement:
             self._index.expire_in_flight(now_s)
         plan = self._plan(request, workers)
         if plan is not None and now_s is not None and self.in_flight_ttl_s > 0:
-            self._remember(plan, request, now_s + self.in_flight_ttl_s)
+            caching = {w.worker_id for w in workers if w.caches_prefixes}
+            self._remember(plan, request, now_s + self.in_flight_ttl_s, caching)
         return plan
 
-    def _remember(self, plan: ExecutionPlan, request: PlacementRequest, until_s: float) -> None:
+    def forget(
+        self, plan: ExecutionPlan, request: PlacementRequest, failed: Iterable[WorkerId]
+    ) -> None:
+        """The plan failed on ``failed``: what it sent there will not be stored, so it no
+        longer draws the prompt's followers to a worker that refused or lost it."""
+        leading = _leading_blocks(request)
+        for worker_id in set(failed) & set(_plan_workers(plan)):
+            self._index.drop_in_flight(worker_id, leading)
+
+    def _remember(
+        self,
+        plan: ExecutionPlan,
+        request: PlacementRequest,
+        until_s: float,
+        caching: set[WorkerId],
+    ) -> None:
         """The prompt's leading blocks are on their way to the plan's workers: a
         disaggregated plan's prefill worker computes them (from its own cache) and keeps
-        them, and its decode worker receives or computes them."""
-        hashes = request.block_hashes
-        blocks = hashes.peek() if isinstance(hashes, PromptHashes) else iter(hashes)
-        leading = list(itertools.islice(blocks, MAX_IN_FLIGHT_BLOCKS))
-        workers = [plan.stream_worker]
-        if isinstance(plan, Disaggregated):
-            workers.append(plan.prefill.worker_id)
+        them, and its decode worker receives or computes them. A worker without a prefix
+        cache keeps nothing and would never confirm it: it is skipped."""
+        workers = [w for w in _plan_workers(plan) if w in caching]
+        if not workers:
+            return
+        leading = _leading_blocks(request)
         for worker_id in workers:
             self._index.add_in_flight(worker_id, leading, until_s)
 
@@ -263,6 +278,19 @@ class Placement:
             return int(scored)
         matched = self._index.match_prefix(request.block_hashes, [decode.worker_id])
         return matched[decode.worker_id]
+
+
+def _plan_workers(plan: ExecutionPlan) -> list[WorkerId]:
+    if isinstance(plan, Disaggregated):
+        return [plan.stream_worker, plan.prefill.worker_id]
+    return [plan.stream_worker]
+
+
+def _leading_blocks(request: PlacementRequest) -> list[BlockHash]:
+    """The prompt's first MAX_IN_FLIGHT_BLOCKS block hashes (hashing them if not yet)."""
+    hashes = request.block_hashes
+    blocks = hashes.peek() if isinstance(hashes, PromptHashes) else iter(hashes)
+    return list(itertools.islice(blocks, MAX_IN_FLIGHT_BLOCKS))
 
 
 def build_placement(

@@ -31,6 +31,9 @@ class WorkerView:
     # has sent since (see workers.load.estimate_queue_depth).
     queue_depth: int
     kv_usage: float  # fraction of the worker's KV blocks held by requests, 0..1
+    # It keeps prompts' blocks and publishes them as KV events (WorkerInfo.prefix_caching):
+    # only then does placement count a prompt it just sent as held there.
+    caches_prefixes: bool = True
 
 
 @dataclass(frozen=True)

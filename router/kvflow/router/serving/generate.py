@@ -113,21 +113,11 @@ class GenerationService:
         else:
             queue.put_nowait(_DONE)
 
-    def _plan(
-        self, caller: Caller, hashes: PromptHashes, excluded: set[WorkerId]
-    ) -> ExecutionPlan | None:
+    def _plan(self, request: PlacementRequest) -> ExecutionPlan | None:
         started_s = time.perf_counter()
-        request = PlacementRequest(
-            caller.model,
-            hashes,
-            len(hashes.token_ids),
-            hashes.block_size,
-            caller.session_id,
-            frozenset(excluded),
-        )
-        # No clock yet: the in-flight memory (routing/in_flight.py) is off in the gateway; with
-        # it, the PD and session tests with fake workers changed decisions (not analysed yet).
-        plan = self._placement.plan(request, self._pool.views())
+        # With the clock, placement counts what it sent in the last seconds as held by its
+        # workers until their KV events confirm it (routing/in_flight.py).
+        plan = self._placement.plan(request, self._pool.views(), time.monotonic())
         self._metrics.decision_s.observe(time.perf_counter() - started_s)
         if plan is not None:
             self._metrics.pd_decisions.labels(plan.decision, plan.reason.value).inc()
@@ -151,7 +141,9 @@ class GenerationService:
         last_failure = ""
         busy_retry_after_s: list[float] = []  # the hints of the workers that were full
         for attempt in range(MAX_ATTEMPTS):
-            plan = self._plan(caller, hashes, excluded)
+            placing = PlacementRequest(caller.model, hashes, len(tokens), info.block_size,
+                                       caller.session_id, frozenset(excluded))  # fmt: skip
+            plan = self._plan(placing)
             if plan is None:
                 break
             trace.routes.append(f"choice={spec.index}; {plan.header_value()}")
@@ -178,6 +170,7 @@ class GenerationService:
                 last_failure = str(exc)
                 log.warning("%s: failing over: %s", request.request_id, exc)
                 excluded |= exc.worker_ids
+                self._placement.forget(plan, placing, exc.worker_ids)
                 if exc.retry_after_s is not None:
                     busy_retry_after_s.append(exc.retry_after_s)
                 self._metrics.failovers.inc()

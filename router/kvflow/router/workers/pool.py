@@ -171,6 +171,7 @@ class WorkerPool:
                     w.num_reported, w.num_local, w.num_local_at_report
                 ),
                 kv_usage=w.kv_usage,
+                caches_prefixes=w.info is not None and w.info.prefix_caching,
             )
             for w in self._workers.values()
         ]

@@ -36,11 +36,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="ladders run side by side")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write TTFT P90 and hit rate vs QPS here (PNG)")
+    p.add_argument("--plot-from", nargs="+", metavar="JSON",
+                   help="run nothing: plot these --json reports merged (same cluster and SLO; "
+                   "a later file's ladder replaces an earlier one's) to --plot")  # fmt: skip
     return p
+
+
+def _plot_from(paths: Sequence[str], plot: str | None, err: TextIO) -> int:
+    from kvflow.cli.sim.plots import PlotError, load_reports, plot_reports
+
+    if not plot:
+        print("kvflow sim compare: --plot-from needs --plot PATH.png to write to", file=err)
+        return 2
+    try:
+        plot_reports(load_reports(paths), plot)
+    except PlotError as exc:
+        print(f"kvflow sim compare: {exc}", file=err)
+        return 2
+    print(f"kvflow sim compare: wrote {plot} from {len(paths)} report(s)", file=err)
+    return 0
 
 
 def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     args = parser().parse_args(list(argv))
+    if args.plot_from:
+        return _plot_from(args.plot_from, args.plot, err)
     arms = list(args.arms)
     try:
         profile = resolve_profile(args.profile)

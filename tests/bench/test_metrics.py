@@ -142,3 +142,28 @@ def test_closed_loop_has_no_schedule_and_uses_achieved_rate() -> None:
     assert s.qps == pytest.approx(4.0)  # 2 gaps in 0.5 s
     assert s.meets_ttft_slo and knee([s]) is s
     assert math.isclose(s.latency.ttft_s.p50 or 0, 0.1)
+
+
+def closed(sent_s: float, end_s: float, num_output: int = 10) -> RequestRecord:
+    return RequestRecord(f"u{sent_s}", None, sent_s, end_s, (sent_s + 0.1,), num_output)
+
+
+def test_closed_loop_rates_count_completions_inside_the_window() -> None:
+    # Window [10, 20): one user's requests take 4 s each, another's 30 s (a server that
+    # serves one at a time). Completions inside it: the ones ending at 12, 16 and 20.
+    records = [closed(8, 12), closed(12, 16), closed(16, 20), closed(20, 24),
+               closed(9, 39), closed(39, 69)]  # fmt: skip
+    s = summarize(LoadPoint(ArrivalKind.CLOSED, 2), records, warmup_s=10.0,
+                  offered_rate_per_s=None, slo=Slo(ttft_s=1.0, tpot_s=1.0),
+                  closed_window_s=(10.0, 20.0))  # fmt: skip
+    assert s.throughput.window_s == 10.0
+    assert s.throughput.requests_per_s == pytest.approx(0.3)  # 3 completions / 10 s
+    assert s.throughput.output_tokens_per_s == pytest.approx(3.0)
+    assert s.throughput.goodput_per_s == pytest.approx(0.3)
+    # Latency and counts still describe the requests sent inside the window.
+    assert s.throughput.num_measured == 4 and s.num_warmup == 2
+    # Over the span from the window's first send to its last end (what it was before),
+    # the same run read 4 requests / 57 s: under a quarter of the rate the server kept up.
+    span = summarize(LoadPoint(ArrivalKind.CLOSED, 2), records, warmup_s=10.0,
+                     offered_rate_per_s=None, slo=Slo(ttft_s=1.0, tpot_s=1.0))  # fmt: skip
+    assert span.throughput.requests_per_s == pytest.approx(4 / 57)

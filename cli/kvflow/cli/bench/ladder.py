@@ -86,12 +86,14 @@ async def run_point(
         progress = Progress(point.label, stop_after_s, plan.max_requests, out)
         records = await run_closed_loop(client, requests, point.num_users, stop_after_s, progress)
         offered = None
+        closed_window_s: tuple[float, float] | None = (plan.warmup_s, stop_after_s)
     else:
         schedule = open_loop_schedule(plan, point, index)
         planned_s = schedule.offsets_s[-1] if schedule.offsets_s else 0.0
         progress = Progress(point.label, planned_s, len(schedule.requests), out)
         records = await run_open_loop(client, schedule.requests, schedule.offsets_s, progress)
         offered = schedule.offered_rate_per_s
+        closed_window_s = None
     return summarize(
         point,
         records,
@@ -100,6 +102,7 @@ async def run_point(
         slo=plan.slo,
         limits=plan.limits,
         block_size=plan.block_size,
+        closed_window_s=closed_window_s,
     )
 
 

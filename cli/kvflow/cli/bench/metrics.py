@@ -115,11 +115,33 @@ class ThroughputSummary:
     error_examples: dict[str, str]  # one message per kind, to act on
 
 
-def throughput_summary(records: Sequence[RequestRecord], slo: Slo) -> ThroughputSummary:
+def throughput_summary(
+    records: Sequence[RequestRecord],
+    slo: Slo,
+    completed_in_window: tuple[Sequence[RequestRecord], float] | None = None,
+) -> ThroughputSummary:
+    """Counts and shares over the measured ``records``; rates over a window.
+
+    Open loop, the window runs from the first measured send to the last measured end: the
+    schedule fixes what is sent, and each request is followed to its end. A closed loop
+    passes ``completed_in_window``: the requests that ended inside its measuring window
+    (warm-up's included) and the window's length. There the span would be wrong by far:
+    when one request outlasts the window (32 users on a server that serves one at a time,
+    28 s each, in a 12 s window) the window's sends are divided by their whole tail, a
+    third of the rate the server kept up.
+    """
     ok = [r for r in records if r.is_ok]
-    window_s = max(r.end_s for r in records) - min(r.sent_s for r in records) if records else 0.0
+    if completed_in_window is not None and completed_in_window[1] > 0:
+        rated, window_s = completed_in_window
+    else:
+        rated = records
+        window_s = (
+            max(r.end_s for r in records) - min(r.sent_s for r in records) if records else 0.0
+        )
     per_s = 1.0 / window_s if window_s > 0 else 0.0
+    rated_ok = [r for r in rated if r.is_ok]
     num_good = sum(meets_slo(r, slo) for r in records)
+    num_good_rated = sum(meets_slo(r, slo) for r in rated)
     prompt_counts = [r.num_prompt_tokens for r in ok if r.num_prompt_tokens is not None]
     errors = Counter(r.error for r in records if r.error is not None)
     examples: dict[str, str] = {}
@@ -130,9 +152,9 @@ def throughput_summary(records: Sequence[RequestRecord], slo: Slo) -> Throughput
         window_s=window_s,
         num_measured=len(records),
         num_ok=len(ok),
-        requests_per_s=len(ok) * per_s,
-        output_tokens_per_s=sum(r.num_output_tokens for r in ok) * per_s,
-        goodput_per_s=num_good * per_s,
+        requests_per_s=len(rated_ok) * per_s,
+        output_tokens_per_s=sum(r.num_output_tokens for r in rated_ok) * per_s,
+        goodput_per_s=num_good_rated * per_s,
         slo_attainment=num_good / len(records) if records else 0.0,
         mean_prompt_tokens=sum(prompt_counts) / len(prompt_counts) if prompt_counts else None,
         mean_output_tokens=sum(r.num_output_tokens for r in ok) / len(ok) if ok else None,

@@ -140,8 +140,15 @@ def summarize(
     slo: Slo,
     limits: ScheduleLimits = ScheduleLimits(),
     block_size: int = 16,
+    closed_window_s: tuple[float, float] | None = None,
 ) -> LoadPointSummary:
+    """``closed_window_s``: a closed loop's measuring window (from, to), in which its rates
+    are counted as completions (metrics.throughput_summary says why)."""
     measured = [r for r in records if is_measured(r, warmup_s)]
+    completed = None
+    if closed_window_s is not None:
+        start_s, end_s = closed_window_s
+        completed = ([r for r in records if start_s <= r.end_s <= end_s], end_s - start_s)
     latency = latency_summary(measured)
     schedule = schedule_summary(measured, offered_rate_per_s, limits)
     p90 = latency.ttft_p90_with_failures_s
@@ -151,7 +158,7 @@ def summarize(
         value=point.value,
         num_warmup=len(records) - len(measured),
         latency=latency,
-        throughput=throughput_summary(measured, slo),
+        throughput=throughput_summary(measured, slo, completed),
         schedule=schedule,
         cache=cache_summary(measured, block_size),
         meets_ttft_slo=schedule.is_valid and p90 is not None and p90 <= slo.ttft_s,

@@ -50,10 +50,12 @@ async def _open_loop(
 
 
 def _arm(
-    name: str, worker_args: Sequence[str], env: dict[str, str], args: argparse.Namespace
+    name: str, worker_args: Sequence[str], router_args: Sequence[str], args: argparse.Namespace
 ) -> None:
     worker = launch_worker([*SIM_ARGS, *worker_args])
-    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address], env=env)
+    gateway = launch_gateway(
+        ["--served-model-name", MODEL, "--workers", worker.address, *router_args]
+    )
     try:
         gateway.wait_ready()
         results = asyncio.run(_open_loop(gateway.url, args.rate, args.duration_s, args.seed))
@@ -78,10 +80,10 @@ def main() -> None:
     p.add_argument("--max-queue-time-s", default="5")
     args = p.parse_args()
     _arm("admission off, unbounded queue", ["--max-waiting-requests", "1000000"],
-         {"KVFLOW_ADMISSION": "off"}, args)  # fmt: skip
+         ["--admission", "off"], args)  # fmt: skip
     _arm(f"admission on (shed {args.shed_queue_time_s} s, max {args.max_queue_time_s} s)", [],
-         {"KVFLOW_ADMISSION_SHED_QUEUE_TIME_S": args.shed_queue_time_s,
-          "KVFLOW_ADMISSION_MAX_QUEUE_TIME_S": args.max_queue_time_s}, args)  # fmt: skip
+         ["--admission-shed-queue-time-s", args.shed_queue_time_s,
+          "--admission-max-queue-time-s", args.max_queue_time_s], args)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from kvflow.engine_worker import tracing
 from kvflow.engine_worker.settings import parse_args
 
 
@@ -17,6 +18,7 @@ def main(argv: Sequence[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    tracing.configure(settings.tracing)
     from kvflow.engine_worker.app import serve
 
     try:

@@ -13,6 +13,7 @@ import grpc
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
+from kvflow.engine_worker import tracing
 from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.engine_worker.core.errors import (
     EngineOverloadedError,
@@ -224,6 +225,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                     "(this worker speaks 1); upgrade the router or the worker",
                 )
             remote_kv_timeout_s = request.remote_prefill.timeout_s
+        trace_parent = tracing.parent_from(context)  # None unless tracing is on and asked
         try:
             sampling = sampling_from_proto(request.sampling)
             if request.HasField("structured_output"):
@@ -248,7 +250,10 @@ class WorkerService(pb_grpc.WorkerServicer):
                             out, instance_id=self.info.instance_id, kv_layout=self.kv_layout
                         )
                     else:
-                        yield output_to_proto(out)
+                        message = output_to_proto(out)
+                        if trace_parent is not None and out.finish_reason is not None:
+                            tracing.record_generate(trace_parent, request, message, self.info)
+                        yield message
                         num_sent += 1
                         if num_sent == _FAULT_STREAM_PAUSE_AFTER:
                             await asyncio.sleep(_FAULT_STREAM_PAUSE_S)
@@ -291,7 +296,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             await context.abort(code, f"sending KV to {dest.endpoint} failed: {exc}")
         out = result.output
         timings = out.timings
-        return pb.PrefillResponse(
+        response = pb.PrefillResponse(
             num_computed_tokens=out.num_prompt_tokens - out.num_cached_tokens,
             num_cached_tokens=out.num_cached_tokens,
             num_sent_blocks=result.num_sent_blocks,
@@ -300,6 +305,10 @@ class WorkerService(pb_grpc.WorkerServicer):
             prefill_s=(timings.e2e_s - result.send.transfer_s) if timings else 0.0,
             transfer_s=result.send.transfer_s,
         )
+        trace_parent = tracing.parent_from(context)
+        if trace_parent is not None:
+            tracing.record_prefill(trace_parent, request, response, self.info)
+        return response
 
     def _destination_problem(self, dest: pb.KvReservation) -> str:
         """Why this worker cannot serve a reservation, or "" (a config bug, never retried)."""

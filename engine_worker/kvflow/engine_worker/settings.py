@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from kvflow.engine_worker.tracing import TracingConfig, tracing_config
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 
 ROLES = ("both", "prefill", "decode")
@@ -52,6 +53,8 @@ class WorkerSettings:
     kv_port: int = 50052  # KV receiver (tcp) or rendezvous store (gloo, nccl); 0: any free
     advertise_host: str | None = None  # how peers reach kv_port; None: from --host
     max_kv_transfer_timeout_s: float = 30.0
+    # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def resolved_kv_transport(self) -> str:
         if self.kv_transport != "auto":
@@ -166,7 +169,25 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         default=d.max_kv_transfer_timeout_s,
         help="the longest a KV transfer may take, whatever the router asks",
     )
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="send OpenTelemetry spans over OTLP/gRPC here, e.g. http://collector:4317 "
+        "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, "
+        "else none)",
+    )
+    p.add_argument(
+        "--otlp-traces-sample-ratio",
+        type=float,
+        metavar="R",
+        help="share of requests without a caller's trace context that are traced, 0-1 "
+        "(default: $OTEL_TRACES_SAMPLER_ARG, else 1); a gateway's decision always holds",
+    )
     a = p.parse_args(list(argv))
+    try:
+        traces = tracing_config(a.otlp_traces_endpoint, a.otlp_traces_sample_ratio)
+    except ValueError as exc:
+        p.error(str(exc))
     return WorkerSettings(
         model=a.model,
         served_model_name=a.served_model_name,
@@ -197,4 +218,5 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         kv_port=a.kv_port,
         advertise_host=a.advertise_host,
         max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
+        tracing=traces,
     )

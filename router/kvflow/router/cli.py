@@ -16,6 +16,7 @@ from pathlib import Path
 
 import uvloop
 
+from kvflow.router import tracing
 from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.serving.admission import (
     ADMISSION_FLAGS,
@@ -114,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         "tenants reach (default: on --port)",
     )
     _admission_flags(p, d.admission)
+    _tracing_flags(p)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument("--seed", type=int, help="seed of routing tie-breaks (default: random)")
     p.add_argument(
@@ -163,6 +165,24 @@ def _admission_flags(p: argparse.ArgumentParser, d: AdmissionConfig) -> None:
     )
 
 
+def _tracing_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group('tracing (docs/observability.md, "Traces")')
+    g.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="send OpenTelemetry traces over OTLP/gRPC here, e.g. http://collector:4317 "
+        "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, "
+        "else no tracing)",
+    )
+    g.add_argument(
+        "--otlp-traces-sample-ratio",
+        type=float,
+        metavar="R",
+        help="share of new traces kept, 0-1; a caller's sampled traceparent is always "
+        "followed (default: $OTEL_TRACES_SAMPLER_ARG, else 1)",
+    )
+
+
 def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> RouterSettings | None:
     """Settings from the command line; None after --hash-api-key did its job."""
     args = _parser().parse_args(list(argv))
@@ -176,7 +196,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
             poll_interval_s=args.admission_poll_interval_s,
             is_enabled=args.admission == "on",
         )
-    except AdmissionConfigError as exc:
+        traces = tracing.tracing_config(args.otlp_traces_endpoint,
+                                        args.otlp_traces_sample_ratio, env)  # fmt: skip
+    except (AdmissionConfigError, tracing.TracingConfigError) as exc:
         raise ConfigError(str(exc)) from exc
     if args.hash_api_key:
         key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline()
@@ -200,6 +222,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         tenants_file=Path(args.tenants_file) if args.tenants_file else None,
         metrics_port=args.metrics_port,
         admission=admission,
+        tracing=traces,
     )
 
 
@@ -269,6 +292,7 @@ def main(argv: Sequence[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    tracing.configure(settings.tracing)
     try:
         # uvloop: the same event loop uvicorn.run would pick (we run the server ourselves to
         # bind the socket first); about 2x cheaper per request than asyncio's own loop.

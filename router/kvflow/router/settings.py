@@ -55,6 +55,7 @@ from kvflow.router.tenants.config import (
     parse_tenants,
 )
 from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
+from kvflow.router.tracing import TracingConfig
 from kvflow.router.workers.deadlines import StreamDeadlines
 
 # 8 MiB: an 8k-token prompt is about 32 KB of text; even a 128k-token context with JSON
@@ -111,6 +112,8 @@ class RouterSettings:
     metrics_port: int | None = None
     # Gateway admission control (serving/admission.py): the --admission* flags.
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    # OpenTelemetry traces (tracing.py): off unless an OTLP endpoint is given.
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
 
 def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

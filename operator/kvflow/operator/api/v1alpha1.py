@@ -18,6 +18,7 @@ from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, JsonObject, Quantity, cel, field
 from kvflow.operator.api.v1alpha1_admission import AdmissionSpec
+from kvflow.operator.api.v1alpha1_observability import ObservabilitySpec
 from kvflow.operator.api.v1alpha1_planner import AutoscalingSpec, SloSpec
 
 GROUP = "kvflow.io"
@@ -355,6 +356,9 @@ class InferencePoolSpec:
     router: RouterSpec = field("The gateway.", RouterSpec())
     slo: SloSpec = field("Latency targets.", SloSpec())
     autoscaling: AutoscalingSpec = field("The SLO planner.", AutoscalingSpec())
+    observability: ObservabilitySpec = field(
+        "OpenTelemetry traces (off unless an OTLP endpoint is set).", ObservabilitySpec()
+    )
     worker_token_secret: SecretKeyRef | None = field(
         """A Secret key in the pool's namespace holding a token: the pool's workers refuse
         gRPC calls that do not present it and its routers present it (KVFLOW_WORKER_TOKEN).

@@ -121,6 +121,21 @@ def worker_token_env(spec: v1alpha1.InferencePoolSpec) -> list[dict[str, Json]]:
     return [{"name": WORKER_TOKEN_ENV, "valueFrom": secret_ref}]
 
 
+def tracing_env(pool_name: str, spec: v1alpha1.InferencePoolSpec) -> list[dict[str, Json]]:
+    """OpenTelemetry's standard variables, which the router and workers read
+    (docs/observability.md, "Traces"); none while the pool sets no endpoint."""
+    tracing = spec.observability
+    if not tracing.otlp_traces_endpoint:
+        return []
+    # $(POD_NAME) is expanded by Kubernetes from common_env(), listed before this.
+    attributes = f"k8s.pod.name=$(POD_NAME),kvflow.pool={pool_name}"
+    return [
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "value": tracing.otlp_traces_endpoint},
+        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": f"{tracing.traces_sample_ratio:g}"},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES", "value": attributes},
+    ]
+
+
 def pod_spec(
     *,
     container: dict[str, Json],

@@ -144,7 +144,7 @@ def router_deployment(
         volumes.append(model_volume[0])
         mounts.append(model_volume[1])
 
-    env = [*pods.common_env(), *pods.worker_token_env(spec)]
+    env = [*pods.common_env(), *pods.worker_token_env(spec), *pods.tracing_env(pool.name, spec)]
     for name, ref in ((REDIS_URL_ENV, router.redis.url_secret),
                       (TENANT_KEY_SECRET_ENV, router.tenant_key_secret)):  # fmt: skip
         if ref is not None:

@@ -111,6 +111,7 @@ def worker_deployment(
             *pods.common_env(),
             {"name": "KVFLOW_POOL", "value": pool.name},
             *pods.worker_token_env(spec),
+            *pods.tracing_env(pool.name, spec),
         ],
         "resources": pods.resources(role_spec.resources, gpus),
         "startupProbe": pods.http_probe("/health", "metrics", STARTUP_PERIOD_S, STARTUP_FAILURES),

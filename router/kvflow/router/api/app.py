@@ -14,10 +14,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvflow.router import tracing
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.drain import DrainMiddleware, DrainState
 from kvflow.router.api.gateway import Gateway
-from kvflow.router.api.http import RequestIdMiddleware
+from kvflow.router.api.http import RequestIdMiddleware, TracingMiddleware
 from kvflow.router.api.openapi import build_openapi
 from kvflow.router.protocol.errors import ApiError
 
@@ -69,6 +70,8 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     app.state.drain = drain
     # Added first, so it runs inside RequestIdMiddleware: its 503s get an id and a count.
     app.add_middleware(DrainMiddleware, state=drain)
+    if tracing.is_enabled():  # between the two: its span knows the request id
+        app.add_middleware(TracingMiddleware)
     app.add_middleware(RequestIdMiddleware, metrics=gateway.metrics, endpoints=_ENDPOINTS)
 
     @app.exception_handler(ApiError)

@@ -10,6 +10,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvflow.router import tracing
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import body_too_large, invalid_request
 from kvflow.router.serving.types import new_request_id
@@ -89,3 +90,39 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class TracingMiddleware:
+    """One server span per `/v1` request (added only when tracing is on), current while the
+    request runs and its stream is sent, so the route and worker-attempt spans nest under
+    it. Continues a caller's W3C `traceparent`. Probes and scrapes are not traced."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        headers = {name.decode("latin-1"): value.decode("latin-1")
+                   for name, value in scope["headers"] if name == b"traceparent"}  # fmt: skip
+        method = scope["method"]
+        with tracing.span(f"{method} {path}", tracing.SERVER, tracing.extract(headers)) as span:
+            if span is None:  # tracing was turned off (shutdown)
+                await self.app(scope, receive, send)
+                return
+            span.set_attributes({"http.request.method": method, "url.path": path})
+            request_id = scope.get("state", {}).get("request_id")
+            if request_id:
+                span.set_attribute("kvflow.request_id", request_id)
+
+            async def send_with_status(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    status = int(message["status"])
+                    span.set_attribute("http.response.status_code", status)
+                    if status >= 500:
+                        span.set_status(tracing.error_status(f"HTTP {status}"))
+                await send(message)
+
+            await self.app(scope, receive, send_with_status)

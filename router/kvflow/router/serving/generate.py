@@ -14,11 +14,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING
 
 from kvflow.proto import worker_pb2 as pb
+from kvflow.router import tracing
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import ApiError, no_worker_available
-from kvflow.router.protocol.responses import ChoiceDelta
+from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.placement import ExecutionPlan, Placement, PlacementRequest
 from kvflow.router.routing.sessions import SessionTable
@@ -30,6 +32,9 @@ from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, Request
 from kvflow.router.text.tokenizer import TextTokenizer
 from kvflow.router.workers.pool import WorkerPool
 from kvflow.router.workers.records import GenerateInput
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("kvflow.router.serving")
 
@@ -74,6 +79,13 @@ class GenerationService:
         self, caller: Caller, specs: Sequence[ChoiceSpec], trace: RequestTrace, *, buffered: bool
     ) -> AsyncGenerator[ChoiceDelta | ChoiceUsage]:
         """Every choice's deltas, interleaved, then each choice's usage. Raises ApiError."""
+        span = tracing.current_span()  # the request's (api/http.py); None when off
+        if span is not None:
+            span.set_attributes({"kvflow.request_id": trace.request_id,
+                                 "gen_ai.request.model": caller.model,
+                                 "kvflow.tenant": caller.tenant.name,
+                                 "kvflow.num_choices": len(specs)})  # fmt: skip
+        usage = UsageCounts()  # summed over the choices as they finish, for the span
         queue: asyncio.Queue[object] = asyncio.Queue()
         tasks = [
             asyncio.create_task(self._choice_task(caller, spec, trace, queue, buffered))
@@ -89,6 +101,9 @@ class GenerationService:
                     raise item
                 else:
                     assert isinstance(item, ChoiceDelta | ChoiceUsage)
+                    if span is not None and isinstance(item, ChoiceUsage):
+                        usage.add(item.usage)
+                        _set_usage(span, usage)
                     yield item
         finally:
             for task in tasks:
@@ -143,7 +158,10 @@ class GenerationService:
         for attempt in range(MAX_ATTEMPTS):
             placing = PlacementRequest(caller.model, hashes, len(tokens), info.block_size,
                                        caller.session_id, frozenset(excluded))  # fmt: skip
-            plan = self._plan(placing)
+            with tracing.span("kvflow.route") as route_span:
+                plan = self._plan(placing)
+                if route_span is not None:
+                    _describe_plan(route_span, plan, spec.index, attempt)
             if plan is None:
                 break
             trace.routes.append(f"choice={spec.index}; {plan.header_value()}")
@@ -165,7 +183,10 @@ class GenerationService:
                 self._metrics.itl_s.observe,
             )
             try:
-                await self._executor.run(plan, request, choice, is_buffered=buffered)
+                with tracing.span("kvflow.worker_attempt", tracing.CLIENT) as attempt_span:
+                    if attempt_span is not None:
+                        _describe_attempt(attempt_span, plan, request, attempt)
+                    await self._executor.run(plan, request, choice, is_buffered=buffered)
             except AttemptFailedError as exc:
                 last_failure = str(exc)
                 log.warning("%s: failing over: %s", request.request_id, exc)
@@ -193,3 +214,33 @@ class GenerationService:
         if trace.first_token_s is None:
             trace.first_token_s = time.perf_counter()
             self._metrics.ttft_s.observe(trace.first_token_s - trace.arrival_s)
+
+
+def _set_usage(span: Span, usage: UsageCounts) -> None:
+    span.set_attributes({"gen_ai.usage.input_tokens": usage.prompt_tokens,
+                         "gen_ai.usage.output_tokens": usage.completion_tokens,
+                         "kvflow.usage.cached_tokens": usage.cached_tokens})  # fmt: skip
+
+
+def _describe_plan(
+    span: Span, plan: ExecutionPlan | None, choice: int, attempt: int
+) -> None:
+    span.set_attributes({"kvflow.choice": choice, "kvflow.attempt": attempt})
+    if plan is None:
+        span.set_attribute("kvflow.route.plan", "none")
+        return
+    span.set_attributes({"kvflow.route.plan": plan.header_value(),
+                         "kvflow.route.decision": plan.decision,
+                         "kvflow.route.reason": plan.reason.value,
+                         "kvflow.route.worker": str(plan.stream_worker),
+                         "kvflow.route.matched_blocks": plan.matched_blocks})  # fmt: skip
+
+
+def _describe_attempt(
+    span: Span, plan: ExecutionPlan, request: GenerateInput, attempt: int
+) -> None:
+    span.set_attributes({"kvflow.worker_request_id": request.request_id,
+                         "kvflow.attempt": attempt,
+                         "kvflow.route.decision": plan.decision,
+                         "server.address": str(plan.stream_worker),
+                         "gen_ai.usage.input_tokens": len(request.prompt_token_ids)})  # fmt: skip

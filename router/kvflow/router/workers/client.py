@@ -14,6 +14,7 @@ import grpc
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.router import tracing
 from kvflow.router.workers.convert import (
     from_generate_response,
     from_prefill_response,
@@ -90,8 +91,10 @@ class WorkerClient:
         """Start generating; the stream must be cancelled or read to its end. With
         ``deadlines``, a read past one raises WorkerStalledError. Raises WorkerError."""
         try:
+            # The current span's traceparent (none when tracing is off): the worker's
+            # spans join the gateway's trace.
             call: GenerateCall = self._stub.Generate(
-                to_generate_request(request), metadata=self._metadata
+                to_generate_request(request), metadata=self._metadata + tracing.grpc_metadata()
             )
         except grpc.aio.UsageError as exc:
             raise from_grpc_error(self.address, exc) from exc
@@ -114,7 +117,9 @@ class WorkerClient:
         Cancelling the awaiting task cancels the call, which frees the worker's blocks."""
         try:
             response: pb.PrefillResponse = await self._stub.Prefill(
-                to_prefill_request(request, destination), timeout=timeout_s, metadata=self._metadata
+                to_prefill_request(request, destination),
+                timeout=timeout_s,
+                metadata=self._metadata + tracing.grpc_metadata(),
             )
         except GRPC_CALL_ERRORS as exc:
             raise from_grpc_error(self.address, exc) from exc

@@ -1,0 +1,146 @@
+"""OpenTelemetry traces across real processes: a real gateway and a real simulated worker
+export over OTLP/gRPC to a real receiver in this process; one trace spans both, with the
+spans nested as docs/observability.md ("Traces") says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.otlp_receiver import OtlpReceiver, ReceivedSpan
+from testkit.worker_process import WorkerProcess, launch_worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "sim"
+SIM_ARGS = ["--simulate", "--served-model-name", MODEL, "--sim-base-step-ms", "5",
+            "--num-kv-blocks", "256"]  # fmt: skip
+# Batches leave every 100 ms instead of 5 s: the test waits less.
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+REQUEST_SPAN = "POST /v1/chat/completions"
+WORKER_SPANS = {"kvflow.queue", "kvflow.prefill", "kvflow.decode"}
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver()
+    yield r
+    r.stop()
+
+
+def _start(receiver: OtlpReceiver, gateway_ratio: str) -> tuple[WorkerProcess, GatewayProcess]:
+    # The worker is configured by OTel's standard variables, the gateway by its flags.
+    worker = launch_worker(SIM_ARGS, timeout_s=120, env={
+        **FAST_EXPORT, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_TRACES_SAMPLER_ARG": "1.0"})  # fmt: skip
+    gateway = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
+                              "--otlp-traces-endpoint", receiver.endpoint,
+                              "--otlp-traces-sample-ratio", gateway_ratio],
+                             env=FAST_EXPORT)  # fmt: skip
+    gateway.wait_ready()
+    return worker, gateway
+
+
+def _chat(gateway: GatewayProcess, request_id: str) -> openai.types.chat.ChatCompletion:
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "a secret prompt"}], max_tokens=7,
+        extra_body={"ignore_eos": True}, extra_headers={"x-request-id": request_id},
+    )  # fmt: skip
+
+
+def _one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, (name, [s.name for s in spans])
+    return found[0]
+
+
+def test_one_trace_spans_gateway_and_worker(receiver: OtlpReceiver) -> None:
+    worker, gateway = _start(receiver, "1.0")
+    try:
+        completion = _chat(gateway, "trace-me-1")
+        assert completion.usage is not None and completion.usage.completion_tokens == 7
+        spans = receiver.wait_for({REQUEST_SPAN, "kvflow.worker.generate", *WORKER_SPANS})
+    finally:
+        gateway.stop()
+        worker.stop()
+    request = _one(spans, REQUEST_SPAN)
+    route = _one(spans, "kvflow.route")
+    attempt = _one(spans, "kvflow.worker_attempt")
+    generate = _one(spans, "kvflow.worker.generate")
+    phases = {name: _one(spans, name) for name in WORKER_SPANS}
+
+    # One trace across both processes, nested: request > route, attempt > worker > phases.
+    assert {s.trace_id for s in spans} == {request.trace_id}
+    assert request.service == route.service == attempt.service == "kvflow-router"
+    assert generate.service == "kvflow-worker"
+    assert request.parent_span_id == ""
+    assert route.parent_span_id == request.span_id
+    assert attempt.parent_span_id == request.span_id
+    assert generate.parent_span_id == attempt.span_id
+    for phase in phases.values():
+        assert phase.parent_span_id == generate.span_id
+        assert generate.start_ns <= phase.start_ns <= phase.end_ns <= generate.end_ns
+    queue, prefill, decode = (phases[n] for n in ("kvflow.queue", "kvflow.prefill",
+                                                  "kvflow.decode"))  # fmt: skip
+    assert queue.end_ns == prefill.start_ns and prefill.end_ns == decode.start_ns
+
+    assert request.attributes["kvflow.request_id"] == "trace-me-1"
+    assert request.attributes["gen_ai.request.model"] == MODEL
+    assert request.attributes["kvflow.tenant"] == "anonymous"
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["gen_ai.usage.output_tokens"] == 7
+    assert request.attributes["gen_ai.usage.input_tokens"] == completion.usage.prompt_tokens
+    assert route.attributes["kvflow.route.worker"] == worker.address
+    assert attempt.attributes["kvflow.worker_request_id"] == "trace-me-1-c0-a0"
+    assert generate.attributes["kvflow.worker_request_id"] == "trace-me-1-c0-a0"
+    assert generate.attributes["gen_ai.request.model"] == MODEL
+    assert generate.attributes["kvflow.tenant"] == "anonymous"
+    assert generate.attributes["gen_ai.usage.output_tokens"] == 7
+    assert generate.attributes["gen_ai.usage.input_tokens"] == completion.usage.prompt_tokens
+    assert generate.attributes["gen_ai.response.finish_reasons"] == ["FINISH_REASON_LENGTH"]
+    # No text anywhere: only ids, names and counts.
+    values = [str(v) for s in spans for v in s.attributes.values()]
+    assert not any("secret" in v for v in values), values
+
+
+def test_sampling_zero_exports_nothing(receiver: OtlpReceiver) -> None:
+    worker, gateway = _start(receiver, "0")
+    try:
+        for i in range(3):
+            _chat(gateway, f"unsampled-{i}")
+        time.sleep(1.5)  # fifteen export periods
+    finally:
+        gateway.stop()
+        worker.stop()  # a stop flushes what is batched
+    assert receiver.snapshot() == []
+
+
+_NO_ENDPOINT = """
+import sys
+from kvflow.router import cli, tracing
+from kvflow.engine_worker import settings as worker_settings, tracing as worker_tracing
+gateway = cli.parse_args(["--workers", "127.0.0.1:1"], env={})
+worker = worker_settings.parse_args(["--simulate"])
+assert not tracing.configure(gateway.tracing) and not tracing.is_enabled()
+assert not worker_tracing.configure(worker.tracing)
+assert tracing.grpc_metadata() == ()
+with tracing.span("x") as span:
+    assert span is None
+assert not [m for m in sys.modules if m.startswith("opentelemetry.sdk")], "SDK imported"
+assert not [m for m in sys.modules if m.startswith("opentelemetry.exporter")]
+print("ok")
+"""
+
+
+def test_no_endpoint_creates_no_exporter() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", _NO_ENDPOINT], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -180,8 +180,8 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         "--otlp-traces-sample-ratio",
         type=float,
         metavar="R",
-        help="share of requests without a caller's trace context that are traced, 0-1 "
-        "(default: $OTEL_TRACES_SAMPLER_ARG, else 1); a gateway's decision always holds",
+        help="ratio of the parent-based sampler, 0-1 (default: $OTEL_TRACES_SAMPLER_ARG, "
+        "else 1); only calls with a trace context are traced, and their decision holds",
     )
     a = p.parse_args(list(argv))
     try:

@@ -144,3 +144,45 @@ def test_no_endpoint_creates_no_exporter() -> None:
     done = subprocess.run([sys.executable, "-c", _NO_ENDPOINT], capture_output=True,
                           text=True, env=env, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_disaggregated_request_traces_both_workers(receiver: OtlpReceiver) -> None:
+    """A long prompt goes to a prefill worker, whose blocks move to the decode worker: both
+    workers' spans sit under the one attempt, each with its kv_transfer phase."""
+    env = {**FAST_EXPORT, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+    pd_args = [*SIM_ARGS, "--kv-transport", "tcp", "--role"]
+    prefill = launch_worker([*pd_args, "prefill"], timeout_s=120, env=env)
+    decode = launch_worker([*pd_args, "decode"], timeout_s=120, env=env)
+    gateway = launch_gateway(["--served-model-name", MODEL, "--otlp-traces-endpoint",
+                              receiver.endpoint, "--workers",
+                              f"{prefill.address},{decode.address}"], env=FAST_EXPORT)  # fmt: skip
+    try:
+        gateway.wait_ready(num_workers=2)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+        completion = client.completions.create(
+            model=MODEL, prompt=list(range(5, 600)), max_tokens=5, extra_body={"ignore_eos": True}
+        )
+        assert completion.usage is not None
+        spans = receiver.wait_for({"kvflow.worker.prefill", "kvflow.worker.generate"})
+    finally:
+        gateway.stop()
+        for w in (prefill, decode):
+            w.stop()
+    attempt = _one(spans, "kvflow.worker_attempt")
+    assert attempt.attributes["kvflow.route.decision"] == "disaggregated"
+    on_prefill = _one(spans, "kvflow.worker.prefill")
+    on_decode = _one(spans, "kvflow.worker.generate")
+    assert on_prefill.parent_span_id == on_decode.parent_span_id == attempt.span_id
+    assert {s.trace_id for s in spans} == {attempt.trace_id}
+    children = {(s.parent_span_id, s.name): s for s in spans}
+    phases = [
+        (on_prefill, ("kvflow.queue", "kvflow.prefill", "kvflow.kv_transfer")),
+        (on_decode, ("kvflow.queue", "kvflow.kv_transfer", "kvflow.decode")),
+    ]
+    for parent, names in phases:
+        assert all((parent.span_id, n) in children for n in names), (parent.name, children.keys())
+    remote = on_decode.attributes["kvflow.usage.remote_tokens"]
+    transfer = children[(on_decode.span_id, "kvflow.kv_transfer")]
+    assert remote > 0 and transfer.attributes["kvflow.usage.remote_tokens"] == remote
+    assert on_prefill.attributes["kvflow.kv_transfer.bytes"] > 0
+    assert on_decode.attributes["gen_ai.usage.output_tokens"] == 5

@@ -186,3 +186,23 @@ def test_a_disaggregated_request_traces_both_workers(receiver: OtlpReceiver) -> 
     assert remote > 0 and transfer.attributes["kvflow.usage.remote_tokens"] == remote
     assert on_prefill.attributes["kvflow.kv_transfer.bytes"] > 0
     assert on_decode.attributes["gen_ai.usage.output_tokens"] == 5
+
+
+def test_a_streamed_request_span_lasts_to_the_end_of_its_stream(receiver: OtlpReceiver) -> None:
+    worker, gateway = _start(receiver, "1.0")
+    try:
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+        chunks = list(client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=7,
+            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        ))  # fmt: skip
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+        spans = receiver.wait_for({REQUEST_SPAN, "kvflow.worker.generate"})
+    finally:
+        gateway.stop()
+        worker.stop()
+    request = _one(spans, REQUEST_SPAN)
+    generate = _one(spans, "kvflow.worker.generate")
+    assert generate.trace_id == request.trace_id
+    assert request.attributes["gen_ai.usage.output_tokens"] == 7
+    assert request.end_ns >= generate.end_ns

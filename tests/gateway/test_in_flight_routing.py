@@ -45,8 +45,10 @@ def test_a_prompt_follows_the_worker_it_was_just_sent_to() -> None:
         for _ in range(NUM_REQUESTS):
             complete(g, PROMPT)
         # Idle, equal workers and no KV events: only the memory of the first placement
-        # separates them (at random, 12 in a row on one worker has odds of 1 in 2,048).
-        assert sorted(counts(a, b)) == [0, NUM_REQUESTS]
+        # separates them; without it ties go to the worker chosen least recently, 6 and 6.
+        # (One slip is allowed: on a loaded machine a health probe that times out takes a
+        # worker out for a moment.)
+        assert max(counts(a, b)) >= NUM_REQUESTS - 1
         # Distinct prompts share no block, so the same gateway spreads them.
         for i in range(NUM_REQUESTS):
             complete(g, [7 + i, *PROMPT])

@@ -1,16 +1,26 @@
-"""Per-request usage: summed over choices, settled with quotas and metrics exactly once."""
+"""Per-request usage: summed over choices, settled with quotas and metrics exactly once,
+and logged as one line per request.
+
+The line (logger ``kvflow.router.requests``, INFO) carries what an operator greps for: the
+request id, tenant, model, token counts, finish reasons, TTFT and end-to-end time, and the
+attempts the router made. Never prompt or completion text: they can hold anything a user
+typed, and logs are kept and shipped with far less care than the requests themselves.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from kvflow.router.api.gateway import Gateway
-from kvflow.router.protocol.responses import UsageCounts
+from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.service import Lease
 from kvflow.router.tenants.store import UsageTotals
+
+log = logging.getLogger("kvflow.router.requests")
 
 
 @dataclass
@@ -21,11 +31,19 @@ class Accounting:
     tenant: Tenant
     lease: Lease
     trace: RequestTrace
+    model: str = ""
+    num_choices: int = 1
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
+    # Choice index -> why it ended, as the client was told (tool_calls included).
+    finish_reasons: dict[int, str] = field(default_factory=dict)
     _is_finished: bool = False
 
-    def add(self, item: ChoiceUsage) -> None:
+    def add(self, item: ChoiceDelta | ChoiceUsage) -> None:
+        if isinstance(item, ChoiceDelta):
+            if item.finish_reason is not None:
+                self.finish_reasons[item.index] = item.finish_reason
+            return
         # OpenAI counts a prompt once however many choices it has.
         seen = self._prompt.setdefault(item.prompt_index, UsageCounts())
         seen.prompt_tokens = max(seen.prompt_tokens, item.usage.prompt_tokens)
@@ -55,6 +73,8 @@ class Accounting:
         first_token_s = self.trace.first_token_s
         if first_token_s is not None and usage.completion_tokens >= 2:
             metrics.tpot_s.observe((finished_s - first_token_s) / (usage.completion_tokens - 1))
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", self.log_line(usage, finished_s))
         await self.gateway.quotas.finish(
             self.lease,
             UsageTotals(
@@ -63,3 +83,33 @@ class Accounting:
                 cached_tokens=usage.cached_tokens,
             ),
         )
+
+    def log_line(self, usage: UsageCounts, finished_s: float) -> str:
+        """``key=value`` pairs (logfmt). ``finish_reason`` lists each choice's, in order,
+        ``none`` for one that never finished (an error, or the client left)."""
+        trace = self.trace
+        reasons = ",".join(self.finish_reasons.get(i, "none") for i in range(self.num_choices))
+        ttft = trace.first_token_s
+        ttft_ms = "none" if ttft is None else f"{(ttft - trace.arrival_s) * 1e3:.1f}"
+        fields = [
+            ("request_id", trace.request_id),
+            ("tenant", self.tenant.name),
+            ("model", self.model),
+            ("prompt_tokens", usage.prompt_tokens),
+            ("completion_tokens", usage.completion_tokens),
+            ("cached_tokens", usage.cached_tokens),
+            ("finish_reason", reasons),
+            ("ttft_ms", ttft_ms),
+            ("e2e_ms", f"{(finished_s - trace.arrival_s) * 1e3:.1f}"),
+            ("attempts", len(trace.routes)),
+        ]
+        return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
+
+
+def _logfmt(value: object) -> str:
+    """A value as logfmt writes it: bare when plain, quoted otherwise (a model name is the
+    operator's, but may hold spaces)."""
+    text = str(value)
+    if text and all(c.isalnum() or c in "-_.:/,@" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -118,7 +118,7 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     budget = plan_tokens(prompt_lens, sampling, max_len=gw.max_model_len(info.max_model_len),
                          policy=gw.token_policy(tenant, parsed.model), is_chat=is_chat)  # fmt: skip
     lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
-    accounting = Accounting(gw, tenant, lease, trace)
+    accounting = Accounting(gw, tenant, lease, trace, parsed.model, sampling.n * len(prompts))
     caller = Caller(tenant, parsed.model, request.headers.get(gw.session_header))
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = gw.service.run(
         caller, _build_specs(prompts, sampling, budget), trace, buffered=not parsed.stream
@@ -214,10 +214,9 @@ async def _collect(
 
     async def consume() -> None:
         async for item in stream:
+            accounting.add(item)
             if isinstance(item, ChoiceDelta):
                 results[item.index].add(item)
-            else:
-                accounting.add(item)
 
     consumer = asyncio.create_task(consume())
     watcher = asyncio.create_task(wait_for_disconnect(request))

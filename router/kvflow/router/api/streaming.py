@@ -48,10 +48,9 @@ async def sse_body(
     item: ChoiceDelta | ChoiceUsage | None = first
     try:
         while item is not None:
+            accounting.add(item)
             if isinstance(item, ChoiceDelta):
                 yield writer.delta(item)
-            else:
-                accounting.add(item)
             item = await anext(stream, None)
     except ApiError as exc:
         # Headers are gone: the failure travels as an event the openai client raises on.

@@ -1,8 +1,13 @@
-"""A rolling update of the workers under load loses no request: real worker processes
-behind a real gateway, streams running all along. A new worker joins, then the old ones
+"""Rolling updates under load lose no request, with streams running all along.
+
+Workers: real worker processes behind a real gateway. A new worker joins, then the old ones
 get SIGTERM one after another: each stops taking requests (a request that reaches it
 meanwhile is refused before its first token and fails over), lets its running streams
-finish, and exits 0. Every request is answered 200 with all its tokens."""
+finish, and exits 0. Routers: two replicas behind a client-side balancer that does what a
+Service and its readiness probes do; a new replica joins, then an old one gets SIGTERM:
+/ready turns 503 at once (the balancer drops it), new requests that still reach it get a
+503 with Retry-After (retried elsewhere), its running streams finish, and it exits 0.
+Every request is answered 200 with all its tokens."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import time
 
 import httpx
 import pytest
-from testkit.gateway_process import launch_gateway
+from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.redis_server import free_port
 from testkit.worker_process import WorkerProcess, launch_worker
 
@@ -98,4 +103,104 @@ def test_workers_roll_under_load_and_no_request_is_lost() -> None:
     finally:
         gateway.stop()
         for w in [*old, *([new] if new is not None else [])]:
+            w.stop(timeout_s=10)
+
+
+class Balancer:
+    """What a Service in front of router replicas does: sends each request to a ready
+    replica in turn, and takes a replica out once its readiness probe fails (every 100 ms
+    here). Like an ingress, it retries a request that no replica took (refused connection,
+    or 503 before any byte) on the next one."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = list(urls)
+        self._turn = 0
+        self.num_retried = 0
+
+    def next_url(self) -> str:
+        self._turn += 1
+        return self.urls[self._turn % len(self.urls)]
+
+    async def probe_loop(self, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=1) as client:
+            while not stop.is_set():
+                for url in list(self.urls):
+                    try:
+                        ready = (await client.get(f"{url}/ready")).status_code == 200
+                    except httpx.HTTPError:
+                        ready = False
+                    if not ready and len(self.urls) > 1:
+                        self.urls.remove(url)
+                await asyncio.sleep(0.1)
+
+
+async def balanced_stream(
+    client: httpx.AsyncClient, balancer: Balancer
+) -> tuple[str, str, float, float]:
+    """(outcome, the replica that answered, start, end): monotonic seconds."""
+    for _ in range(4):
+        url = balancer.next_url()
+        started_s = time.monotonic()
+        outcome = await one_stream(client, url)
+        refused = outcome.startswith("status 503") or "ConnectError" in outcome
+        if not refused:
+            return outcome, url, started_s, time.monotonic()
+        balancer.num_retried += 1
+    return outcome, url, started_s, time.monotonic()
+
+
+def test_routers_roll_under_load_and_no_request_is_lost() -> None:
+    workers = [launch_worker(SIM_ARGS, timeout_s=120) for _ in range(2)]
+    router_args = ["--served-model-name", MODEL, "--workers", ",".join(w.address for w in workers)]
+    old = [launch_gateway(router_args) for _ in range(2)]
+    new: list[GatewayProcess] = []
+    try:
+        for router in old:
+            router.wait_ready(num_workers=2)
+        balancer = Balancer([r.url for r in old])
+        results: list[tuple[str, str, float, float]] = []
+        stop = asyncio.Event()
+        sigterm_s: dict[str, float] = {}
+
+        async def client_loop() -> None:
+            async with httpx.AsyncClient(timeout=60) as client:
+                while not stop.is_set():
+                    results.append(await balanced_stream(client, balancer))
+
+        async def roll() -> list[int]:
+            probes_done = asyncio.Event()
+            probes = asyncio.create_task(balancer.probe_loop(probes_done))
+            clients = [asyncio.create_task(client_loop()) for _ in range(NUM_CLIENTS)]
+            codes = []
+            for router in old:  # surge one, then stop one, as a Deployment's rollout does
+                await asyncio.sleep(1.0)
+                fresh = await asyncio.to_thread(launch_gateway, router_args)
+                new.append(fresh)
+                await asyncio.to_thread(fresh.wait_ready, num_workers=2)
+                balancer.urls.append(fresh.url)
+                await asyncio.sleep(0.5)
+                sigterm_s[router.url] = time.monotonic()
+                codes.append(await asyncio.to_thread(router.stop, signal.SIGTERM, 40.0))
+            await asyncio.sleep(1.0)  # the new replicas alone
+            stop.set()
+            await asyncio.gather(*clients)
+            probes_done.set()
+            await probes
+            return codes
+
+        codes = asyncio.run(roll())
+        failures = [r for r in results if r[0] != "ok"]
+        assert not failures, f"{len(failures)} of {len(results)} lost: {failures[:5]}"
+        assert codes == [0, 0]  # each old replica drained and exited cleanly
+        # Not vacuous: each old replica was streaming when it was told to stop, and those
+        # streams completed during its drain.
+        for router in old:
+            carried = [r for r in results if r[1] == router.url
+                       and r[2] < sigterm_s[router.url] < r[3]]  # fmt: skip
+            assert carried, f"{router.url} had no stream running at SIGTERM"
+        assert {r[1] for r in results} >= {g.url for g in new}  # the new ones served
+    finally:
+        for router in [*old, *new]:
+            router.stop(timeout_s=10)
+        for w in workers:
             w.stop(timeout_s=10)

@@ -222,9 +222,7 @@ def _set_usage(span: Span, usage: UsageCounts) -> None:
                          "kvflow.usage.cached_tokens": usage.cached_tokens})  # fmt: skip
 
 
-def _describe_plan(
-    span: Span, plan: ExecutionPlan | None, choice: int, attempt: int
-) -> None:
+def _describe_plan(span: Span, plan: ExecutionPlan | None, choice: int, attempt: int) -> None:
     span.set_attributes({"kvflow.choice": choice, "kvflow.attempt": attempt})
     if plan is None:
         span.set_attribute("kvflow.route.plan", "none")

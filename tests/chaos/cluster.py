@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import httpx
@@ -28,6 +29,8 @@ from testkit.worker_process import launch_worker
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.router.tenants.config import hash_api_key
+
+T = TypeVar("T")
 
 MODEL = "chaos"
 SIM_STEP_MS = 5
@@ -140,7 +143,9 @@ class Cluster:
         else:
             args = ["--simulate", "--served-model-name", MODEL, "--sim-base-step-ms",
                     str(SIM_STEP_MS), "--num-kv-blocks", str(SIM_KV_BLOCKS)]  # fmt: skip
-        return lambda: launch_worker([*args, "--port", str(port)], timeout_s=180)
+        return lambda: _retrying_bind(
+            lambda: launch_worker([*args, "--port", str(port)], timeout_s=180)
+        )
 
     def _router_starter(self, port: int, config: Path) -> Callable[[], GatewayProcess]:
         addresses = ",".join(f"127.0.0.1:{p}" for p in self.worker_ports.values())
@@ -149,7 +154,7 @@ class Cluster:
                 "--first-token-timeout-s", str(FIRST_TOKEN_TIMEOUT_S),
                 "--token-stall-timeout-s", str(TOKEN_STALL_TIMEOUT_S),
                 "--drain-grace-s", "5", "--port", str(port)]  # fmt: skip
-        return lambda: launch_gateway(args, timeout_s=180)
+        return lambda: _retrying_bind(lambda: launch_gateway(args, timeout_s=180))
 
     @property
     def router_urls(self) -> list[str]:
@@ -190,6 +195,20 @@ class Cluster:
 
     def logs(self, kinds: Sequence[str] = ("router", "worker", "real-worker")) -> str:
         return "\n".join(f"===== {p.name}\n{p.log()[-4000:]}" for p in self.by_kind(*kinds))
+
+
+def _retrying_bind(start: Callable[[], T]) -> T:
+    """A part restarts at its old port, which a killed process's socket or another
+    process's outgoing connection can hold for a moment (a CI run once lost the short soak
+    to "Address already in use"): try again a few times before calling it a failure."""
+    for attempt in range(5):
+        try:
+            return start()
+        except RuntimeError as exc:
+            if "Address already in use" not in str(exc) or attempt == 4:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 def usage(router_url: str, tenant: str) -> dict[str, object]:

@@ -13,8 +13,7 @@ The arms run interleaved ``--runs`` times (the order rotated each run); each arm
 reported as the median and range of its runs, with kvflow's ratios of medians. Then the
 TTFT of prompts that share 97 % of their tokens, with prefix caching on vs off.
 
-    python bench/engine_throughput.py [--quick] [--models tiny,smollm2] [--runs 3]
-        [--arms kvflow,hf-cb,hf-static,hf-serial] [--json PATH]
+    python bench/engine_throughput.py [--quick] [--models tiny,smollm2] [--runs 3] [--json PATH]
 Ratios are what to read: every arm runs in this process, each in a thread of its own."""
 
 from __future__ import annotations

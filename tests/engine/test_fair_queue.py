@@ -198,3 +198,12 @@ def test_drain_meter_ignores_steps_that_were_not_backlogged() -> None:
     assert QueueStats(4, 2.0, 8).estimated_wait_s() == pytest.approx(2.0)
     assert QueueStats(4, 0.0, 8).estimated_wait_s() is None
     check_queue(QueueStats(7, 0.0, 8), max_queue_time_s=0.001)  # rate unknown: count only
+
+
+def test_a_refusal_names_the_bound_that_refused_it() -> None:
+    with pytest.raises(QueueFullError) as full:
+        check_queue(QueueStats(8, 2.0, 8), max_queue_time_s=None)
+    assert full.value.reason == "queue_full"
+    with pytest.raises(QueueFullError) as slow:  # 5 waiting at 2/s: 3 s > 1 s
+        check_queue(QueueStats(4, 2.0, 8), max_queue_time_s=1.0)
+    assert slow.value.reason == "queue_time"

@@ -21,7 +21,6 @@ from kvflow.engine_worker.core.errors import (
     QueueFullError,
 )
 from kvflow.engine_worker.core.kv_events import KvEventKind
-from kvflow.engine_worker.core.queue_limits import QueueStats
 from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.engine_loop import EngineLoop
@@ -153,14 +152,6 @@ def output_to_proto(out: RequestOutput) -> pb.GenerateResponse:
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
-def queue_full_reason(exc: QueueFullError, stats: QueueStats) -> str:
-    """The `kvflow_worker_requests_rejected_total` reason of a refusal: the count bound, or
-    the estimated wait. ``stats`` is the engine's latest queue snapshot, which the check
-    read (or one step later: a queue that just reached its bound counts as full)."""
-    bound = stats.max_waiting_requests
-    return "queue_full" if bound is not None and stats.num_waiting >= bound else "queue_time"
-
-
 async def _abort_queue_full(context: Context, exc: QueueFullError) -> None:
     """RESOURCE_EXHAUSTED, not UNAVAILABLE: the worker is healthy, only busy, and the router
     must not mark it down (it fails the request over, or answers 503 with Retry-After)."""
@@ -189,8 +180,7 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     async def _refuse_busy(self, context: Context, exc: QueueFullError) -> None:
         if self.metrics is not None:
-            reason = queue_full_reason(exc, self.loop.engine.queue_stats)
-            self.metrics.rejected.labels(reason).inc()
+            self.metrics.rejected.labels(exc.reason).inc()
         await _abort_queue_full(context, exc)
 
     async def _constrained(

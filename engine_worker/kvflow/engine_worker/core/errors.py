@@ -22,6 +22,9 @@ class QueueFullError(EngineOverloadedError):
 
     Raised before the request holds anything (no blocks, no slot), so nothing leaks."""
 
-    def __init__(self, message: str, *, retry_after_s: float) -> None:
+    def __init__(self, message: str, *, retry_after_s: float, reason: str = "queue_full") -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        # Which bound refused it: "queue_full" (--max-waiting-requests) or "queue_time"
+        # (--max-queue-time-s); the rejections metric's label.
+        self.reason = reason

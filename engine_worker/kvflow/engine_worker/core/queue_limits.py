@@ -87,4 +87,5 @@ def check_queue(stats: QueueStats, max_queue_time_s: float | None) -> None:
             f"this worker's queue would hold the request about {wait_s:.1f} s "
             f"(--max-queue-time-s {max_queue_time_s:g}); retry later or elsewhere",
             retry_after_s=retry_after_s(stats),
+            reason="queue_time",
         )

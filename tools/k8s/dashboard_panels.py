@@ -1,0 +1,297 @@
+"""The dashboard's panels, row by row: the reviewable list `gen_dashboard.py` renders into
+Grafana JSON. Every series queried is one the chart's PodMonitors scrape (job, namespace,
+pod, pool, role labels); tests/k8s/test_observability.py checks each metric name against
+the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEL = 'namespace=~"$namespace", pool=~"$pool"'
+API = SEL + ', endpoint=~"/v1/.+"'  # probes and scrapes are not tenants' traffic
+RATE = "[$__rate_interval]"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    targets: tuple[tuple[str, str], ...]  # (PromQL, legend)
+    description: str = ""
+    stack: bool = False
+
+
+def quantiles(metric: str, by: str = "") -> tuple[tuple[str, str], ...]:
+    """P50, P90 and P99 of a histogram over the selected pools."""
+    group = f"le, {by}" if by else "le"
+    prefix = f"{{{{{by}}}}} " if by else ""
+    return tuple(
+        (
+            f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{{{SEL}}}{RATE})))",
+            f"{prefix}P{round(q * 100)}",
+        )
+        for q in (0.5, 0.9, 0.99)
+    )
+
+
+def p99(metric: str, legend: str) -> tuple[str, str]:
+    return f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{{{SEL}}}{RATE})))", legend
+
+
+def rate(metric: str, by: str, what: str = "", selector: str = SEL) -> tuple[str, str]:
+    """Per-second rate summed by labels; `what` names the series where a panel has several."""
+    legend = " ".join([*(f"{{{{{label.strip()}}}}}" for label in by.split(",")), what]).strip()
+    return f"sum by ({by}) (rate({metric}{{{selector}}}{RATE}))", legend
+
+
+ROWS: dict[str, list[Panel]] = {
+    "Gateway: what tenants see": [
+        Panel(
+            "Requests by status",
+            "reqps",
+            (rate("kvflow_router_requests_total", "code", selector=API),),
+            "Answers of the /v1 endpoints per second, by HTTP status.",
+            stack=True,
+        ),
+        Panel(
+            "5xx ratio",
+            "percentunit",
+            (
+                (
+                    f'sum(rate(kvflow_router_requests_total{{{API}, code=~"5.."}}{RATE}))'
+                    f" / sum(rate(kvflow_router_requests_total{{{API}}}{RATE}))",
+                    "5xx",
+                ),
+            ),
+            "What KvflowErrorRateHigh alerts on. 429s (tenant limits) are not errors.",
+        ),
+        Panel(
+            "TTFT",
+            "s",
+            quantiles("kvflow_router_ttft_seconds"),
+            "Arrival at the gateway to the first token: queueing, routing and prefill.",
+        ),
+        Panel(
+            "TPOT",
+            "s",
+            quantiles("kvflow_router_tpot_seconds"),
+            "Per request, (last token - first token) / (completion tokens - 1), at the gateway.",
+        ),
+        Panel(
+            "ITL",
+            "s",
+            quantiles("kvflow_router_itl_seconds"),
+            "Inter-token latency as clients see it: the time between a choice's successive "
+            "token messages at the gateway.",
+        ),
+        Panel(
+            "End to end",
+            "s",
+            quantiles("kvflow_router_e2e_seconds"),
+            "Arrival at the gateway to the last token.",
+        ),
+        Panel(
+            "Workers seen by the gateways",
+            "short",
+            (
+                ("max by (pool) (kvflow_router_workers{" + SEL + "})", "{{pool}} known"),
+                ("min by (pool) (kvflow_router_workers_healthy{" + SEL + "})", "{{pool}} healthy"),
+            ),
+            "Known from discovery, and passing health probes (the least of the replicas).",
+        ),
+        Panel(
+            "Routing decision",
+            "s",
+            quantiles("kvflow_router_routing_decision_seconds"),
+            "Block hashing, index lookup and scoring per request.",
+        ),
+        Panel(
+            "Prefix reuse and failovers",
+            "short",
+            (
+                rate("kvflow_router_prefix_matched_blocks_total", "pool", "matched blocks"),
+                rate("kvflow_router_failovers_total", "pool", "failovers"),
+                (
+                    "max by (pool) (kvflow_router_index_blocks{" + SEL + "})",
+                    "{{pool}} index blocks",
+                ),
+            ),
+            "Matched blocks/s (the chosen worker already cached them), failovers/s, and the "
+            "routing index's size.",
+        ),
+    ],
+    "Overload and deadlines": [
+        Panel(
+            "Shed by admission control",
+            "reqps",
+            (rate("kvflow_router_admission_rejections_total", "code, reason"),),
+            "Refused at the gateway before any worker saw them: 429 to a tenant over its "
+            "share, 503 when the estimated queue is over the max or every queue is full. "
+            "KvflowShedding alerts on the 503s.",
+            stack=True,
+        ),
+        Panel(
+            "Refused by workers",
+            "reqps",
+            (
+                rate("kvflow_router_worker_rejections_total", "worker", "(gateway)"),
+                rate("kvflow_worker_requests_rejected_total", "reason", "(workers)"),
+            ),
+            "RESOURCE_EXHAUSTED answers: per worker as the gateways see them, and by reason "
+            "as the workers count them (queue_full: --max-waiting-requests; queue_time: "
+            "--max-queue-time-s).",
+        ),
+        Panel(
+            "Deadline misses",
+            "short",
+            (rate("kvflow_router_deadline_misses_total", "kind"),),
+            "Streams cancelled for no first token (then failed over) or no next token "
+            "(then ended with an error), per second. KvflowDeadlineMisses alerts.",
+        ),
+    ],
+    "Tenants": [
+        Panel(
+            "Completion tokens",
+            "short",
+            (rate("kvflow_router_tenant_completion_tokens_total", "tenant"),),
+            "Tokens per second by tenant.",
+            stack=True,
+        ),
+        Panel(
+            "Prompt tokens and cache share",
+            "short",
+            (
+                rate("kvflow_router_tenant_prompt_tokens_total", "tenant", "prompt"),
+                rate("kvflow_router_tenant_cached_tokens_total", "tenant", "cached"),
+            ),
+            "Prompt tokens per second by tenant, and those served from a prefix cache.",
+        ),
+        Panel(
+            "Refused by limits",
+            "reqps",
+            (rate("kvflow_router_tenant_rejections_total", "tenant, limit"),),
+            "Requests refused with 429 by a quota or rate limit.",
+        ),
+        Panel(
+            "Admitted requests",
+            "reqps",
+            (rate("kvflow_router_tenant_requests_total", "tenant"),),
+            stack=True,
+        ),
+    ],
+    "Prefill/decode disaggregation": [
+        Panel(
+            "Plans",
+            "reqps",
+            (rate("kvflow_router_pd_decisions_total", "decision, reason"),),
+            "Colocated or disaggregated, and why.",
+            stack=True,
+        ),
+        Panel(
+            "KV handoffs and failures",
+            "reqps",
+            (
+                rate("kvflow_router_pd_transfers_total", "outcome", "handoff"),
+                rate("kvflow_router_pd_failures_total", "kind", "failure"),
+            ),
+        ),
+        Panel(
+            "Prefill and transfer",
+            "s",
+            (
+                p99("kvflow_router_pd_prefill_seconds", "prefill P99"),
+                p99("kvflow_router_pd_transfer_seconds", "transfer P99"),
+            ),
+            "P99 of the prefill call and of the KV send, as prefill workers report.",
+        ),
+        Panel(
+            "Transferred",
+            "Bps",
+            (
+                rate("kvflow_router_pd_transfer_bytes_total", "pool", "sent (gateway)"),
+                rate("kvflow_worker_kv_transfer_bytes_total", "direction", "(workers)"),
+            ),
+            "KV bytes per second, gateway's and workers' view.",
+        ),
+        Panel(
+            "Worker transfers",
+            "reqps",
+            (rate("kvflow_worker_kv_transfers_total", "direction, outcome"),),
+        ),
+    ],
+    "Workers": [
+        Panel(
+            "KV cache usage",
+            "percentunit",
+            (("kvflow_worker_kv_cache_usage_ratio{" + SEL + "}", "{{pod}}"),),
+            "Blocks held by requests; KvflowKVCacheNearlyFull alerts near 1.",
+        ),
+        Panel(
+            "Requests running and waiting",
+            "short",
+            (
+                ("sum by (pool) (kvflow_worker_requests_running{" + SEL + "})", "{{pool}} running"),
+                ("sum by (pool) (kvflow_worker_requests_waiting{" + SEL + "})", "{{pool}} waiting"),
+            ),
+            "KvflowQueueGrowing alerts when waiting keeps growing.",
+        ),
+        Panel(
+            "Queue wait",
+            "s",
+            quantiles("kvflow_worker_queue_wait_seconds"),
+            "Arrival at the worker to its first scheduled chunk.",
+        ),
+        Panel(
+            "Worker TTFT, TPOT, ITL (P99)",
+            "s",
+            (
+                p99("kvflow_worker_time_to_first_token_seconds", "TTFT P99"),
+                p99("kvflow_worker_time_per_output_token_seconds", "TPOT P99"),
+                p99("kvflow_worker_inter_token_latency_seconds", "ITL P99"),
+            ),
+            "Inside the engine (no routing, no network): compare with the gateway's.",
+        ),
+        Panel(
+            "Tokens",
+            "short",
+            (
+                rate("kvflow_worker_generation_tokens_total", "pool", "generated"),
+                rate("kvflow_worker_prompt_tokens_total", "pool", "prompt"),
+            ),
+            "Generated and prompt tokens per second.",
+        ),
+        Panel(
+            "Prefix cache hit ratio",
+            "percentunit",
+            (
+                (
+                    f"{rate('kvflow_worker_prefix_cache_hit_tokens_total', 'pool')[0]}"
+                    f" / {rate('kvflow_worker_prefix_cache_queried_tokens_total', 'pool')[0]}",
+                    "{{pool}}",
+                ),
+            ),
+            "Prompt tokens found in the cache / looked up.",
+        ),
+        Panel(
+            "Finished and preempted",
+            "reqps",
+            (
+                rate("kvflow_worker_requests_finished_total", "finish_reason"),
+                rate("kvflow_worker_preemptions_total", "pool", "preempted"),
+            ),
+        ),
+        Panel(
+            "Engine step",
+            "s",
+            quantiles("kvflow_worker_step_duration_seconds"),
+            "One engine step (a batch's forward pass and sampling).",
+        ),
+        Panel(
+            "Scrape targets up",
+            "short",
+            (('sum by (job) (up{job=~"kvflow-router|kvflow-worker", ' + SEL + "})", "{{job}}"),),
+            "KvflowWorkerDown and KvflowGatewayDown alert on up == 0.",
+        ),
+    ],
+}

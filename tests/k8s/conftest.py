@@ -10,6 +10,7 @@ import hashlib
 import re
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -53,19 +54,22 @@ def cluster(binaries: Binaries, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="session")
 def crd(cluster: ControlPlane) -> str:
-    """The InferencePool CRD, applied from crds/ with kubectl and Established."""
+    """The kvflow.io CRDs (InferencePool, InferenceGateway, InferenceModel), applied from
+    crds/ with kubectl and Established; the InferencePool CRD's name."""
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/inferencepools.kvflow.io",
+        "crd/inferencepools.kvflow.io", "crd/inferencegateways.kvflow.io",
+        "crd/inferencemodels.kvflow.io",
     )  # fmt: skip
-    # The API server publishes the CRD's OpenAPI (what explain and server-side apply
-    # read) a moment after Established.
-    wait_for(
-        lambda: cluster.kubectl("explain", "inferencepool", check=False).returncode == 0,
-        60,
-        "the InferencePool OpenAPI schema to be published",
-    )
+
+    # The API server publishes a CRD's OpenAPI (what explain and server-side apply read)
+    # a moment after Established.
+    def explained(kind: str) -> bool:
+        return cluster.kubectl("explain", kind, check=False).returncode == 0
+
+    for kind in ("inferencepool", "inferencegateway", "inferencemodel"):
+        wait_for(partial(explained, kind), 60, f"the {kind} OpenAPI schema to be published")
     return "inferencepools.kvflow.io"
 
 

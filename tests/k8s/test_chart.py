@@ -27,9 +27,16 @@ def test_helm_lint_strict_is_clean(cluster: ControlPlane) -> None:
         assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
 
 
-def test_chart_crd_is_the_generated_one(binaries: Binaries) -> None:
-    (crd_file,) = (REPO / "crds").glob("*.yaml")
-    assert (CHART / "crds" / crd_file.name).read_text() == crd_file.read_text()
+def test_chart_crds_are_the_generated_ones(binaries: Binaries) -> None:
+    crd_files = sorted((REPO / "crds").glob("*.yaml"))
+    assert [f.name for f in crd_files] == [
+        "inferencegateways.kvflow.io.yaml",
+        "inferencemodels.kvflow.io.yaml",
+        "inferencepools.kvflow.io.yaml",
+    ]
+    assert sorted(f.name for f in (CHART / "crds").glob("*.yaml")) == [f.name for f in crd_files]
+    for crd_file in crd_files:
+        assert (CHART / "crds" / crd_file.name).read_text() == crd_file.read_text()
 
 
 def test_template_renders_the_operator_and_least_privilege_rbac(cluster: ControlPlane) -> None:

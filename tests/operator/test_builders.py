@@ -55,9 +55,12 @@ def test_only_the_pools_own_pods_reach_worker_grpc_and_kv_ports() -> None:
         "app.kubernetes.io/component": "worker",
     }
     assert spec["policyTypes"] == ["Ingress"]
-    restricted, metrics = spec["ingress"]
+    restricted, gateways, metrics = spec["ingress"]
     assert restricted["from"] == [{"podSelector": {"matchLabels": {"kvflow.io/pool": "p"}}}]
     assert sorted(p["port"] for p in restricted["ports"]) == [50051, 50052]
+    # An InferenceGateway's routers that front this pool: worker gRPC, not the KV port.
+    assert gateways["from"] == [{"podSelector": {"matchLabels": {"fronts.kvflow.io/p": "true"}}}]
+    assert gateways["ports"] == [{"protocol": "TCP", "port": 50051}]
     assert "from" not in metrics and metrics["ports"] == [{"protocol": "TCP", "port": 9400}]
     # The pods it lets in carry that label: the router's and the workers'.
     for name in ("p-router", "p-prefill", "p-decode"):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvflow.operator.api import v1alpha1
-from kvflow.operator.api.crd import inference_pool_crd
+from kvflow.operator.api.crd import all_crds, inference_pool_crd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,3 +65,23 @@ def test_every_field_is_described_and_the_crd_is_wired() -> None:
     status = root["properties"]["status"]["properties"]
     assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
     assert set(status) >= {"phase", "conditions", "observedGeneration", "roles", "planner"}
+
+
+def test_gateway_and_model_crds_are_described_and_validated() -> None:
+    crds = {c["spec"]["names"]["kind"]: c for c in all_crds()}
+    assert sorted(crds) == ["InferenceGateway", "InferenceModel", "InferencePool"]
+    for kind in ("InferenceGateway", "InferenceModel"):
+        (version,) = crds[kind]["spec"]["versions"]
+        assert walk(version["schema"]["openAPIV3Schema"], "") == [], kind
+        assert version["subresources"] == {"status": {}}
+    (model,) = crds["InferenceModel"]["spec"]["versions"]
+    spec = model["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["gatewayRef", "targets"]
+    targets = spec["properties"]["targets"]
+    assert targets["minItems"] == 1
+    assert targets["items"]["properties"]["weight"]["minimum"] == 0
+    assert spec["properties"]["aliases"]["x-kubernetes-list-type"] == "set"
+    (gateway,) = crds["InferenceGateway"]["spec"]["versions"]
+    router = gateway["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["router"]
+    # The same RouterSpec as a pool's router.
+    assert set(router["properties"]) >= {"replicas", "image", "redis", "tenantsSecret", "admission"}

@@ -1,4 +1,4 @@
-"""kopf handlers: each one only says which pool to reconcile, and how.
+"""kopf handlers: each one only says which pool (or namespace's gateways) to reconcile, and how.
 
 No handler keeps state on the pool (no finalizers, no progress annotations): the operator
 can be stopped, restarted or uninstalled at any time and pools can still be deleted.
@@ -13,7 +13,10 @@ from typing import Any
 import kopf
 
 from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1_gateway as gw
+from kvflow.operator.builders.gateway import LABEL_GATEWAY
 from kvflow.operator.builders.names import LABEL_MANAGED_BY, LABEL_POOL, MANAGED_BY
+from kvflow.operator.gateway_reconcile import GatewayReconciler
 from kvflow.operator.reconcile import Reconciler
 
 
@@ -27,7 +30,15 @@ def needs_reconcile(*, type: str | None, meta: kopf.Meta, status: kopf.Status, *
     return bool(meta.get("generation") != status.get("observedGeneration"))
 
 
-def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
+def changes_serving(*, type: str | None, meta: kopf.Meta, status: kopf.Status, **_: Any) -> bool:
+    """An event that can change what a namespace's gateways serve: an object listed, added
+    or deleted, or its spec ahead of its status (a pool, gateway or model alike)."""
+    if type in (None, "ADDED", "DELETED"):
+        return True
+    return bool(meta.get("generation") != status.get("observedGeneration"))
+
+
+def build_registry(reconciler: Reconciler, gateways: GatewayReconciler) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -65,5 +76,32 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         # A deleted Deployment is drift to repair now; any other change (pods turning
         # ready, a rollout's progress) only moves the pool's status.
         reconciler.reconcile(namespace, labels[LABEL_POOL], apply=type == "DELETED")
+
+    # Gateways: any change to a gateway, a model or a pool reconciles the namespace's
+    # gateways (a model moved between gateways changes both; see gateway_reconcile).
+    for plural, handler_id in (
+        (gw.GATEWAY_PLURAL, "gateway_changed"),
+        (gw.MODEL_PLURAL, "model_changed"),
+        (v1alpha1.PLURAL, "pool_changed_for_gateways"),
+    ):
+
+        @kopf.on.event(
+            v1alpha1.GROUP, v1alpha1.VERSION, plural,
+            id=handler_id, when=changes_serving, registry=registry,
+        )  # fmt: skip
+        def serving_changed(*, namespace: str | None, **_: Any) -> None:
+            assert namespace is not None, "kvflow.io objects are namespaced"
+            gateways.reconcile_namespace(namespace)
+
+    @kopf.on.event(
+        "apps",
+        "v1",
+        "deployments",
+        labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_GATEWAY: kopf.PRESENT},
+        registry=registry,
+    )
+    def gateway_deployment_changed(*, type: str, namespace: str | None, **_: Any) -> None:
+        assert namespace is not None, "Deployments are namespaced"
+        gateways.reconcile_namespace(namespace, apply=type == "DELETED")
 
     return registry

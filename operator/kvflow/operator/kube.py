@@ -22,6 +22,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.desired import ChildKey
 
@@ -39,6 +40,17 @@ RBAC_RULES: list[dict[str, list[str]]] = [
         "verbs": ["get", "list", "watch"],
     },
     {"apiGroups": [v1alpha1.GROUP], "resources": [f"{v1alpha1.PLURAL}/status"], "verbs": ["patch"]},
+    {
+        # Gateways and the models they serve: read like pools, status written.
+        "apiGroups": [v1alpha1.GROUP],
+        "resources": [gw.GATEWAY_PLURAL, gw.MODEL_PLURAL],
+        "verbs": ["get", "list", "watch"],
+    },
+    {
+        "apiGroups": [v1alpha1.GROUP],
+        "resources": [f"{gw.GATEWAY_PLURAL}/status", f"{gw.MODEL_PLURAL}/status"],
+        "verbs": ["patch"],
+    },
     {
         # watch: kopf reacts to a deleted or changed Deployment; create: server-side apply
         # of a missing object is authorized as a create too.
@@ -218,6 +230,42 @@ class Kube:
                 )
             ]
         return [item for page in listed for item in page.get("items", [])]
+
+    def get_object(self, plural: str, namespace: str, name: str) -> Json | None:
+        """A kvflow.io object (a gateway or model; pools have get_pool); None when gone."""
+        try:
+            return _call(
+                self._custom.get_namespaced_custom_object,
+                v1alpha1.GROUP, v1alpha1.VERSION, namespace, plural, name,
+            )  # fmt: skip
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_objects(self, plural: str, namespaces: list[str]) -> list[Json]:
+        """Every kvflow.io object of `plural` in `namespaces` (all when empty)."""
+        if not namespaces:
+            page = _call(
+                self._custom.list_cluster_custom_object, v1alpha1.GROUP, v1alpha1.VERSION, plural
+            )
+            return list(page.get("items", []))
+        items: list[Json] = []
+        for ns in namespaces:
+            page = _call(
+                self._custom.list_namespaced_custom_object,
+                v1alpha1.GROUP, v1alpha1.VERSION, ns, plural,
+            )  # fmt: skip
+            items += page.get("items", [])
+        return items
+
+    def patch_object_status(self, plural: str, namespace: str, name: str, status: Json) -> None:
+        _call(
+            self._custom.patch_namespaced_custom_object_status,
+            v1alpha1.GROUP, v1alpha1.VERSION, namespace, plural, name,
+            {"status": status},
+            _content_type=MERGE,
+        )  # fmt: skip
 
     def list_pods(self, namespace: str, selector: dict[str, str]) -> list[Json]:
         label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))

@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 
 import kopf
 
+from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import Images
+from kvflow.operator.gateway_reconcile import GatewayReconciler
 from kvflow.operator.handlers import build_registry
 from kvflow.operator.health import serve_health
 from kvflow.operator.kube import Kube, KubeError
@@ -98,16 +100,20 @@ async def _lead_and_run(
             log.warning("could not post event %s on %s: %s", reason, body["metadata"]["name"], exc)
 
     reconciler = Reconciler(kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339)
+    gateways = GatewayReconciler(
+        kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339
+    )
     planning = PlanningLoop(kube, reconciler, metrics, cfg.namespaces)
     tasks = [
         asyncio.create_task(_sweep(reconciler, kube, cfg)),
+        asyncio.create_task(_sweep_gateways(gateways, kube, cfg)),
         asyncio.create_task(planning.run()),
     ]
     if elector is not None:
         tasks.append(asyncio.create_task(elector.keep(lost)))
     try:
         await kopf.operator(
-            registry=build_registry(reconciler),
+            registry=build_registry(reconciler, gateways),
             standalone=True,  # leadership is ours (the Lease), not kopf's peering
             clusterwide=not cfg.namespaces,
             namespaces=cfg.namespaces,
@@ -136,3 +142,25 @@ async def _sweep(reconciler: Reconciler, kube: Kube, cfg: OperatorConfig) -> Non
                 await asyncio.to_thread(reconciler.reconcile, namespace, name)
             except KubeError as exc:
                 log.warning("drift sweep: %s/%s: %s", namespace, name, exc)
+
+
+async def _sweep_gateways(gateways: GatewayReconciler, kube: Kube, cfg: OperatorConfig) -> None:
+    """Re-apply every namespace's gateways periodically, as `_sweep` does pools."""
+    while True:
+        await asyncio.sleep(cfg.drift_interval_s)
+        try:
+            listed = await asyncio.to_thread(
+                lambda: [
+                    o["metadata"]["namespace"]
+                    for plural in (gw.GATEWAY_PLURAL, gw.MODEL_PLURAL)
+                    for o in kube.list_objects(plural, cfg.namespaces)
+                ]
+            )
+        except KubeError as exc:
+            log.warning("drift sweep: cannot list gateways: %s", exc)
+            continue
+        for namespace in sorted(set(listed)):
+            try:
+                await asyncio.to_thread(gateways.reconcile_namespace, namespace)
+            except KubeError as exc:
+                log.warning("drift sweep: gateways of %s: %s", namespace, exc)

@@ -49,9 +49,13 @@ class FieldInfo:
     exclusive_minimum: bool = False
     min_length: int | None = None
     max_length: int | None = None
+    min_items: int | None = None
     max_items: int | None = None
     pattern: str = ""
     map_keys: tuple[str, ...] = ()  # list of records merged by these keys (listType map)
+    list_set: bool = False  # a list of unique scalars (listType set)
+    item_pattern: str = ""  # pattern of each string item of a list
+    item_max_length: int | None = None
 
 
 def field(description: str, default: Any = dataclasses.MISSING, **info: Any) -> Any:
@@ -210,6 +214,7 @@ def _field_schema(f: dataclasses.Field[Any], tp: Any) -> dict[str, Json]:
         "maximum": info.maximum,
         "minLength": info.min_length,
         "maxLength": info.max_length,
+        "minItems": info.min_items,
         "maxItems": info.max_items,
     }
     out.update({k: v for k, v in bounds.items() if v is not None})
@@ -217,6 +222,12 @@ def _field_schema(f: dataclasses.Field[Any], tp: Any) -> dict[str, Json]:
         out["exclusiveMinimum"] = True
     if info.pattern:
         out["pattern"] = info.pattern
+    if info.item_pattern:
+        out["items"] = {**out["items"], "pattern": info.item_pattern}
+    if info.item_max_length is not None:
+        out["items"] = {**out["items"], "maxLength": info.item_max_length}
+    if info.list_set:
+        out["x-kubernetes-list-type"] = "set"
     if info.map_keys:
         out["x-kubernetes-list-type"] = "map"
         out["x-kubernetes-list-map-keys"] = list(info.map_keys)

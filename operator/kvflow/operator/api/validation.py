@@ -39,6 +39,11 @@ def spec_problems(spec: v1alpha1.InferencePoolSpec) -> list[str]:
     return problems
 
 
+def router_problems(router: v1alpha1.RouterSpec) -> list[str]:
+    """What is wrong with an InferenceGateway's router that its schema let through."""
+    return _resource_problems("router.resources", router.resources)
+
+
 def _roles(spec: v1alpha1.InferencePoolSpec) -> list[tuple[str, v1alpha1.RoleSpec]]:
     if spec.mode == "colocated":
         return [("colocated", spec.colocated)]

@@ -13,6 +13,7 @@ LABEL_POOL = "kvflow.io/pool"
 LABEL_ROLE = "kvflow.io/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+FRONTS_LABEL_PREFIX = "fronts.kvflow.io/"
 
 # The worker's ports (the `kvflow worker` contract) and the router's. The KV port (the
 # worker's KV receiver and rendezvous store) is opened by prefill and decode workers only.
@@ -70,6 +71,12 @@ def workers_service_name(pool: PoolRef) -> str:
 def gateway_endpoint(pool: PoolRef, port: int) -> str:
     host = f"{gateway_service_name(pool)}.{pool.namespace}.svc"
     return f"http://{host}/v1" if port == 80 else f"http://{host}:{port}/v1"
+
+
+def fronts_label(pool_name: str) -> str:
+    """Carried by the pods of an InferenceGateway that routes to the pool: the pool's
+    NetworkPolicy lets them reach its workers."""
+    return f"{FRONTS_LABEL_PREFIX}{pool_name}"
 
 
 def selector_labels(pool: PoolRef, role: str) -> dict[str, str]:

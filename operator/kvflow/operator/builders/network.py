@@ -1,7 +1,8 @@
 """A pool's NetworkPolicy: who may reach its workers (pure).
 
 Worker gRPC is where prompts go in, KV events come out and requests are aborted, and the
-KV port is where prefill workers push blocks: only the pool's own router and workers may
+KV port is where prefill workers push blocks: only the pool's own router and workers, and
+the routers of InferenceGateways fronting the pool (labelled fronts.kvflow.io/<pool>), may
 reach them. Everything else in the cluster (another pool, another tenant's pod, a
 compromised sidecar) is refused by the cluster's network plugin. The metrics port stays
 open to any pod: Prometheus and the operator's planner scrape it, and it serves only
@@ -22,6 +23,7 @@ from kvflow.operator.builders.names import (
     WORKER_KV_PORT,
     WORKER_METRICS_PORT,
     PoolRef,
+    fronts_label,
     metadata,
 )
 
@@ -32,6 +34,7 @@ def workers_network_policy_name(pool: PoolRef) -> str:
 
 def workers_network_policy(pool: PoolRef) -> dict[str, Json]:
     own_pods = {"podSelector": {"matchLabels": {LABEL_POOL: pool.name}}}
+    gateways = {"podSelector": {"matchLabels": {fronts_label(pool.name): "true"}}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -49,6 +52,8 @@ def workers_network_policy(pool: PoolRef) -> dict[str, Json]:
                         {"protocol": "TCP", "port": WORKER_KV_PORT},
                     ],
                 },
+                # The routers of InferenceGateways whose models target the pool: gRPC only.
+                {"from": [gateways], "ports": [{"protocol": "TCP", "port": WORKER_GRPC_PORT}]},
                 {"ports": [{"protocol": "TCP", "port": WORKER_METRICS_PORT}]},
             ],
         },

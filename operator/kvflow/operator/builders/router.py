@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import yaml
 
@@ -83,25 +85,34 @@ def worker_dns(pool: PoolRef) -> str:
 
 def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
     """The `kvflow router` command line (the router's CLI contract)."""
-    args = ["router", "--host", "0.0.0.0", "--port", str(ROUTER_HTTP_PORT),
-            "--metrics-port", str(ROUTER_METRICS_PORT)]  # fmt: skip
+    args = listen_args()
     path = pods.model_path(spec.model)
     if path:
         args += ["--model", path]
     args += [
         "--served-model-name", spec.model.served_name,
         "--worker-dns", worker_dns(pool),
-        "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}",
     ]  # fmt: skip
-    redis = spec.router.redis
+    return args + shared_args(spec.router)
+
+
+def listen_args() -> list[str]:
+    return ["router", "--host", "0.0.0.0", "--port", str(ROUTER_HTTP_PORT),
+            "--metrics-port", str(ROUTER_METRICS_PORT)]  # fmt: skip
+
+
+def shared_args(router: v1alpha1.RouterSpec) -> list[str]:
+    """Flags every router gets from its RouterSpec, a pool's or a gateway's."""
+    args = ["--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"]
+    redis = router.redis
     if redis.url_secret is not None:
         # Kubernetes expands $(VAR) in args, so the password never appears in the spec.
         args += ["--redis-url", f"$({REDIS_URL_ENV})"]
     elif redis.url:
         args += ["--redis-url", redis.url]
-    if spec.router.tenants_secret is not None:
+    if router.tenants_secret is not None:
         args += ["--tenants-file", f"{TENANTS_MOUNT}/{TENANTS_FILE}"]
-    return args + admission_args(spec.router.admission)
+    return args + admission_args(router.admission)
 
 
 def admission_args(admission: v1alpha1_admission.AdmissionSpec) -> list[str]:
@@ -120,16 +131,40 @@ def admission_args(admission: v1alpha1_admission.AdmissionSpec) -> list[str]:
 def router_deployment(
     pool: PoolRef, spec: v1alpha1.InferencePoolSpec, images: Images
 ) -> dict[str, Json]:
-    router = spec.router
-    select = selector_labels(pool, "router")
-    meta = metadata(pool, router_name(pool), "router", "router")
-    config_text = router_configmap(pool, spec)["data"][CONFIG_KEY]
+    model_volume = pods.model_volume(spec.model)  # the router tokenizes with the model's files
+    return router_workload(
+        RouterPod(
+            meta=metadata(pool, router_name(pool), "router", "router"),
+            select=selector_labels(pool, "router"),
+            config_map=router_name(pool),
+            config_text=router_configmap(pool, spec)["data"][CONFIG_KEY],
+            args=router_args(pool, spec),
+            env=[*pods.worker_token_env(spec), *pods.tracing_env(pool.name, spec)],
+            volumes=[] if model_volume is None else [model_volume],
+        ),
+        spec.router,
+        images,
+    )
 
+
+@dataclass(frozen=True)
+class RouterPod:
+    """What differs between a pool's router and a standalone gateway's."""
+
+    meta: dict[str, Json]  # the Deployment's metadata (name, labels, owner)
+    select: dict[str, str]  # its selector labels
+    config_map: str  # the ConfigMap holding CONFIG_KEY
+    config_text: str  # its content (hashed into the template: a change rolls the routers)
+    args: list[str]
+    env: list[dict[str, Json]]  # after common_env(), before the RouterSpec's secrets
+    volumes: list[tuple[dict[str, Json], dict[str, Json]]]  # (volume, mount): model files
+    pod_labels: dict[str, str] = dataclass_field(default_factory=dict)  # beyond meta's
+
+
+def router_workload(pod: RouterPod, router: v1alpha1.RouterSpec, images: Images) -> dict[str, Json]:
+    """The router Deployment: hardened, probed, draining, rolled by its config's hash."""
     scratch, scratch_mount = pods.scratch_volume()
-    volumes: list[Json] = [
-        scratch,
-        {"name": "config", "configMap": {"name": router_name(pool)}},
-    ]
+    volumes: list[Json] = [scratch, {"name": "config", "configMap": {"name": pod.config_map}}]
     mounts: list[Json] = [
         scratch_mount,
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
@@ -139,12 +174,11 @@ def router_deployment(
         items: Json = [{"key": tenants.key, "path": TENANTS_FILE}]
         volumes.append({"name": "tenants", "secret": {"secretName": tenants.name, "items": items}})
         mounts.append({"name": "tenants", "mountPath": TENANTS_MOUNT, "readOnly": True})
-    model_volume = pods.model_volume(spec.model)  # the router tokenizes with the model's files
-    if model_volume is not None:
-        volumes.append(model_volume[0])
-        mounts.append(model_volume[1])
+    for volume, mount in pod.volumes:
+        volumes.append(volume)
+        mounts.append(mount)
 
-    env = [*pods.common_env(), *pods.worker_token_env(spec), *pods.tracing_env(pool.name, spec)]
+    env = [*pods.common_env(), *pod.env]
     for name, ref in ((REDIS_URL_ENV, router.redis.url_secret),
                       (TENANT_KEY_SECRET_ENV, router.tenant_key_secret)):  # fmt: skip
         if ref is not None:
@@ -156,7 +190,7 @@ def router_deployment(
         "image": router.image or images.router,
         "imagePullPolicy": router.image_pull_policy,
         "command": ["kvflow"],
-        "args": router_args(pool, spec),
+        "args": pod.args,
         "ports": [
             {"name": "http", "containerPort": ROUTER_HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
@@ -172,20 +206,20 @@ def router_deployment(
     pod_spec = pods.pod_spec(
         container=container,
         volumes=volumes,
-        select=select,
+        select=pod.select,
         grace_s=30 + pods.PRESTOP_SLEEP_S,
         node_selector=router.node_selector,
         tolerations=router.tolerations,
     )
 
-    digest = hashlib.sha256(config_text.encode()).hexdigest()
+    digest = hashlib.sha256(pod.config_text.encode()).hexdigest()
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": meta,
+        "metadata": pod.meta,
         "spec": {
             "replicas": router.replicas,
-            "selector": {"matchLabels": dict(select)},
+            "selector": {"matchLabels": dict(pod.select)},
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
@@ -194,7 +228,7 @@ def router_deployment(
             "template": {
                 # A changed routing config restarts the routers (they read it at start).
                 "metadata": {
-                    "labels": dict(meta["labels"]),
+                    "labels": {**pod.meta["labels"], **pod.pod_labels},
                     "annotations": {CONFIG_HASH_ANNOTATION: digest},
                 },
                 "spec": pod_spec,

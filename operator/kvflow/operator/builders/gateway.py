@@ -1,0 +1,286 @@
+"""An InferenceGateway's children: routing ConfigMap, router Deployment, Service, budget
+(pure).
+
+The router Deployment is a pool's router (`router.router_workload`) with a different
+config: one `pools:` entry per InferencePool its models target, each pool's model volume
+mounted at its own folder, and the `models:` its InferenceModels ask for (the format is
+`kvflow.router.settings`'s). The gateway's pods carry a `fronts.kvflow.io/<pool>` label per
+pool they front; each pool's NetworkPolicy lets exactly those pods reach its workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import yaml
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1_gateway as gw
+from kvflow.operator.api.schema import Json
+from kvflow.operator.builders import pods
+from kvflow.operator.builders.gateway_models import Resolution
+from kvflow.operator.builders.names import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_ROLE,
+    MANAGED_BY,
+    Images,
+    PoolRef,
+    fronts_label,
+)
+from kvflow.operator.builders.router import (
+    CONFIG_KEY,
+    RouterPod,
+    disaggregation_config,
+    listen_args,
+    router_workload,
+    shared_args,
+    worker_dns,
+)
+
+LABEL_GATEWAY = "kvflow.io/gateway"
+# Each pool's model volume, read-only, in a folder of its own: /models/<pool>.
+GATEWAY_MODELS_MOUNT = pods.MODEL_MOUNT
+
+
+@dataclass(frozen=True)
+class GatewayRef:
+    """The identity of the InferenceGateway that owns the objects being built."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 0
+
+
+def gateway_workload_name(gateway: GatewayRef) -> str:
+    """Its Deployment, ConfigMap and budget; never a pool's (<pool>-<role>, -router)."""
+    return f"{gateway.name}-gateway"
+
+
+def gateway_service_name(gateway: GatewayRef) -> str:
+    return gateway.name
+
+
+def gateway_endpoint(gateway: GatewayRef, port: int) -> str:
+    host = f"{gateway_service_name(gateway)}.{gateway.namespace}.svc"
+    return f"http://{host}/v1" if port == 80 else f"http://{host}:{port}/v1"
+
+
+def selector_labels(gateway: GatewayRef) -> dict[str, str]:
+    """Never change them: a Deployment's selector is immutable."""
+    return {LABEL_GATEWAY: gateway.name, LABEL_ROLE: "router"}
+
+
+def gateway_labels(gateway: GatewayRef) -> dict[str, str]:
+    """What the operator lists a gateway's children by."""
+    return {LABEL_GATEWAY: gateway.name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def metadata(gateway: GatewayRef, name: str) -> dict[str, Json]:
+    """With the gateway as controlling owner, so deleting it collects its children."""
+    return {
+        "name": name,
+        "namespace": gateway.namespace,
+        "labels": {
+            "app.kubernetes.io/name": "kvflow-router",
+            "app.kubernetes.io/instance": gateway.name,
+            "app.kubernetes.io/part-of": "kvflow",
+            LABEL_COMPONENT: "router",
+            LABEL_MANAGED_BY: MANAGED_BY,
+            **selector_labels(gateway),
+        },
+        "ownerReferences": [
+            {
+                "apiVersion": v1alpha1.API_VERSION,
+                "kind": gw.GATEWAY_KIND,
+                "name": gateway.name,
+                "uid": gateway.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def pool_model_mount(pool: str) -> str:
+    return f"{GATEWAY_MODELS_MOUNT}/{pool}"
+
+
+def pool_model_path(pool: str, model: v1alpha1.ModelSpec) -> str:
+    """The pool's tokenizer and chat template as the gateway pod sees them; empty: the
+    router's built-in model."""
+    if model.volume is not None and model.path:
+        return f"{pool_model_mount(pool)}/{model.path}"
+    return model.path
+
+
+def gateway_config(
+    namespace: str,
+    spec: gw.InferenceGatewaySpec,
+    resolution: Resolution,
+    pools: Mapping[str, v1alpha1.InferencePoolSpec],
+) -> dict[str, Json]:
+    """The YAML `kvflow router --config` reads: routing weights, `pools:` and `models:`.
+    No pools (no servable model): no sections, and no router runs (replicas 0)."""
+    weights = spec.router.scorer_weights
+    config: dict[str, Json] = {
+        "routing": {
+            "weights": {
+                "prefix_blocks": weights.prefix_cache,
+                "queue_depth": weights.queue_depth,
+                "kv_usage": weights.kv_cache_usage,
+            },
+        },
+    }
+    if not resolution.pools:
+        return config
+    entries: list[Json] = []
+    for name in resolution.pools:
+        pool = pools[name]
+        entry: dict[str, Json] = {
+            "name": name,
+            "served_model_name": pool.model.served_name,
+            "worker_dns": worker_dns(PoolRef(name=name, namespace=namespace, uid="")),
+        }
+        path = pool_model_path(name, pool.model)
+        if path:
+            entry["model"] = path
+        if pool.mode == "disaggregated":
+            entry["disaggregation"] = disaggregation_config(pool.router.disaggregation)
+        entries.append(entry)
+    config["pools"] = entries
+    config["models"] = [
+        {
+            "name": m.name,
+            **({"aliases": list(m.aliases)} if m.aliases else {}),
+            "targets": [{"pool": t.pool, "weight": t.weight} for t in m.targets],
+        }
+        for m in resolution.models
+    ]
+    return config
+
+
+def config_text(config: Mapping[str, Json]) -> str:
+    return yaml.safe_dump(dict(config), sort_keys=False)
+
+
+def gateway_configmap(gateway: GatewayRef, text: str) -> dict[str, Json]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(gateway, gateway_workload_name(gateway)),
+        "data": {CONFIG_KEY: text},
+    }
+
+
+def worker_token(
+    used: Sequence[str], pools: Mapping[str, v1alpha1.InferencePoolSpec]
+) -> tuple[v1alpha1.SecretKeyRef | None, list[str]]:
+    """The worker token the gateway presents (a router has one), and the problem when the
+    pools it fronts ask for different ones."""
+    refs = {name: pools[name].worker_token_secret for name in used}
+    distinct = sorted({(r.name, r.key) for r in refs.values() if r is not None})
+    if len(distinct) <= 1:
+        ref = next((r for r in refs.values() if r is not None), None)
+        return ref, []
+    holders = ", ".join(
+        f"{name} ({r.name}/{r.key})" for name, r in sorted(refs.items()) if r is not None
+    )
+    return next(r for r in refs.values() if r is not None), [
+        f"pools use different workerTokenSecrets ({holders}); a gateway presents one token, "
+        "so give them the same Secret key"
+    ]
+
+
+def gateway_deployment(
+    gateway: GatewayRef,
+    spec: gw.InferenceGatewaySpec,
+    images: Images,
+    text: str,
+    used: Sequence[str],
+    pools: Mapping[str, v1alpha1.InferencePoolSpec],
+) -> dict[str, Json]:
+    volumes: list[tuple[dict[str, Json], dict[str, Json]]] = []
+    for name in used:
+        found = pods.model_volume(pools[name].model)
+        if found is not None:
+            volume, mount = found
+            volumes.append(
+                (
+                    {**volume, "name": f"model-{name}"},
+                    {**mount, "name": f"model-{name}", "mountPath": pool_model_mount(name)},
+                )
+            )
+    token, _ = worker_token(used, pools)
+    env: list[dict[str, Json]] = []
+    if token is not None:
+        ref: Json = {"secretKeyRef": {"name": token.name, "key": token.key}}
+        env.append({"name": pods.WORKER_TOKEN_ENV, "valueFrom": ref})
+    deployment = router_workload(
+        RouterPod(
+            meta=metadata(gateway, gateway_workload_name(gateway)),
+            select=selector_labels(gateway),
+            config_map=gateway_workload_name(gateway),
+            config_text=text,
+            args=listen_args() + shared_args(spec.router),
+            env=env,
+            volumes=volumes,
+            pod_labels={fronts_label(name): "true" for name in used},
+        ),
+        spec.router,
+        images,
+    )
+    if not used:
+        deployment["spec"]["replicas"] = 0  # nothing to serve; a router needs a pool
+    return deployment
+
+
+def gateway_service(gateway: GatewayRef, router: v1alpha1.RouterSpec) -> dict[str, Json]:
+    """What tenants call: the OpenAI API of the gateway's routers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(gateway, gateway_service_name(gateway)),
+        "spec": {
+            "type": router.service_type,
+            "selector": selector_labels(gateway),
+            "ports": [
+                {
+                    "name": "http",
+                    "port": router.port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                    "appProtocol": "http",
+                }
+            ],
+        },
+    }
+
+
+def gateway_budget(gateway: GatewayRef) -> dict[str, Json]:
+    """One router evicted at a time (as a pool's router budget)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(gateway, gateway_workload_name(gateway)),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(gateway)}},
+    }
+
+
+def desired_gateway_children(
+    gateway: GatewayRef,
+    spec: gw.InferenceGatewaySpec,
+    images: Images,
+    resolution: Resolution,
+    pools: Mapping[str, v1alpha1.InferencePoolSpec],
+) -> list[dict[str, Json]]:
+    """In apply order: config and Service before the Deployment that uses them."""
+    text = config_text(gateway_config(gateway.namespace, spec, resolution, pools))
+    return [
+        gateway_configmap(gateway, text),
+        gateway_service(gateway, spec.router),
+        gateway_deployment(gateway, spec, images, text, resolution.pools, pools),
+        gateway_budget(gateway),
+    ]

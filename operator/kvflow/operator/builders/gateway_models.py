@@ -1,0 +1,136 @@
+"""Which models a gateway serves, from its InferenceModels and the pools they target (pure).
+
+The router refuses a config with a duplicate public name, a target naming an unknown pool,
+two pools with one served name or an all-zero split, and a refused config is a crash-looping
+gateway. So everything the router would refuse is left out here and reported instead: in
+the gateway's status (Degraded) and in the status of the InferenceModel at fault. The older
+InferenceModel keeps a contested name, so a newcomer cannot take a name that serves traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.v1alpha1_gateway import (
+    InferenceModelSpec,
+    ResolvedModel,
+    ResolvedTarget,
+)
+
+ModelReason = Literal["Accepted", "NameConflict", "NoTargetPool"]
+
+
+@dataclass(frozen=True)
+class GatewayProblem:
+    """Something the gateway leaves out or cannot do; its status reports each."""
+
+    reason: str  # CamelCase: NameConflict, TargetPoolMissing, ...
+    message: str
+
+
+@dataclass(frozen=True)
+class ModelObject:
+    """An InferenceModel as read: its object name and spec, oldest first in a list."""
+
+    name: str
+    spec: InferenceModelSpec
+
+    @property
+    def public_name(self) -> str:
+        return self.spec.model_name or self.name
+
+
+@dataclass(frozen=True)
+class ModelVerdict:
+    """What became of one InferenceModel (its Accepted and ResolvedRefs conditions)."""
+
+    accepted: bool
+    reason: ModelReason
+    message: str
+    missing_pools: tuple[str, ...] = ()  # targets dropped: no such pool, or a served-name clash
+
+
+@dataclass(frozen=True)
+class Resolution:
+    models: tuple[ResolvedModel, ...]  # what the router config's `models:` says
+    pools: tuple[str, ...]  # pools any served model targets, sorted
+    verdicts: Mapping[str, ModelVerdict]  # by InferenceModel name
+    problems: tuple[GatewayProblem, ...]  # for the gateway's Degraded condition
+
+
+def resolve(
+    models: Sequence[ModelObject], pools: Mapping[str, v1alpha1.InferencePoolSpec]
+) -> Resolution:
+    """`models`: the InferenceModels naming the gateway, oldest first. `pools`: the
+    InferencePools of the namespace that can be read, by name."""
+    taken: dict[str, str] = {}  # public name -> InferenceModel holding it
+    served_by: dict[str, str] = {}  # served name -> the pool (in use) that serves it
+    resolved: list[ResolvedModel] = []
+    verdicts: dict[str, ModelVerdict] = {}
+    problems: list[GatewayProblem] = []
+    for model in models:
+        names = [model.public_name, *model.spec.aliases]
+        clash = next((n for n in names if n in taken), None)
+        if clash is not None:
+            message = f"name {clash!r} is already served for InferenceModel {taken[clash]}"
+            verdicts[model.name] = ModelVerdict(False, "NameConflict", message)
+            problems.append(
+                GatewayProblem("NameConflict", f"InferenceModel {model.name}: {message}")
+            )
+            continue
+        targets, missing, why = _targets(model, pools, served_by)
+        problems += [GatewayProblem(r, f"InferenceModel {model.name}: {w}") for r, w in why]
+        if sum(t.weight for t in targets) == 0:
+            message = "no target pool with a weight above 0 exists"
+            if why:
+                message += f" ({'; '.join(w for _, w in why)})"
+            verdicts[model.name] = ModelVerdict(False, "NoTargetPool", message, missing)
+            continue
+        for target in targets:
+            served_by.setdefault(pools[target.pool].model.served_name, target.pool)
+        taken.update({n: model.name for n in names})
+        resolved.append(
+            ResolvedModel(
+                name=model.public_name,
+                aliases=list(model.spec.aliases),
+                targets=targets,
+                source=model.name,
+            )
+        )
+        verdicts[model.name] = ModelVerdict(True, "Accepted", "; ".join(w for _, w in why), missing)
+    used = sorted({t.pool for m in resolved for t in m.targets})
+    return Resolution(tuple(resolved), tuple(used), verdicts, tuple(problems))
+
+
+def _targets(
+    model: ModelObject,
+    pools: Mapping[str, v1alpha1.InferencePoolSpec],
+    served_by: Mapping[str, str],
+) -> tuple[list[ResolvedTarget], tuple[str, ...], list[tuple[str, str]]]:
+    """The targets the router can take, the pools dropped, and why each was."""
+    targets: list[ResolvedTarget] = []
+    missing: list[str] = []
+    why: list[tuple[str, str]] = []  # (reason, message)
+    served_by = dict(served_by)  # and this model's own targets so far
+    for target in model.spec.targets:
+        pool = target.pool_ref.name
+        spec = pools.get(pool)
+        if spec is None:
+            missing.append(pool)
+            why.append(("TargetPoolMissing", f"target pool {pool} does not exist"))
+            continue
+        owner = served_by.get(spec.model.served_name, pool)
+        if owner != pool:
+            missing.append(pool)
+            why.append((
+                "ServedNameConflict",
+                f"target pool {pool} serves {spec.model.served_name!r}, as pool {owner} "
+                "already does on this gateway",
+            ))  # fmt: skip
+            continue
+        served_by[spec.model.served_name] = pool
+        targets.append(ResolvedTarget(pool=pool, weight=target.weight))
+    return targets, tuple(missing), why

@@ -1,0 +1,162 @@
+"""A namespace's gateways reconciled against a fake API: which statuses and children follow
+from gateways, models and pools (the real API server runs the same in tests/k8s)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from kvflow.operator.builders.desired import ChildKey
+from kvflow.operator.builders.names import Images
+from kvflow.operator.gateway_reconcile import GatewayReconciler
+from kvflow.operator.kube import FIELD_MANAGER
+
+NOW = "2026-01-01T00:00:00Z"
+
+
+def obj(kind: str, name: str, spec: dict[str, Any], created: str = NOW) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvflow.io/v1alpha1",
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "creationTimestamp": created,
+        },
+        "spec": spec,
+    }
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.custom: dict[str, dict[str, dict[str, Any]]] = {
+            "inferencegateways": {}, "inferencemodels": {}, "inferencepools": {},
+        }  # fmt: skip
+        self.children: dict[tuple[str, str], dict[str, Any]] = {}
+        self.deleted: list[str] = []
+
+    def add(self, plural: str, body: dict[str, Any]) -> None:
+        self.custom[plural][body["metadata"]["name"]] = body
+
+    def list_objects(self, plural: str, namespaces: list[str]) -> list[Any]:
+        return [copy.deepcopy(o) for o in self.custom[plural].values()]
+
+    def list_pool_objects(self, namespaces: list[str]) -> list[Any]:
+        return self.list_objects("inferencepools", namespaces)
+
+    def patch_object_status(self, plural: str, namespace: str, name: str, status: Any) -> None:
+        self.custom[plural][name]["status"] = copy.deepcopy(status)
+
+    def list_children(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Any]:
+        return [copy.deepcopy(o) for (k, _), o in self.children.items() if k == kind]
+
+    def apply(self, body: dict[str, Any], field_manager: str = FIELD_MANAGER) -> Any:
+        stored = copy.deepcopy(body)
+        stored["metadata"]["generation"] = 1
+        if body["kind"] == "Deployment":
+            n = body["spec"]["replicas"]
+            stored["status"] = {"readyReplicas": n, "updatedReplicas": n, "observedGeneration": 1}
+        self.children[(body["kind"], body["metadata"]["name"])] = stored
+        return copy.deepcopy(stored)
+
+    def delete(self, key: ChildKey, namespace: str) -> None:
+        self.deleted.append(str(key))
+
+    def status(self, plural: str, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self.custom[plural][name].get("status", {})
+        return status
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def reconciler(kube: FakeKube) -> GatewayReconciler:
+    return GatewayReconciler(
+        kube=kube,
+        images=Images(worker="w:1", router="r:1"),
+        post_event=lambda *_: None,
+        now=lambda: NOW,
+    )
+
+
+def model(gateway: str, *pools: str) -> dict[str, Any]:
+    return {
+        "gatewayRef": {"name": gateway},
+        "targets": [{"poolRef": {"name": p}, "weight": 1} for p in pools],
+    }
+
+
+def test_gateway_serves_its_models_and_reports_a_missing_pool() -> None:
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1", "v2")))
+    reconciler(kube).reconcile_namespace("ns")
+
+    gateway = kube.status("inferencegateways", "front")
+    assert gateway["phase"] == "Degraded"
+    assert conditions(gateway)["Ready"] == ("True", "RoutersReady")  # it serves v1
+    assert conditions(gateway)["Degraded"] == ("True", "TargetPoolMissing")
+    degraded = next(c for c in gateway["conditions"] if c["type"] == "Degraded")
+    assert "target pool v2 does not exist" in degraded["message"]
+    assert gateway["endpoint"] == "http://front.ns.svc/v1"
+    assert gateway["models"] == [
+        {"name": "chat", "aliases": [], "targets": [{"pool": "v1", "weight": 1}], "source": "chat"}
+    ]
+    assert conditions(kube.status("inferencemodels", "chat")) == {
+        "Accepted": ("True", "Accepted"),
+        "ResolvedRefs": ("False", "TargetPoolMissing"),
+    }
+    config = yaml.safe_load(kube.children[("ConfigMap", "front-gateway")]["data"]["router.yaml"])
+    assert [p["name"] for p in config["pools"]] == ["v1"]
+
+    # The missing pool appears: the next reconcile serves both and the gateway is Ready.
+    kube.add("inferencepools", obj("InferencePool", "v2", {"model": {"servedName": "m-v2"}}))
+    reconciler(kube).reconcile_namespace("ns")
+    assert kube.status("inferencegateways", "front")["phase"] == "Ready"
+    config = yaml.safe_load(kube.children[("ConfigMap", "front-gateway")]["data"]["router.yaml"])
+    assert [p["name"] for p in config["pools"]] == ["v1", "v2"]
+    assert conditions(kube.status("inferencemodels", "chat"))["ResolvedRefs"][0] == "True"
+
+
+def test_a_model_whose_gateway_does_not_exist_says_so() -> None:
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("nowhere", "v1")))
+    reconciler(kube).reconcile_namespace("ns")
+    assert conditions(kube.status("inferencemodels", "chat"))["Accepted"] == (
+        "False",
+        "GatewayNotFound",
+    )
+    assert kube.children == {}
+
+
+def test_a_gateway_without_models_runs_no_router_and_is_pending() -> None:
+    kube = FakeKube()
+    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    reconciler(kube).reconcile_namespace("ns")
+    status = kube.status("inferencegateways", "front")
+    assert status["phase"] == "Pending"
+    assert conditions(status)["Ready"] == ("False", "NoModels")
+    assert kube.children[("Deployment", "front-gateway")]["spec"]["replicas"] == 0
+
+
+def test_the_older_model_keeps_its_name() -> None:
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    late = obj("InferenceModel", "a-late", {**model("front", "v1"), "modelName": "chat"},
+               created="2026-01-02T00:00:00Z")  # fmt: skip
+    kube.add("inferencemodels", late)
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1")))
+    reconciler(kube).reconcile_namespace("ns")
+    assert conditions(kube.status("inferencemodels", "chat"))["Accepted"][0] == "True"
+    assert conditions(kube.status("inferencemodels", "a-late"))["Accepted"] == (
+        "False",
+        "NameConflict",
+    )

@@ -31,6 +31,8 @@ disaggregation:                                   # pools with prefill and decod
   min_remote_prefill_tokens: 512                  # ship a prompt only when decode lacks this many
   max_prefill_queue_depth: 8                      # ... and a prefill worker has fewer queued
   transfer_timeout_s: 30.0                        # the longest wait of each handoff step
+pools: [...]                                      # several models: models/pools.py
+models: [...]                                     # public names -> pools: models/routes.py
 ```
 """
 
@@ -44,6 +46,10 @@ from typing import Any
 import yaml
 
 from kvflow.router.api.drain import DEFAULT_DRAIN_GRACE_S
+from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
+from kvflow.router.config_fields import check_keys, parse_disaggregation, section
+from kvflow.router.models.pools import PoolSpec, parse_pools
+from kvflow.router.models.routes import ModelRoutes, parse_models
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
 from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
 from kvflow.router.routing.placement import DisaggregationConfig
@@ -62,10 +68,6 @@ from kvflow.router.workers.deadlines import StreamDeadlines
 # escaping stays under 2 MB, so this refuses only what no model here could read.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_SESSION_HEADER = "x-session-id"
-
-
-class ConfigError(ValueError):
-    """The configuration file is invalid; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class RouterConfig:
     # False (`generation_config: none`): ignore the model's generation config.
     use_generation_config: bool = True
     sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the operator's, over the model's
+    # Several pools behind this gateway (models/pools.py); (): one, from the command line.
+    pools: tuple[PoolSpec, ...] = ()
+    models: ModelRoutes = field(default_factory=ModelRoutes)  # public names -> pools
 
 
 @dataclass(frozen=True)
@@ -116,35 +121,31 @@ class RouterSettings:
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
 
-def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = raw.get(key) or {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key} must be a mapping")
-    return value
-
-
-def _check_keys(raw: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{where} has unknown fields {unknown}; known: {sorted(known)}")
-
-
 def parse_config(raw: object) -> RouterConfig:
     if raw is None:
         return RouterConfig()
     if not isinstance(raw, dict):
         raise ConfigError("the configuration must be a YAML mapping")
-    _check_keys(
+    check_keys(
         raw,
-        {"routing", "tenants", "public_prefixes", "limits", "sampling", "disaggregation"},
+        {
+            "routing",
+            "tenants",
+            "public_prefixes",
+            "limits",
+            "sampling",
+            "disaggregation",
+            "pools",
+            "models",
+        },
         "the configuration",
     )
-    routing = _section(raw, "routing")
-    _check_keys(routing, {"weights", "session_header", "max_blocks_per_worker"}, "routing")
+    routing = section(raw, "routing")
+    check_keys(routing, {"weights", "session_header", "max_blocks_per_worker"}, "routing")
     weights = dict(DEFAULT_WEIGHTS)
-    weights.update(_section(routing, "weights"))
-    limits = _section(raw, "limits")
-    _check_keys(limits, {"max_body_bytes", "default_max_tokens", "max_tokens_limit"}, "limits")
+    weights.update(section(routing, "weights"))
+    limits = section(raw, "limits")
+    check_keys(limits, {"max_body_bytes", "default_max_tokens", "max_tokens_limit"}, "limits")
     prefixes = []
     for i, item in enumerate(raw.get("public_prefixes") or []):
         if (
@@ -153,7 +154,7 @@ def parse_config(raw: object) -> RouterConfig:
             or not isinstance(next(iter(item.values())), str)
         ):
             raise ConfigError(f"public_prefixes[{i}] must be {{text: ...}} or {{system: ...}}")
-        _check_keys(item, {"text", "system"}, f"public_prefixes[{i}]")
+        check_keys(item, {"text", "system"}, f"public_prefixes[{i}]")
         prefixes.append(PublicPrefixSpec(text=item.get("text"), system=item.get("system")))
     max_blocks = routing.get("max_blocks_per_worker", DEFAULT_MAX_BLOCKS_PER_WORKER)
     max_body = limits.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
@@ -164,6 +165,10 @@ def parse_config(raw: object) -> RouterConfig:
     tenants = raw.get("tenants")
     if tenants is not None and not isinstance(tenants, list):
         raise ConfigError("tenants must be a list")
+    disaggregation = parse_disaggregation(section(raw, "disaggregation"))
+    pools = parse_pools(raw.get("pools"), disaggregation)
+    if raw.get("models") is not None and not pools:
+        raise ConfigError("models routes public names to pools: it needs a pools section")
     return RouterConfig(
         weights=weights,
         session_header=str(routing.get("session_header", DEFAULT_SESSION_HEADER)).lower(),
@@ -171,9 +176,11 @@ def parse_config(raw: object) -> RouterConfig:
         tenants=parse_tenants(tenants),
         public_prefixes=tuple(prefixes),
         max_body_bytes=max_body,
-        disaggregation=_disaggregation(_section(raw, "disaggregation")),
+        disaggregation=disaggregation,
         max_tokens=parse_max_tokens_limits(limits, "limits", ConfigError),
-        **_sampling(_section(raw, "sampling")),
+        **_sampling(section(raw, "sampling")),
+        pools=pools,
+        models=parse_models(raw.get("models"), [p.name for p in pools]),
     )
 
 
@@ -187,12 +194,12 @@ def _float_or_none(value: object) -> float | None:
 
 
 def _sampling(raw: Mapping[str, Any]) -> dict[str, Any]:
-    _check_keys(raw, {"generation_config", "defaults"}, "sampling")
+    check_keys(raw, {"generation_config", "defaults"}, "sampling")
     source = raw.get("generation_config", "auto")
     if source not in ("auto", "none"):
         raise ConfigError(f"sampling.generation_config must be auto or none, got {source!r}")
-    defaults = _section(raw, "defaults")
-    _check_keys(defaults, set(_SAMPLING_RANGES), "sampling.defaults")
+    defaults = section(raw, "defaults")
+    check_keys(defaults, set(_SAMPLING_RANGES), "sampling.defaults")
     for name, value in defaults.items():
         low, high = _SAMPLING_RANGES[name]
         is_number = not isinstance(value, bool) and isinstance(value, int | float)
@@ -210,32 +217,6 @@ def _sampling(raw: Mapping[str, Any]) -> dict[str, Any]:
             repetition_penalty=_float_or_none(defaults.get("repetition_penalty")),
         ),
     }
-
-
-def _disaggregation(raw: Mapping[str, Any]) -> DisaggregationConfig:
-    d = DisaggregationConfig()
-    _check_keys(raw, {"enabled", "min_remote_prefill_tokens", "max_prefill_queue_depth",
-                      "transfer_timeout_s"}, "disaggregation")  # fmt: skip
-    enabled = raw.get("enabled", d.enabled)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"disaggregation.enabled must be true or false, got {enabled!r}")
-    counts = {}
-    for name in ("min_remote_prefill_tokens", "max_prefill_queue_depth"):
-        value = raw.get(name, getattr(d, name))
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"disaggregation.{name} must be an integer >= 0, got {value!r}")
-        counts[name] = value
-    timeout_s = raw.get("transfer_timeout_s", d.transfer_timeout_s)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
-        raise ConfigError(
-            f"disaggregation.transfer_timeout_s must be a number of seconds > 0, got {timeout_s!r}"
-        )
-    return DisaggregationConfig(
-        enabled=enabled,
-        min_remote_prefill_tokens=counts["min_remote_prefill_tokens"],
-        max_prefill_queue_depth=counts["max_prefill_queue_depth"],
-        transfer_timeout_s=float(timeout_s),
-    )
 
 
 def load_config(path: str | Path | None) -> RouterConfig:

@@ -1,0 +1,1 @@
+"""Many models behind one gateway: pools (one model each) and the public names routed to them."""

@@ -166,8 +166,10 @@ def test_prompt_arrays_and_n_are_bounded_by_tokens_per_minute(
 
 def test_generation_config_none_turns_the_models_defaults_off(model_dir: Path) -> None:
     on = build_gateway(RouterSettings(model=str(model_dir)))
-    assert on.sampling_defaults == SamplingDefaults(temperature=0.3, top_p=0.8, top_k=30)
+    assert on.backends[0].sampling_defaults == SamplingDefaults(
+        temperature=0.3, top_p=0.8, top_k=30
+    )
     config = parse_config({"sampling": {"generation_config": "none",
                                         "defaults": {"top_p": 0.5}}})  # fmt: skip
     off = build_gateway(RouterSettings(model=str(model_dir), config=config))
-    assert off.sampling_defaults == SamplingDefaults(top_p=0.5)
+    assert off.backends[0].sampling_defaults == SamplingDefaults(top_p=0.5)

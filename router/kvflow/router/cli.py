@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dns-interval-s", type=float, default=d.dns_interval_s)
     p.add_argument(
         "--config",
-        help="YAML: routing weights, tenants, public prefixes, limits, disaggregation",
+        help="YAML: routing weights, tenants, public prefixes, limits, disaggregation, "
+        "pools and models (several models behind this gateway)",
     )
     p.add_argument(
         "--tenants-file",
@@ -183,6 +184,19 @@ def _tracing_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _refuse_pool_flags(args: argparse.Namespace, config_path: str) -> None:
+    """With `pools:` each pool names its model and workers in the config; a flag that
+    would name them too is a mistake to point out, not a tie to break."""
+    flags = {"--model": args.model, "--served-model-name": args.served_model_name,
+             "--workers": args.workers, "--worker-dns": args.worker_dns}  # fmt: skip
+    for flag, value in flags.items():
+        if value:
+            raise ConfigError(
+                f"{flag} cannot be combined with the pools section of --config {config_path}: "
+                f"each pool names its own model, served name and workers there; drop {flag}"
+            )
+
+
 def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> RouterSettings | None:
     """Settings from the command line; None after --hash-api-key did its job."""
     args = _parser().parse_args(list(argv))
@@ -200,6 +214,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
                                         args.otlp_traces_sample_ratio, env)  # fmt: skip
     except (AdmissionConfigError, tracing.TracingConfigError) as exc:
         raise ConfigError(str(exc)) from exc
+    config = load_config(args.config)
+    if config.pools:
+        _refuse_pool_flags(args, args.config)
     if args.hash_api_key:
         key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline()
         secret = key_secret_from_env()
@@ -214,7 +231,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         worker_dns=args.worker_dns,
         dns_interval_s=args.dns_interval_s,
         redis_url=args.redis_url,
-        config=load_config(args.config),
+        config=config,
         log_level=args.log_level,
         seed=args.seed,
         deadlines=StreamDeadlines(args.first_token_timeout_s, args.token_stall_timeout_s),

@@ -64,7 +64,8 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
         lifespan=lifespan,
     )  # fmt: skip
     app.openapi = lambda: build_openapi(  # type: ignore[method-assign]
-        served_models=gateway.served_models(), vocab_size=gateway.text.tokenizer.vocab_size
+        served_models=gateway.served_models(),
+        vocab_size=max(b.text.tokenizer.vocab_size for b in gateway.backends),
     )
     app.state.gateway = gateway
     app.state.drain = drain
@@ -131,10 +132,7 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        num_healthy = gateway.pool.num_healthy()
-        is_ready = num_healthy > 0 and not drain.is_draining
-        body = {"ready": is_ready, "workers_healthy": num_healthy,
-                "workers": len(gateway.pool), "draining": drain.is_draining}  # fmt: skip
+        is_ready, body = gateway.readiness(drain.is_draining)
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     if gateway.settings.metrics_port is None:  # else on its own port (cli.py)

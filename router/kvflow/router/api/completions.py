@@ -1,7 +1,8 @@
 """`/v1/chat/completions` and `/v1/completions`: one flow, two wire formats.
 
-authenticate (401) -> parse (400/413) -> model (404/403) -> a worker is up (503) ->
-prompt fits the context (400) -> quotas (429) -> generate, stream or collect.
+authenticate (401) -> parse (400/413) -> model (404/403), resolved to a pool -> a worker
+of that pool is up (503) -> prompt fits the context (400) -> quotas (429) -> generate,
+stream or collect. The response's `model` is the answering pool's served name.
 """
 
 from __future__ import annotations
@@ -95,32 +96,36 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     parsed: ChatRequest | CompletionRequest = (
         parse_chat_request(body) if is_chat else parse_completion_request(body)
     )
-    gw.check_model(parsed.model, tenant)
-    info = gw.service.model_info(parsed.model)
+    session_id = request.headers.get(gw.session_header)
+    route = gw.route(parsed.model, tenant, session_id)
+    backend, served_name = route.backend, route.served_name
+    info = backend.model_info(served_name, label=gw.has_pools)
     check_logit_bias(parsed.sampling, info.vocab_size)
-    template = gw.text.chat_template
+    template = backend.text.chat_template
     template_source = template.source if template is not None else None
     if isinstance(parsed, ChatRequest):
         messages, tool_variables = prepare_tool_prompt(
             parsed.messages, parsed.tools, parsed.tool_choice, template_source
         )
         prompts = [
-            gw.prompts.chat(
+            backend.prompts.chat(
                 messages,
                 add_generation_prompt=parsed.add_generation_prompt,
                 template_kwargs={**parsed.chat_template_kwargs, **tool_variables},
             )
         ]
     else:
-        prompts = [gw.prompts.completion(p) for p in parsed.prompts]
-    sampling = apply_sampling_defaults(parsed.sampling, gw.sampling_defaults)
+        prompts = [backend.prompts.completion(p) for p in parsed.prompts]
+    sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
     prompt_lens = [len(p.token_ids) for p in prompts]
-    budget = plan_tokens(prompt_lens, sampling, max_len=gw.max_model_len(info.max_model_len),
-                         policy=gw.token_policy(tenant, parsed.model), is_chat=is_chat)  # fmt: skip
+    budget = plan_tokens(prompt_lens, sampling,
+                         max_len=backend.max_model_len(info.max_model_len),
+                         policy=backend.token_policy(tenant, parsed.model),
+                         is_chat=is_chat)  # fmt: skip
     lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
     accounting = Accounting(gw, tenant, lease, trace, parsed.model, sampling.n * len(prompts))
-    caller = Caller(tenant, parsed.model, request.headers.get(gw.session_header))
-    stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = gw.service.run(
+    caller = Caller(tenant, served_name, session_id)
+    stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = backend.service.run(
         caller, _build_specs(prompts, sampling, budget), trace, buffered=not parsed.stream
     )
     tool_extractor = (
@@ -135,10 +140,11 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     # Worker addresses and scores: for admin tenants only (and the one caller of a gateway
     # without tenants); anyone else asking gets the answer without them.
     want_route = ROUTE_DEBUG_HEADER in request.headers and tenant.is_admin
+    route_label = f"pool={backend.name}; " if gw.has_pools else ""
     if not parsed.stream:
         try:
             return await _collect(request, parsed, stream, accounting, response_id, created_s,
-                                  echo, want_route, trace)  # fmt: skip
+                                  echo, want_route, trace, route_label, served_name)  # fmt: skip
         finally:
             await stream.aclose()
             await accounting.finish()
@@ -156,7 +162,7 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     writer = ChunkWriter(
         response_id,
         created_s,
-        parsed.model,
+        served_name,
         is_chat=is_chat,
         with_logprobs=sampling.logprobs,
         include_usage=parsed.include_usage,
@@ -172,8 +178,13 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
 
     headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
     if want_route:
-        headers[ROUTE_DEBUG_HEADER] = ", ".join(trace.routes)
+        headers[ROUTE_DEBUG_HEADER] = _route_header(route_label, trace)
     return ManagedStreamingResponse(body_iter, close, headers)
+
+
+def _route_header(label: str, trace: RequestTrace) -> str:
+    """Each attempt's route, after the pool that answered when there are several."""
+    return ", ".join(label + route for route in trace.routes)
 
 
 async def _first_unless_disconnected(
@@ -204,6 +215,8 @@ async def _collect(
     echo: list[str] | None,
     want_route: bool,
     trace: RequestTrace,
+    route_label: str,
+    served_name: str,
 ) -> Response:
     n = parsed.sampling.n
     num_prompts = 1 if isinstance(parsed, ChatRequest) else len(parsed.prompts)
@@ -231,7 +244,7 @@ async def _collect(
         return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
     consumer.result()  # re-raises an ApiError from generation
     build = chat_completion if isinstance(parsed, ChatRequest) else text_completion
-    body = build(response_id, created_s, parsed.model, results, accounting.usage,
+    body = build(response_id, created_s, served_name, results, accounting.usage,
                  with_logprobs=parsed.sampling.logprobs)  # fmt: skip
-    headers = {ROUTE_DEBUG_HEADER: ", ".join(trace.routes)} if want_route else None
+    headers = {ROUTE_DEBUG_HEADER: _route_header(route_label, trace)} if want_route else None
     return JSONResponse(body, headers=headers)

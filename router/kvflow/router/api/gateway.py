@@ -1,4 +1,6 @@
-"""Everything one gateway process holds, assembled from its settings (state on app.state)."""
+"""Everything one gateway process holds, assembled from its settings (state on app.state):
+one backend per pool (api/backend.py), and what the pools share: tenants, quotas, Redis,
+metrics, and the routes from public model names to pools (models/routes.py)."""
 
 from __future__ import annotations
 
@@ -7,35 +9,29 @@ import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 
+from kvflow.router.api.backend import (
+    DEFAULT_POOL,
+    PoolBackend,
+    PoolSource,
+    build_backend,
+)
 from kvflow.router.metrics import RouterMetrics
+from kvflow.router.models.routes import ModelRoutes, describe, session_draw
 from kvflow.router.protocol.errors import (
     invalid_api_key,
     model_not_allowed,
     model_not_found,
     no_worker_available,
 )
-from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.placement import build_placement
-from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.serving.admission_control import AdmissionControl, AdmittedGenerationService
-from kvflow.router.serving.defaults import model_sampling_defaults
-from kvflow.router.serving.executor import PlanExecutor
-from kvflow.router.serving.generate import GenerationService
-from kvflow.router.serving.prompts import PromptBuilder
-from kvflow.router.serving.public_prefix import PublicPrefixes
-from kvflow.router.serving.token_budget import TokenPolicy, token_policy
-from kvflow.router.settings import ConfigError, RouterSettings
-from kvflow.router.tenants.config import ANONYMOUS, MaxTokensLimits, Tenant, parse_tenants
+from kvflow.router.settings import RouterSettings
+from kvflow.router.tenants.config import ANONYMOUS, Tenant, parse_tenants
 from kvflow.router.tenants.redis_store import RedisQuotaStore
 from kvflow.router.tenants.service import QuotaService
 from kvflow.router.tenants.source import TenantSource, key_secret_from_env
-from kvflow.router.text.generation_config import SamplingDefaults
-from kvflow.router.text.model_files import TextModel, load_text_model
-from kvflow.router.workers.discovery import DnsWorkers, StaticWorkers, parse_address
-from kvflow.router.workers.pool import WorkerPool
 
 log = logging.getLogger("kvflow.router")
 
@@ -48,56 +44,59 @@ def _mask(api_key: str) -> str:
     return api_key[:3] + "***" + api_key[-2:] if len(api_key) > 8 else "***"
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes: the backend, and the name its workers serve the model as
+    (what the workers are asked for, and the response's `model`)."""
+
+    backend: PoolBackend
+    served_name: str
+
+
 @dataclass
 class Gateway:
     settings: RouterSettings
-    text: TextModel
-    prompts: PromptBuilder
-    index: BlockIndex
-    sessions: SessionTable
-    pool: WorkerPool
-    service: GenerationService
+    backends: tuple[PoolBackend, ...]
     quotas: QuotaService
     metrics: RouterMetrics
     redis: Redis | None
-    discovery: StaticWorkers | DnsWorkers
-    # For the fields a request leaves out: the operator's over the model's own.
-    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
-    max_tokens: MaxTokensLimits = field(default_factory=MaxTokensLimits)  # the model's
-    # Sheds load (429/503) before the workers' queues make latency collapse; the service
-    # consults it (serving/admission_control.py). None: no admission control.
-    admission: AdmissionControl | None = None
+    routes: ModelRoutes = field(default_factory=ModelRoutes)
     # The tenants in force (the config's, or a file's, re-read when it changes).
     tenants: TenantSource = field(
         default_factory=lambda: TenantSource(parse_tenants(None), None, None)
     )
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Draws a weighted target for a request without a session (seeded by --seed).
+    rng: random.Random = field(default_factory=random.Random)
 
     @property
     def session_header(self) -> str:
         return self.settings.config.session_header
 
+    @property
+    def has_pools(self) -> bool:
+        """Several pools from `pools:`; False: one from the command line, as before."""
+        return bool(self.settings.config.pools)
+
     async def start(self) -> None:
         self.quotas.start()
-        if self.admission is not None:
-            self.admission.start()
-        self._tasks.append(asyncio.create_task(self.discovery.run(self.pool.set_addresses)))
+        for backend in self.backends:
+            await backend.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.admission is not None:
-            await self.admission.stop()
+        await asyncio.gather(*(b.stop() for b in self.backends))
         await self.quotas.stop()
-        await self.pool.close()
         if self.redis is not None:
             await self.redis.aclose()
 
+    def _served_by_pool(self) -> dict[str, str]:
+        served = {b.name: b.served_name() for b in self.backends}
+        return {pool: name for pool, name in served.items() if name is not None}
+
     def served_models(self) -> list[str]:
-        if self.settings.served_model_name is not None:
-            return [self.settings.served_model_name]
-        return sorted(self.pool.known_models())
+        """Every model name a client may send (before tenant allowlists)."""
+        if not self.has_pools:
+            return self.backends[0].served_models()
+        return self.routes.public_names(self._served_by_pool())
 
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         tenants = self.tenants.current
@@ -119,65 +118,75 @@ class Gateway:
     def check_model(self, model: str, tenant: Tenant) -> None:
         """404 for a model nobody serves, 403 for one this tenant may not use."""
         served = self.served_models()
-        if not served:  # no --served-model-name, and no worker has answered yet
+        if not served:  # no served name configured, and no worker has answered yet
+            num_workers = sum(len(b.pool) for b in self.backends)
             raise no_worker_available(
-                f"No worker has reported its model yet ({len(self.pool)} known); retry shortly."
+                f"No worker has reported its model yet ({num_workers} known); retry shortly."
             )
         if model not in served:
             raise model_not_found(model, [m for m in served if tenant.may_use(m)])
         if not tenant.may_use(model):
             raise model_not_allowed(model)
 
-    def token_policy(self, tenant: Tenant, model: str) -> TokenPolicy:
-        return token_policy(self.max_tokens, tenant.max_tokens, model_name=model,
-                            tokens_per_minute=tenant.quotas.tokens_per_minute,
-                            tenant_name=tenant.name)  # fmt: skip
-
-    def max_model_len(self, worker_max_len: int) -> int:
-        files_max_len = self.text.max_model_len
-        return worker_max_len if files_max_len is None else min(worker_max_len, files_max_len)
-
-
-def _public_prefixes(settings: RouterSettings, text: TextModel) -> PublicPrefixes:
-    prefixes = []
-    for spec in settings.config.public_prefixes:
-        if spec.system is not None:
-            if text.chat_template is None:
-                raise ConfigError("public_prefixes: a system prefix needs a chat template")
-            rendered = text.chat_template.render(
-                [{"role": "system", "content": spec.system}], add_generation_prompt=False
+    def route(self, model: str, tenant: Tenant, session_id: str | None) -> Route:
+        """The pool that answers ``model`` for this request: 404/403 as check_model, 503
+        when the pool's model name is not known yet. A session always draws the same
+        target; a request without one draws from the seeded RNG."""
+        self.check_model(model, tenant)
+        if not self.has_pools:
+            return Route(self.backends[0], model)
+        draw = session_draw(session_id) if session_id is not None else self.rng.random()
+        served_by_pool = self._served_by_pool()
+        pool = self.routes.resolve(model, draw, served_by_pool)
+        assert pool is not None, model  # check_model found it among the public names
+        backend = next(b for b in self.backends if b.name == pool)
+        served_name = served_by_pool.get(pool)
+        if served_name is None:
+            raise no_worker_available(
+                f"No worker of pool '{pool}' has reported its model yet "
+                f"({backend.pool.num_healthy()} of {len(backend.pool)} workers healthy); "
+                "retry shortly."
             )
-        else:
-            assert spec.text is not None
-            rendered = spec.text
-        prefixes.append(text.tokenizer.encode(rendered, add_special_tokens=False))
-    return PublicPrefixes(prefixes)
+        return Route(backend, served_name)
+
+    def readiness(self, is_draining: bool) -> tuple[bool, dict[str, Any]]:
+        """Ready when some pool has a healthy worker; the body counts them (per pool too)."""
+        num_healthy = sum(b.pool.num_healthy() for b in self.backends)
+        is_ready = num_healthy > 0 and not is_draining
+        body: dict[str, Any] = {"ready": is_ready, "workers_healthy": num_healthy,
+                                "workers": sum(len(b.pool) for b in self.backends),
+                                "draining": is_draining}  # fmt: skip
+        if self.has_pools:
+            body["pools"] = {
+                b.name: {"workers_healthy": b.pool.num_healthy(), "workers": len(b.pool),
+                         "served_model_name": b.served_name()}
+                for b in self.backends
+            }  # fmt: skip
+        return is_ready, body
+
+
+def _pool_sources(settings: RouterSettings) -> list[PoolSource]:
+    config = settings.config
+    if not config.pools:
+        only = PoolSource(DEFAULT_POOL, settings.model, settings.served_model_name,
+                          settings.workers, settings.worker_dns, config.disaggregation)  # fmt: skip
+        return [only]
+    return [PoolSource(p.name, p.model, p.served_model_name, p.workers, p.worker_dns,
+                       p.disaggregation) for p in config.pools]  # fmt: skip
 
 
 def build_gateway(settings: RouterSettings) -> Gateway:
-    """Load the tokenizer and wire the components; nothing runs until `start()`."""
-    text = load_text_model(settings.model)
-    text.tokenizer.token_bytes(0)  # build the byte table now, not on the first request
+    """Load each pool's tokenizer and wire the components; nothing runs until `start()`."""
     config = settings.config
     metrics = RouterMetrics()
-    index = BlockIndex(config.max_blocks_per_worker)
-    sessions = SessionTable()
-    rng = random.Random(settings.seed)
-    placement = build_placement(
-        config.weights, config.disaggregation, index=index, sessions=sessions, rng=rng
+    sources = _pool_sources(settings)
+    backends = tuple(
+        build_backend(s, settings, metrics, label=f"pool {s.name}: " if config.pools else "")
+        for s in sources
     )
-    pool = WorkerPool(index, sessions)
-    admission = AdmissionControl(pool, settings.admission, metrics)
-    service = AdmittedGenerationService(
-        admission,
-        pool,
-        placement,
-        PlanExecutor(pool, metrics, config.disaggregation, settings.deadlines),
-        sessions,
-        text.tokenizer,
-        _public_prefixes(settings, text),
-        metrics,
-    )
+    if config.pools:
+        log.info("pools: %s; models: %s", [b.name for b in backends],
+                 describe(config.models) or "each pool's served name")  # fmt: skip
     redis = None
     if settings.redis_url:
         redis = Redis.from_url(
@@ -186,45 +195,21 @@ def build_gateway(settings: RouterSettings) -> Gateway:
             socket_connect_timeout=REDIS_TIMEOUT_S,
         )
     quotas = QuotaService(RedisQuotaStore(redis) if redis is not None else None)
-    discovery: StaticWorkers | DnsWorkers
-    if settings.worker_dns:
-        host, port = parse_address(settings.worker_dns)
-        discovery = DnsWorkers(host, port, settings.dns_interval_s)
-    else:
-        discovery = StaticWorkers(settings.workers)
-    metrics.watch(pool.num_healthy, lambda: len(pool), lambda: len(index))
-    defaults = model_sampling_defaults(
-        text.sampling_defaults, config.sampling_defaults, use_files=config.use_generation_config
-    )
-    # A length default from the model's files (max_new_tokens) yields to the operator's.
-    max_tokens = config.max_tokens
-    if max_tokens.default_max_tokens is None and defaults.max_tokens is not None:
-        limit = max_tokens.max_tokens_limit
-        default = defaults.max_tokens if limit is None else min(defaults.max_tokens, limit)
-        max_tokens = MaxTokensLimits(default, limit)
-    log.info(
-        "sampling defaults for requests that leave them out: %s (model's from %s%s)",
-        defaults.as_dict() or "none, OpenAI's",
-        text.sampling_defaults_source,
-        "" if config.use_generation_config else ", ignored: sampling.generation_config none",
+    metrics.watch(
+        lambda: sum(b.pool.num_healthy() for b in backends),
+        lambda: sum(len(b.pool) for b in backends),
+        lambda: sum(len(b.index) for b in backends),
     )
     tenants = TenantSource(config.tenants, settings.tenants_file, key_secret_from_env())
     if tenants.current.is_open:
         log.warning("no tenants configured: the gateway accepts any API key (one shared cache)")
     return Gateway(
         settings=settings,
-        text=text,
-        prompts=PromptBuilder(text),
-        index=index,
-        sessions=sessions,
-        pool=pool,
-        service=service,
+        backends=backends,
         quotas=quotas,
         metrics=metrics,
         redis=redis,
-        discovery=discovery,
-        sampling_defaults=defaults,
-        max_tokens=max_tokens,
-        admission=admission,
+        routes=config.models,
         tenants=tenants,
+        rng=random.Random(settings.seed),
     )

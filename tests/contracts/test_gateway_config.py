@@ -1,0 +1,92 @@
+"""An InferenceGateway's router.yaml and command line are what `kvflow router` accepts.
+
+The operator renders the router's multi-pool config (pools: and models:) for programs it
+never imports; the router's own parsers read it here, so a renamed key or a refused
+combination fails in this test instead of in a crash-looping gateway.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1_gateway as gw
+from kvflow.operator.api.schema import from_json
+from kvflow.operator.builders.gateway import GatewayRef, desired_gateway_children
+from kvflow.operator.builders.gateway_models import ModelObject, resolve
+from kvflow.operator.builders.names import Images
+from kvflow.operator.builders.router import CONFIG_KEY
+from kvflow.router.cli import parse_args as parse_router_args
+from kvflow.router.settings import parse_config
+
+GATEWAY = GatewayRef(name="front", namespace="ns", uid="uid-g", generation=1)
+
+POOLS = {
+    "v1": from_json(
+        v1alpha1.InferencePoolSpec,
+        {
+            "model": {
+                "servedName": "smollm2-v1",
+                "path": "v1/model.gguf",
+                "volume": {"hostPath": {"path": "/data"}},
+            }
+        },
+    ),
+    "v2": from_json(
+        v1alpha1.InferencePoolSpec,
+        {
+            "model": {"servedName": "smollm2-v2"},
+            "mode": "disaggregated",
+            "prefill": {},
+            "decode": {},
+            "router": {"disaggregation": {"maxPrefillQueueDepth": 3}},
+        },
+    ),
+}
+
+
+def model(name: str, targets: dict[str, int], **spec: Any) -> ModelObject:
+    data = {
+        "gatewayRef": {"name": "front"},
+        "targets": [{"poolRef": {"name": p}, "weight": w} for p, w in targets.items()],
+        **spec,
+    }
+    return ModelObject(name, from_json(gw.InferenceModelSpec, data))
+
+
+def test_the_router_reads_the_gateways_pools_and_models(tmp_path: Path) -> None:
+    resolution = resolve(
+        [
+            model("smollm2", {"v1": 95, "v2": 5}, aliases=["chat"]),
+            model("pinned", {"v2": 1}, modelName="smollm2-latest"),
+        ],
+        POOLS,
+    )
+    spec = from_json(gw.InferenceGatewaySpec, {"router": {"redis": {"url": "redis://r:6379"}}})
+    configmap, _, deployment, _ = desired_gateway_children(
+        GATEWAY, spec, Images(worker="w", router="r"), resolution, POOLS
+    )
+    config = parse_config(yaml.safe_load(configmap["data"][CONFIG_KEY]))
+    pools = {p.name: p for p in config.pools}
+    assert pools["v1"].served_model_name == "smollm2-v1"
+    assert pools["v1"].model == "/models/v1/v1/model.gguf"
+    assert pools["v1"].worker_dns == "v1-workers.ns.svc:50051"
+    assert pools["v2"].disaggregation.enabled
+    assert pools["v2"].disaggregation.max_prefill_queue_depth == 3
+    served = {name: p.served_model_name or "" for name, p in pools.items()}
+    assert config.models.resolve("chat", 0.0, served) == "v1"
+    assert config.models.resolve("smollm2", 0.99, served) == "v2"
+    assert config.models.resolve("smollm2-latest", 0.5, served) == "v2"
+
+    # The command line carries no one-pool flag, which the router refuses beside pools:.
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "router"
+    written = tmp_path / CONFIG_KEY
+    written.write_text(configmap["data"][CONFIG_KEY])
+    args = [str(written) if a.endswith(f"/{CONFIG_KEY}") else a for a in args[1:]]
+    settings = parse_router_args(args, env={})
+    assert settings is not None
+    assert [p.name for p in settings.config.pools] == ["v1", "v2"]

@@ -164,3 +164,33 @@ def test_kvflow_up_refuses_half_a_disaggregated_pool() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "--decode-workers" in done.stderr
+
+
+def test_kvflow_up_with_two_simulated_models() -> None:
+    names = ["alpha", "beta.v2"]
+    args = [a for n in names for a in ("--served-model-name", n)]
+    with kvflow_up("--simulate", *args, timeout_s=60) as (proc, output):
+        assert "alpha worker 1: ready on 127.0.0.1:" in output
+        assert "beta-v2 worker 1: ready on 127.0.0.1:" in output  # its pool's name
+        url, _, python = printed_examples(output)
+        curls = re.findall(r"^curl .*?}'$", output, re.S | re.M)
+        assert [json.loads(run_printed(c))["model"] for c in curls] == names
+        printed = run_printed(python).splitlines()
+        assert [line.split(" -> ")[0] for line in printed] == names
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == names
+        for name in names:
+            answer = client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            assert answer.model == name
+        stop_and_check_clean(proc)
+
+
+def test_kvflow_up_refuses_models_that_do_not_pair() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvflow.cli.main", "up", "--model", "a.gguf", "--model", "b.gguf",
+         "--served-model-name", "a"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "as many --served-model-name" in done.stderr

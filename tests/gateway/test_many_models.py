@@ -23,7 +23,7 @@ from testkit.worker_process import WorkerProcess, launch_worker
 from kvflow.router.models.routes import session_draw
 from kvflow.router.tenants.config import hash_api_key
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 V1, V2 = "smollm2-v1", "smollm2-v2"  # what each pool's workers serve
 TENANTS = {"alice": ["smollm2"], "bob": ["*"], "carol": [V2]}

@@ -24,7 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-DEFAULT_SERVED_MODEL_NAME = "smollm2"
+import yaml
+
+from kvflow.cli.up_models import (
+    UpModel,
+    UpModelsError,
+    examples_many,
+    pair_models,
+    router_config,
+)
+
 # Worker log lines worth showing while it starts: model loading takes seconds.
 _PROGRESS_MARKERS = ("loading model", "loaded in", "KV cache", "dequantiz", "Error", "error:")
 STOP_TIMEOUT_S = 15.0
@@ -166,8 +175,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default: loopback)")
     p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
-    p.add_argument("--model", help="HF folder or .gguf (default: built-in SmolLM2-135M-Instruct)")
-    p.add_argument("--served-model-name", default=DEFAULT_SERVED_MODEL_NAME)
+    p.add_argument(
+        "--model",
+        action="append",
+        help="HF folder or .gguf (default: built-in SmolLM2-135M-Instruct); repeat it with "
+        "--served-model-name for several models, paired by position",
+    )
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        help="the name clients use (default: smollm2); repeat it for several models, each "
+        "its own pool of --workers behind the one gateway",
+    )
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache per worker")
     p.add_argument(
         "--simulate",
@@ -176,6 +195,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     return p
+
+
+def _start_workers(
+    launcher: Launcher, args: argparse.Namespace, roles: list[str], model: UpModel, num_models: int
+) -> list[Child]:
+    """Start one pool's workers (a pool per model)."""
+    what = "simulated workers" if args.simulate else (model.model or "SmolLM2-135M-Instruct")
+    of = f" for {model.served_model_name}" if num_models > 1 else ""
+    launcher.say(f"starting {len(roles)} worker(s) of {what}{of}; logs in {launcher.log_dir}")
+    model_args = ["--model", model.model] if model.model else []
+    common = ["--served-model-name", model.served_model_name, *model_args]
+    prefix = f"{model.pool} " if num_models > 1 else ""
+    workers = []
+    for i, role in enumerate(roles):
+        worker_args = ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0",
+                       "--role", role, "--kv-cache-gib", str(args.kv_cache_gib),
+                       *common]  # fmt: skip
+        if args.simulate:
+            worker_args.append("--simulate")
+        name = f"{prefix}worker {i + 1}" + ("" if role == "both" else f" ({role})")
+        workers.append(launcher.start(name, worker_args, "KVFLOW_WORKER_READY"))
+    return workers
+
+
+def _wait_workers(launcher: Launcher, workers: list[Child], timeout_s: float) -> list[str]:
+    """Wait for one pool's workers; their gRPC addresses."""
+    addresses = []
+    for child in workers:
+        line = launcher.wait_ready(child, timeout_s)
+        port = line.split("grpc_port=")[1].split()[0]
+        addresses.append(f"127.0.0.1:{port}")
+        launcher.say(f"{child.name}: ready on {addresses[-1]}")
+    return addresses
 
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
@@ -197,40 +249,39 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
             )
             return 2
         roles = ["prefill"] * args.prefill_workers + ["decode"] * args.decode_workers
+    try:
+        models = pair_models(args.model, args.served_model_name)
+    except UpModelsError as exc:
+        print(f"kvflow up: {exc}", file=sys.stderr)
+        return 2
     log_dir = Path(tempfile.mkdtemp(prefix="kvflow-up-"))
     launcher = Launcher(log_dir, out)
-    what = "simulated workers" if args.simulate else (args.model or "SmolLM2-135M-Instruct")
-    launcher.say(f"starting {len(roles)} worker(s) of {what}; logs in {log_dir}")
     try:
-        model_args = ["--model", args.model] if args.model else []
-        common = ["--served-model-name", args.served_model_name, *model_args]
-        workers = []
-        for i, role in enumerate(roles):
-            worker_args = ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0",
-                           "--role", role, "--kv-cache-gib", str(args.kv_cache_gib),
-                           *common]  # fmt: skip
-            if args.simulate:
-                worker_args.append("--simulate")
-            name = f"worker {i + 1}" + ("" if role == "both" else f" ({role})")
-            workers.append(launcher.start(name, worker_args, "KVFLOW_WORKER_READY"))
-        addresses = []
-        for child in workers:
-            line = launcher.wait_ready(child, args.startup_timeout_s)
-            port = line.split("grpc_port=")[1].split()[0]
-            addresses.append(f"127.0.0.1:{port}")
-            launcher.say(f"{child.name}: ready on {addresses[-1]}")
+        # Every pool's workers start at once: they load their models side by side.
+        pools = [_start_workers(launcher, args, roles, m, len(models)) for m in models]
+        addresses = [_wait_workers(launcher, p, args.startup_timeout_s) for p in pools]
+        if len(models) == 1:
+            model_args = ["--model", models[0].model] if models[0].model else []
+            name_args = ["--served-model-name", models[0].served_model_name]
+            router_args = ["--workers", ",".join(addresses[0]), *name_args, *model_args]
+        else:
+            config_path = log_dir / "router.yaml"
+            config_path.write_text(yaml.safe_dump(router_config(models, addresses)))
+            launcher.say(f"gateway: {len(models)} pools, config in {config_path}")
+            router_args = ["--config", str(config_path)]
         gateway = launcher.start(
             "gateway",
-            ["router", "--host", args.host, "--port", str(args.port),
-             "--workers", ",".join(addresses), *common],
+            ["router", "--host", args.host, "--port", str(args.port), *router_args],
             "KVFLOW_ROUTER_READY",
-        )  # fmt: skip
+        )
         port = launcher.wait_ready(gateway, args.startup_timeout_s).split("port=")[1]
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         url = f"http://{host}:{port}"
-        _wait_gateway_ready(url, len(roles), args.startup_timeout_s)
+        _wait_gateway_ready(url, len(roles) * len(models), args.startup_timeout_s)
         launcher.say(f"gateway: ready on {url}")
-        print(examples(url, args.served_model_name), file=out, flush=True)
+        names = [m.served_model_name for m in models]
+        text = examples(url, names[0]) if len(names) == 1 else examples_many(url, names)
+        print(text, file=out, flush=True)
         while (exited := launcher.first_exited()) is None:
             time.sleep(0.5)
         print(f"\nkvflow up: {exited.name} exited ({exited.proc.returncode}); see "

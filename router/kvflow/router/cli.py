@@ -118,7 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     _admission_flags(p, d.admission)
     _tracing_flags(p)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
-    p.add_argument("--seed", type=int, help="seed of routing tie-breaks (default: random)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed of routing tie-breaks and of weighted model draws for requests without a "
+        "session (default: random)",
+    )
     p.add_argument(
         "--hash-api-key",
         action="store_true",

@@ -98,6 +98,7 @@ class RouterConfig:
 class RouterSettings:
     host: str = "0.0.0.0"
     port: int = 8000
+    # The one pool's, without `pools:` in the config (which refuses these four).
     model: str | None = None  # tokenizer + chat template; None: the built-in SmolLM2 GGUF
     served_model_name: str | None = None  # None: whatever the workers report
     workers: tuple[str, ...] = ()
@@ -106,7 +107,7 @@ class RouterSettings:
     redis_url: str | None = None
     config: RouterConfig = field(default_factory=RouterConfig)
     log_level: str = "info"
-    seed: int | None = None  # of tie-breaking; None: random
+    seed: int | None = None  # of tie-breaking and sessionless model draws; None: random
     # Each attempt's first-token and token-stall deadlines (workers/deadlines.py).
     deadlines: StreamDeadlines = field(default_factory=StreamDeadlines)
     drain_grace_s: float = DEFAULT_DRAIN_GRACE_S  # after SIGTERM, for running requests

@@ -9,6 +9,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,17 @@ def gateway(config_path: Path) -> Iterator[GatewayProcess]:
         g.stop()
 
 
+def request_log_line(g: GatewayProcess, request_id: str) -> str:
+    """The gateway's request log line for ``request_id`` (its output arrives on a thread)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in g.log.splitlines():
+            if f"request_id={request_id} " in line:
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no log line for {request_id}")
+
+
 def client(g: GatewayProcess, tenant: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=g.base_url, api_key=key(tenant), max_retries=0, timeout=30)
 
@@ -118,6 +130,7 @@ def test_each_name_reaches_its_pool_and_the_response_names_the_version(
         model=V2, messages=MESSAGES, max_tokens=2, extra_headers={"x-kvflow-route": "1"}
     )
     assert raw.headers["x-kvflow-route"].startswith("pool=smollm-v2; ")
+    assert f"model={V2} pool=smollm-v2 " in request_log_line(gateway, raw.headers["x-request-id"])
 
 
 def test_tenants_allowlists_match_the_public_name(gateway: GatewayProcess) -> None:

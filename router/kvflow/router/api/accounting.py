@@ -2,9 +2,10 @@
 and logged as one line per request.
 
 The line (logger ``kvflow.router.requests``, INFO) carries what an operator greps for: the
-request id, tenant, model, token counts, finish reasons, TTFT and end-to-end time, and the
-attempts the router made. Never prompt or completion text: they can hold anything a user
-typed, and logs are kept and shipped with far less care than the requests themselves.
+request id, tenant, model (and the pool that answered, with several), token counts, finish
+reasons, TTFT and end-to-end time, and the attempts the router made. Never prompt or
+completion text: they can hold anything a user typed, and logs are kept and shipped with far
+less care than the requests themselves.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ class Accounting:
     tenant: Tenant
     lease: Lease
     trace: RequestTrace
-    model: str = ""
+    model: str = ""  # as the client asked for it
     num_choices: int = 1
+    pool: str | None = None  # the pool that answered, when the gateway has several
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -95,6 +97,7 @@ class Accounting:
             ("request_id", trace.request_id),
             ("tenant", self.tenant.name),
             ("model", self.model),
+            *([("pool", self.pool)] if self.pool is not None else []),
             ("prompt_tokens", usage.prompt_tokens),
             ("completion_tokens", usage.completion_tokens),
             ("cached_tokens", usage.cached_tokens),

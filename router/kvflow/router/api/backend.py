@@ -132,12 +132,21 @@ def _public_prefixes(settings: RouterSettings, text: TextModel) -> PublicPrefixe
 
 
 def build_backend(
-    source: PoolSource, settings: RouterSettings, metrics: RouterMetrics, *, label: str = ""
+    source: PoolSource,
+    settings: RouterSettings,
+    metrics: RouterMetrics,
+    *,
+    label: str = "",
+    texts: dict[str | None, TextModel] | None = None,
 ) -> PoolBackend:
     """Load the pool's tokenizer and wire its components; nothing runs until `start()`.
-    ``label`` prefixes its log lines ("pool NAME: ") when there are several."""
-    text = load_text_model(source.model)
-    text.tokenizer.token_bytes(0)  # build the byte table now, not on the first request
+    ``label`` prefixes its log lines ("pool NAME: ") when there are several; ``texts``:
+    model files already loaded, by path, for pools that share them (read-only once built)."""
+    texts = {} if texts is None else texts
+    text = texts.get(source.model)
+    if text is None:
+        text = texts[source.model] = load_text_model(source.model)
+        text.tokenizer.token_bytes(0)  # build the byte table now, not on the first request
     config = settings.config
     index = BlockIndex(config.max_blocks_per_worker)
     sessions = SessionTable()

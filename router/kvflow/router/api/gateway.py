@@ -32,6 +32,7 @@ from kvflow.router.tenants.config import ANONYMOUS, Tenant, parse_tenants
 from kvflow.router.tenants.redis_store import RedisQuotaStore
 from kvflow.router.tenants.service import QuotaService
 from kvflow.router.tenants.source import TenantSource, key_secret_from_env
+from kvflow.router.text.model_files import TextModel
 
 log = logging.getLogger("kvflow.router")
 
@@ -180,10 +181,12 @@ def build_gateway(settings: RouterSettings) -> Gateway:
     config = settings.config
     metrics = RouterMetrics()
     sources = _pool_sources(settings)
+    texts: dict[str | None, TextModel] = {}  # pools naming the same files load them once
     backends = tuple(
-        build_backend(s, settings, metrics, label=f"pool {s.name}: " if config.pools else "")
+        build_backend(s, settings, metrics, label=f"pool {s.name}: " if config.pools else "",
+                      texts=texts)
         for s in sources
-    )
+    )  # fmt: skip
     if config.pools:
         log.info("pools: %s; models: %s", [b.name for b in backends],
                  describe(config.models) or "each pool's served name")  # fmt: skip

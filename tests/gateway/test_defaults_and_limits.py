@@ -173,3 +173,26 @@ def test_generation_config_none_turns_the_models_defaults_off(model_dir: Path) -
                                         "defaults": {"top_p": 0.5}}})  # fmt: skip
     off = build_gateway(RouterSettings(model=str(model_dir), config=config))
     assert off.backends[0].sampling_defaults == SamplingDefaults(top_p=0.5)
+
+
+def test_each_pool_takes_its_own_models_defaults(
+    tmp_path: Path, model_dir: Path, worker: tuple[FakeWorker, str]
+) -> None:
+    """Two pools behind one gateway: one with the folder's generation_config.json, one with
+    the built-in SmolLM2 (its model card's temperature 0.2, top_p 0.9)."""
+    fake_a, address_a = worker
+    fake_b = FakeWorker(model="fake-b", tokens=TOKENS)
+    config = tmp_path / "router.yaml"
+    with running_fake_worker(fake_b) as address_b:
+        config.write_text(yaml.safe_dump({"pools": [
+            {"name": "a", "model": str(model_dir), "workers": [address_a]},
+            {"name": "b", "workers": [address_b]},
+        ]}))  # fmt: skip
+        with running_gateway(["--config", str(config)]) as g:
+            g.wait_ready(num_workers=2)
+            c = openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0)
+            assert c.chat.completions.create(model="fake", messages=MESSAGES).model == "fake"
+            assert c.chat.completions.create(model="fake-b", messages=MESSAGES).model == "fake-b"
+    a, b = fake_a.requests[-1].sampling, fake_b.requests[-1].sampling
+    assert (a.temperature, a.top_p, a.top_k) == pytest.approx((0.3, 0.8, 30))
+    assert (b.temperature, b.top_p) == pytest.approx((0.2, 0.9))

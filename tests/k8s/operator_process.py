@@ -81,7 +81,9 @@ class OperatorProcess:
         def leading() -> bool:
             assert self.proc is not None
             assert self.proc.popen.poll() is None, f"operator exited:\n{self.proc.tail()}"
-            return "leading as" in self.log() and "kopf" in self.log().lower()
+            # Leading, and kopf logged in: its watches (not only the drift sweep) run.
+            log = self.log()
+            return "leading as" in log and "login' succeeded" in log
 
         wait_for(leading, timeout_s, f"operator {self.identity} to lead")
 

@@ -90,6 +90,18 @@ def test_gateway_serves_two_pools_and_a_weight_change_rolls_it(
     deployment = get(cluster, "deployment", namespace, "front-gateway")
     assert deployment["spec"]["template"]["metadata"]["annotations"][HASH] != first_hash
 
+    # Drift: the router Deployment deleted by hand is put back at once (it is watched).
+    uid_before = deployment["metadata"]["uid"]
+    cluster.kubectl("delete", "deployment", "front-gateway", "-n", namespace, "--wait=false")
+
+    def recreated() -> bool:
+        found = cluster.kubectl(
+            "get", "deployment", "front-gateway", "-n", namespace, "-o", "json", check=False
+        )
+        return found.returncode == 0 and json.loads(found.stdout)["metadata"]["uid"] != uid_before
+
+    wait_for(recreated, CONVERGE_S, "the gateway's Deployment to be recreated")
+
     # A model naming a pool and a gateway that do not exist: both say so.
     apply(cluster, "InferenceModel", namespace, "lost", model_spec("nowhere", gone=1))
     apply(cluster, "InferenceModel", namespace, "canary", {

@@ -43,9 +43,11 @@ def build_registry(reconciler: Reconciler, gateways: GatewayReconciler) -> kopf.
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # A plain OperatorRegistry has no login handlers; use the `kubernetes` client's
-        # config loading (in-cluster, then $KUBECONFIG), as the rest of the operator does.
-        return kopf.login_via_client(**kwargs)
+        # A plain OperatorRegistry has no login handlers: in-cluster, then $KUBECONFIG, as
+        # the rest of the operator. Not kopf.login_via_client: the `kubernetes` module reads
+        # $KUBECONFIG once, at import, before `--kubeconfig` sets it, so with that flag kopf
+        # never logged in and only the drift sweep reconciled; kopf's own reader looks now.
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

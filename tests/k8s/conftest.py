@@ -57,11 +57,17 @@ def crd(cluster: ControlPlane) -> str:
     """The kvflow.io CRDs (InferencePool, InferenceGateway, InferenceModel), applied from
     crds/ with kubectl and Established; the InferencePool CRD's name."""
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/inferencepools.kvflow.io", "crd/inferencegateways.kvflow.io",
-        "crd/inferencemodels.kvflow.io",
-    )  # fmt: skip
+
+    # Polled, not `kubectl wait --for=condition=Established`: that fails at once ("status
+    # .conditions accessor error: <nil>") when it reads a CRD the API server has not given
+    # conditions yet, which lost a clean CI run all 38 of its Kubernetes tests.
+    def established(name: str) -> bool:
+        jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+        out = cluster.kubectl("get", f"crd/{name}", "-o", f"jsonpath={jsonpath}", check=False)
+        return out.returncode == 0 and out.stdout.strip() == "True"
+
+    for plural in ("inferencepools", "inferencegateways", "inferencemodels"):
+        wait_for(partial(established, f"{plural}.kvflow.io"), 60, f"crd/{plural} Established")
 
     # The API server publishes a CRD's OpenAPI (what explain and server-side apply read)
     # a moment after Established.

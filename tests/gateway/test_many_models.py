@@ -61,6 +61,9 @@ def router_config(v1: str, v2: str) -> dict[str, object]:
              "targets": [{"pool": "smollm-v1", "weight": 95}, {"pool": "smollm-v2", "weight": 5}]},
             {"name": "canary",
              "targets": [{"pool": "smollm-v1", "weight": 70}, {"pool": "smollm-v2", "weight": 30}]},
+            # Half its weight on the dead pool: that half goes to the live one instead.
+            {"name": "failover",
+             "targets": [{"pool": "dead", "weight": 50}, {"pool": "smollm-v1", "weight": 50}]},
         ],
     }  # fmt: skip
 
@@ -147,7 +150,7 @@ def test_tenants_allowlists_match_the_public_name(gateway: GatewayProcess) -> No
     listed = {t: [m.id for m in client(gateway, t).models.list()] for t in TENANTS}
     assert listed == {
         "alice": ["smollm2"],
-        "bob": ["canary", "chat", "old-model", "smollm2", V1, V2],
+        "bob": ["canary", "chat", "failover", "old-model", "smollm2", V1, V2],
         "carol": [V2],
     }
     assert client(gateway, "carol").models.retrieve(V2).id == V2
@@ -166,6 +169,14 @@ def test_ready_counts_workers_per_pool_and_a_dead_pool_answers_503(
         chat(gateway, "bob", "old-model")
     assert info.value.status_code == 503 and "pool 'dead'" in info.value.message
     assert info.value.response.headers["retry-after"].isdigit()
+
+
+def test_a_target_pool_without_healthy_workers_gives_its_share_to_the_others(
+    gateway: GatewayProcess,
+) -> None:
+    # Without the failover, about half of these would be 503s naming pool 'dead'.
+    answered = [chat(gateway, "bob", "failover").model for _ in range(20)]
+    assert answered == [V1] * 20
 
 
 def test_pool_flags_with_a_pools_config_are_refused(config_path: Path) -> None:

@@ -75,6 +75,22 @@ def test_weighted_pick_follows_the_cumulative_weights_and_skips_zero() -> None:
     assert 2800 < counts["b"] < 3200  # 3000 expected; sd 27
 
 
+def test_a_target_that_cannot_serve_gives_its_share_to_those_that_can() -> None:
+    entry = ModelEntry("m", (), (Target("v1", 90), Target("canary", 10), Target("v3", 0)))
+
+    def up(pool: str) -> bool:
+        return pool != "canary"
+
+    # Every draw, the canary's 10 % included, lands on v1 (never on a weight-0 target).
+    assert {entry.pick(x / 100, up) for x in range(100)} == {"v1"}
+    # v1 down: the canary takes everything.
+    assert {entry.pick(x / 100, lambda pool: pool != "v1") for x in range(100)} == {"canary"}
+    # Nothing serves: the draw is the plain weighted one (that pool's 503 names it).
+    assert entry.pick(0.95, lambda pool: False) == "canary"
+    routes = parse_config(config()).models
+    assert routes.resolve("smollm2", 0.97, SERVED, lambda pool: pool != "smollm-v2") == "smollm-v1"
+
+
 def test_a_session_draw_is_stable_and_spread() -> None:
     assert session_draw("user-42") == session_draw("user-42")
     draws = [session_draw(f"s{i}") for i in range(2000)]

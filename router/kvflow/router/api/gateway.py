@@ -138,9 +138,14 @@ class Gateway:
             return Route(self.backends[0], model)
         draw = session_draw(session_id) if session_id is not None else self.rng.random()
         served_by_pool = self._served_by_pool()
-        pool = self.routes.resolve(model, draw, served_by_pool)
+        by_name = {b.name: b for b in self.backends}
+
+        def is_serving(pool: str) -> bool:
+            return pool in served_by_pool and by_name[pool].pool.num_healthy() > 0
+
+        pool = self.routes.resolve(model, draw, served_by_pool, is_serving)
         assert pool is not None, model  # check_model found it among the public names
-        backend = next(b for b in self.backends if b.name == pool)
+        backend = by_name[pool]
         served_name = served_by_pool.get(pool)
         if served_name is None:
             raise no_worker_available(

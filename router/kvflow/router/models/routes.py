@@ -19,7 +19,7 @@ can pin a version); an entry shadows a pool's served name equal to it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,18 +41,25 @@ class ModelEntry:
     aliases: tuple[str, ...]
     targets: tuple[Target, ...]
 
-    def pick(self, draw: float) -> str:
+    def pick(self, draw: float, is_serving: Callable[[str], bool] = lambda pool: True) -> str:
         """The pool at ``draw`` (in [0, 1)) on the targets' cumulative weights: a target of
-        weight w out of W is picked for a w/W share of the draws, one of weight 0 never."""
+        weight w out of W is picked for a w/W share of the draws, one of weight 0 never.
+
+        Targets whose pool is not serving (no healthy worker) are left out while another
+        is: a canary that is down must not fail its share of requests, they go to the
+        versions that can answer, in their weights' proportions. With none serving, the
+        draw is over all of them (and the pool it picks answers 503 naming itself)."""
         assert 0.0 <= draw < 1.0, draw
-        point = draw * sum(t.weight for t in self.targets)
+        weighted = [t for t in self.targets if t.weight > 0]
+        targets = [t for t in weighted if is_serving(t.pool)] or weighted
+        point = draw * sum(t.weight for t in targets)
         cumulative = 0
-        for target in self.targets:
+        for target in targets:
             cumulative += target.weight
             if point < cumulative:
                 return target.pool
         # Only float rounding gets here (draw just under 1): the last weighted target.
-        return next(t.pool for t in reversed(self.targets) if t.weight > 0)
+        return targets[-1].pool
 
 
 def session_draw(session_id: str) -> float:
@@ -78,12 +85,19 @@ class ModelRoutes:
         names = {n for e in self.entries for n in (e.name, *e.aliases)}
         return sorted(names | set(served_by_pool.values()))
 
-    def resolve(self, name: str, draw: float, served_by_pool: Mapping[str, str]) -> str | None:
+    def resolve(
+        self,
+        name: str,
+        draw: float,
+        served_by_pool: Mapping[str, str],
+        is_serving: Callable[[str], bool] = lambda pool: True,
+    ) -> str | None:
         """The pool that answers ``name`` at ``draw``; None: no such public name. An entry
-        wins over a pool's served name; pools with one served name: the first listed."""
+        wins over a pool's served name; pools with one served name: the first listed.
+        ``is_serving(pool)``: whether a pool can answer now (see ModelEntry.pick)."""
         entry = self._entry(name)
         if entry is not None:
-            return entry.pick(draw)
+            return entry.pick(draw, is_serving)
         return next((pool for pool, served in served_by_pool.items() if served == name), None)
 
     def pools_of(self, name: str) -> list[str]:

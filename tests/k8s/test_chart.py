@@ -21,7 +21,8 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def test_helm_lint_strict_is_clean(cluster: ControlPlane) -> None:
-    for values in ([], ["--set", "redis.enabled=true", "--set", "examplePool.enabled=true"]):
+    examples = ["--set", "examplePool.enabled=true", "--set", "exampleGateway.enabled=true"]
+    for values in ([], ["--set", "redis.enabled=true", *examples]):
         out = cluster.helm("lint", "--strict", str(CHART), *values)
         assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
         assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
@@ -99,6 +100,7 @@ def test_values_schema_rejects_bad_values(cluster: ControlPlane) -> None:
         (["--set", "operator.logLevel=LOUD"], "operator/logLevel"),
         (["--set", "unknownKey=1"], "unknownKey"),
         (["--set", "examplePool.name=9lives"], "examplePool/name"),
+        (["--set", "exampleGateway.name=smollm2-gateway"], "exampleGateway/name"),
     ]:
         out = cluster.helm("template", RELEASE, str(CHART), *bad, check=False)
         assert out.returncode != 0, bad

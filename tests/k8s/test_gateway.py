@@ -157,3 +157,22 @@ def test_crd_validation_rejects_bad_objects_at_the_api_server(
         else:
             assert out.returncode != 0, name
             assert message in out.stderr, (name, out.stderr)
+
+
+def test_the_charts_example_gateway_fronts_the_example_pool(
+    cluster: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    """What `helm install --set examplePool.enabled=true --set exampleGateway.enabled=true`
+    creates (the chart's templates, rendered by the real helm) reconciles to Ready."""
+    out = cluster.helm(
+        "template", "kvflow", str(REPO / "helm" / "kvflow"), "--namespace", namespace,
+        "--set", "examplePool.enabled=true", "--set", "exampleGateway.enabled=true",
+    )  # fmt: skip
+    kinds = ("InferencePool", "InferenceGateway", "InferenceModel")
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in kinds]
+    assert sorted(d["kind"] for d in docs) == sorted(kinds)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    served = [{"name": "smollm2", "aliases": [], "source": "smollm2",
+               "targets": [{"pool": "smollm2", "weight": 1}]}]  # fmt: skip
+    gateway = wait_gateway(cluster, namespace, "front", "Ready", served)
+    assert gateway["status"]["endpoint"] == f"http://front.{namespace}.svc/v1"

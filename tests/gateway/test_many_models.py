@@ -1,7 +1,8 @@
 """Many models behind one gateway, end to end: a real `kvflow router` with a `pools:`
 config in front of real simulated `kvflow worker` processes (one pool per model version),
 driven by the openai client: routing by name and alias, tenants' allowlists on public
-names (404/403, /v1/models), a weighted split, sticky sessions, and a dead pool's 503."""
+names (404/403, /v1/models), a weighted split, sticky sessions, a dead pool's 503, and the
+latency histograms and worker gauges split by version and pool."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.worker_process import WorkerProcess, launch_worker
 
@@ -212,6 +214,60 @@ def test_a_weighted_split_sends_each_version_its_share(gateway: GatewayProcess) 
     # probability 6.0e-7 (exact binomial tail, two-sided): a false failure in under one
     # run in a million, while a 75/25 or 65/35 split (or weights ignored) fails.
     assert abs(counts[V2] - 1000 * CANARY_SHARE) <= 72, counts
+
+
+def scrape(g: GatewayProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The gateway's /metrics: (sample name, sorted labels) -> value."""
+    text = httpx.get(f"{g.url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def model_count(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], histogram: str,
+                model: str) -> float:  # fmt: skip
+    return samples.get((f"{histogram}_count", (("model", model),)), 0.0)
+
+
+def test_latency_is_labelled_by_the_version_that_answered(gateway: GatewayProcess) -> None:
+    histograms = ("kvflow_router_ttft_seconds", "kvflow_router_e2e_seconds")
+    before = scrape(gateway)
+    answered = Counter(chat(gateway, "bob", "canary").model for _ in range(40))
+    answered[V2] += 1  # pinned, streamed: the same histograms as a collected answer
+    stream = client(gateway, "bob").chat.completions.create(
+        model=V2, messages=MESSAGES, max_tokens=2, stream=True
+    )
+    assert {chunk.model for chunk in stream} == {V2}
+    after = scrape(gateway)
+    assert answered[V1] > 0 and answered[V2] > 1, answered  # 70/30: both versions answered
+    for histogram in histograms:
+        got = {m: model_count(after, histogram, m) - model_count(before, histogram, m)
+               for m in (V1, V2)}  # fmt: skip
+        assert got == {V1: answered[V1], V2: answered[V2]}, histogram
+    for histogram in ("kvflow_router_tpot_seconds", "kvflow_router_itl_seconds"):
+        assert all(model_count(after, histogram, m) > model_count(before, histogram, m)
+                   for m in (V1, V2)), histogram  # fmt: skip
+
+
+def test_an_unknown_model_name_creates_no_series(gateway: GatewayProcess) -> None:
+    for name in ("gpt-4", "smollm-v1"):  # neither is a public name: 404s
+        with pytest.raises(openai.NotFoundError):
+            chat(gateway, "bob", name)
+    answer = chat(gateway, "bob", "chat").model  # an alias: labelled as the version
+    labelled = {dict(labels)["model"] for (_, labels) in scrape(gateway) if "model" in dict(labels)}
+    # Nor does old-model: its pool is down, its requests (503) got no latency.
+    assert answer in labelled and labelled <= {V1, V2}, labelled
+
+
+def test_worker_gauges_are_per_pool(gateway: GatewayProcess) -> None:
+    samples = scrape(gateway)
+    for gauge in ("kvflow_router_workers_healthy", "kvflow_router_workers"):
+        per_pool = {dict(labels)["pool"]: v for (name, labels), v in samples.items()
+                    if name == gauge}  # fmt: skip
+        expected_dead = 0.0 if gauge == "kvflow_router_workers_healthy" else 1.0
+        assert per_pool == {"smollm-v1": 1.0, "smollm-v2": 1.0, "dead": expected_dead}, gauge
 
 
 def test_a_session_keeps_its_version(gateway: GatewayProcess) -> None:

@@ -28,7 +28,7 @@ def test_metrics_move_to_their_own_port() -> None:
         scraped = httpx.get(f"http://127.0.0.1:{port}/metrics")
         assert scraped.status_code == 200
         assert 'kvflow_router_requests_total{code="200",endpoint="/v1/completions"}' in scraped.text
-        assert "kvflow_router_workers_healthy 1.0" in scraped.text
+        assert 'kvflow_router_workers_healthy{pool="default"} 1.0' in scraped.text
     finally:
         gateway.stop()
         worker.stop(timeout_s=10)

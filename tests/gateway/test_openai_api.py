@@ -81,7 +81,7 @@ def test_models_health_ready_and_metrics(client: openai.OpenAI, gateway: Gateway
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert 'kvflow_router_requests_total{code="200",endpoint="/v1/chat/completions"}' in metrics
     assert 'kvflow_router_tenant_completion_tokens_total{tenant="anonymous"}' in metrics
-    assert "kvflow_router_workers_healthy 2.0" in metrics
+    assert 'kvflow_router_workers_healthy{pool="default"} 2.0' in metrics
 
 
 def test_the_gateway_measures_inter_token_latency(
@@ -89,7 +89,7 @@ def test_the_gateway_measures_inter_token_latency(
 ) -> None:
     def itl_count() -> float:
         for line in httpx.get(f"{gateway.url}/metrics").text.splitlines():
-            if line.startswith("kvflow_router_itl_seconds_count "):
+            if line.startswith(f'kvflow_router_itl_seconds_count{{model="{MODEL}"}} '):
                 return float(line.split()[1])
         raise AssertionError("no kvflow_router_itl_seconds_count")
 

@@ -1,12 +1,17 @@
 """The router's Prometheus metrics, in a registry the app owns (no module-level globals).
 
 Names follow `kvflow_router_<what>_<unit>`. Per-tenant labels are safe: tenants come from
-the configuration, so their number is bounded.
+the configuration, so their number is bounded. So are the latency histograms' `model` (the
+served name of the pool that answered, never the client's string: an unknown name is a 404
+before any latency is observed) and the worker gauges' `pool` (the gateway's pools), so that
+a canary's version can be judged next to the one it may replace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -52,6 +57,14 @@ ADMISSION_REFUSALS = {"429": ("over_share",), "503": ("cluster_full", "queues_fu
 DEADLINE_KINDS = ("first_token", "token_stall")  # workers/deadlines.py's DeadlineKind
 
 
+class WorkerCounts(Protocol):
+    """What the worker gauges read of a pool (workers/pool.py's WorkerPool)."""
+
+    def num_healthy(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -65,12 +78,14 @@ class RouterMetrics:
         self.ttft_s = Histogram(
             "kvflow_router_ttft_seconds",
             "Request arrival at the gateway to its first token",
+            ["model"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.tpot_s = Histogram(
             "kvflow_router_tpot_seconds",
             "Per request, (last token - first token) / (completion tokens - 1), at the gateway",
+            ["model"],
             buckets=_TPOT_BUCKETS_S,
             registry=r,
         )
@@ -78,12 +93,14 @@ class RouterMetrics:
             "kvflow_router_itl_seconds",
             "Inter-token latency at the gateway: time between a choice's successive token "
             "messages from its worker",
+            ["model"],
             buckets=_TPOT_BUCKETS_S,
             registry=r,
         )
         self.e2e_s = Histogram(
             "kvflow_router_e2e_seconds",
             "Request arrival at the gateway to its last token",
+            ["model"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -201,23 +218,25 @@ class RouterMetrics:
             ["worker"],
             registry=r,
         )
+        # Label pool: the gateway's pools (`pools:`, or DEFAULT_POOL from the command line).
         self._workers_healthy = Gauge(
-            "kvflow_router_workers_healthy", "Workers passing health probes", registry=r
+            "kvflow_router_workers_healthy",
+            "Workers passing health probes, by pool",
+            ["pool"],
+            registry=r,
         )
         self._workers_known = Gauge(
-            "kvflow_router_workers", "Workers known from discovery", registry=r
+            "kvflow_router_workers", "Workers known from discovery, by pool", ["pool"], registry=r
         )
         self._index_blocks = Gauge(
             "kvflow_router_index_blocks", "Distinct block hashes in the routing index", registry=r
         )
 
     def watch(
-        self,
-        num_healthy: Callable[[], float],
-        num_known: Callable[[], float],
-        num_index_blocks: Callable[[], float],
+        self, pools: Mapping[str, WorkerCounts], num_index_blocks: Callable[[], float]
     ) -> None:
-        """Gauges read at scrape time from the live objects."""
-        self._workers_healthy.set_function(num_healthy)
-        self._workers_known.set_function(num_known)
+        """Gauges read at scrape time from the live objects: each pool's workers, by name."""
+        for name, workers in pools.items():
+            self._workers_healthy.labels(name).set_function(workers.num_healthy)
+            self._workers_known.labels(name).set_function(partial(len, workers))
         self._index_blocks.set_function(num_index_blocks)

@@ -35,6 +35,9 @@ class Accounting:
     model: str = ""  # as the client asked for it
     num_choices: int = 1
     pool: str | None = None  # the pool that answered, when the gateway has several
+    # The answering pool's served name (the response's `model`): the latency label, bounded
+    # by the pools, where `model` is whatever the client sent.
+    served_model: str = ""
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -71,10 +74,11 @@ class Accounting:
         metrics.tenant_completion_tokens.labels(name).inc(usage.completion_tokens)
         metrics.tenant_cached_tokens.labels(name).inc(usage.cached_tokens)
         finished_s = time.perf_counter()
-        metrics.e2e_s.observe(finished_s - self.trace.arrival_s)
+        metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
         first_token_s = self.trace.first_token_s
         if first_token_s is not None and usage.completion_tokens >= 2:
-            metrics.tpot_s.observe((finished_s - first_token_s) / (usage.completion_tokens - 1))
+            tpot_s = (finished_s - first_token_s) / (usage.completion_tokens - 1)
+            metrics.tpot_s.labels(self.served_model).observe(tpot_s)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", self.log_line(usage, finished_s))
         await self.gateway.quotas.finish(

@@ -124,7 +124,8 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
                          is_chat=is_chat)  # fmt: skip
     lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
     accounting = Accounting(gw, tenant, lease, trace, parsed.model, sampling.n * len(prompts),
-                            pool=backend.name if gw.has_pools else None)  # fmt: skip
+                            pool=backend.name if gw.has_pools else None,
+                            served_model=served_name)  # fmt: skip
     caller = Caller(tenant, served_name, session_id)
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = backend.service.run(
         caller, _build_specs(prompts, sampling, budget), trace, buffered=not parsed.stream

@@ -203,11 +203,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
             socket_connect_timeout=REDIS_TIMEOUT_S,
         )
     quotas = QuotaService(RedisQuotaStore(redis) if redis is not None else None)
-    metrics.watch(
-        lambda: sum(b.pool.num_healthy() for b in backends),
-        lambda: sum(len(b.pool) for b in backends),
-        lambda: sum(len(b.index) for b in backends),
-    )
+    metrics.watch({b.name: b.pool for b in backends}, lambda: sum(len(b.index) for b in backends))
     tenants = TenantSource(config.tenants, settings.tenants_file, key_secret_from_env())
     if tenants.current.is_open:
         log.warning("no tenants configured: the gateway accepts any API key (one shared cache)")

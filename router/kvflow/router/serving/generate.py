@@ -179,8 +179,8 @@ class GenerationService:
                 spec,
                 self._tokenizer,
                 sink.append if buffered else queue.put_nowait,
-                lambda: self._first_message(trace),
-                self._metrics.itl_s.observe,
+                lambda: self._first_message(caller, trace),
+                self._metrics.itl_s.labels(caller.model).observe,
             )
             try:
                 with tracing.span("kvflow.worker_attempt", tracing.CLIENT) as attempt_span:
@@ -210,10 +210,12 @@ class GenerationService:
             retry_after_s=max(1.0, min(busy_retry_after_s, default=1.0)),
         )
 
-    def _first_message(self, trace: RequestTrace) -> None:
+    def _first_message(self, caller: Caller, trace: RequestTrace) -> None:
         if trace.first_token_s is None:
             trace.first_token_s = time.perf_counter()
-            self._metrics.ttft_s.observe(trace.first_token_s - trace.arrival_s)
+            # caller.model: the served name (api/completions.py), so the label stays bounded.
+            ttft_s = self._metrics.ttft_s.labels(caller.model)
+            ttft_s.observe(trace.first_token_s - trace.arrival_s)
 
 
 def _set_usage(span: Span, usage: UsageCounts) -> None:

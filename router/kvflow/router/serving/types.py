@@ -23,6 +23,8 @@ class ChoiceSpec:
 @dataclass(frozen=True)
 class Caller:
     tenant: Tenant
+    # The name the pool's workers serve the model as (never the client's alias): what the
+    # workers are asked for, and the latency histograms' `model` label.
     model: str
     session_id: str | None = None
 

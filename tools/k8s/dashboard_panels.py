@@ -35,6 +35,13 @@ def quantiles(metric: str, by: str = "") -> tuple[tuple[str, str], ...]:
     )
 
 
+def p90_by_model(metric: str) -> tuple[tuple[str, str], ...]:
+    """P90 per served model (the router's `model` label: the version that answered), so a
+    canary's latency shows next to the version it may replace."""
+    expr = f"histogram_quantile(0.9, sum by (le, model) (rate({metric}_bucket{{{SEL}}}{RATE})))"
+    return ((expr, "{{model}}"),)
+
+
 def p99(metric: str, legend: str) -> tuple[str, str]:
     return f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{{{SEL}}}{RATE})))", legend
 
@@ -90,6 +97,20 @@ ROWS: dict[str, list[Panel]] = {
             "s",
             quantiles("kvflow_router_e2e_seconds"),
             "Arrival at the gateway to the last token.",
+        ),
+        Panel(
+            "TTFT P90 by model",
+            "s",
+            p90_by_model("kvflow_router_ttft_seconds"),
+            "Per served model (the response's `model`): a canary next to the version it "
+            "may replace, behind one gateway.",
+        ),
+        Panel(
+            "TPOT P90 by model",
+            "s",
+            p90_by_model("kvflow_router_tpot_seconds"),
+            "Per served model (the response's `model`): a canary next to the version it "
+            "may replace, behind one gateway.",
         ),
         Panel(
             "Workers seen by the gateways",

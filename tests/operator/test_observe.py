@@ -31,7 +31,12 @@ def worker_text(m: WorkerMetrics) -> str:
 
 def test_every_family_the_planner_reads_is_exported_with_its_type() -> None:
     worker = parse(worker_text(WorkerMetrics()), WORKER_FAMILIES)
-    router = parse(generate_latest(RouterMetrics().registry).decode(), ROUTER_FAMILIES)
+    served = RouterMetrics()
+    # The gateway's latency histograms are labelled by model: a series exists once a
+    # request has been answered (before that the planner sees no TTFT, as in a new pool).
+    served.ttft_s.labels("smollm2").observe(0.1)
+    served.tpot_s.labels("smollm2").observe(0.01)
+    router = parse(generate_latest(served.registry).decode(), ROUTER_FAMILIES)
     found = {*worker.counters, *worker.gauges, *worker.histograms}
     assert found == set(WORKER_FAMILIES)
     assert set(router.histograms) == set(ROUTER_FAMILIES)
@@ -110,8 +115,8 @@ def test_observation_of_a_colocated_role() -> None:
             m.tpot.observe(0.3)  # every request over the 100 ms target
             m.queue_wait.observe(0.2)
             m.ttft.observe(5.0)
-    for _ in range(20):
-        router.ttft_s.observe(0.4)  # the gateway's TTFT wins over the workers'
+    for i in range(20):  # the gateway's TTFT wins over the workers', summed over models
+        router.ttft_s.labels(("smollm2-v1", "smollm2-v2")[i % 2]).observe(0.4)
     obs = observe_role(
         "colocated",
         time_s=100.0,

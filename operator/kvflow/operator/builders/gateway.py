@@ -35,6 +35,7 @@ from kvflow.operator.builders.router import (
     disaggregation_config,
     listen_args,
     router_workload,
+    routing_section,
     shared_args,
     worker_dns,
 )
@@ -124,16 +125,7 @@ def gateway_config(
 ) -> dict[str, Json]:
     """The YAML `kvflow router --config` reads: routing weights, `pools:` and `models:`.
     No pools (no servable model): no sections, and no router runs (replicas 0)."""
-    weights = spec.router.scorer_weights
-    config: dict[str, Json] = {
-        "routing": {
-            "weights": {
-                "prefix_blocks": weights.prefix_cache,
-                "queue_depth": weights.queue_depth,
-                "kv_usage": weights.kv_cache_usage,
-            },
-        },
-    }
+    config: dict[str, Json] = {"routing": routing_section(spec.router)}
     if not resolution.pools:
         return config
     entries: list[Json] = []

@@ -41,19 +41,22 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
     tests/contracts holds this builder to the router's parser. The disaggregation section
     is written for disaggregated pools only, so a colocated pool's routers never change.
     """
-    weights = spec.router.scorer_weights
-    config: dict[str, Json] = {
-        "routing": {
-            "weights": {
-                "prefix_blocks": weights.prefix_cache,
-                "queue_depth": weights.queue_depth,
-                "kv_usage": weights.kv_cache_usage,
-            },
-        },
-    }
+    config: dict[str, Json] = {"routing": routing_section(spec.router)}
     if spec.mode == "disaggregated":
         config["disaggregation"] = disaggregation_config(spec.router.disaggregation)
     return config
+
+
+def routing_section(router: v1alpha1.RouterSpec) -> dict[str, Json]:
+    """The router config's `routing:` section: the scorer weights (a pool's or a gateway's)."""
+    weights = router.scorer_weights
+    return {
+        "weights": {
+            "prefix_blocks": weights.prefix_cache,
+            "queue_depth": weights.queue_depth,
+            "kv_usage": weights.kv_cache_usage,
+        },
+    }
 
 
 def disaggregation_config(policy: v1alpha1.DisaggregationSpec) -> dict[str, Json]:

@@ -32,6 +32,7 @@ V1, V2 = "smollm2-v1", "smollm2-v2"  # what each pool's workers serve
 TENANTS = {"alice": ["smollm2"], "bob": ["*"], "carol": [V2]}
 MESSAGES = [{"role": "user", "content": "hello"}]
 CANARY_SHARE = 0.3  # of "canary" requests that go to v2 (weights 70/30)
+MODEL_REQUESTS = "kvflow_router_model_requests"
 
 
 def key(name: str) -> str:
@@ -256,9 +257,32 @@ def test_an_unknown_model_name_creates_no_series(gateway: GatewayProcess) -> Non
         with pytest.raises(openai.NotFoundError):
             chat(gateway, "bob", name)
     answer = chat(gateway, "bob", "chat").model  # an alias: labelled as the version
-    labelled = {dict(labels)["model"] for (_, labels) in scrape(gateway) if "model" in dict(labels)}
+    samples = scrape(gateway)
+    labelled = {dict(labels)["model"] for (name, labels) in samples
+                if "model" in dict(labels) and not name.startswith(MODEL_REQUESTS)}  # fmt: skip
     # Nor does old-model: its pool is down, its requests (503) got no latency.
     assert answer in labelled and labelled <= {V1, V2}, labelled
+    # Requests are counted per version once a pool was picked: old-model's 503s are (that
+    # version is failing), the 404s are not.
+    counted = {dict(labels)["model"] for (name, labels) in samples
+               if name.startswith(MODEL_REQUESTS)}  # fmt: skip
+    assert answer in counted and counted <= {V1, V2, "old-model"}, counted
+
+
+def test_requests_and_errors_are_counted_per_version(gateway: GatewayProcess) -> None:
+    def counts(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> Counter[str]:
+        return Counter({f"{dict(labels)['model']} {dict(labels)['code']}": v
+                        for (name, labels), v in samples.items()
+                        if name == f"{MODEL_REQUESTS}_total"})  # fmt: skip
+
+    before = counts(scrape(gateway))
+    answered = Counter(chat(gateway, "bob", "canary").model for _ in range(20))
+    with pytest.raises(openai.InternalServerError):
+        chat(gateway, "bob", "old-model")  # its pool has no healthy worker: 503
+    after = counts(scrape(gateway))
+    after.subtract(before)
+    expected = {f"{model} 200": n for model, n in answered.items()} | {"old-model 503": 1}
+    assert {k: v for k, v in after.items() if v} == expected
 
 
 def test_worker_gauges_are_per_pool(gateway: GatewayProcess) -> None:

@@ -113,6 +113,23 @@ ROWS: dict[str, list[Panel]] = {
             "may replace, behind one gateway.",
         ),
         Panel(
+            "Errors by model",
+            "percentunit",
+            (
+                (
+                    "sum by (model) (rate(kvflow_router_model_requests_total{"
+                    + SEL
+                    + ', code=~"5.."}'
+                    + RATE
+                    + ")) / sum by (model) "
+                    "(rate(kvflow_router_model_requests_total{" + SEL + "}" + RATE + "))",
+                    "{{model}}",
+                ),
+            ),
+            "Share of a served model's requests answered 5xx: a canary's errors next to its "
+            "old version's (requests refused before a model's pool was chosen not counted).",
+        ),
+        Panel(
             "Workers seen by the gateways",
             "short",
             (

@@ -75,6 +75,15 @@ class RouterMetrics:
             ["endpoint", "code"],
             registry=r,
         )
+        # Per model version (the served name of the pool that answered): a canary's error
+        # rate next to its stable version's. Requests refused before a pool was chosen
+        # (401, 400, 404, ...) are counted only above, so the label stays bounded.
+        self.model_requests = Counter(
+            "kvflow_router_model_requests_total",
+            "Completion requests answered by a model's pool, by its served name and status",
+            ["model", "code"],
+            registry=r,
+        )
         self.ttft_s = Histogram(
             "kvflow_router_ttft_seconds",
             "Request arrival at the gateway to its first token",

@@ -63,6 +63,11 @@ def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
     return new_request_id()
 
 
+# The request-state key under which the completions handler leaves the served name of the
+# model whose pool answers (api/completions.py), for kvflow_router_model_requests_total.
+SERVED_MODEL_STATE = "served_model"
+
+
 class RequestIdMiddleware:
     """Gives every request one id: the caller's `x-request-id`, or a new one; it is sent
     back in the `x-request-id` response header, reaches every worker and log line. Counts
@@ -87,6 +92,11 @@ class RequestIdMiddleware:
             if message["type"] == "http.response.start":
                 MutableHeaders(scope=message).append("x-request-id", request_id)
                 self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+                # Set by the completions handler once it has picked the model's pool.
+                served_model = scope["state"].get(SERVED_MODEL_STATE)
+                if served_model is not None:
+                    code = str(message["status"])
+                    self.metrics.model_requests.labels(served_model, code).inc()
             await send(message)
 
         await self.app(scope, receive, send_with_id)

@@ -14,6 +14,7 @@ from kvflow.operator.observe.exposition import ExpositionError, Histogram, Metri
 from kvflow.operator.observe.histograms import quantile, share_above
 from kvflow.operator.observe.observation import (
     ROUTER_FAMILIES,
+    ROUTER_SHED,
     WORKER_FAMILIES,
     Slo,
     Targets,
@@ -39,7 +40,8 @@ def test_every_family_the_planner_reads_is_exported_with_its_type() -> None:
     router = parse(generate_latest(served.registry).decode(), ROUTER_FAMILIES)
     found = {*worker.counters, *worker.gauges, *worker.histograms}
     assert found == set(WORKER_FAMILIES)
-    assert set(router.histograms) == set(ROUTER_FAMILIES)
+    assert {*router.histograms, *router.counters} == set(ROUTER_FAMILIES)
+    assert set(router.counters) == {ROUTER_SHED}  # present at 0 before any refusal
     assert set(worker.counters) == {
         "kvflow_worker_requests_finished",
         "kvflow_worker_prompt_tokens",
@@ -141,6 +143,39 @@ def test_observation_of_a_colocated_role() -> None:
     assert obs.kv_usage == pytest.approx(0.6)
     assert obs.num_waiting_requests == pytest.approx(5)  # summed: the role's whole queue
     assert (obs.ready_replicas, obs.pending_replicas, obs.unschedulable_replicas) == (2, 1, 1)
+
+
+def test_requests_the_gateway_refused_are_demand_and_late() -> None:
+    """Admission control answered 503 (and 429) before any worker saw those requests: the
+    workers' counters miss them, the routers' count them. A role that prefills adds them
+    to its rate and counts them over the TTFT target; a decode role does not see them."""
+    worker, router = WorkerMetrics(), RouterMetrics()
+    worker.finished.labels("stop").inc(30)
+    worker.prompt_tokens.inc(3000)
+    for _ in range(30):
+        router.ttft_s.labels("m").observe(0.2)  # every served request on time
+    router.admission_rejections.labels("503", "cluster_full").inc(8)
+    router.admission_rejections.labels("429", "over_share").inc(2)
+    targets = Targets(
+        workers=[parse(worker_text(worker), WORKER_FAMILIES)],
+        routers=[parse(generate_latest(router.registry).decode(), ROUTER_FAMILIES)],
+    )
+    kwargs = {"time_s": 0.0, "window_s": 10.0, "desired_replicas": 1, "pods": RolePods(1)}
+    obs = observe_role("colocated", targets=targets, slo=SLO, **kwargs)  # type: ignore[arg-type]
+    assert obs.request_rate_per_s == pytest.approx(4.0)  # (30 served + 10 refused) / 10 s
+    assert obs.mean_input_tokens == pytest.approx(100)  # of the served: the refused sent none
+    assert obs.ttft_s is not None and obs.ttft_s <= 0.25  # the served were fast...
+    assert obs.ttft_violation_fraction == pytest.approx(0.25)  # ...but 10 of 40 got nothing
+    assert obs.shed_fraction == pytest.approx(0.25)
+    decode = observe_role("decode", targets=targets, slo=SLO, **kwargs)  # type: ignore[arg-type]
+    assert decode.request_rate_per_s == pytest.approx(3.0)
+    assert decode.shed_fraction is None
+    quiet = RouterMetrics()  # no refusal: the share is 0, not unknown
+    calm = Targets(
+        targets.workers, [parse(generate_latest(quiet.registry).decode(), ROUTER_FAMILIES)]
+    )
+    obs = observe_role("colocated", targets=calm, slo=SLO, **kwargs)  # type: ignore[arg-type]
+    assert obs.shed_fraction == 0.0 and obs.request_rate_per_s == pytest.approx(3.0)
 
 
 def test_roles_read_only_what_they_do_and_nothing_read_is_none() -> None:

@@ -38,7 +38,9 @@ def test_the_query_selects_the_pool_and_tags_every_series() -> None:
     assert "kvflow_router_ttft_seconds_sum" in q and "kvflow_router_tpot_seconds_count" in q
     # Gauges are read now, not over the window; their name is kept as the tag.
     assert '{__name__=~"kvflow_worker_requests_running|' in q
-    assert q.count(" or ") == 3 + 5 * 3  # counters, histogram parts, one gauge term
+    # The routers' refusals: demand no worker saw (observe/observation.py).
+    assert "increase(kvflow_router_admission_rejections_total{" in q
+    assert q.count(" or ") == 4 + 5 * 3  # counters, histogram parts, one gauge term
 
 
 def test_an_answer_folds_per_target_like_a_scrape() -> None:
@@ -58,6 +60,10 @@ def test_an_answer_folds_per_target_like_a_scrape() -> None:
         sample(f"{TTFT}_count", 4, instance=w1, role="colocated"),
         sample("kvflow_router_ttft_seconds_count", "NaN", instance=r),  # one sample: no rate
         sample("kvflow_router_ttft_seconds_bucket", 5, instance=r, le="+Inf"),
+        sample("kvflow_router_admission_rejections_total", 7, instance=r, code="503",
+               reason="cluster_full"),
+        sample("kvflow_router_admission_rejections_total", 1, instance=r, code="429",
+               reason="over_share"),
     )  # fmt: skip
     got = fold(answer)
     assert set(got.workers) == {"colocated"}
@@ -69,6 +75,7 @@ def test_an_answer_folds_per_target_like_a_scrape() -> None:
     assert h.bounds == (0.1, 0.5, math.inf)
     assert h.cumulative == (1.0, 1.0, 4.0) and h.count == 4.0 and h.sum == 2.5
     assert got.routers[r].histograms["kvflow_router_ttft_seconds"].count == 5.0
+    assert got.routers[r].counters == {"kvflow_router_admission_rejections": 8.0}
 
 
 def test_answers_that_are_not_an_instant_vector_are_refused() -> None:

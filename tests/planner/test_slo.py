@@ -45,3 +45,14 @@ def test_no_traffic_is_not_compliance() -> None:
     }
     verdict = judge_slo(_pd(), idle)  # type: ignore[arg-type]
     assert verdict == SloVerdict("Unknown", "AwaitingMetrics", "no requests in the window")
+
+
+def test_refused_requests_are_named_in_the_verdict() -> None:
+    """Served requests on time, 20 % refused by admission control: missed, and the message
+    says why the fast p90 does not tell the whole story."""
+    shed = {"ttft_violation_fraction": 0.2, "shed_fraction": 0.2}
+    verdict = judge_slo(_pd(), {"prefill": calm(0, 2, **shed), "decode": calm(0, 2)})
+    assert (verdict.status, verdict.reason) == ("False", "TtftAboveTarget")
+    assert "20.0% of requests refused by admission control" in verdict.message
+    fine = judge_slo(_pd(), {"prefill": calm(0, 2, shed_fraction=0.0), "decode": calm(0, 2)})
+    assert fine.status == "True" and "refused" not in fine.message

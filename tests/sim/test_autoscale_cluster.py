@@ -11,6 +11,7 @@ from kvflow.cli.sim.autoscale_observe import percentile, sample
 from kvflow.cli.sim.autoscale_traffic import Traffic, requests_for
 from kvflow.cli.sim.cluster import ClusterSpec
 from kvflow.engine_worker.sim.profiles import named_profile
+from kvflow.router.serving.admission import AdmissionConfig
 
 PROFILE = dataclasses.replace(
     named_profile("h100-llama3-8b"),  # type: ignore[arg-type]
@@ -113,3 +114,38 @@ def test_a_worker_removed_between_its_step_and_the_step_s_end_keeps_its_last_out
     records = cluster.run()
     assert len(records) == 300 and all(r.is_ok for r in records)
     assert "sim-2" not in cluster.workers
+
+
+def _overloaded(admission: AdmissionConfig | None, output_tokens: tuple[int, int]) -> list:  # type: ignore[type-arg]
+    cluster = ElasticCluster(
+        ClusterSpec(PROFILE, num_workers=1, admission=admission),
+        resolve_arm("kvflow"),
+        startup_s=0.0,
+    )
+    traffic = dataclasses.replace(TRAFFIC, output_tokens=output_tokens)
+    times = [i * 0.2 for i in range(300)]  # 5 req/s for 60 s
+    for request, at_s in requests_for(times, traffic, random.Random(0), "t"):
+        cluster.submit(request, at_s)
+    records = cluster.run()
+    assert len(cluster.refusals) == sum(r.error == "http_503" for r in records)
+    return records
+
+
+def test_admission_control_refuses_what_would_queue_past_its_bound() -> None:
+    """The gateway's admission core (router serving/admission.py) in virtual time: one
+    worker past its capacity. Without it every request queues and the wait grows
+    with the run; with a 1 s bound the excess gets 503 at once and the admitted start
+    within about the bound."""
+    busy = (250, 350)  # 5 req/s of 300-token answers: about 1.3x what 8 sequences hold
+    unbounded = _overloaded(None, busy)
+    bounded = _overloaded(AdmissionConfig(shed_queue_time_s=1.0, max_queue_time_s=1.0), busy)
+    assert all(r.is_ok for r in unbounded)
+    late = sorted(r.ttft_s for r in unbounded if r.ttft_s is not None)
+    assert late[-1] > 10.0  # the queue grew for the whole minute
+    refused = [r for r in bounded if r.error == "http_503"]
+    served = sorted(r.ttft_s for r in bounded if r.ttft_s is not None)
+    assert 0.1 * len(bounded) < len(refused) < 0.5 * len(bounded)
+    assert all("cluster_full" in r.error_detail for r in refused)
+    assert served[int(0.99 * len(served))] < 2.0
+    light = _overloaded(AdmissionConfig(shed_queue_time_s=1.0, max_queue_time_s=1.0), (4, 8))
+    assert all(r.is_ok for r in light)  # under capacity nothing is refused

@@ -20,6 +20,7 @@ from kvflow.cli.sim.autoscale_policies import Policy
 from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, requests_for
 from kvflow.cli.sim.cluster import ClusterSpec
 from kvflow.engine_worker.sim.profiles import SimProfile
+from kvflow.router.serving.admission import AdmissionConfig
 
 SAMPLE_EVERY_S = 5.0
 # The scrape's window: the planner's p90 over 30 s holds 150 requests at 5 requests/s.
@@ -72,9 +73,11 @@ def run(
     startup_s: float,
     slo: Slo,
     seed: int = 0,
+    admission: AdmissionConfig | None = None,
 ) -> RunResult:
+    """`admission`: the gateway's admission control (None: every request is placed)."""
     cluster = ElasticCluster(
-        ClusterSpec(profile, num_workers=policy.initial_replicas()),
+        ClusterSpec(profile, num_workers=policy.initial_replicas(), admission=admission),
         resolve_arm("kvflow"),
         startup_s=startup_s,
         seed=seed,

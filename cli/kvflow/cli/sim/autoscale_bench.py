@@ -30,6 +30,7 @@ from kvflow.cli.sim.autoscale_traffic import Traffic
 from kvflow.engine_worker.sim.profile_file import resolve_profile
 from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.operator.planner import CapacityProfile, StepCost, Tuning, capacity_from_timing
+from kvflow.router.serving.admission import AdmissionConfig
 
 ARMS = ("planner", "planner-measured", "static-peak", "static-mean", "reactive")
 STATIC_TARGET = 0.95
@@ -60,6 +61,13 @@ class BenchConfig:
     # The planner's autoscaling.intervalSeconds (the CRD's default); the reactive arm syncs
     # every 15 s (HPA's default).
     planner_interval_s: float = 30.0
+    # The gateway's admission control for every arm, as its --admission-max-queue-time-s
+    # (the shed bound set to the same: one tenant); None: off, every request queues.
+    admission_max_queue_s: float | None = None
+
+    def admission(self) -> AdmissionConfig | None:
+        s = self.admission_max_queue_s
+        return None if s is None else AdmissionConfig(shed_queue_time_s=s, max_queue_time_s=s)
 
     def sim_profile(self) -> SimProfile:
         return dataclasses.replace(
@@ -130,7 +138,8 @@ def measured_capacity(config: BenchConfig) -> CapacityProfile:
     held = None
     while hi - lo > 0.5:
         mid = (lo + hi) / 2
-        result = run(profile, steady(config, mid), Static("probe", 1), startup_s=0, slo=config.slo)
+        result = run(profile, steady(config, mid), Static("probe", 1), startup_s=0,
+                     slo=config.slo, admission=config.admission())  # fmt: skip
         if score(result, config.slo).attainment >= STATIC_TARGET:
             lo, held = mid, result
         else:
@@ -154,7 +163,8 @@ def smallest_static(config: BenchConfig, rate: float) -> int:
     """Fewest replicas holding `rate` steady at STATIC_TARGET attainment (module docstring)."""
     profile = config.sim_profile()
     for n in range(config.min_replicas, config.max_replicas + 1):
-        result = run(profile, steady(config, rate), Static("probe", n), startup_s=0, slo=config.slo)
+        result = run(profile, steady(config, rate), Static("probe", n), startup_s=0,
+                     slo=config.slo, admission=config.admission())  # fmt: skip
         if score(result, config.slo).attainment >= STATIC_TARGET:
             return n
     return config.max_replicas
@@ -205,6 +215,7 @@ def run_cell(
         startup_s=cell.startup_s,
         slo=config.slo,
         seed=config.seed,
+        admission=config.admission(),
     )
     return cell, score(result, config.slo), result
 

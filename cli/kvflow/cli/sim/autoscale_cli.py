@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
                    "own)")  # fmt: skip
     p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
                    help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
+    p.add_argument("--admission-max-queue-s", type=float, metavar="S",
+                   help="the gateway refuses (503) a request whose best queue is longer "
+                   "than S seconds, in every arm (default: off, every request queues)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 5-10 minute traffic")
     p.add_argument("--jobs", type=int, default=1, help="cells run side by side")
     p.add_argument("--json", help="write the full report here")
@@ -63,6 +66,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         seed=args.seed,
         utilization=tuple(args.utilization) if args.utilization else None,
         planner_interval_s=args.planner_interval,
+        admission_max_queue_s=args.admission_max_queue_s,
     )
     if args.quick:
         config = dataclasses.replace(

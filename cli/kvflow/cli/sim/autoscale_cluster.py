@@ -9,9 +9,10 @@ Deployment and its pods do, and this subclass does them on the event clock:
 - **scale down**: the newest replica (a starting one first, as a ReplicaSet deletes
   not-ready pods first) leaves the router's views at once and drains: it finishes what it
   holds, then disappears;
-- the **observations** a metrics scrape would give: arrivals, first tokens with their
-  TTFT and the queue wait the engine measured (`Timings.queued_s`), the requests that
-  ended, and each worker's running requests and KV usage as its Load RPC answers.
+- the **observations** a metrics scrape would give: arrivals, the times of the requests
+  admission control refused, first tokens with their TTFT and the queue wait the engine
+  measured (`Timings.queued_s`), the requests that ended, and each worker's running
+  requests and KV usage as its Load RPC answers.
 
 It touches two things of its base classes that they do not publish: `RouterSide._workers`
 (to add and hide a worker) and `VirtualCluster._poll` (a removed worker stops polling).
@@ -31,6 +32,7 @@ from kvflow.cli.sim.worker import SimWorker
 from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.engine_worker.core.kv_events import KvEvent
 from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.serving.admission import Verdict
 
 
 class ElasticRouterSide(RouterSide):
@@ -88,6 +90,7 @@ class ElasticCluster(VirtualCluster):
         self._cancelled: set[WorkerId] = set()
         self.finished: list[Finished] = []
         self.arrivals: list[tuple[float, int]] = []  # (time, prompt tokens)
+        self.refusals: list[float] = []  # times admission control answered 429/503
         self.first_tokens: list[tuple[float, float]] = []  # (time, TTFT)
         # (time of the first token, seconds queued before the first step): the engine's
         # Timings.queued_s, taken when the request starts streaming, not when it ends.
@@ -179,6 +182,10 @@ class ElasticCluster(VirtualCluster):
     def _arrive(self, request: BenchRequest) -> None:
         self.arrivals.append((self.events.now_s, request.num_prompt_words))
         super()._arrive(request)
+
+    def _refuse(self, request: BenchRequest, now_s: float, verdict: Verdict) -> None:
+        self.refusals.append(now_s)
+        super()._refuse(request, now_s, verdict)
 
     def _on_step_done(
         self, worker: SimWorker, outputs: list[RequestOutput], kv_events: list[KvEvent]

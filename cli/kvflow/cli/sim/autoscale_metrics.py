@@ -1,7 +1,8 @@
 """What an autoscaling run scores (pure): attainment, replica-hours, churn, recovery.
 
 - **SLO attainment**: the share of requests whose TTFT and TPOT both met their targets
-  (a failed request missed them). A pool exactly at a p90 SLO attains 90 %.
+  (a failed request missed them, a request admission control refused too). A pool
+  exactly at a p90 SLO attains 90 %.
 - **replica-hours**: pods holding a GPU (starting, serving or draining: a starting pod has
   its GPU already), integrated over the run from the 5 s samples.
 - **scale events per hour**: changes of the desired replicas.
@@ -33,6 +34,7 @@ class Score:
     scale_events_per_hour: float
     recovery_s: float | None  # step traffic only
     max_replicas: int
+    num_refused: int = 0  # answered 429/503 by admission control
 
 
 @dataclass(frozen=True)
@@ -106,4 +108,5 @@ def score(result: RunResult, slo: Slo) -> Score:
         scale_events_per_hour=result.num_scale_events / (traffic.duration_s / 3600),
         recovery_s=recovery,
         max_replicas=max((s.holding for s in result.replicas), default=0),
+        num_refused=sum(r.error in ("http_429", "http_503") for r in records),
     )

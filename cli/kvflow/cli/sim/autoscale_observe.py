@@ -3,8 +3,11 @@
 The operator's scrape reads histograms and gauges; here the same figures come from the
 virtual cluster's own logs over the last `window_s`:
 
-- request rate and mean prompt tokens from the arrivals (the router counts them);
-- TTFT at the percentile and its violation share from the first tokens in the window;
+- request rate and mean prompt tokens from the arrivals (the router counts them; those
+  admission control refused included, as the operator adds the routers' rejections);
+- TTFT at the percentile from the first tokens in the window, and its violation share
+  from them and the refused requests (no first token: over the target), with the share
+  refused;
 - TPOT at the percentile, its violation share and the mean output tokens from the
   requests that ended in it (a request's TPOT is known at its end);
 - the prefill queue wait: the mean `Timings.queued_s` of the requests whose first token
@@ -57,6 +60,8 @@ def sample(
     tpots = [f.record.tpot_s for f in ends if f.record.tpot_s is not None]
     waits = cluster.queue_waits
     queued = [q for _, q in waits[bisect.bisect_right(waits, start, key=_time) :]]
+    refused = len(cluster.refusals) - bisect.bisect_right(cluster.refusals, start)
+    late = sum(t > ttft_target_s for t in firsts) + refused
     ready = cluster.ready_workers()
     loads = [w.load for w in ready]
     rate = len(arrivals) / window_s
@@ -72,9 +77,7 @@ def sample(
         ),
         ttft_s=percentile(firsts, percentile_pct),
         tpot_s=percentile(tpots, percentile_pct),
-        ttft_violation_fraction=(
-            sum(t > ttft_target_s for t in firsts) / len(firsts) if firsts else None
-        ),
+        ttft_violation_fraction=late / (len(firsts) + refused) if firsts or refused else None,
         tpot_violation_fraction=(
             sum(t > tpot_target_s for t in tpots) / len(tpots) if tpots else None
         ),
@@ -82,6 +85,7 @@ def sample(
         decode_batch_size=sum(x.num_running for x in loads) / len(loads) if loads else None,
         kv_usage=sum(x.kv_usage for x in loads) / len(loads) if loads else None,
         num_waiting_requests=sum(x.num_waiting for x in loads) if loads else None,
+        shed_fraction=refused / len(arrivals) if arrivals else None,
     )
     waiting = sum(x.num_waiting for x in loads) / len(loads) if loads else None
     return PoolSample(obs, num_waiting_per_replica=waiting, kv_usage=obs.kv_usage)

@@ -19,8 +19,8 @@ def table(rows: Sequence[Row]) -> str:
     peak = {c.shape: s.replica_hours for c, s, _ in rows if c.arm == "static-peak"}
     lines = [
         "| traffic | arm | start-up | SLO attainment | replica-hours | vs static-peak "
-        "| scale events/h | recovery | max replicas |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scale events/h | recovery | max replicas | refused |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell, s, _ in rows:
         startup = "-" if cell.arm.startswith("static") else f"{cell.startup_s:.0f} s"
@@ -29,7 +29,8 @@ def table(rows: Sequence[Row]) -> str:
         recovery = "-" if s.recovery_s is None else f"{s.recovery_s:.0f} s"
         lines.append(
             f"| {cell.shape} | {arm} | {startup} | {s.attainment:.1%} | {s.replica_hours:.2f} "
-            f"| {ratio} | {s.scale_events_per_hour:.1f} | {recovery} | {s.max_replicas} |"
+            f"| {ratio} | {s.scale_events_per_hour:.1f} | {recovery} | {s.max_replicas} "
+            f"| {s.num_refused / s.num_requests if s.num_requests else 0:.1%} |"
         )
     return "\n".join(lines)
 
@@ -51,6 +52,8 @@ def report_dict(config: BenchConfig, rows: Sequence[Row]) -> dict[str, Any]:
                 "max_decode_tokens_per_s": config.capacity().max_decode_tokens_per_s,
             },
             "seed": config.seed,
+            "admission_max_queue_s": config.admission_max_queue_s,
+            "planner_interval_s": config.planner_interval_s,
         },
         "cells": [
             {
@@ -64,6 +67,7 @@ def report_dict(config: BenchConfig, rows: Sequence[Row]) -> dict[str, Any]:
                 "scale_events_per_hour": s.scale_events_per_hour,
                 "recovery_s": s.recovery_s,
                 "max_replicas": s.max_replicas,
+                "num_refused": s.num_refused,
                 "decisions": [(d.time_s, d.replicas, d.reason) for d in r.decisions
                               if not c.arm.startswith("static")],
             }

@@ -1,7 +1,8 @@
 """A virtual-time cluster: simulated workers, the router's placement, open-loop arrivals.
 
 A request's life, as the gateway and the workers live it, on the event clock:
-arrival -> placement (the arm's planner over the router side's views and block index) ->
+arrival -> admission control (when the spec sets it: the gateway's 503 past its queue-time
+bound) -> placement (the arm's planner over the router side's views and block index) ->
 Generate on the chosen worker (or, for a disaggregated plan, a reservation on the decode
 worker, a Prefill on the prefill worker, the KV blocks moved at the profile's link
 bandwidth, then decode) -> one token per step -> done. The client's record has the same
@@ -33,6 +34,7 @@ from kvflow.proto.block_hash import make_hash_seed
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.placement import Colocated, PlacementRequest
 from kvflow.router.routing.types import WorkerId, WorkerRole
+from kvflow.router.serving.admission import AdmissionConfig, Verdict
 
 # The simulated worker's vocabulary and EOS (app.py's SIM_*): workload word ids (< 512)
 # are its token ids.
@@ -49,6 +51,8 @@ class ClusterSpec:
     num_kv_blocks: int | None = None  # per worker; None: the profile's
     max_model_len: int = 262_144
     model: str = "sim"
+    # The gateway's admission control (router --admission-*); None: every request is placed.
+    admission: AdmissionConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or not 0 <= self.num_prefill_workers < self.num_workers:
@@ -166,6 +170,11 @@ class VirtualCluster:
         tokens = self._prompts.token_ids(request)
         seed = self._config.hash_seed
         hashes = PromptHashes(self._hasher, tokens, self._block_size, seed)
+        if self.spec.admission is not None:
+            verdict = self.router.admit(self.spec.admission)
+            if not verdict.is_admitted:
+                self._refuse(request, now_s, verdict)
+                return
         placement = PlacementRequest(
             self.spec.model, hashes, len(tokens), self._block_size, request.session_id
         )
@@ -192,9 +201,15 @@ class VirtualCluster:
             self._fail(request, now_s, "http_400", str(exc))
             return
         self.router.open(WorkerId(stream.worker_id))
+        self.router.dispatched(WorkerId(stream.worker_id))
         self._inflight[request.request_id] = _InFlight(
             request, now_s, tokens, stream, prefill, predicted, free
         )
+
+    def _refuse(self, request: BenchRequest, now_s: float, verdict: Verdict) -> None:
+        """Admission said no: the client gets its status at once, nothing was placed."""
+        detail = f"{verdict.reason}: estimated wait {verdict.estimated_wait_s:.2f} s"
+        self._fail(request, now_s, f"http_{verdict.status}", detail)
 
     def _fail(self, request: BenchRequest, now_s: float, kind: str, detail: str) -> None:
         self.records.append(

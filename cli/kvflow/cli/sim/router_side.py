@@ -18,9 +18,19 @@ from kvflow.proto.block_hash import BlockHash
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.serving.admission import (
+    AdmissionConfig,
+    TenantLoad,
+    Verdict,
+    WorkerQueue,
+    decide,
+)
 from kvflow.router.workers.pool import LOAD_INTERVAL_S, estimate_queue_depth
 
 __all__ = ["LOAD_INTERVAL_S", "RouterSide"]
+
+# The virtual cluster's traffic has no tenants: never over a share.
+_ONE_TENANT = TenantLoad(0, 1.0, 0, 1.0, 1)
 
 
 @dataclass
@@ -30,6 +40,9 @@ class _Counters:
     kv_usage: float = 0.0
     num_local: int = 0  # this router's open requests there
     num_local_at_report: int = 0
+    num_waiting: int = 0  # at the last poll
+    drain_rate_per_s: float = 0.0
+    num_dispatched_since_report: int = 0
 
 
 class RouterSide:
@@ -45,6 +58,9 @@ class RouterSide:
         w.num_reported = load.num_waiting + load.num_running
         w.kv_usage = load.kv_usage
         w.num_local_at_report = w.num_local
+        w.num_waiting = load.num_waiting
+        w.drain_rate_per_s = load.queue_drain_rate_per_s
+        w.num_dispatched_since_report = 0
 
     def apply_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent]) -> None:
         """A batch of the worker's KV events (KvEventFollower._apply)."""
@@ -59,6 +75,22 @@ class RouterSide:
 
     def open(self, worker_id: WorkerId) -> None:
         self._workers[worker_id].num_local += 1
+
+    def dispatched(self, worker_id: WorkerId) -> None:
+        """A new request was sent there (admission counts it until the next poll)."""
+        self._workers[worker_id].num_dispatched_since_report += 1
+
+    def admit(self, config: AdmissionConfig) -> Verdict:
+        """AdmissionControl.check over the routable workers: one tenant, so only the
+        cluster-wide bounds (503) apply, never the over-share 429."""
+        ids = {v.worker_id for v in self.views() if v.role is not WorkerRole.PREFILL}
+        queues = [
+            WorkerQueue(worker_id, w.num_waiting, 0, w.drain_rate_per_s)
+            for worker_id, w in self._workers.items()
+            if worker_id in ids
+        ]
+        num_dispatched = sum(self._workers[i].num_dispatched_since_report for i in ids)
+        return decide(queues, num_dispatched, _ONE_TENANT, config)
 
     def close(self, worker_id: WorkerId) -> None:
         self._workers[worker_id].num_local -= 1

@@ -30,6 +30,7 @@ class LoadReport:
     num_waiting: int = 0
     num_running: int = 0
     kv_usage: float = 0.0
+    queue_drain_rate_per_s: float = 0.0  # admissions per second while backlogged; 0: unknown
 
 
 StepDone = Callable[["SimWorker", list[RequestOutput], list[KvEvent]], None]
@@ -137,7 +138,10 @@ class SimWorker:
         self._is_stepping = False
         scheduler = self.engine.scheduler
         self.load = LoadReport(
-            scheduler.num_waiting, scheduler.num_running, self.engine.kv_cache.pool.usage
+            scheduler.num_waiting,
+            scheduler.num_running,
+            self.engine.kv_cache.pool.usage,
+            self.engine.queue_stats.drain_rate_per_s,
         )
         self._on_step_done(self, outputs, kv_events)
         self.kick()

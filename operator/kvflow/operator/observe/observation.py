@@ -8,7 +8,10 @@ Sources, by what tenants feel first:
 - TPOT, for roles that decode (colocated, decode): the role's workers' histogram (the
   steps they run, unaffected by the other role); the routers' when no worker was read.
 - Load (requests, prompt and output tokens per request), queue wait, batch size and KV
-  usage: the role's own workers. Counters and histograms are what happened in the window;
+  usage: the role's own workers. Requests the routers' admission control refused
+  (`kvflow_router_admission_rejections_total`) are demand the workers never saw: a role
+  that prefills adds them to its request rate and counts them as over the TTFT target.
+  Counters and histograms are what happened in the window;
   gauges are the latest read, averaged over the ready replicas read.
 
 A metric nobody reported is None, never 0 (the model says which inputs it lacked);
@@ -39,6 +42,7 @@ WORKER_WAITING = "kvflow_worker_requests_waiting"
 WORKER_KV_USAGE = "kvflow_worker_kv_cache_usage_ratio"
 ROUTER_TTFT = "kvflow_router_ttft_seconds"
 ROUTER_TPOT = "kvflow_router_tpot_seconds"
+ROUTER_SHED = "kvflow_router_admission_rejections"
 
 WORKER_FAMILIES = frozenset(
     {
@@ -46,7 +50,7 @@ WORKER_FAMILIES = frozenset(
         WORKER_GENERATION_TOKENS, WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE,
     }
 )  # fmt: skip
-ROUTER_FAMILIES = frozenset({ROUTER_TTFT, ROUTER_TPOT})
+ROUTER_FAMILIES = frozenset({ROUTER_TTFT, ROUTER_TPOT, ROUTER_SHED})
 
 
 @dataclass(frozen=True)
@@ -93,25 +97,36 @@ def observe_role(
     prompt_tokens = _sum(workers, WORKER_PROMPT_TOKENS)
     generated = _sum(workers, WORKER_GENERATION_TOKENS)
     per_request = finished is not None and finished > 0
+    shed = _sum(routers, ROUTER_SHED) if prefills(role) else None
+    came = None if finished is None else finished + (shed or 0.0)
     return Observation(
         time_s=time_s,
         desired_replicas=desired_replicas,
         ready_replicas=pods.ready_replicas,
         pending_replicas=pods.pending_replicas,
         unschedulable_replicas=pods.unschedulable_replicas,
-        request_rate_per_s=None if finished is None else finished / window_s,
+        request_rate_per_s=None if came is None else came / window_s,
         mean_input_tokens=_ratio(prompt_tokens, finished) if per_request else None,
         mean_output_tokens=_ratio(generated, finished) if per_request else None,
         ttft_s=quantile(ttft, q),
         tpot_s=quantile(tpot, q),
-        ttft_violation_fraction=share_above(ttft, slo.ttft_target_s),
+        ttft_violation_fraction=_with_shed(share_above(ttft, slo.ttft_target_s), ttft, shed),
         tpot_violation_fraction=share_above(tpot, slo.tpot_target_s),
         prefill_queue_wait_s=mean(_total(workers, WORKER_QUEUE_WAIT)) if prefills(role) else None,
         decode_batch_size=_mean_gauge(workers, WORKER_RUNNING) if decodes(role) else None,
         kv_usage=_mean_gauge(workers, WORKER_KV_USAGE),
         # The planner's Backlog rule sizes for draining this queue (planner/signals.py).
         num_waiting_requests=_sum_gauge(workers, WORKER_WAITING),
+        shed_fraction=None if shed is None or not came else shed / came,
     )
+
+
+def _with_shed(share: float | None, ttft: Histogram | None, shed: float | None) -> float | None:
+    """The share over the TTFT target among the served and the refused together."""
+    if not shed:
+        return share
+    served = ttft.count if ttft is not None else 0.0
+    return ((share or 0.0) * served + shed) / (served + shed)
 
 
 def _total(sources: Sequence[Metrics], family: str) -> Histogram | None:

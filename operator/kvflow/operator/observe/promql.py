@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from kvflow.operator.observe.exposition import Histogram, Metrics
 from kvflow.operator.observe.observation import (
+    ROUTER_SHED,
     ROUTER_TPOT,
     ROUTER_TTFT,
     WORKER_FINISHED,
@@ -38,7 +39,7 @@ from kvflow.operator.observe.observation import (
 
 # The label each answer's series carries: the series it was computed from.
 SERIES_LABEL = "kvflow_series"
-COUNTERS = (WORKER_FINISHED, WORKER_PROMPT_TOKENS, WORKER_GENERATION_TOKENS)
+COUNTERS = (WORKER_FINISHED, WORKER_PROMPT_TOKENS, WORKER_GENERATION_TOKENS, ROUTER_SHED)
 HISTOGRAMS = (WORKER_TTFT, WORKER_TPOT, WORKER_QUEUE_WAIT, ROUTER_TTFT, ROUTER_TPOT)
 GAUGES = (WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE)
 ROUTER_PREFIX = "kvflow_router_"

@@ -4,7 +4,8 @@ TTFT is judged on the roles that prefill (prefill, colocated), TPOT on the roles
 decode (decode, colocated); a role reporting the other latency too (a decode worker's own
 prefills) counts, and the worst role decides. A target is missed when its latency at the
 SLO's percentile is over it, or when more than (100 - percentile) % of the window's
-requests were (the two agree up to the histogram's buckets; either suffices). Unknown
+requests were (the two agree up to the histogram's buckets; either suffices; requests the
+gateway refused count as over the TTFT target, since they got no first token). Unknown
 when a latency is unmeasured and nothing is missed, or when no request came in the window:
 silence is not compliance.
 """
@@ -44,6 +45,9 @@ def judge_slo(config: PlannerConfig, observations: Mapping[WorkerRole, Observati
         f"TTFT {p} {_s(ttft)} (target {config.ttft_target_s:g} s), "
         f"TPOT {p} {_s(tpot)} (target {config.tpot_target_s:g} s)"
     )
+    shed = _worst([o.shed_fraction for o in observed])
+    if shed:  # the served requests' latencies hide the refused ones: say how many
+        text += f"; {shed:.1%} of requests refused by admission control, counted as late"
     reason: SloReason
     if ttft_missed and tpot_missed:
         reason = "TtftAndTpotAboveTarget"

@@ -59,12 +59,16 @@ class Observation:
     # Of pending_replicas: pods the scheduler could not place (PodScheduled=False,
     # reason Unschedulable: no node with free GPUs). More replicas would only add more.
     unschedulable_replicas: int = 0
-    request_rate_per_s: float | None = None  # requests this role served per second
+    # Requests that came for this role per second: served, and refused at the gateway by
+    # admission control (shed_fraction of them), which are demand all the same.
+    request_rate_per_s: float | None = None
     mean_input_tokens: float | None = None  # prompt tokens per request
     mean_output_tokens: float | None = None  # generated tokens per request
     ttft_s: float | None = None  # time to first token at the SLO percentile
     tpot_s: float | None = None  # time per output token at the SLO percentile
-    ttft_violation_fraction: float | None = None  # share of requests over the TTFT target
+    # Share of requests over the TTFT target; a refused request never got a first token,
+    # so the shed ones count as over it.
+    ttft_violation_fraction: float | None = None
     tpot_violation_fraction: float | None = None  # share of requests over the TPOT target
     prefill_queue_wait_s: float | None = None  # mean wait before a prompt's first chunk
     decode_batch_size: float | None = None  # running (decoding) requests per ready replica
@@ -72,6 +76,9 @@ class Observation:
     # Requests queued for admission across the role's ready replicas, now (the sum of the
     # workers' kvflow_worker_requests_waiting). Optional: without it, no backlog sizing.
     num_waiting_requests: float | None = None
+    # Share of the window's requests the gateway refused (429/503 from admission control:
+    # the queues were past their time bound). None: no router read, or no request came.
+    shed_fraction: float | None = None
 
 
 @dataclass(frozen=True)

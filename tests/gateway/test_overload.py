@@ -19,6 +19,15 @@ from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.scrape import sample
 from testkit.worker_process import WorkerProcess, launch_worker
 
+from kvflow.operator.observe.exposition import parse
+from kvflow.operator.observe.observation import (
+    ROUTER_FAMILIES,
+    WORKER_FAMILIES,
+    Slo,
+    Targets,
+    observe_role,
+)
+from kvflow.operator.observe.pods import RolePods
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.router.tenants.config import hash_api_key
@@ -225,6 +234,20 @@ def test_gateway_sheds_from_the_estimated_queue_time_before_workers_refuse(
         # took far less than 26 requests one after another (26 * 0.4 s).
         assert time.monotonic() - started_s < 8.0
         assert load(worker).max_waiting_requests == 256  # the worker never had to refuse
+        # What the operator's planner reads of this gateway and worker: the refused are
+        # demand no worker saw, and late (operator observe/observation.py).
+        obs = observe_role(
+            "colocated", time_s=0.0, window_s=10.0, desired_replicas=1, pods=RolePods(1),
+            targets=Targets(
+                workers=[parse(httpx.get(f"http://127.0.0.1:{worker.metrics_port}/metrics").text,
+                               WORKER_FAMILIES)],
+                routers=[parse(httpx.get(metrics).text, ROUTER_FAMILIES)],
+            ),
+            slo=Slo(ttft_target_s=30.0, tpot_target_s=1.0, percentile=90),
+        )  # fmt: skip
+        assert obs.request_rate_per_s == pytest.approx(len(responses) / 10.0)
+        assert obs.shed_fraction == pytest.approx(len(refused) / len(responses))
+        assert obs.ttft_violation_fraction == pytest.approx(len(refused) / len(responses))
     finally:
         gateway.stop()
 

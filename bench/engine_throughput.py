@@ -340,7 +340,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--quick", action="store_true", help="24 requests, outputs 8-256 tokens: a few minutes"
+        "--quick", action="store_true", help="16 requests, outputs 8-160 tokens: a few minutes"
     )
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"any of {','.join(ARMS)}")

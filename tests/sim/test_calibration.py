@@ -6,6 +6,12 @@ thread's CPU time, so the machine's other jobs move the numbers less than they m
 wall clock, but still some (shared caches and memory bandwidth): on the 2-core CI machine
 at load 5-9, two runs of this test measured TTFT errors of +13 % and -27 %. CI holds the
 machinery and a sane fit to 35 %; the 15 % check is docs/simulator.md's quiet-machine run.
+
+The fit and the real run are a minute apart, and the VM's cores are shared with other
+machines: a clean-clone CI run with nothing else on this machine measured the real engine
+at twice the fitted step time (TTFT -47 %, TPOT -47 %: every step slower alike, as when the
+host gets busier between the two halves). So a miss is measured again once, fit and run
+both; a simulator that is wrong misses twice.
 """
 
 from __future__ import annotations
@@ -34,7 +40,17 @@ def one_thread() -> Iterator[None]:
 @pytest.mark.slow
 def test_a_fitted_profile_predicts_the_real_engine(tmp_path: Path, one_thread: None) -> None:
     model = write_tiny_llama(tmp_path / "tiny", seed=0)
-    profile = tmp_path / "tiny.json"
+    misses = []
+    for attempt in range(2):
+        code, report = _fit_and_calibrate(model, tmp_path / f"tiny-{attempt}.json")
+        assert "simulator error at P50" in report, report
+        if code == 0:
+            break
+        misses.append(report)
+    assert code == 0, "\n".join(misses)
+
+
+def _fit_and_calibrate(model: Path, profile: Path) -> tuple[int, str]:
     assert profile_main(["--model", str(model), "--out", str(profile), "--quick",
                          "--max-prompt-tokens", "512"]) == 0  # fmt: skip
     fitted = json.loads(profile.read_text())
@@ -42,10 +58,8 @@ def test_a_fitted_profile_predicts_the_real_engine(tmp_path: Path, one_thread: N
     assert fitted["kv_bytes_per_block"] == 16 * 2 * 2 * 2 * 16 * 4
     r_squared = float(re.search(r"R\^2 ([0-9.]+)", fitted["source"]).group(1))  # type: ignore[union-attr]
     assert r_squared > 0.9, fitted["source"]
-
     out, err = io.StringIO(), io.StringIO()
     code = sim_main(["calibrate", "--profile", str(profile), "--model", str(model),
                      "--rate", "4", "--duration-s", "15", "--warmup-s", "3",
                      "--tolerance", "0.35"], out, err)  # fmt: skip
-    assert code == 0, out.getvalue() + err.getvalue()
-    assert "simulator error at P50" in out.getvalue()
+    return code, out.getvalue() + err.getvalue()

@@ -83,13 +83,13 @@ class RouterSide:
     def admit(self, config: AdmissionConfig) -> Verdict:
         """AdmissionControl.check over the routable workers: one tenant, so only the
         cluster-wide bounds (503) apply, never the over-share 429."""
-        ids = {v.worker_id for v in self.views() if v.role is not WorkerRole.PREFILL}
+        routable = [v.worker_id for v in self.views() if v.role is not WorkerRole.PREFILL]
+        counters = [self._workers[worker_id] for worker_id in routable]
         queues = [
             WorkerQueue(worker_id, w.num_waiting, 0, w.drain_rate_per_s)
-            for worker_id, w in self._workers.items()
-            if worker_id in ids
+            for worker_id, w in zip(routable, counters, strict=True)
         ]
-        num_dispatched = sum(self._workers[i].num_dispatched_since_report for i in ids)
+        num_dispatched = sum(w.num_dispatched_since_report for w in counters)
         return decide(queues, num_dispatched, _ONE_TENANT, config)
 
     def close(self, worker_id: WorkerId) -> None:

@@ -7,59 +7,70 @@ wall clock, but still some (shared caches and memory bandwidth): on the 2-core C
 at load 5-9, two runs of this test measured TTFT errors of +13 % and -27 %. CI holds the
 machinery and a sane fit to 35 %; the 15 % check is docs/simulator.md's quiet-machine run.
 
-The fit and the real run are a minute apart, and the VM's cores are shared with other
-machines: a clean-clone CI run with nothing else on this machine measured the real engine
-at twice the fitted step time (TTFT -47 %, TPOT -47 %: every step slower alike, as when the
-host gets busier between the two halves). So a miss is measured again once, fit and run
-both; a simulator that is wrong misses twice.
+Both commands run as their own processes, as a user runs them, and the fit is the full
+sweep: `--quick`'s 92 steps of 8 output tokens gave fits whose predicted TPOT moved 12-21 ms
+between runs a minute apart and mostly under the real engine (seven misses of -27 % to
+-47 % in nine tries, three of them in clean-clone CI); the full sweep's 341 steps gave
+-40 % to +26 %, centred near 0, one miss in six. The rest is the shared VM's speed moving
+between fit and run, so an attempt that misses is measured again, fit and run both, up to
+three times (a fit with R^2 at most 0.9 is a miss too); a simulator or a fit that is
+wrong misses every time. A miss's report names the
+machine's load and its busiest processes.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import os
 import re
-from collections.abc import Iterator
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import torch
 from testkit.tiny_model import write_tiny_llama
 
-from kvflow.cli.sim.cli import main as sim_main
-from kvflow.engine_worker.sim.profile_cli import main as profile_main
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+KVFLOW = [sys.executable, "-m", "kvflow.cli.main"]
 
 
 @pytest.mark.slow
-def test_a_fitted_profile_predicts_the_real_engine(tmp_path: Path, one_thread: None) -> None:
+def test_a_fitted_profile_predicts_the_real_engine(tmp_path: Path) -> None:
     model = write_tiny_llama(tmp_path / "tiny", seed=0)
     misses = []
-    for attempt in range(2):
+    for attempt in range(3):
         code, report = _fit_and_calibrate(model, tmp_path / f"tiny-{attempt}.json")
         assert "simulator error at P50" in report, report
         if code == 0:
             break
-        misses.append(report)
+        misses.append(report + _machine_state())
     assert code == 0, "\n".join(misses)
 
 
 def _fit_and_calibrate(model: Path, profile: Path) -> tuple[int, str]:
-    assert profile_main(["--model", str(model), "--out", str(profile), "--quick",
-                         "--max-prompt-tokens", "512"]) == 0  # fmt: skip
+    fit = _kvflow("profile", "--model", str(model), "--out", str(profile),
+                  "--max-prompt-tokens", "512")  # fmt: skip
+    assert fit.returncode == 0, fit.stderr
     fitted = json.loads(profile.read_text())
     # 16 tokens x (K, V) x 2 layers x 2 KV heads x 16 dims x 4 bytes.
     assert fitted["kv_bytes_per_block"] == 16 * 2 * 2 * 2 * 16 * 4
     r_squared = float(re.search(r"R\^2 ([0-9.]+)", fitted["source"]).group(1))  # type: ignore[union-attr]
-    assert r_squared > 0.9, fitted["source"]
-    out, err = io.StringIO(), io.StringIO()
-    code = sim_main(["calibrate", "--profile", str(profile), "--model", str(model),
-                     "--rate", "4", "--duration-s", "15", "--warmup-s", "3",
-                     "--tolerance", "0.35"], out, err)  # fmt: skip
-    return code, out.getvalue() + err.getvalue()
+    if r_squared <= 0.9:  # a noisy sweep is a miss too; a broken fit misses every time
+        return 1, f"{fitted['source']}: R^2 at most 0.9\nsimulator error at P50: not run\n"
+    run = _kvflow("sim", "calibrate", "--profile", str(profile), "--model", str(model),
+                  "--rate", "4", "--duration-s", "15", "--warmup-s", "3",
+                  "--tolerance", "0.35")  # fmt: skip
+    assert run.returncode in (0, 1), run.stderr
+    return run.returncode, fitted["source"] + "\n" + run.stdout
+
+
+def _kvflow(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KVFLOW, *args], check=False, capture_output=True, text=True, timeout=600
+    )
+
+
+def _machine_state() -> str:
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    ps = ["ps", "-eo", "pcpu,etimes,args", "--sort=-pcpu"]
+    top = subprocess.run(ps, check=False, capture_output=True, text=True).stdout.splitlines()
+    return f"load average {load}; busiest processes:\n" + "\n".join(x[:160] for x in top[:6]) + "\n"

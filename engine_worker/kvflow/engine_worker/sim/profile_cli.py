@@ -48,7 +48,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=2048)
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
-    p.add_argument("--quick", action="store_true", help="a third of the sweep (about 1 minute)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a third of the sweep, 8 output tokens: a smoke test; on the tiny model its fits "
+        "mostly predicted steps 25-45 %% faster than the real engine ran them (the full "
+        "sweep: within 35 %% either way)",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 

@@ -48,6 +48,7 @@ from throughput_stats import (  # noqa: E402
     ratios_of_medians,
     rotated,
     summarize_runs,
+    token_range,
 )
 
 from kvflow.engine_worker.app import build_worker  # noqa: E402
@@ -224,8 +225,11 @@ def bench_model(
     config = loaded[1]
     hf = hf_loader()
     spec: WorkloadSpec = QUICK if args.quick else FULL
-    if args.num_requests is not None:
-        spec = WorkloadSpec(args.num_requests, spec.prompt_len, spec.output_len)
+    spec = WorkloadSpec(
+        args.num_requests if args.num_requests is not None else spec.num_requests,
+        args.prompt_len or spec.prompt_len,
+        args.output_len or spec.output_len,
+    )
     w = make_workload(spec, config.vocab_size, args.seed)
     log(
         f"{name}: {len(w.prompts)} requests, {w.num_output_tokens} output tokens "
@@ -340,12 +344,20 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--quick", action="store_true", help="16 requests, outputs 8-160 tokens: a few minutes"
+        "--quick",
+        action="store_true",
+        help="64 requests of 16-128 prompt and output tokens (half the full lengths)",
     )
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"any of {','.join(ARMS)}")
     parser.add_argument("--runs", type=int, default=3, help="interleaved runs of the arms")
     parser.add_argument("--num-requests", type=int, help="override the workload's count")
+    parser.add_argument(
+        "--prompt-len", type=token_range, help="override the prompt lengths: LO,HI tokens"
+    )
+    parser.add_argument(
+        "--output-len", type=token_range, help="override the output lengths: LO,HI tokens"
+    )
     parser.add_argument("--no-ttft", action="store_true", help="skip the prefix-caching TTFT")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results here")

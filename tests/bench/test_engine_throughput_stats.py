@@ -3,6 +3,7 @@ statistics over runs that bench/engine_throughput.py reports."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from throughput_stats import (
     rotated,
     spread,
     summarize_runs,
+    token_range,
 )
 
 ARMS = ["kvflow", "hf-cb", "hf-static", "hf-serial"]
@@ -91,12 +93,28 @@ def test_static_useful_fraction_counts_the_padding_to_the_longest_output() -> No
     assert w2.static_useful_fraction == pytest.approx(24 / 40)
 
 
-def test_quick_wastes_a_static_batch_about_as_much_as_the_full_workload() -> None:
-    """--quick must show what the full workload shows: a static batch wasting a large part
-    of its output slots (the old quick workload, 16 requests of 16-64 tokens, wasted too
-    little for continuous batching to matter)."""
+def test_quick_keeps_the_full_workloads_batch_mix_and_static_waste() -> None:
+    """--quick must show what the full workload shows: the same batch of 64 requests, the
+    same share of prompt tokens, a static batch wasting as large a part of its output slots
+    (the old quick workloads, 16 requests, showed kvflow and transformers' continuous
+    batching even where the full one puts kvflow 1.7x ahead)."""
     full = make_workload(FULL, vocab=32000, seed=0)
     quick = make_workload(QUICK, vocab=32000, seed=0)
-    assert quick.num_output_tokens < full.num_output_tokens / 2
+    assert quick.num_output_tokens < full.num_output_tokens * 0.6
+    assert len(quick.prompts) == len(full.prompts)  # the batch decides continuous batching's lead
+    quick_prompt_tokens = sum(map(len, quick.prompts))
+    full_prompt_tokens = sum(map(len, full.prompts))
+    assert quick_prompt_tokens < full_prompt_tokens * 0.6
+    prompt_share = quick_prompt_tokens / (quick_prompt_tokens + quick.num_output_tokens)
+    full_share = full_prompt_tokens / (full_prompt_tokens + full.num_output_tokens)
+    assert abs(prompt_share - full_share) < 0.05
     assert quick.static_useful_fraction < 0.65
     assert abs(quick.static_useful_fraction - full.static_useful_fraction) < 0.15
+
+
+def test_token_range_parses_lo_hi_and_refuses_what_is_not_one() -> None:
+    assert token_range("16,128") == (16, 128)
+    assert token_range("8,8") == (8, 8)
+    for bad in ("128,16", "0,4", "16", "a,b", "1,2,3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            token_range(bad)

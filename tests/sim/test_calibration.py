@@ -8,14 +8,14 @@ at load 5-9, two runs of this test measured TTFT errors of +13 % and -27 %. CI h
 machinery and a sane fit to 35 %; the 15 % check is docs/simulator.md's quiet-machine run.
 
 Both commands run as their own processes, as a user runs them, and the fit is the full
-sweep: `--quick`'s 92 steps of 8 output tokens gave fits whose predicted TPOT moved 12-21 ms
-between runs a minute apart and mostly under the real engine (seven misses of -27 % to
--47 % in nine tries, three of them in clean-clone CI); the full sweep's 341 steps gave
--40 % to +26 %, centred near 0, one miss in six. The rest is the shared VM's speed moving
-between fit and run, so an attempt that misses is measured again, fit and run both, up to
-three times (a fit with R^2 at most 0.9 is a miss too); a simulator or a fit that is
-wrong misses every time. A miss's report names the
-machine's load and its busiest processes.
+sweep: `--quick`'s 92 steps of 8 output tokens gave fits whose predicted TPOT moved 12-21
+ms between runs a minute apart, and missed in 7 of 10 attempts on this machine (all but one
+with the simulator 27-45 % fast) and in all 3 of two clean-clone CI runs (-40 % to -47 %);
+the full sweep's 341 steps gave -40 % to +26 %, centred near 0, one miss in six. The rest
+is the shared VM's speed moving between fit and run, so an attempt that misses is measured
+again, fit and run both, up to three times (a fit with R^2 at most 0.9 is a miss too); a
+simulator or a fit that is wrong misses every time. A miss's report names the machine's
+load and its busiest processes.
 """
 
 from __future__ import annotations

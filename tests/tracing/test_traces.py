@@ -163,7 +163,11 @@ def test_a_disaggregated_request_traces_both_workers(receiver: OtlpReceiver) -> 
             model=MODEL, prompt=list(range(5, 600)), max_tokens=5, extra_body={"ignore_eos": True}
         )
         assert completion.usage is not None
-        spans = receiver.wait_for({"kvflow.worker.prefill", "kvflow.worker.generate"})
+        # The router's attempt span is exported by another process than the workers' spans,
+        # and may come after them (a clean-clone CI run once stopped waiting without it).
+        spans = receiver.wait_for(
+            {"kvflow.worker.prefill", "kvflow.worker.generate", "kvflow.worker_attempt"}
+        )
     finally:
         gateway.stop()
         for w in (prefill, decode):

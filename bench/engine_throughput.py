@@ -3,6 +3,8 @@
 Arms, same model, same prompts, greedy decoding, each request generating exactly its
 drawn number of tokens, every request submitted at once:
   kvflow        our engine (continuous batching), a fresh engine per run
+  kvflow-gather the same with no decode workspace (--decode-workspace-gib 0): decode
+                attention gathers each sequence's blocks every step, as before 2026-12-01
   hf-cb         transformers' own continuous batching (``init_continuous_batching``), a
                 fresh manager per run, warmed up, its KV cache sized to the workload
   hf-static     transformers `generate` on one static left-padded batch of all requests
@@ -58,7 +60,7 @@ from kvflow.engine_worker.model.default_model import default_model_path  # noqa:
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
-ARMS = ("kvflow", "hf-cb", "hf-static", "hf-serial")
+ARMS = ("kvflow", "kvflow-gather", "hf-cb", "hf-static", "hf-serial")
 # Our engine's step budget and batch size, which transformers' manager gets too.
 MAX_BATCHED_TOKENS = 512
 MAX_SEQS = 64
@@ -238,6 +240,9 @@ def bench_model(
     step = max(1, len(w.prompts) // 4)
     arms: dict[str, Callable[[Workload], tuple[float, int]]] = {
         "kvflow": lambda wl: run_kvflow(new_engine(path, loaded, max_num_seqs=MAX_SEQS), wl),
+        "kvflow-gather": lambda wl: run_kvflow(
+            new_engine(path, loaded, max_num_seqs=MAX_SEQS, decode_workspace_gib=0.0), wl
+        ),
         "hf-cb": lambda wl: run_hf_cb(hf, wl),
         "hf-static": lambda wl: run_hf_static(hf, wl),
         "hf-serial": lambda wl: run_hf_serial(
@@ -334,7 +339,7 @@ def print_table(report: dict[str, Any]) -> None:
                 if ratio is not None
                 else ""
             )
-            print(f"  {arm:<10} {cell(stats)}{extra}")
+            print(f"  {arm:<13} {cell(stats)}{extra}")
         if "prefix_caching" in m:
             print(f"  prefix-cache TTFT {m['prefix_caching']['ttft_speedup']:.1f}x")
 

@@ -71,18 +71,22 @@ def hf_greedy(model: Any, prompts: list[list[int]], max_tokens: int) -> list[lis
 
 
 def check_all_modes(
-    model_path: str | None, hf_model: Any, prompts: list[list[int]], max_tokens: int
+    model_path: str | None,
+    hf_model: Any,
+    prompts: list[list[int]],
+    max_tokens: int,
+    **settings: Any,
 ) -> None:
     expected = hf_greedy(hf_model, prompts, max_tokens)
-    one_by_one = run_greedy(engine_for(model_path), prompts, max_tokens, batched=False)
+    one_by_one = run_greedy(engine_for(model_path, **settings), prompts, max_tokens, batched=False)
     assert one_by_one == expected
-    engine = engine_for(model_path)
+    engine = engine_for(model_path, **settings)
     assert run_greedy(engine, prompts, max_tokens, batched=True) == expected
     # Same engine again: every prompt now hits the prefix cache.
     hits_before = engine.kv_cache.stats.num_hit_tokens
     assert run_greedy(engine, prompts, max_tokens, batched=True) == expected
     assert engine.kv_cache.stats.num_hit_tokens > hits_before
-    chunked = engine_for(model_path, max_num_batched_tokens=8)
+    chunked = engine_for(model_path, max_num_batched_tokens=8, **settings)
     assert run_greedy(chunked, prompts, max_tokens, batched=True) == expected
 
 
@@ -93,14 +97,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
     return str(path), hf
 
 
-def test_tiny_model_greedy_matches_transformers(tiny: tuple[str, Any]) -> None:
+# The decode workspace (model/decode_workspace.py) is on by default on CPU; 0 GiB is the
+# gather path.
+@pytest.mark.parametrize("workspace_gib", [None, 0.0], ids=["workspace", "gather"])
+def test_tiny_model_greedy_matches_transformers(
+    tiny: tuple[str, Any], workspace_gib: float | None
+) -> None:
     path, hf = tiny
     gen = torch.Generator().manual_seed(0)
     shared = torch.randint(3, 49152, (37,), generator=gen).tolist()
     prompts = [torch.randint(3, 49152, (n,), generator=gen).tolist() for n in (5, 17, 33, 64)] + [
         shared + [100 + i] * (i + 1) for i in range(3)
     ]
-    check_all_modes(path, hf, prompts, max_tokens=16)
+    check_all_modes(path, hf, prompts, max_tokens=16, decode_workspace_gib=workspace_gib)
 
 
 @pytest.mark.slow

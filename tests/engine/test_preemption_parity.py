@@ -119,6 +119,12 @@ def run_and_check(
 ) -> None:
     engine = small_engine(model, loaded, **settings)
     trace = run_waves(engine, arrivals)
+    runner = getattr(engine.runner, "inner", engine.runner)  # under run_waves' recorder
+    workspace = getattr(runner, "workspace", None)
+    # The path under test is the one that ran: the workspace held slots, or there is none.
+    assert (workspace is not None and workspace.num_bytes > 0) == (
+        settings.get("decode_workspace_gib") != 0.0
+    )
     check_against_transformers(trace, hf, arrivals)
     check_what_happened(trace, engine, arrivals)
 
@@ -170,10 +176,21 @@ def tiny_arrivals() -> list[Arrival]:
     return arrivals
 
 
-def test_tiny_model_preemption_and_eviction_match_transformers(tiny: tuple[str, Any, Any]) -> None:
+# The decode workspace (model/decode_workspace.py) is on by default on CPU; 0 GiB is the
+# gather path. Both must survive preemption and recompute.
+@pytest.mark.parametrize("workspace_gib", [None, 0.0], ids=["workspace", "gather"])
+def test_tiny_model_preemption_and_eviction_match_transformers(
+    tiny: tuple[str, Any, Any], workspace_gib: float | None
+) -> None:
     path, loaded, hf = tiny
     run_and_check(
-        path, loaded, hf, tiny_arrivals(), block_size=TINY_BLOCK_SIZE, num_kv_blocks=TINY_NUM_BLOCKS
+        path,
+        loaded,
+        hf,
+        tiny_arrivals(),
+        block_size=TINY_BLOCK_SIZE,
+        num_kv_blocks=TINY_NUM_BLOCKS,
+        decode_workspace_gib=workspace_gib,
     )
 
 

@@ -154,6 +154,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             sampler=Sampler(
                 settings.device, default_seed=settings.seed, eos_token_ids=config.eos_token_ids
             ),
+            decode_workspace_bytes=int(settings.resolved_decode_workspace_gib() * GIB),
         )
         log.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB)",

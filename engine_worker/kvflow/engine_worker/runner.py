@@ -14,9 +14,11 @@ from typing import Protocol
 import torch
 
 from kvflow.engine_worker.core.engine import SampledToken
+from kvflow.engine_worker.core.request import Request
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
+from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
 from kvflow.engine_worker.sampler import Sampler
 
 
@@ -53,7 +55,11 @@ class TorchModelRunner:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         sampler: Sampler | None = None,
+        decode_workspace_bytes: int = 0,
     ) -> None:
+        """``decode_workspace_bytes``: memory for dense copies of the decoding sequences'
+        K/V (model/decode_workspace.py), so decode attention reads no per-step gather; 0:
+        none, every decode gathers from the paged cache."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device)
@@ -67,6 +73,17 @@ class TorchModelRunner:
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
         ]
+        self.workspace: DecodeWorkspace | None = None
+        if decode_workspace_bytes > 0:
+            self.workspace = DecodeWorkspace(
+                num_layers=num_layers,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                block_size=block_size,
+                dtype=dtype,
+                device=self.device,
+                max_bytes=decode_workspace_bytes,
+            )
         dtype_name = str(dtype).removeprefix("torch.")
         self.kv_layout = f"L{num_layers}/H{num_kv_heads}/D{head_dim}/B{block_size}/{dtype_name}"
 
@@ -99,9 +116,23 @@ class TorchModelRunner:
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
+        if self.workspace is not None:
+            self.workspace.release(request_id)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        if self.workspace is None:
+            return self._execute(output)
+        for request in output.preempted:  # its blocks are freed; its copy must not outlive them
+            self.workspace.release(request.request_id)
+        try:
+            return self._execute(output)
+        except BaseException:
+            # The plan marked slots filled before the layers filled them.
+            self.workspace.reset()
+            raise
+
+    def _execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens: list[int] = []
@@ -120,12 +151,23 @@ class TorchModelRunner:
                 sample_rows.append(len(input_ids) - 1)
                 sample_requests.append(s.request)
 
+        workspace = None
+        if self.workspace is not None:
+            decodes = [
+                Decode(s.request.request_id, row, ctx, s.block_ids, _final_len(s.request))
+                for s, row, ctx in zip(
+                    output.scheduled, _first_rows(query_lens), context_lens, strict=True
+                )
+                if s.num_new_tokens == 1
+            ]
+            workspace = self.workspace.plan(decodes, all_rows=len(decodes) == len(input_ids))
         meta = AttentionMetadata.build(
             query_lens=query_lens,
             context_lens=context_lens,
             block_tables=block_tables,
             block_size=self.block_size,
             device=self.device,
+            workspace=workspace,
         )
         ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
@@ -143,3 +185,19 @@ class TorchModelRunner:
             histories=sample_requests,
         )
         return {r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)}
+
+
+def _first_rows(query_lens: list[int]) -> list[int]:
+    """Each sequence's first row in the flattened batch."""
+    rows, row = [], 0
+    for n in query_lens:
+        rows.append(row)
+        row += n
+    return rows
+
+
+def _final_len(request: Request) -> int:
+    """The context a request reaches if it runs to max_tokens (its current one if unbounded)."""
+    if request.sampling.max_tokens is None:
+        return request.num_tokens
+    return request.num_prompt_tokens + request.sampling.max_tokens

@@ -38,6 +38,10 @@ class WorkerSettings:
     max_model_len: int | None = None  # None: the model's own limit
     kv_cache_gib: float = 1.0
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
+    # Dense copies of decoding sequences' K/V so decode attention gathers nothing
+    # (model/decode_workspace.py). None: kv_cache_gib on CPU, 0 (off) on CUDA, where the
+    # memory is better spent on the cache.
+    decode_workspace_gib: float | None = None
     enable_prefix_caching: bool = True
     simulate: bool = False
     # A profile's name (h100-llama3-8b...) or a file `kvflow profile` wrote: the step
@@ -55,6 +59,11 @@ class WorkerSettings:
     max_kv_transfer_timeout_s: float = 30.0
     # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
     tracing: TracingConfig = field(default_factory=TracingConfig)
+
+    def resolved_decode_workspace_gib(self) -> float:
+        if self.decode_workspace_gib is not None:
+            return self.decode_workspace_gib
+        return 0.0 if self.device.startswith("cuda") else self.kv_cache_gib
 
     def resolved_kv_transport(self) -> str:
         if self.kv_transport != "auto":
@@ -114,6 +123,13 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     )
     p.add_argument(
         "--num-kv-blocks", type=int, help="KV blocks to allocate (overrides --kv-cache-gib)"
+    )
+    p.add_argument(
+        "--decode-workspace-gib",
+        type=float,
+        help="memory for dense copies of the decoding sequences' K/V, so decode attention "
+        "copies no blocks each step (default: as much as --kv-cache-gib on CPU, 0 on CUDA; "
+        "0 turns it off)",
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument(
@@ -205,6 +221,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         max_model_len=a.max_model_len,
         kv_cache_gib=a.kv_cache_gib,
         num_kv_blocks=a.num_kv_blocks,
+        decode_workspace_gib=a.decode_workspace_gib,
         enable_prefix_caching=not a.no_prefix_caching,
         simulate=a.simulate,
         sim_profile=a.sim_profile,

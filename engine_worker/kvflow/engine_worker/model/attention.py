@@ -15,14 +15,21 @@ far less than a Python loop over 64 SDPA calls. Decodes are sorted by context le
 into up to ``MAX_DECODE_GROUPS`` batches of similar lengths: one batch padded to the longest
 of 64 contexts spread over 64..512 tokens gathers about 1.8x the tokens it uses; four
 batches, about 1.15x.
+
+That gather copies every decoding sequence's whole context, each step and layer, to add one
+token to it. With a decode workspace (``decode_workspace.py``, the runner's choice) the
+decodes instead read dense per-sequence copies kept across steps: filled from the cache
+once, then one token appended per step, and one SDPA over all of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+
+from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
 
 MAX_DECODE_GROUPS = 4
 # Below 8 sequences a group's padding costs less than another SDPA call and gather.
@@ -59,6 +66,16 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: the slot each new token's K/V is written to
     prefills: tuple[PrefillSeq, ...]
     decodes: tuple[DecodeBatch, ...]
+    # Decodes served from dense per-sequence copies (decode_workspace.py) instead of
+    # ``decodes``; ``layer_kv`` is this layer's (keys, values) of them (see ``layer``).
+    workspace: WorkspaceStep | None = None
+    layer_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def layer(self, index: int) -> AttentionMetadata:
+        """The metadata as layer ``index`` reads it: with its own workspace tensors."""
+        if self.workspace is None:
+            return self
+        return replace(self, layer_kv=self.workspace.layers[index])
 
     @staticmethod
     def build(
@@ -68,11 +85,14 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         block_size: int,
         device: torch.device | str = "cpu",
+        workspace: WorkspaceStep | None = None,
     ) -> AttentionMetadata:
         """Metadata for sequences laid out one after another in the flattened batch.
 
         Sequence ``i`` has ``query_lens[i]`` new tokens, the last of its
-        ``context_lens[i]`` tokens, stored in the blocks ``block_tables[i]``.
+        ``context_lens[i]`` tokens, stored in the blocks ``block_tables[i]``. With a
+        ``workspace`` (planned for exactly the one-token rows), those rows attend through
+        it and get no ``DecodeBatch``.
         """
         assert len(query_lens) == len(context_lens) == len(block_tables)
         # Slot of each new token: position p of a sequence lives in block table[p // B]
@@ -92,7 +112,9 @@ class AttentionMetadata:
         row = 0
         for q, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
             used = table[: -(-ctx // block_size)]
-            if q == 1:
+            if q == 1 and workspace is not None:
+                pass  # served by the workspace
+            elif q == 1:
                 decode_rows.append(row)
                 decode_tables.append(used)
                 decode_lens.append(ctx)
@@ -138,7 +160,9 @@ class AttentionMetadata:
                     first_block=first,
                 )
             )
-        return AttentionMetadata(slot_mapping.to(device), tuple(prefills), tuple(decodes))
+        return AttentionMetadata(
+            slot_mapping.to(device), tuple(prefills), tuple(decodes), workspace=workspace
+        )
 
 
 def _first_if_consecutive(table: list[int]) -> int | None:
@@ -224,8 +248,11 @@ def paged_attention(
     """
     write_kv(kv_cache, k, v, meta.slot_mapping)
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]
+    ws = meta.workspace
     if not meta.prefills and len(meta.decodes) == 1 and meta.decodes[0].rows is None:
         return _decode(q, kv_cache, meta.decodes[0], scale)  # a pure decode step: no scatter
+    if ws is not None and not meta.prefills and not meta.decodes and ws.rows is None:
+        return _decode_workspace(q, k, v, kv_cache, ws, meta.layer_kv, scale)
     out = torch.empty_like(q)
 
     for seq in meta.prefills:
@@ -248,6 +275,11 @@ def paged_attention(
             )
         out[seq.query_start : seq.query_start + seq.query_len] = o.transpose(0, 1)
 
+    if ws is not None:
+        assert ws.rows is not None, "a workspace of every row goes alone"
+        out[ws.rows] = _decode_workspace(
+            q[ws.rows], k[ws.rows], v[ws.rows], kv_cache, ws, meta.layer_kv, scale
+        )
     for d in meta.decodes:
         qd = q if d.rows is None else q[d.rows]
         o = _decode(qd, kv_cache, d, scale)
@@ -271,3 +303,45 @@ def _decode(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeBatch, scale: floa
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(qg, kd, vd, attn_mask=d.mask, scale=scale)
     return o.reshape(batch, num_heads, head_dim)
+
+
+def _decode_workspace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    ws: WorkspaceStep,
+    layer_kv: tuple[torch.Tensor, torch.Tensor] | None,
+    scale: float,
+) -> torch.Tensor:
+    """``_decode`` over the dense slots of decode_workspace.py: move the slots the plan
+    compacts, fill the ones it says are new or stale from the paged cache, append this
+    step's K/V ``[B, Hkv, D]``, then one SDPA over slots ``0..num_slots-1``. Row ``i`` of
+    ``q`` is slot ``slots[i]``."""
+    assert layer_kv is not None, "metadata with a workspace is read through meta.layer(i)"
+    wk, wv = layer_kv
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = wk.shape[1]
+    for move in ws.moves:
+        wk[move.dst, :, : move.num_tokens].copy_(wk[move.src, :, : move.num_tokens])
+        wv[move.dst, :, : move.num_tokens].copy_(wv[move.src, :, : move.num_tokens])
+    for fill in ws.fills:
+        ks, vs = _gather(kv_cache, fill.block_ids, fill.num_tokens, wk.dtype)  # [Hkv, n, D]
+        wk[fill.slot, :, : fill.num_tokens].copy_(ks)
+        wv[fill.slot, :, : fill.num_tokens].copy_(vs)
+    # Advanced indices on axes 0 and 2 around a slice: the indexed view is [B, Hkv, D].
+    wk[ws.slots, :, ws.positions] = k.to(wk.dtype)
+    wv[ws.slots, :, ws.positions] = v.to(wv.dtype)
+    if ws.identity:
+        qs = q
+    else:
+        qs = q.new_zeros(ws.num_slots, num_heads, head_dim)
+        qs[ws.slots] = q
+    qg = qs.view(ws.num_slots, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    keys = wk[: ws.num_slots, :, : ws.num_tokens]
+    values = wv[: ws.num_slots, :, : ws.num_tokens]
+    o = F.scaled_dot_product_attention(
+        qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=ws.mask, scale=scale
+    )
+    o = o.reshape(ws.num_slots, num_heads, head_dim)
+    return o if ws.identity else o[ws.slots]

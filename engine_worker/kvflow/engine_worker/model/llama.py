@@ -193,8 +193,8 @@ class LlamaForCausalLM(nn.Module):
         )
         x = F.embedding(input_ids, self.embed_tokens)
         rotation = self.rotary(positions, x.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rotation, kv_cache, meta)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            x = layer(x, rotation, kv_cache, meta.layer(i))
         result: torch.Tensor = self.norm(x)
         return result
 

@@ -58,8 +58,17 @@ def test_a_slot_is_filled_once_then_appended_to() -> None:
     assert step is not None and step.fills == ()  # one token appended each, nothing copied
     # A context that does not continue the copy (the sequence was recomputed shorter,
     # or a step was lost) is refilled rather than trusted.
-    step = ws.plan([decode("a", 0, 9)], all_rows=True)
+    step = ws.plan([decode("a", 0, 9), decode("b", 1, 7)], all_rows=True)
     assert step is not None and [(f.slot, f.num_tokens) for f in step.fills] == [(0, 8)]
+
+
+def test_a_lone_decode_gathers_and_its_copy_is_refilled_when_it_fell_behind() -> None:
+    ws = workspace()
+    ws.plan([decode("a", 0, 10), decode("b", 1, 5)], all_rows=True)
+    assert ws.plan([decode("a", 0, 11)], all_rows=True) is None  # gathered, in place
+    step = ws.plan([decode("a", 0, 12), decode("b", 1, 6)], all_rows=True)
+    assert step is not None
+    assert [(f.slot, f.num_tokens) for f in step.fills] == [(0, 11)]  # a's copy stopped at 10
 
 
 def test_a_released_slot_goes_to_the_next_sequence_and_is_refilled() -> None:
@@ -93,7 +102,7 @@ def test_holes_past_the_slack_are_compacted() -> None:
 
 def test_capacity_is_reserved_for_where_the_decodes_end_and_bounded_by_the_budget() -> None:
     ws = workspace()
-    step = ws.plan([decode("a", 0, 10, final=300)], all_rows=True)
+    step = ws.plan([decode("a", 0, 10, final=300), decode("b", 1, 10)], all_rows=True)
     assert step is not None
     keys, _ = step.layers[0]
     assert keys.shape[2] == -(-300 // CAPACITY_STEP_TOKENS) * CAPACITY_STEP_TOKENS
@@ -103,11 +112,12 @@ def test_capacity_is_reserved_for_where_the_decodes_end_and_bounded_by_the_budge
     # 17 slots do not fit: the step gathers, and the slots are dropped.
     assert small.plan([decode(f"r{i}", i, 51) for i in range(17)], all_rows=True) is None
     assert small.num_bytes == 0
-    step = small.plan([decode("r0", 0, 52)], all_rows=True)
-    assert step is not None and [(f.slot, f.num_tokens) for f in step.fills] == [(0, 51)]
+    step = small.plan([decode("r0", 0, 52), decode("r1", 1, 52)], all_rows=True)
+    assert step is not None
+    assert [(f.slot, f.num_tokens) for f in step.fills] == [(0, 51), (1, 51)]
     # A reach past the budget reserves what fits, not nothing and not a refusal.
     roomy = workspace(max_bytes=16 * 3 * CAPACITY_STEP_TOKENS * ws.bytes_per_slot_token)
-    step = roomy.plan([decode("a", 0, 10, final=100_000)], all_rows=True)
+    step = roomy.plan([decode("a", 0, 10, final=100_000), decode("b", 1, 9)], all_rows=True)
     assert step is not None and step.layers[0][0].shape[::2] == (16, 3 * CAPACITY_STEP_TOKENS)
 
 

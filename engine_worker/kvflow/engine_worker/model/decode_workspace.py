@@ -36,6 +36,11 @@ CAPACITY_STEP_SLOTS = 16
 # this, the highest slots move down into the holes: at the tail of a batch 10 sequences
 # in slots up to 63 made a step 1.4x slower than the gather path.
 COMPACT_SLACK_SLOTS = 8
+# A step with fewer decodes gathers instead: a lone sequence on consecutive blocks is read
+# in place with no copy, and the workspace's appends (two scatters per layer) are then pure
+# cost: SmolLM2 at batch 1 decoded 56 % of the bandwidth ceiling with the workspace
+# against 64 % without (bench/engine_roofline.py --quick, one run each).
+MIN_DECODES = 2
 
 
 @dataclass(frozen=True)
@@ -138,12 +143,13 @@ class DecodeWorkspace:
     def plan(self, decodes: list[Decode], *, all_rows: bool) -> WorkspaceStep | None:
         """Slots for this step's decodes, the fills they need, and the tensors to read.
 
-        ``all_rows``: the decodes are every row of the batch, in order. None when the slots
-        would take more than ``max_bytes``: the step then gathers as before, and the slots
-        are dropped (refilled from the paged cache once they fit again).
+        ``all_rows``: the decodes are every row of the batch, in order. None when there
+        are fewer than MIN_DECODES, or when the slots would take more than ``max_bytes``:
+        the step then gathers as before (over the budget, the slots are dropped, and
+        refilled from the paged cache once they fit again).
         """
-        if not decodes:
-            return None
+        if len(decodes) < MIN_DECODES:
+            return None  # the slots stay; a copy that falls behind is refilled later
         for d in decodes:
             self._slot_for(d.request_id)
         moves = self._compact()

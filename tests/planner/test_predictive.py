@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from planner.history import TTFT_S, Run, calm, closed_loop, config
 
-from kvflow.operator.planner import CapacityProfile, Decision, Observation
+from kvflow.operator.planner import CapacityProfile, Decision, Observation, Tuning
 
 # 10 k prompt tokens/s and 1 k output tokens/s per replica within the targets.
 CAP = CapacityProfile(max_prompt_tokens_per_s=10_000, max_decode_tokens_per_s=1_000, source="test")
@@ -83,6 +83,36 @@ def test_step_load_is_met_within_one_interval_with_a_profile() -> None:
     assert downs and downs[0] >= 30 + 10
 
 
+def test_the_margin_grows_as_the_square_root_of_a_large_pool() -> None:
+    t = Tuning()
+    # Up to 4 shares, in proportion: R / 0.8.
+    assert [t.replicas_for(r, 0.8) for r in (0.5, 1.0, 3.2, 4.0)] == [1, 2, 4, 5]
+    # Above: R + 0.25 x sqrt(4 R). 18.65 shares (the planner benchmark's 200 requests/s)
+    # take 21 where R / 0.8 takes 24; 100 shares take 105, not 125.
+    assert t.replicas_for(18.65, 0.8) == 21
+    assert t.replicas_for(100.0, 0.8) == 105
+    proportional = Tuning(pooled_from_shares=None)
+    assert proportional.replicas_for(18.65, 0.8) == 24
+    for r in (x / 8 for x in range(1, 1600)):
+        up, down = t.replicas_for(r, 0.8), t.replicas_for(r, 0.6)
+        assert math.ceil(r - 1e-9) <= up <= down <= proportional.replicas_for(r, 0.6)
+        assert up <= proportional.replicas_for(r, 0.8)
+        # Never less margin than a large pool's burst of one standard deviation needs.
+        assert up >= r + 0.25 * math.sqrt(min(r, 4.0) * r) - 1e-9
+
+
+def test_a_large_step_is_met_with_the_pooled_margin() -> None:
+    # 1x -> 4x at t = 300 s (40 -> 160 requests/s: 4 -> 16 shares), back at 900 s: the
+    # step is met within an interval by 18 replicas (16 + 0.25 x 8), not 20, and never
+    # runs over capacity.
+    decisions, utils = _loop(
+        lambda t: 160.0 if 300 <= t < 900 else 40.0, capacity=CAP, num_steps=40, replicas=5
+    )
+    assert decisions[10].replicas == 18
+    assert max(d.replicas for d in decisions) == 18
+    assert max(utils[11:]) <= 1.0
+
+
 def test_flapping_load_gives_no_flapping_decisions() -> None:
     # 15 k and 5 k prompt tokens/s on alternate intervals, for 40 minutes.
     decisions, _ = _loop(
@@ -124,10 +154,12 @@ def test_decode_load_is_what_arrives_not_what_runs() -> None:
     d = Run(config("decode", capacity=CAP, max_replicas=20)).step("decode", obs)
     assert d.replicas <= 6 and d.reason != "ForecastLoad"
     # With the rate unmeasured, what runs is all there is: 240 running / 20 ms = 12 k
-    # tokens/s -> 15 replicas at 80 %.
+    # tokens/s, 12 shares -> 15 replicas at 80 % in proportion, 14 with the margin pooled
+    # (12 + 0.25 x sqrt(4 x 12) = 13.7).
     blind = calm(0, 6, decode_batch_size=40.0, request_rate_per_s=None, tpot_s=0.02)
     d = Run(config("decode", capacity=CAP, max_replicas=20)).step("decode", blind)
-    assert (d.replicas, d.reason) == (15, "ForecastLoad")
+    assert (d.replicas, d.reason) == (14, "ForecastLoad")
+    assert "margin pooled over 12.0 shares" in d.message
 
 
 def test_a_step_is_not_a_trend() -> None:

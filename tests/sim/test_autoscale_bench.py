@@ -16,9 +16,12 @@ from kvflow.cli.sim.autoscale_bench import (
     measured_capacity,
     policy_for,
     run_cell,
+    shares,
+    smallest_static,
+    steady,
 )
 from kvflow.cli.sim.autoscale_cli import main
-from kvflow.cli.sim.autoscale_metrics import Bucket, recovery_s, replica_hours
+from kvflow.cli.sim.autoscale_metrics import Bucket, recovery_s, replica_hours, score
 from kvflow.cli.sim.autoscale_policies import Planner, PoolSample, Reactive, Static
 from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
 from kvflow.operator.planner import Observation
@@ -117,6 +120,32 @@ def test_measured_capacity_makes_one_replica_of_what_one_replica_holds() -> None
     derived = config.capacity()
     ratio = cap.max_decode_tokens_per_s / derived.max_decode_tokens_per_s
     assert cap.max_prompt_tokens_per_s / derived.max_prompt_tokens_per_s == pytest.approx(ratio)
+
+
+def test_static_sizing_starts_at_the_profile_and_finds_the_fewest_that_hold() -> None:
+    config = dataclasses.replace(SMALL, probe_s=30.0)
+    profile = config.sim_profile()
+
+    def holds(n: int, rate: float) -> bool:
+        result = run(profile, steady(config, rate), Static("probe", n), startup_s=0,
+                     slo=config.slo)  # fmt: skip
+        return score(result, config.slo).attainment >= 0.95
+
+    for rate in (3.0, 20.0):
+        n = smallest_static(config, rate)
+        assert holds(n, rate), (rate, n)
+        assert n == config.min_replicas or not holds(n - 1, rate), (rate, n)
+    # The guess is the derived profile's shares rounded up: 20 requests/s are several.
+    assert 2 < shares(config, 20.0) < config.max_replicas
+
+
+def test_the_planner_margin_is_pooled_unless_asked_otherwise() -> None:
+    cell = Cell("planner", "step", 0.0, static_replicas=1)
+    planner = policy_for(SMALL, cell)
+    assert isinstance(planner, Planner) and planner.config.tuning.pooled_from_shares == 4.0
+    flat = policy_for(dataclasses.replace(SMALL, pooled_margin=False, utilization=(0.9, 0.7)), cell)
+    assert isinstance(flat, Planner) and flat.config.tuning.pooled_from_shares is None
+    assert flat.config.tuning.target_utilization == 0.9
 
 
 def test_runs_are_deterministic() -> None:

@@ -44,6 +44,11 @@ def parser() -> argparse.ArgumentParser:
                    "own)")  # fmt: skip
     p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
                    help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
+    p.add_argument("--max-replicas", type=int, default=d.max_replicas,
+                   help="every dynamic arm's ceiling, and the static search's")  # fmt: skip
+    p.add_argument("--proportional-margin", action="store_true",
+                   help="the planner's margin in proportion to the load at every pool "
+                   "size (default: pooled above 4 shares, docs/planner.md)")  # fmt: skip
     p.add_argument("--admission-max-queue-s", type=float, metavar="S",
                    help="the gateway refuses (503) a request whose best queue is longer "
                    "than S seconds, in every arm (default: off, every request queues)")  # fmt: skip
@@ -67,6 +72,8 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         utilization=tuple(args.utilization) if args.utilization else None,
         planner_interval_s=args.planner_interval,
         admission_max_queue_s=args.admission_max_queue_s,
+        max_replicas=args.max_replicas,
+        pooled_margin=not args.proportional_margin,
     )
     if args.quick:
         config = dataclasses.replace(

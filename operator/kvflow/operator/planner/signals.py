@@ -88,8 +88,8 @@ def backlog_want(
     grows = (short_now * first_s + short_then * (startup_s - first_s)) * requests_per_share
     queued = waiting + grows
     extra = queued / t.backlog_drain_s / requests_per_share
-    need = math.ceil((loads.shares_sizing + extra) / t.target_utilization - 1e-9)
-    sustained = math.ceil(loads.shares_sizing / t.target_utilization - 1e-9)
+    need = t.replicas_for(loads.shares_sizing + extra, t.target_utilization)
+    sustained = t.replicas_for(loads.shares_sizing, t.target_utilization)
     text = (
         f"{waiting:.0f} requests queued ({queued:.0f} when a new replica serves): {need} drain "
         f"them within {t.backlog_drain_s:.0f} s"
@@ -112,6 +112,13 @@ def _sides(role: WorkerRole) -> tuple[bool, bool]:
 def _scaled(ready: int, factor: float, cap: float) -> int:
     """Replicas for `factor` times the work of `ready`: always at least one more."""
     return max(ready + 1, math.ceil(ready * min(factor, cap)))
+
+
+def _pooled(loads: Loads, t: Tuning) -> str:
+    shares, pooled = loads.shares_sizing, t.pooled_from_shares
+    if shares is None or pooled is None or shares <= pooled:
+        return ""
+    return f", the margin pooled over {shares:.1f} shares"
 
 
 def _is_low(latency_s: float | None, target_s: float, t: Tuning) -> bool:
@@ -147,7 +154,7 @@ def assess(
     # that overstates.
     sized = None
     if loads.shares_sizing is not None:
-        sized = math.ceil(loads.shares_sizing / t.target_utilization - 1e-9)
+        sized = t.replicas_for(loads.shares_sizing, t.target_utilization)
     has_room = sized is not None and obs.desired_replicas > 0 and sized <= obs.desired_replicas
 
     backlog = None
@@ -250,21 +257,21 @@ def assess(
         if loads.shares_sizing is None:
             calm.append("load unmeasured")
         else:
-            need = math.ceil(loads.shares_sizing / t.target_utilization - 1e-9)
+            need = t.replicas_for(loads.shares_sizing, t.target_utilization)
             if need > obs.desired_replicas or (obs.desired_replicas == 0 and need > 0):
                 wants.append(
                     Want(
                         need,
                         "ForecastLoad",
                         f"{loads.text} needs {need} at {t.target_utilization:.0%} of "
-                        f"{rcfg.capacity.source or 'the capacity profile'}",
+                        f"{rcfg.capacity.source or 'the capacity profile'}{_pooled(loads, t)}",
                         is_reactive=False,
                     )
                 )
             if backlog is not None and backlog.replicas > max(need, obs.desired_replicas):
                 wants.append(backlog)
             if not calm:
-                down_to = math.ceil(loads.shares_sizing / t.scale_down_utilization - 1e-9)
+                down_to = t.replicas_for(loads.shares_sizing, t.scale_down_utilization)
     elif not calm:
         # Without a capacity profile only the last saturation says how far the load would
         # stretch fewer replicas: one step down per stabilization window, when all is calm

@@ -19,6 +19,7 @@ None as zero and says in the decision's message which inputs it lacked.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -124,6 +125,10 @@ class Tuning:
     # replicas would run below scale_down_utilization (the gap is the hysteresis band).
     target_utilization: float = 0.8
     scale_down_utilization: float = 0.6
+    # Above this many replica shares of load, the margin those utilisations leave grows as
+    # the square root of the load, not in proportion to it (`replicas_for`). None: always
+    # in proportion.
+    pooled_from_shares: float | None = 4.0
     # Latency at the percentile above target x this: violated. Below target x this: calm
     # enough to consider removing a replica.
     scale_down_latency_ratio: float = 0.6
@@ -145,6 +150,22 @@ class Tuning:
     forecast_level_alpha: float = 0.5
     forecast_trend_beta: float = 0.3
     max_forecast_growth: float = 1.5
+
+    def replicas_for(self, shares: float, utilization: float) -> int:
+        """Replicas that carry `shares` of load with the margin `utilization` asks for.
+
+        A margin absorbs the load's bursts, and Poisson arrivals spread R shares by about
+        sqrt(R) shares: a pool's relative burst shrinks as it grows (square-root staffing).
+        So up to `pooled_from_shares` (the pool size the defaults were tuned at, docs/
+        planner.md) the margin is in proportion, R / u; above it, R + (1/u - 1) x
+        sqrt(pooled_from_shares x R): equal at that point, smaller beyond (21 replicas
+        where R / 0.8 takes 24, at 18.65 shares).
+        """
+        need = shares / utilization
+        pooled = self.pooled_from_shares
+        if pooled is not None and shares > pooled:
+            need = shares + (1 / utilization - 1) * math.sqrt(pooled * shares)
+        return math.ceil(need - 1e-9)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from kvflow.cli.sim.autoscale import ReplicaSample, Slo, run
 from kvflow.cli.sim.autoscale_bench import (
     BenchConfig,
     Cell,
+    follower_replica_hours,
     measured_capacity,
     policy_for,
     run_cell,
@@ -137,6 +138,22 @@ def test_static_sizing_starts_at_the_profile_and_finds_the_fewest_that_hold() ->
         assert n == config.min_replicas or not holds(n - 1, rate), (rate, n)
     # The guess is the derived profile's shares rounded up: 20 requests/s are several.
     assert 2 < shares(config, 20.0) < config.max_replicas
+
+
+def test_the_instant_follower_bound() -> None:
+    # The step at 20 requests/s peak (4 in the low phase) on SMALL: the follower holds the
+    # margin's sizing of each phase, high from 1/5 to 3/5 of 300 s (120 s), low 180 s.
+    config = SMALL
+    tune = policy_for(config, Cell("planner", "step", 0.0, static_replicas=1)).config.tuning
+    high = tune.replicas_for(shares(config, 20.0), 0.8)
+    low = max(1, tune.replicas_for(shares(config, 4.0), 0.8))
+    assert high > low
+    hours = follower_replica_hours(config, "step")
+    assert hours == pytest.approx((high * 120 + low * 180) / 3600)
+    # The proportional margin never sizes a pool smaller.
+    flat = dataclasses.replace(config, pooled_margin=False, peak_rate_per_s=200.0)
+    pooled = dataclasses.replace(config, peak_rate_per_s=200.0)
+    assert follower_replica_hours(pooled, "step") < follower_replica_hours(flat, "step")
 
 
 def test_the_planner_margin_is_pooled_unless_asked_otherwise() -> None:

@@ -195,6 +195,24 @@ def shares(config: BenchConfig, rate: float) -> float:
     )
 
 
+def follower_replica_hours(config: BenchConfig, shape: str) -> float:
+    """A bound for the planner: replica-hours of a pool that always has exactly the
+    replicas its margin sizes the offered rate for (`Tuning.replicas_for` at the target
+    utilisation, at least `min_replicas`), with no lag, no forecast error and instant pods.
+
+    For the trace, whose `rate_at` is its mean, this is the flat mean's sizing.
+    """
+    t = tuning(config) or Tuning()
+    traffic = config.traffic(shape)
+    num = max(1, int(traffic.duration_s))
+    dt_s = traffic.duration_s / num
+    total_s = 0.0
+    for i in range(num):
+        load = shares(config, traffic.rate_at((i + 0.5) * dt_s))
+        total_s += max(config.min_replicas, t.replicas_for(load, t.target_utilization)) * dt_s
+    return total_s / 3600
+
+
 def tuning(config: BenchConfig) -> Tuning | None:
     """The planner's Tuning for the config (None: its defaults)."""
     changes: dict[str, object] = {}

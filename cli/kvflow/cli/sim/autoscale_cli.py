@@ -17,7 +17,13 @@ from typing import TextIO
 
 from kvflow.cli.bench.report_json import write_json
 from kvflow.cli.sim.autoscale import Slo
-from kvflow.cli.sim.autoscale_bench import ARMS, BenchConfig, Cell, run_grid
+from kvflow.cli.sim.autoscale_bench import (
+    ARMS,
+    BenchConfig,
+    Cell,
+    follower_replica_hours,
+    run_grid,
+)
 from kvflow.cli.sim.autoscale_metrics import Score
 from kvflow.cli.sim.autoscale_report import plot, report_dict, table
 from kvflow.cli.sim.autoscale_traffic import SHAPES
@@ -106,9 +112,10 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
               f"({time.monotonic() - start:.0f} s)", file=err, flush=True)  # fmt: skip
 
     rows = run_grid(config, jobs=args.jobs, done=done)
-    print(table(rows), file=out, flush=True)
+    bound = {shape: follower_replica_hours(config, shape) for shape in config.shapes}
+    print(table(rows, bound), file=out, flush=True)
     if args.json:
-        write_json(args.json, report_dict(config, rows))
+        write_json(args.json, report_dict(config, rows, bound))
         print(f"autoscale: wrote {args.json}", file=err)
     if args.plot:
         plot(rows, config.slo, args.plot, startup_s=60.0 if 60.0 in config.startups_s else 0.0)

@@ -14,8 +14,12 @@ from kvflow.cli.sim.autoscale_metrics import Score, buckets
 Row = tuple[Cell, Score, RunResult]
 
 
-def table(rows: Sequence[Row]) -> str:
-    """One line per cell; replica-hours also as a ratio to static-peak on the same shape."""
+def table(rows: Sequence[Row], follower_hours: dict[str, float] | None = None) -> str:
+    """One line per cell; replica-hours also as a ratio to static-peak on the same shape.
+
+    `follower_hours`: per shape, the replica-hours of an instant follower at the planner's
+    margin (`follower_replica_hours`), a line of its own after the shape's cells.
+    """
     peak = {c.shape: s.replica_hours for c, s, _ in rows if c.arm == "static-peak"}
     lines = [
         "| traffic | arm | start-up | SLO attainment | replica-hours | vs static-peak "
@@ -32,11 +36,20 @@ def table(rows: Sequence[Row]) -> str:
             f"| {ratio} | {s.scale_events_per_hour:.1f} | {recovery} | {s.max_replicas} "
             f"| {s.num_refused / s.num_requests if s.num_requests else 0:.1%} |"
         )
+    for shape, hours in (follower_hours or {}).items():
+        ratio = f"{hours / peak[shape]:.2f}x" if peak.get(shape) else "-"
+        lines.append(
+            f"| {shape} | instant follower (bound) | 0 s | - | {hours:.2f} | {ratio} "
+            "| - | - | - | - |"
+        )
     return "\n".join(lines)
 
 
-def report_dict(config: BenchConfig, rows: Sequence[Row]) -> dict[str, Any]:
+def report_dict(
+    config: BenchConfig, rows: Sequence[Row], follower_hours: dict[str, float] | None = None
+) -> dict[str, Any]:
     return {
+        "follower_replica_hours": follower_hours or {},
         "config": {
             "profile": config.profile,
             "max_num_seqs": config.max_num_seqs,

@@ -163,6 +163,10 @@ def test_the_planner_margin_is_pooled_unless_asked_otherwise() -> None:
     flat = policy_for(dataclasses.replace(SMALL, pooled_margin=False, utilization=(0.9, 0.7)), cell)
     assert isinstance(flat, Planner) and flat.config.tuning.pooled_from_shares is None
     assert flat.config.tuning.target_utilization == 0.9
+    short = dataclasses.replace(SMALL, stabilization_s=60.0)
+    assert policy_for(short, cell).config.scale_down_stabilization_s == 60.0
+    reactive = policy_for(short, Cell("reactive", "step", 0.0, static_replicas=1))
+    assert isinstance(reactive, Reactive) and reactive.stabilization_s == 60.0
 
 
 def test_runs_are_deterministic() -> None:

@@ -65,6 +65,8 @@ class BenchConfig:
     # The planner's Tuning.pooled_from_shares: False sizes every pool in proportion to its
     # load (the rule before the pooled margin), for an A/B of the two.
     pooled_margin: bool = True
+    # Both dynamic arms' scale-down stabilization window (HPA's and the CRD's default).
+    stabilization_s: float = 300.0
     # The gateway's admission control for every arm, as its --admission-max-queue-time-s
     # (the shed bound set to the same: one tenant); None: off, every request queues.
     admission_max_queue_s: float | None = None
@@ -229,7 +231,12 @@ def policy_for(config: BenchConfig, cell: Cell, measured: CapacityProfile | None
     if cell.arm in ("static-peak", "static-mean"):
         return Static(cell.arm, cell.static_replicas)
     if cell.arm == "reactive":
-        return Reactive(config.min_replicas, config.max_replicas, cell.static_replicas)
+        return Reactive(
+            config.min_replicas,
+            config.max_replicas,
+            cell.static_replicas,
+            stabilization_s=config.stabilization_s,
+        )
     if cell.arm in ("planner", "planner-measured"):
         capacity = config.capacity()
         if cell.arm == "planner-measured":
@@ -247,6 +254,7 @@ def policy_for(config: BenchConfig, cell: Cell, measured: CapacityProfile | None
                 startup_s=cell.startup_s,
                 interval_s=config.planner_interval_s,
                 tuning=tuning(config),
+                scale_down_stabilization_s=config.stabilization_s,
             ),
             name=cell.arm,
         )

@@ -50,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
                    "own)")  # fmt: skip
     p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
                    help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
+    p.add_argument("--stabilization-s", type=float, default=d.stabilization_s,
+                   help="the planner's and the reactive arm's scale-down stabilization "
+                   "window, seconds")  # fmt: skip
     p.add_argument("--max-replicas", type=int, default=d.max_replicas,
                    help="every dynamic arm's ceiling, and the static search's")  # fmt: skip
     p.add_argument("--proportional-margin", action="store_true",
@@ -79,6 +82,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         planner_interval_s=args.planner_interval,
         admission_max_queue_s=args.admission_max_queue_s,
         max_replicas=args.max_replicas,
+        stabilization_s=args.stabilization_s,
         pooled_margin=not args.proportional_margin,
     )
     if args.quick:

@@ -140,6 +140,7 @@ def planner_config(
     startup_s: float,
     interval_s: float = 30.0,
     tuning: Tuning | None = None,
+    scale_down_stabilization_s: float = 300.0,
 ) -> PlannerConfig:
     role = RoleConfig(
         spec_replicas=initial,
@@ -153,6 +154,7 @@ def planner_config(
         tpot_target_s=tpot_target_s,
         percentile=percentile,
         interval_s=interval_s,
+        scale_down_stabilization_s=scale_down_stabilization_s,
         # The benchmark's startup delay is what the pool's replicaStartupSeconds would say.
         replica_startup_s=startup_s,
         tuning=tuning if tuning is not None else Tuning(),

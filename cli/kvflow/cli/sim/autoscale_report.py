@@ -67,6 +67,10 @@ def report_dict(
             "seed": config.seed,
             "admission_max_queue_s": config.admission_max_queue_s,
             "planner_interval_s": config.planner_interval_s,
+            "utilization": config.utilization,
+            "pooled_margin": config.pooled_margin,
+            "stabilization_s": config.stabilization_s,
+            "max_replicas": config.max_replicas,
         },
         "cells": [
             {

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvflow.engine_worker import tracing as worker_tracing
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import from_json
 from kvflow.operator.builders.desired import desired_children
 from kvflow.operator.builders.names import Images, PoolRef
-from kvflow.router import tracing as router_tracing
+from kvflow.proto.otel import tracing_config
 
 POOL = PoolRef(name="p", namespace="ns", uid="uid-1", generation=3)
 IMAGES = Images(worker="img/worker:1", router="img/router:1")
@@ -39,12 +38,12 @@ def test_an_endpoint_reaches_every_router_and_worker_container() -> None:
     for name, env in envs.items():
         assert env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == ENDPOINT, name
         assert "kvflow.pool=p" in env["OTEL_RESOURCE_ATTRIBUTES"]
-        for read in (router_tracing.tracing_config, worker_tracing.tracing_config):
-            config = read(None, None, env)
-            assert (config.endpoint, config.sample_ratio) == (ENDPOINT, 0.25), name
+        # What the router and the workers read back (both read through kvflow.proto.otel).
+        config = tracing_config(None, None, env)
+        assert (config.endpoint, config.sample_ratio) == (ENDPOINT, 0.25), name
 
 
 def test_no_endpoint_no_variables() -> None:
     for name, env in container_envs({}).items():
         assert not [k for k in env if k.startswith("OTEL_")], name
-        assert router_tracing.tracing_config(None, None, env).endpoint is None
+        assert tracing_config(None, None, env).endpoint is None

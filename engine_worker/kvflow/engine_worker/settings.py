@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvflow.engine_worker.tracing import TracingConfig, tracing_config
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
+from kvflow.proto.otel import TracingConfig, tracing_config
 
 ROLES = ("both", "prefill", "decode")
 DTYPES = ("float32", "bfloat16", "float16")

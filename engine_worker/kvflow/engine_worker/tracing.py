@@ -15,13 +15,12 @@ sampling decision holds here. Prompt and completion tokens are never put in a sp
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from kvflow.proto import worker_pb2 as pb
+from kvflow.proto.otel import TracingConfig, tracer_provider
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -34,35 +33,6 @@ TRACEPARENT = "traceparent"
 _NS_PER_S = 1_000_000_000
 
 
-@dataclass(frozen=True)
-class TracingConfig:
-    endpoint: str | None = None  # None: tracing off
-    sample_ratio: float = 1.0
-
-
-def tracing_config(
-    endpoint: str | None, sample_ratio: float | None, env: Mapping[str, str] = os.environ
-) -> TracingConfig:
-    """Flags first, then OTel's standard environment variables. Raises ValueError."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return TracingConfig()
-    endpoint = (
-        endpoint
-        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or None
-    )
-    if sample_ratio is None:
-        text = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-        try:
-            sample_ratio = float(text) if text else 1.0
-        except ValueError:
-            raise ValueError(f"OTEL_TRACES_SAMPLER_ARG={text!r} is not a ratio in [0, 1]") from None
-    if not 0.0 <= sample_ratio <= 1.0:
-        raise ValueError(f"the trace sample ratio {sample_ratio:g} is not in [0, 1]")
-    return TracingConfig(endpoint, sample_ratio)
-
-
 _tracer: Tracer | None = None
 
 
@@ -71,17 +41,7 @@ def configure(config: TracingConfig, service_name: str = SERVICE_NAME) -> bool:
     global _tracer
     if config.endpoint is None:
         return False
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
-    provider = TracerProvider(  # flushes at exit: it registers its own shutdown
-        resource=Resource.create({"service.name": service_name}),
-        sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
-    )
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
+    provider = tracer_provider(config, service_name)
     _tracer = provider.get_tracer("kvflow.engine_worker")
     log.info("tracing on: OTLP/gRPC to %s", config.endpoint)
     return True

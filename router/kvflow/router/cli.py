@@ -16,6 +16,7 @@ from pathlib import Path
 
 import uvloop
 
+from kvflow.proto import otel
 from kvflow.router import tracing
 from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.serving.admission import (
@@ -215,9 +216,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
             poll_interval_s=args.admission_poll_interval_s,
             is_enabled=args.admission == "on",
         )
-        traces = tracing.tracing_config(args.otlp_traces_endpoint,
+        traces = otel.tracing_config(args.otlp_traces_endpoint,
                                         args.otlp_traces_sample_ratio, env)  # fmt: skip
-    except (AdmissionConfigError, tracing.TracingConfigError) as exc:
+    except (AdmissionConfigError, otel.TracingConfigError) as exc:
         raise ConfigError(str(exc)) from exc
     config = load_config(args.config)
     if config.pools:

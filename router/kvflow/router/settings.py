@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from kvflow.proto.otel import TracingConfig
 from kvflow.router.api.drain import DEFAULT_DRAIN_GRACE_S
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
@@ -61,7 +62,6 @@ from kvflow.router.tenants.config import (
     parse_tenants,
 )
 from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
-from kvflow.router.tracing import TracingConfig
 from kvflow.router.workers.deadlines import StreamDeadlines
 
 # 8 MiB: an 8k-token prompt is about 32 KB of text; even a 128k-token context with JSON

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from kvflow.proto.otel import TracingConfig, tracer_provider
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -33,41 +33,6 @@ TRACEPARENT = "traceparent"
 INTERNAL, SERVER, CLIENT = "internal", "server", "client"
 
 
-class TracingConfigError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class TracingConfig:
-    endpoint: str | None = None  # None: tracing off
-    sample_ratio: float = 1.0
-
-
-def tracing_config(
-    endpoint: str | None, sample_ratio: float | None, env: Mapping[str, str] = os.environ
-) -> TracingConfig:
-    """Flags first, then OTel's standard environment variables (what OTel users expect)."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return TracingConfig()
-    endpoint = (
-        endpoint
-        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or None
-    )
-    if sample_ratio is None:
-        text = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-        try:
-            sample_ratio = float(text) if text else 1.0
-        except ValueError:
-            raise TracingConfigError(
-                f"OTEL_TRACES_SAMPLER_ARG={text!r} is not a number; give a ratio in [0, 1]"
-            ) from None
-    if not 0.0 <= sample_ratio <= 1.0:
-        raise TracingConfigError(f"the trace sample ratio {sample_ratio:g} is not in [0, 1]")
-    return TracingConfig(endpoint, sample_ratio)
-
-
 _tracer: Tracer | None = None
 _shutdown = None
 
@@ -77,18 +42,7 @@ def configure(config: TracingConfig, service_name: str = SERVICE_NAME) -> bool:
     global _tracer, _shutdown
     if config.endpoint is None:
         return False
-    # Imported here: a gateway without tracing never loads the SDK.
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name}),
-        sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
-    )
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
+    provider = tracer_provider(config, service_name)  # the SDK, imported only now
     _tracer = provider.get_tracer("kvflow.router")
     _shutdown = provider.shutdown  # also runs at exit (the provider registers it)
     log.info("tracing on: OTLP/gRPC to %s, sample ratio %g", config.endpoint,

@@ -75,8 +75,9 @@ def test_the_replicas_of_a_drained_backlog_go_without_a_window() -> None:
     _settled(run, 4)
     d = run.step("prefill", calm(330, 4, num_waiting_requests=1200.0, **HOT))
     assert (d.replicas, d.reason) == (7, "Backlog")  # 3 + 2 shares at 80 %
-    # Drained: the load needs 5 at the scale-down's 60 %, and what the stabilization window
-    # remembers of the backlog is the 4 its load needed, not the 7 of its drain.
+    # Drained: 7 run under the scale-down's 60 % (3 shares need 5 for that), so the pool
+    # lands mid-band, 5 at 70 %; and what the stabilization window remembers of the
+    # backlog is the 4 its load needed, not the 7 of its drain.
     d = run.step("prefill", calm(360, 7, num_waiting_requests=0.0, **HOT))
     assert (d.replicas, d.reason) == (5, "Underloaded")
 

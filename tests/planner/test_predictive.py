@@ -113,6 +113,36 @@ def test_a_large_step_is_met_with_the_pooled_margin() -> None:
     assert max(utils[11:]) <= 1.0
 
 
+def _changes(run: Run, replicas: int, rate: float, start_s: float, steps: int) -> list[Decision]:
+    """Decisions at a steady rate for `steps` intervals: the changes, and the last one."""
+    seen = []
+    for i in range(steps):
+        d = run.step("prefill", calm(start_s + 30 * i, replicas, request_rate_per_s=rate))
+        replicas = d.replicas
+        seen.append(d)
+    return [d for d in seen[:-1] if d.is_change] + seen[-1:]
+
+
+def test_a_scale_down_lands_mid_band() -> None:
+    # 10 replicas, then 3.5 shares of load (35 requests/s of 1,000-token prompts): they run
+    # at 35 %, under the band's 60 %. After a window the pool lands at 70 %: 5 replicas
+    # (the band's edge, 3.5 / 0.6, would keep 6), and stays.
+    run = Run(config("prefill", capacity=CAP, max_replicas=20))
+    *changes, last = _changes(run, 10, 35.0, 0, 14)
+    assert [(d.replicas, d.reason) for d in changes] == [(5, "Underloaded")]
+    assert (last.replicas, last.reason) == (5, "Steady")
+    # 4 shares on 10 land at 6 (4 / 0.7 = 5.7), not at the target's 5, whose edge a 5 %
+    # rise would cross (4.2 / 0.8 = 5.25: one more)...
+    run = Run(config("prefill", capacity=CAP, max_replicas=20))
+    *changes, last = _changes(run, 10, 40.0, 0, 14)
+    assert [(d.replicas, d.reason) for d in changes] == [(6, "Underloaded")]
+    # ...so the rise, and the fall back, leave it where it is.
+    *changes, last = _changes(run, 6, 42.0, 420, 3)
+    assert not changes and (last.replicas, last.reason) == (6, "Steady")
+    *changes, last = _changes(run, 6, 40.0, 510, 12)
+    assert not changes and (last.replicas, last.reason) == (6, "Steady")
+
+
 def test_flapping_load_gives_no_flapping_decisions() -> None:
     # 15 k and 5 k prompt tokens/s on alternate intervals, for 40 minutes.
     decisions, _ = _loop(

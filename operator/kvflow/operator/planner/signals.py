@@ -271,7 +271,16 @@ def assess(
             if backlog is not None and backlog.replicas > max(need, obs.desired_replicas):
                 wants.append(backlog)
             if not calm:
-                down_to = t.replicas_for(loads.shares_sizing, t.scale_down_utilization)
+                # The band decides *whether* to shrink (the replicas there run below
+                # scale_down_utilization); a shrink lands mid-band (70 %), where noise of
+                # either sign leaves the pool inside the band. Landing at the band's edge ran
+                # every declining pool at 60 %, a third more replicas than the 80 % target
+                # sizes for, through every evening; landing at the target itself put the
+                # pool on the edge of a scale-up, which a 5 % rise then crossed.
+                floor = t.replicas_for(loads.shares_sizing, t.scale_down_utilization)
+                mid = (t.target_utilization + t.scale_down_utilization) / 2
+                landing = t.replicas_for(loads.shares_sizing, mid)
+                down_to = landing if floor < obs.desired_replicas else floor
     elif not calm:
         # Without a capacity profile only the last saturation says how far the load would
         # stretch fewer replicas: one step down per stabilization window, when all is calm

@@ -121,8 +121,9 @@ class RoleConfig:
 class Tuning:
     """The model's thresholds. Defaults and their reasons are in docs/planner.md."""
 
-    # Size for this share of a replica's SLO capacity; scale down only when the remaining
-    # replicas would run below scale_down_utilization (the gap is the hysteresis band).
+    # Size for this share of a replica's SLO capacity; scale down only when the replicas
+    # there run below scale_down_utilization (the gap is the hysteresis band), and then to
+    # the band's middle.
     target_utilization: float = 0.8
     scale_down_utilization: float = 0.6
     # Above this many replica shares of load, the margin those utilisations leave grows as

@@ -32,6 +32,16 @@ def test_a_backlog_is_sized_for_the_queue_when_new_replicas_serve() -> None:
     assert (d.replicas, d.reason) == (4, "ForecastLoad")
 
 
+def test_a_queue_the_gateway_bounds_does_not_grow_while_replicas_start() -> None:
+    # As above, but the gateway refuses what its queues cannot take in time (a third of the
+    # window's requests): the excess is refused, not queued, so only the 600 there drain
+    # (1 share): 5 replicas, not the 7 a queue growing for the whole start-up would buy.
+    obs = calm(0, 2, num_waiting_requests=600.0, shed_fraction=0.33, **HOT)
+    d = Run(config("prefill", capacity=CAP, max_replicas=20)).step("prefill", obs)
+    assert (d.replicas, d.reason) == (5, "Backlog")
+    assert "600 requests queued (600 when a new replica serves)" in d.message
+
+
 def test_a_short_queue_is_a_batch_forming_not_a_backlog() -> None:
     # 6 replicas at 10 requests/s drain 20 queued within a tenth of a second: it neither
     # buys replicas nor blocks the scale-down to 2 (10 k tokens/s at 60 %).

@@ -143,6 +143,26 @@ def test_a_scale_down_lands_mid_band() -> None:
     assert not changes and (last.replicas, last.reason) == (6, "Steady")
 
 
+def test_a_long_decline_shrinks_when_it_crosses_the_band() -> None:
+    # 10 replicas hold 6.3 shares for a window: inside the band (the pooled 60 % edge
+    # sizes 9.7 replicas), but what the load needs is 9 (8.5 at 70 %). The window
+    # remembers that 9, not the 10 held, so when the load falls to 5.4 shares (its edge:
+    # 8.5, under 10) the pool shrinks at once, to the window's most: 9.
+    run = Run(config("prefill", capacity=CAP, max_replicas=20))
+    *changes, last = _changes(run, 10, 63.0, 0, 12)
+    assert not changes and (last.replicas, last.reason) == (10, "Steady")
+    d = run.step("prefill", calm(360, 10, request_rate_per_s=54.0))
+    assert (d.replicas, d.reason) == (9, "Underloaded"), d.message
+    # A load that needed every replica within the window still holds them: 7.5 shares
+    # want 10 at 70 %, so the fall to 5.4 waits out the window, then lands at 8.
+    run = Run(config("prefill", capacity=CAP, max_replicas=20))
+    _changes(run, 10, 75.0, 0, 12)
+    *changes, last = _changes(run, 10, 54.0, 360, 10)
+    assert not changes and (last.replicas, last.reason) == (10, "Stabilizing"), last.message
+    d = run.step("prefill", calm(360 + 300, 10, request_rate_per_s=54.0))
+    assert (d.replicas, d.reason) == (8, "Underloaded"), d.message
+
+
 def test_flapping_load_gives_no_flapping_decisions() -> None:
     # 15 k and 5 k prompt tokens/s on alternate intervals, for 40 minutes.
     decisions, _ = _loop(

@@ -268,7 +268,17 @@ def _choose_autoscaled(
         return _scale_down(obs, config, state, loads, want, note)
     if found.is_blind:
         return _Step(current, "MetricsMissing", f"holding: latency unmeasured{note}")
-    return _Step(current, "Steady", f"{found.hold_note or 'within the hysteresis band'}{note}")
+    # Inside the band the window remembers what the load needs (the landing), not the
+    # replicas held, as HPA remembers its recommendations: when the band is crossed after a
+    # long decline the shrink need not wait a whole window more. Over the window's maximum
+    # it still never shrinks below what any interval in it wanted.
+    wanted = None if found.settles_at is None else min(found.settles_at, current)
+    return _Step(
+        current,
+        "Steady",
+        f"{found.hold_note or 'within the hysteresis band'}{note}",
+        wanted=wanted,
+    )
 
 
 def _largest(wants: tuple[Want, ...], current: int) -> Want | None:

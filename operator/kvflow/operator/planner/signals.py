@@ -57,6 +57,10 @@ class Assessment:
     is_blind: bool  # traffic, but the role's own latency is unmeasured
     draining: str = ""  # over target, improving, and the profile says there is room
     sized: int | None = None  # replicas the load needs at target utilisation (with a profile)
+    # Replicas a shrink would land on for this load (mid-band), judged whether or not the
+    # band lets it shrink now; None: no shrink could be judged (no profile, unmeasured, or
+    # a queue, KV or latency note holds the role).
+    settles_at: int | None = None
 
 
 def backlog_want(
@@ -259,6 +263,7 @@ def assess(
         calm.append(f"{obs.num_waiting_requests:.0f} requests queued")
 
     down_to: int | None = None
+    settles_at: int | None = None
     if rcfg.capacity is not None:
         if loads.shares_sizing is None:
             calm.append("load unmeasured")
@@ -287,6 +292,7 @@ def assess(
                 mid = (t.target_utilization + t.scale_down_utilization) / 2
                 landing = t.replicas_for(loads.shares_sizing, mid)
                 down_to = landing if floor < obs.desired_replicas else floor
+                settles_at = landing
     elif not calm:
         # Without a capacity profile only the last saturation says how far the load would
         # stretch fewer replicas: one step down per stabilization window, when all is calm
@@ -314,4 +320,5 @@ def assess(
         is_blind=is_blind,
         draining="; ".join(draining),
         sized=sized,
+        settles_at=settles_at,
     )

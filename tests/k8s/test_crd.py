@@ -155,6 +155,11 @@ def test_defaults_are_filled_in_by_the_api_server(
             "spec.router.admission.pollIntervalSeconds: Invalid value: 0",
         ),
         (
+            "utilization-too-hot",
+            {"model": {"servedName": "m"}, "autoscaling": {"targetUtilization": 0.99}},
+            "spec.autoscaling.targetUtilization in body should be less than or equal to 0.95",
+        ),
+        (
             "9starts-with-digit",
             {"model": {"servedName": "m"}},
             "an InferencePool name must start with a letter",

@@ -112,6 +112,15 @@ class AutoscalingSpec:
         minimum=0,
         exclusive_minimum=True,
     )
+    target_utilization: float = field(
+        """With a per-replica capacity, size each role for its load at this share of that
+        capacity (the margin for bursts and the profile's error; above 4 replicas' worth of
+        load the margin is pooled, docs/planner.md). A role shrinks when its replicas run
+        0.2 below it. Higher runs fewer GPUs, closer to the SLO's edge.""",
+        0.8,
+        minimum=0.4,
+        maximum=0.95,
+    )
     prometheus: PrometheusSource | None = field(
         """Read the planner's inputs from this Prometheus. Unset: the operator scrapes the
         workers' and routers' /metrics itself. Unreachable: the planner holds replicas and

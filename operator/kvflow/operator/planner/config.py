@@ -49,5 +49,5 @@ def config_from_spec(
         scale_up_cooldown_s=float(auto.scale_up_cooldown_seconds),
         replica_startup_s=float(auto.replica_startup_seconds),
         enabled=auto.enabled,
-        tuning=tuning if tuning is not None else Tuning(),
+        tuning=tuning if tuning is not None else Tuning().with_target(auto.target_utilization),
     )

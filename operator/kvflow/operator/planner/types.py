@@ -20,7 +20,7 @@ None as zero and says in the decision's message which inputs it lacked.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvflow.operator.builders.names import WorkerRole
@@ -151,6 +151,18 @@ class Tuning:
     forecast_level_alpha: float = 0.5
     forecast_trend_beta: float = 0.3
     max_forecast_growth: float = 1.5
+
+    def with_target(self, target_utilization: float) -> Tuning:
+        """The same hysteresis band, moved to size for `target_utilization`."""
+        if target_utilization == self.target_utilization:
+            return self
+        band = self.target_utilization - self.scale_down_utilization
+        return replace(
+            self,
+            target_utilization=target_utilization,
+            # Rounded, so 0.9 gives 0.7, not 0.7000000000000001.
+            scale_down_utilization=round(target_utilization - band, 9),
+        )
 
     def replicas_for(self, shares: float, utilization: float) -> int:
         """Replicas that carry `shares` of load with the margin `utilization` asks for.

@@ -268,7 +268,8 @@ def assess(
         if loads.shares_sizing is None:
             calm.append("load unmeasured")
         else:
-            need = t.replicas_for(loads.shares_sizing, t.target_utilization)
+            assert sized is not None  # set above whenever the load is measured
+            need = sized
             if need > obs.desired_replicas or (obs.desired_replicas == 0 and need > 0):
                 wants.append(
                     Want(

@@ -19,6 +19,7 @@ def _loop(
     capacity: CapacityProfile | None,
     num_steps: int,
     replicas: int,
+    **settings: object,
 ) -> tuple[list[Decision], list[float]]:
     """A prefill role whose TTFT breaks when its prompt load passes its real capacity."""
 
@@ -28,7 +29,7 @@ def _loop(
         ttft = 0.2 * TTFT_S if util <= 1 else TTFT_S * (1 + 5 * (util - 1))
         return calm(time_s, n, request_rate_per_s=rate(time_s), ttft_s=ttft)
 
-    cfg = config("prefill", capacity=capacity, max_replicas=20, replica_startup_s=0)
+    cfg = config("prefill", capacity=capacity, max_replicas=20, replica_startup_s=0, **settings)
     decisions = closed_loop(cfg, "prefill", at, num_steps=num_steps, replicas=replicas)
     utils = [
         rate(i * cfg.interval_s) * 1000 / (d.previous_replicas * CAP.max_prompt_tokens_per_s)
@@ -171,6 +172,22 @@ def test_flapping_load_gives_no_flapping_decisions() -> None:
     changes = [(i, d.previous_replicas, d.replicas) for i, d in enumerate(decisions) if d.is_change]
     assert len(changes) <= 2, changes
     assert all(new > old for _, old, new in changes)  # never down then up again
+
+
+def test_a_short_window_follows_swings_the_default_rides_out() -> None:
+    # 15 k and 5 k prompt tokens/s, each for 4 minutes (docs/benchmarks.md: the price of
+    # a 60 s scaleDownStabilizationSeconds). The default 300 s window holds the 2 replicas
+    # the high phase needs; a 60 s window sheds one in every low phase and adds it back.
+    def swing(t: float) -> float:
+        return 15.0 if int(t // 240) % 2 else 5.0
+
+    held, _ = _loop(swing, capacity=CAP, num_steps=80, replicas=2)
+    assert not [d for d in held if d.is_change]
+    followed, _ = _loop(
+        swing, capacity=CAP, num_steps=80, replicas=2, scale_down_stabilization_s=60.0
+    )
+    changes = [(d.previous_replicas, d.replicas) for d in followed if d.is_change]
+    assert changes[:2] == [(2, 1), (1, 2)] and len(changes) >= 8, changes
 
 
 def test_flapping_at_capacity_without_a_profile_does_not_flap() -> None:

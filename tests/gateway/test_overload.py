@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -102,11 +102,19 @@ def test_full_worker_queue_refuses_at_once_with_a_pushback_and_holds_nothing(
                                              sampling=sampling)  # fmt: skip
                 return stub.Generate(request)
 
-            calls = [generate(i) for i in range(3)]  # one runs, two wait
-            deadline = time.monotonic() + 60  # generous: a loaded CI machine
-            while (await stub.Load(pb.LoadRequest())).num_waiting < 2:
-                assert time.monotonic() < deadline, "the requests never queued"
-                await asyncio.sleep(0.02)
+            async def until(what: str, done: Callable[[pb.LoadResponse], bool]) -> None:
+                deadline = time.monotonic() + 60  # generous: a loaded CI machine
+                while not done(await stub.Load(pb.LoadRequest())):
+                    assert time.monotonic() < deadline, f"never {what}"
+                    await asyncio.sleep(0.02)
+
+            # One runs, then two wait. Sent together, all three could arrive before the
+            # engine's next step took the first: the third then found 2 waiting and was
+            # refused, and the queue never held 2 (it failed that way on a loaded CI).
+            calls = [generate(0)]
+            await until("ran the first request", lambda got: got.num_running == 1)
+            calls += [generate(1), generate(2)]
+            await until("queued two requests", lambda got: got.num_waiting == 2)
             over = generate(3)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await anext(aiter(over))

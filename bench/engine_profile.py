@@ -1,11 +1,11 @@
 """Where one decode step's time goes: timers around the engine's parts, then torch's ops.
 
 The timers wrap, for the profile only, the scheduler, the attention metadata, the model's
-matrix multiplies (``Linear`` and the LM head), the paged attention (its cache write and
-block gather apart) and the sampler. Torch runs CPU ops synchronously, so wall time around
-a call is its cost. What no timer covers is named by subtraction: the engine's own
-bookkeeping, the runner's tensor building, and the model's elementwise ops (norms, RoPE,
-SiLU, residuals) with the Python between them. A torch.profiler pass over the same kind
+matrix multiplies (the layers' projections and the LM head), the paged attention (its
+cache write and block gather apart) and the sampler. Torch runs CPU ops synchronously, so
+wall time around a call is its cost. What no timer covers is named by subtraction: the
+engine's own bookkeeping, the runner's tensor building, and the model's elementwise ops
+(norms, RoPE, SiLU) with the Python between them. A torch.profiler pass over the same kind
 of step then lists the top ops by self time.
 """
 
@@ -45,7 +45,6 @@ class Timers:
 def timed_engine(engine: Engine, timers: Timers) -> Iterator[None]:
     runner: Any = engine.runner
     model = runner.model
-    linear_forward = llama.Linear.forward
     build = attention.AttentionMetadata.build
     with ExitStack() as stack:
         patches = [
@@ -60,7 +59,9 @@ def timed_engine(engine: Engine, timers: Timers) -> Iterator[None]:
             mock.patch.object(
                 runner.sampler, "sample", timers.wrap("sample", runner.sampler.sample)
             ),
-            mock.patch.object(llama.Linear, "forward", timers.wrap("linear", linear_forward)),
+            # The layer's four projections (the residual adds ride in two of them).
+            mock.patch.object(llama, "_project", timers.wrap("linear", llama._project)),
+            mock.patch.object(llama, "_add_projected", timers.wrap("linear", llama._add_projected)),
             mock.patch.object(
                 attention.AttentionMetadata, "build", staticmethod(timers.wrap("metadata", build))
             ),

@@ -5,6 +5,19 @@ import torch.nn.functional as F
 
 from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape, paged_attention
 
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_attention`` with K and V apart, side by side as the model hands them over."""
+    return paged_attention(q, torch.stack((k, v), dim=1), cache, meta, scale)
+
+
 H, HKV, D, BS, NB = 4, 2, 8, 4, 32
 
 
@@ -50,9 +63,7 @@ def test_chunked_and_batched_decode_match_full_attention() -> None:
         meta = AttentionMetadata.build(
             query_lens=qlens, context_lens=ctxs, block_tables=tbls, block_size=BS
         )
-        o = paged_attention(
-            torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts), cache, meta, scale
-        )
+        o = attend(torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts), cache, meta, scale)
         row = 0
         for i, n in zip(who, qlens, strict=True):
             outs[i].append(o[row : row + n])
@@ -72,9 +83,7 @@ def test_chunked_and_batched_decode_match_full_attention() -> None:
         query_lens=[1, 1, 1], context_lens=ctxs, block_tables=tables, block_size=BS
     )
     assert len(meta.decodes) == 1 and not meta.prefills
-    o = paged_attention(
-        torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts), cache, meta, scale
-    )
+    o = attend(torch.cat(q_parts), torch.cat(k_parts), torch.cat(v_parts), cache, meta, scale)
     for i in range(3):
         outs[i].append(o[i : i + 1])
 
@@ -106,7 +115,7 @@ def test_many_decodes_are_grouped_by_length_and_stay_exact() -> None:
         block_tables=tables,
         block_size=BS,
     )
-    paged_attention(
+    attend(
         torch.cat([q[:-1] for q, _, _ in seqs]),
         torch.cat([k[:-1] for _, k, _ in seqs]),
         torch.cat([v[:-1] for _, _, v in seqs]),
@@ -118,7 +127,7 @@ def test_many_decodes_are_grouped_by_length_and_stay_exact() -> None:
         query_lens=[1] * 20, context_lens=lens, block_tables=tables, block_size=BS
     )
     assert len(meta.decodes) == 3  # 20 sequences, at least 8 per group
-    o = paged_attention(
+    o = attend(
         torch.cat([q[-1:] for q, _, _ in seqs]),
         torch.cat([k[-1:] for _, k, _ in seqs]),
         torch.cat([v[-1:] for _, _, v in seqs]),
@@ -156,12 +165,12 @@ def _prefill_then_decode(
                 meta = AttentionMetadata.build(
                     query_lens=[b - a], context_lens=[b], block_tables=[tables[i]], block_size=BS
                 )
-                o = paged_attention(q[a:b], k[a:b], v[a:b], cache, meta, D**-0.5)
+                o = attend(q[a:b], k[a:b], v[a:b], cache, meta, D**-0.5)
         chunks.append(o - refs[i][cached : lens[i] - 1])
     meta = AttentionMetadata.build(
         query_lens=[1] * len(lens), context_lens=lens, block_tables=tables, block_size=BS
     )
-    o = paged_attention(
+    o = attend(
         torch.cat([q[-1:] for q, _, _ in seqs]),
         torch.cat([k[-1:] for _, k, _ in seqs]),
         torch.cat([v[-1:] for _, _, v in seqs]),

@@ -25,6 +25,19 @@ from kvflow.engine_worker.model.decode_workspace import (
     DecodeWorkspace,
 )
 
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_attention`` with K and V apart, side by side as the model hands them over."""
+    return paged_attention(q, torch.stack((k, v), dim=1), cache, meta, scale)
+
+
 H, HKV, D, BS = 4, 2, 8, 4
 LAYERS = 2
 
@@ -200,8 +213,7 @@ def test_random_traffic_attends_exactly_as_the_gather_path() -> None:
             k = torch.cat([s.k[layer, s.done : s.done + n] for s, n in batch])
             v = torch.cat([s.v[layer, s.done : s.done + n] for s, n in batch])
             outs = [
-                paged_attention(q, k, v, caches[i][layer], metas[i].layer(layer), D**-0.5)
-                for i in range(2)
+                attend(q, k, v, caches[i][layer], metas[i].layer(layer), D**-0.5) for i in range(2)
             ]
             torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
         for s, n in batch:

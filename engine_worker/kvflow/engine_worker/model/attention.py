@@ -188,15 +188,16 @@ def kv_cache_shape(
     return (num_blocks, block_size, 2, num_kv_heads, head_dim)
 
 
-def write_kv(
-    kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Store this step's keys and values ``[num_tokens, num_kv_heads, head_dim]`` in their slots."""
+def write_kv(kv_cache: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store this step's keys and values ``[num_tokens, 2, num_kv_heads, head_dim]`` in their slots.
+
+    A token's K and V of every head are one row of the cache, as they are of ``kv`` (the
+    model hands over the tail of its fused QKV projection): one ``index_copy_`` of whole
+    rows, not one for K and one for V."""
     num_blocks, block_size, _, num_kv_heads, head_dim = kv_cache.shape
-    slots = kv_cache.view(num_blocks * block_size, 2, num_kv_heads, head_dim)
-    # Each token's K (or V) of all heads is one contiguous row: no transpose of the source.
-    slots[:, 0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    slots[:, 1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    slots = kv_cache.view(num_blocks * block_size, 2 * num_kv_heads * head_dim)
+    rows = kv.reshape(kv.shape[0], 2 * num_kv_heads * head_dim)
+    slots.index_copy_(0, slot_mapping, rows.to(kv_cache.dtype))
 
 
 def _gather(
@@ -221,9 +222,16 @@ def _gather(
     """
     _, block_size, _, num_kv_heads, head_dim = kv_cache.shape
     if first_block is not None:
-        kv = kv_cache.narrow(0, first_block, block_ids.shape[-1])
-    else:
-        kv = kv_cache.index_select(0, block_ids.reshape(-1))  # [B * n, block_size, 2, Hkv, D]
+        # The views below, made in one call each: at batch 1 every view op costs a few us.
+        row = 2 * num_kv_heads * head_dim  # one token's K and V
+        start = kv_cache.storage_offset() + first_block * block_size * row
+        lead = block_ids.shape[:-1]  # () or (1,)
+        size = (*lead, num_kv_heads, num_tokens, head_dim)
+        stride = (*(0 for _ in lead), head_dim, row, 1)
+        keys = kv_cache.as_strided(size, stride, start)
+        values = kv_cache.as_strided(size, stride, start + num_kv_heads * head_dim)
+        return keys.to(dtype), values.to(dtype)
+    kv = kv_cache.index_select(0, block_ids.reshape(-1))  # [B * n, block_size, 2, Hkv, D]
     kv = kv.view(*block_ids.shape[:-1], block_ids.shape[-1] * block_size, 2, num_kv_heads, head_dim)
     kv = kv.narrow(-4, 0, num_tokens)  # [..., tokens, 2, Hkv, D]
     kv = kv.movedim(-3, 0).transpose(-3, -2)  # [2, ..., Hkv, tokens, D]
@@ -233,20 +241,21 @@ def _gather(
 
 def paged_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    kv: torch.Tensor,
     kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend each new token to its context.
 
-    ``q`` is ``[num_tokens, num_heads, head_dim]``; ``k`` and ``v`` are
-    ``[num_tokens, num_kv_heads, head_dim]``. Returns ``[num_tokens, num_heads, head_dim]``.
+    ``q`` is ``[num_tokens, num_heads, head_dim]``; ``kv`` is this step's keys and values
+    side by side, ``[num_tokens, 2, num_kv_heads, head_dim]``, as the cache stores a token.
+    Returns ``[num_tokens, num_heads, head_dim]``.
     Grouped-query attention shares each KV head among ``num_heads / num_kv_heads`` heads.
     ``kv_cache`` has the shape ``kv_cache_shape`` gives.
     """
-    write_kv(kv_cache, k, v, meta.slot_mapping)
+    write_kv(kv_cache, kv, meta.slot_mapping)
+    k, v = kv[:, 0], kv[:, 1]
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]
     ws = meta.workspace
     if not meta.prefills and len(meta.decodes) == 1 and meta.decodes[0].rows is None:

@@ -50,15 +50,24 @@ class Linear(nn.Module):
 class RMSNorm(nn.Module):
     """Scale each row to unit root-mean-square, then by a learned per-channel weight."""
 
+    eps_tensor: torch.Tensor
+
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device))
         self.eps = eps
+        # eps as a tensor, so eps + |x|^2 / n is one addcmul; not persistent: not a weight.
+        self.register_buffer(
+            "eps_tensor", torch.tensor(eps, dtype=torch.float32, device=device), persistent=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
-            # One fused op instead of six (equal to the float32 formula below, checked).
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            # mean(x^2) as |x|^2 / n: one reduction kernel where F.rms_norm, a composite on
+            # the CPU, runs six; each small op costs 10-20 us at batch 1 (DecoderLayer).
+            norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+            mean_square = torch.addcmul(self.eps_tensor, norm, norm, value=1.0 / x.shape[-1])
+            return (x * mean_square.rsqrt_()).mul_(self.weight)
         # The mean of squares in float32: bf16 keeps under 3 significant digits, and a sum
         # of hundreds of squares in it would drift.
         x32 = x.float()
@@ -67,47 +76,31 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """The attention block's weights; ``DecoderLayer.forward`` runs them."""
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
-        q_size = self.num_heads * self.head_dim
+        self.q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
-        self.qk_size = q_size + kv_size
+        self.qk_size = self.q_size + kv_size
         self.qkv_proj = Linear(
             config.hidden_size,
-            q_size + 2 * kv_size,
+            self.q_size + 2 * kv_size,
             bias=config.qkv_bias,
             dtype=dtype,
             device=device,
         )
         self.o_proj = Linear(
-            q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device
+            self.q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device
         )
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rotation: Rotation,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)
-        # Q and K are neighbours in the fused projection: rotate them in one pass.
-        qk = qkv[:, : self.qk_size].view(num_tokens, self.num_heads + self.num_kv_heads, -1)
-        rotated = rotation.apply(qk)
-        q, k = rotated[:, : self.num_heads], rotated[:, self.num_heads :]
-        v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
-        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, -1))
-        return projected
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU's weights, ``down(silu(gate(x)) * up(x))``; ``DecoderLayer.forward`` runs them."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -117,13 +110,29 @@ class MLP(nn.Module):
         )
         self.down_proj = Linear(size, hidden, bias=config.mlp_bias, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        down: torch.Tensor = self.down_proj(F.silu(gate).mul_(up))
-        return down
+
+def _project(x: torch.Tensor, proj: Linear) -> torch.Tensor:
+    """``proj(x)`` without the module call (bench/engine_profile.py times the GEMMs here)."""
+    return F.linear(x, proj.weight, proj.bias)
+
+
+def _add_projected(residual: torch.Tensor, x: torch.Tensor, proj: Linear) -> torch.Tensor:
+    """``residual + proj(x)`` as one ``addmm``: the residual add rides in the GEMM."""
+    out = torch.addmm(residual, x, proj.weight.t())
+    return out if proj.bias is None else out.add_(proj.bias)
 
 
 class DecoderLayer(nn.Module):
+    """One transformer block, run as one function over its children's weights.
+
+    At batch 1 a decode step is a few large GEMMs and, per layer, about twenty small ops
+    whose caches the GEMMs' weight stream has just flushed: each small op and module call
+    costs 10-20 us there, against 2 us warm (bench/engine_roofline.py, docs/benchmarks.md).
+    So the children hold weights and are not called: no module call per projection, the
+    residual adds fused into the output GEMMs, RoPE written into the QKV output in place,
+    and K and V handed to the cache as the one slice of it they already are.
+    """
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         eps = config.rms_norm_eps
@@ -139,9 +148,21 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotation, kv_cache, meta)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+        attn, mlp = self.self_attn, self.mlp
+        num_tokens = x.shape[0]
+        qkv = _project(self.input_layernorm.forward(x), attn.qkv_proj)
+        # Q and K are neighbours in the fused projection: rotate them in one pass, in place.
+        qk = qkv[:, : attn.qk_size].view(num_tokens, attn.num_heads + attn.num_kv_heads, -1)
+        rotation.apply_(qk)
+        q = qkv[:, : attn.q_size].view(num_tokens, attn.num_heads, attn.head_dim)
+        # K then V of every head: one token's row of the cache, as it stores them.
+        kv = qkv[:, attn.q_size :].view(num_tokens, 2, attn.num_kv_heads, attn.head_dim)
+        out = paged_attention(q, kv, kv_cache, meta, attn.scale)
+        x = _add_projected(x, out.reshape(num_tokens, -1), attn.o_proj)
+
+        gate_up = _project(self.post_attention_layernorm.forward(x), mlp.gate_up_proj)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return _add_projected(x, F.silu(gate).mul_(up), mlp.down_proj)
 
 
 class LlamaForCausalLM(nn.Module):

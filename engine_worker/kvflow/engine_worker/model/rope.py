@@ -88,11 +88,13 @@ class Rotation(NamedTuple):
     cos: torch.Tensor
     sin: torch.Tensor  # signed: -sin on the first half, +sin on the second
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` ``[T, num_heads, head_dim]``: dimension i with i + head_dim / 2.
+    def apply_(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[T, num_heads, head_dim]`` in place: dimension i with i + head_dim / 2.
 
         ``x * cos + cat(-second, first) * sin``, as three ops: the halves swapped by one
-        ``flip`` and the sign carried by the table."""
+        ``flip`` (a copy, so writing ``x`` after is safe) and the sign carried by the table.
+        In place because ``x`` is a view of the model's fused QKV output, whose K part then
+        goes to the cache as it stands. Returns ``x``."""
         head_dim = x.shape[-1]
         swapped = x.view(*x.shape[:-1], 2, head_dim // 2).flip(-2).view(x.shape)
-        return torch.addcmul(x * self.cos, swapped, self.sin)
+        return torch.addcmul(x * self.cos, swapped, self.sin, out=x)

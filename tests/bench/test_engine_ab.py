@@ -14,6 +14,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(ROOT / "bench" / "engine_ab.py"), *args],
         cwd=ROOT,
+        check=False,
         capture_output=True,
         text=True,
         timeout=300,

@@ -18,6 +18,7 @@ from kvflow.operator.observe.observation import (
     WORKER_FAMILIES,
     Slo,
     Targets,
+    gateway_match,
     observe_role,
 )
 from kvflow.operator.observe.pods import RolePods, classify
@@ -154,8 +155,8 @@ def test_requests_the_gateway_refused_are_demand_and_late() -> None:
     worker.prompt_tokens.inc(3000)
     for _ in range(30):
         router.ttft_s.labels("m").observe(0.2)  # every served request on time
-    router.admission_rejections.labels("503", "cluster_full").inc(8)
-    router.admission_rejections.labels("429", "over_share").inc(2)
+    router.admission_rejections.labels("503", "cluster_full", "default").inc(8)
+    router.admission_rejections.labels("429", "over_share", "default").inc(2)
     targets = Targets(
         workers=[parse(worker_text(worker), WORKER_FAMILIES)],
         routers=[parse(generate_latest(router.registry).decode(), ROUTER_FAMILIES)],
@@ -176,6 +177,43 @@ def test_requests_the_gateway_refused_are_demand_and_late() -> None:
     )
     obs = observe_role("colocated", targets=calm, slo=SLO, **kwargs)  # type: ignore[arg-type]
     assert obs.shed_fraction == 0.0 and obs.request_rate_per_s == pytest.approx(3.0)
+
+
+def test_a_gateway_in_front_of_two_pools_counts_for_each_only_its_own() -> None:
+    """An InferenceGateway's routers report every pool they front: pool `a`'s planner reads
+    a's refusals (by the `pool` label) and the latencies of a's served name (by `model`),
+    and pool `b`'s refusals and slow requests are none of its business."""
+    gateway = RouterMetrics()
+    for pool in ("a", "b"):
+        gateway.admission_pool(pool)
+    gateway.admission_rejections.labels("503", "cluster_full", "a").inc(4)
+    gateway.admission_rejections.labels("503", "cluster_full", "b").inc(50)
+    for _ in range(16):
+        gateway.ttft_s.labels("model-a").observe(0.2)  # a's served requests: on time
+        gateway.ttft_s.labels("model-b").observe(5.0)  # b's: all late
+    text = generate_latest(gateway.registry).decode()
+    worker = WorkerMetrics()
+    worker.finished.labels("stop").inc(16)
+    kwargs = {"time_s": 0.0, "window_s": 10.0, "desired_replicas": 1, "pods": RolePods(1)}
+
+    def observed(router: Metrics) -> object:
+        targets = Targets([parse(worker_text(worker), WORKER_FAMILIES)], [router])
+        return observe_role("colocated", targets=targets, slo=SLO, **kwargs)  # type: ignore[arg-type]
+
+    own = parse(text, ROUTER_FAMILIES, gateway_match("a", "model-a"))
+    assert own.counters[ROUTER_SHED] == 4
+    assert own.histograms["kvflow_router_ttft_seconds"].count == 16
+    obs = observed(own)
+    assert obs.request_rate_per_s == pytest.approx(2.0)  # (16 served + 4 refused) / 10 s
+    assert obs.ttft_violation_fraction == pytest.approx(0.2)  # the 4 refused of 20
+    everything = observed(parse(text, ROUTER_FAMILIES))  # what reading it whole would say
+    assert everything.request_rate_per_s == pytest.approx(7.0)
+    assert everything.ttft_violation_fraction == pytest.approx((16 + 54) / (32 + 54))
+    # A pool the gateway fronts that refused nothing reads 0 refusals, not unknown.
+    quiet = RouterMetrics()
+    quiet.admission_pool("a")
+    calm = parse(generate_latest(quiet.registry).decode(), ROUTER_FAMILIES, gateway_match("a", "m"))
+    assert calm.counters[ROUTER_SHED] == 0.0
 
 
 def test_roles_read_only_what_they_do_and_nothing_read_is_none() -> None:
@@ -231,6 +269,24 @@ def test_pods_counted_per_role_with_their_metrics_urls() -> None:
     assert pods.roles["decode"] == RolePods(1, 2, 1, ("http://10.0.0.2:9400/metrics",))
     assert pods.roles["prefill"].targets == ("http://[fd00::5]:9400/metrics",)
     assert pods.router_targets == ("http://10.0.0.4:9401/metrics",)
+    assert pods.gateway_targets == ()
+
+
+def test_the_routers_of_gateways_in_front_of_the_pool_are_read_apart() -> None:
+    """Gateway pods (listed by their fronts.kvflow.io/<pool> label) are routers the planner
+    reads for this pool's series only: ready ones with an address, not terminating."""
+    leaving = pod("gw-old", "router", ready=True, ip="10.0.1.9")
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    gateways = [
+        pod("gw-1", "router", ready=True, ip="10.0.1.2"),
+        pod("gw-2", "router", ready=False, ip="10.0.1.3"),
+        pod("gw-3", "router", ready=True),  # no address yet
+        leaving,
+    ]
+    pods = classify([pod("r-1", "router", ready=True, ip="10.0.0.4")], gateways)
+    assert pods.router_targets == ("http://10.0.0.4:9401/metrics",)
+    assert pods.gateway_targets == ("http://10.0.1.2:9401/metrics",)
+    assert pods.roles == {}  # a gateway is no worker of the pool
 
 
 def test_metrics_record_defaults_are_independent() -> None:

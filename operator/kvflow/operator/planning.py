@@ -33,6 +33,7 @@ from kvflow.operator.builders.names import (
     LABEL_POOL,
     PoolRef,
     WorkerRole,
+    fronts_label,
     pool_labels,
     worker_deployment_name,
     worker_roles,
@@ -44,6 +45,7 @@ from kvflow.operator.observe.observation import (
     WORKER_FAMILIES,
     Slo,
     Targets,
+    gateway_match,
     observe_role,
 )
 from kvflow.operator.observe.pods import PoolPods, RolePods, classify
@@ -134,7 +136,11 @@ class PlanningLoop:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         pool = PoolRef(name=name, namespace=namespace, uid=meta["uid"])
-        pods = classify(await asyncio.to_thread(self.kube.list_pods, namespace, {LABEL_POOL: name}))
+        own = await asyncio.to_thread(self.kube.list_pods, namespace, {LABEL_POOL: name})
+        gateways = await asyncio.to_thread(
+            self.kube.list_pods, namespace, {fronts_label(name): "true"}
+        )
+        pods = classify(own, gateways)
         deployments = {
             obj["metadata"]["name"]: obj
             for obj in await asyncio.to_thread(
@@ -156,7 +162,7 @@ class PlanningLoop:
                 log.warning("planner: %s/%s: Prometheus: %s", namespace, name, exc)
                 targets = {}
         else:
-            reads = await self._read(namespace, name, pods)
+            reads = await self._read(namespace, name, pods, spec.model.served_name)
             previous, previous_at_s = memory.reads, memory.read_at_s
             memory.reads, memory.read_at_s = reads, now_s
             if previous_at_s is None:
@@ -188,18 +194,10 @@ class PlanningLoop:
             self._report(body, outcome, memory)
         self.metrics.interval_s.labels(namespace, name).observe(self.clock() - now_s)
 
-    async def _read(self, namespace: str, name: str, pods: PoolPods) -> dict[str, Metrics]:
-        workers = [url for role in pods.roles.values() for url in role.targets]
-        bodies = await fetch_all([*workers, *pods.router_targets])
-        reads: dict[str, Metrics] = {}
-        failures = len(workers) + len(pods.router_targets) - len(bodies)
-        for url, text in bodies.items():
-            families = ROUTER_FAMILIES if url in pods.router_targets else WORKER_FAMILIES
-            try:
-                reads[url] = parse(text, families)
-            except ExpositionError as exc:
-                log.warning("planner: %s: %s", url, exc)
-                failures += 1
+    async def _read(
+        self, namespace: str, name: str, pods: PoolPods, served_model_name: str
+    ) -> dict[str, Metrics]:
+        reads, failures = await scrape(pods, name, served_model_name)
         if failures:
             self.metrics.scrape_failures.labels(namespace, name).inc(failures)
         return reads
@@ -249,6 +247,29 @@ def _config(spec: v1alpha1.InferencePoolSpec) -> PlannerConfig:
         for role, rc in config.roles.items()
     }
     return dataclasses.replace(config, roles=roles)
+
+
+async def scrape(
+    pods: PoolPods, pool: str, served_model_name: str
+) -> tuple[dict[str, Metrics], int]:
+    """Read every ready worker's and router's /metrics once: the families the planner reads,
+    by URL, and how many targets did not answer or answered no exposition. Of the
+    gateways' routers only pool `pool`'s series count (observation.gateway_match)."""
+    workers = [url for role in pods.roles.values() for url in role.targets]
+    routers = [*pods.router_targets, *pods.gateway_targets]
+    bodies = await fetch_all([*workers, *routers])
+    reads: dict[str, Metrics] = {}
+    failures = len(workers) + len(routers) - len(bodies)
+    shared = gateway_match(pool, served_model_name)
+    for url, text in bodies.items():
+        families = ROUTER_FAMILIES if url in routers else WORKER_FAMILIES
+        match = shared if url in pods.gateway_targets else None
+        try:
+            reads[url] = parse(text, families, match)
+        except ExpositionError as exc:
+            log.warning("planner: %s: %s", url, exc)
+            failures += 1
+    return reads, failures
 
 
 async def query_targets(
@@ -305,8 +326,10 @@ def _hold(
 def scraped_targets(
     spec: v1alpha1.InferencePoolSpec, pods: PoolPods, windows: dict[str, Metrics]
 ) -> dict[WorkerRole, Targets]:
-    """Each role's windows from direct scrapes: its ready pods' and every router's."""
-    routers = [windows[url] for url in pods.router_targets if url in windows]
+    """Each role's windows from direct scrapes: its ready pods' and every router's, the
+    pool's own and (this pool's series of) the gateways' that front it."""
+    urls = [*pods.router_targets, *pods.gateway_targets]
+    routers = [windows[url] for url in urls if url in windows]
     out: dict[WorkerRole, Targets] = {}
     for role, _ in worker_roles(spec):
         role_pods = pods.roles.get(role, RolePods())

@@ -77,11 +77,13 @@ class RouterMetrics:
         )
         # Per model version (the served name of the pool that answered): a canary's error
         # rate next to its stable version's. Requests refused before a pool was chosen
-        # (401, 400, 404, ...) are counted only above, so the label stays bounded.
+        # (401, 400, 404, ...) are counted only above, so the label stays bounded. Label
+        # pool: that pool's name (one per served name), so a gateway's refusals
+        # (admission_rejections, by pool) have their pool's requests to be a share of.
         self.model_requests = Counter(
             "kvflow_router_model_requests_total",
-            "Completion requests answered by a model's pool, by its served name and status",
-            ["model", "code"],
+            "Completion requests answered by a model's pool, by its served name, status and pool",
+            ["model", "code", "pool"],
             registry=r,
         )
         self.ttft_s = Histogram(
@@ -200,16 +202,16 @@ class RouterMetrics:
             ["tenant", "limit"],
             registry=r,
         )
+        # Label pool: a gateway's pools each have their own admission control, and each
+        # pool's planner counts only its own refusals as its demand (docs/planner.md).
         self.admission_rejections = Counter(
             "kvflow_router_admission_rejections_total",
             "Requests admission control refused before any worker saw them, by the status "
-            "answered (429: a tenant over its share; 503: the cluster is full) and why",
-            ["code", "reason"],
+            "answered (429: a tenant over its share; 503: the cluster is full), why, and "
+            "the pool refusing",
+            ["code", "reason", "pool"],
             registry=r,
         )
-        for code, reasons in ADMISSION_REFUSALS.items():
-            for reason in reasons:
-                self.admission_rejections.labels(code, reason)
         self.deadline_misses = Counter(
             "kvflow_router_deadline_misses_total",
             "Worker streams cancelled for missing a deadline: no first token within "
@@ -240,6 +242,12 @@ class RouterMetrics:
         self._index_blocks = Gauge(
             "kvflow_router_index_blocks", "Distinct block hashes in the routing index", registry=r
         )
+
+    def admission_pool(self, pool: str) -> None:
+        """Create the pool's refusal series at 0, so a pool that never refused reads 0."""
+        for code, reasons in ADMISSION_REFUSALS.items():
+            for reason in reasons:
+                self.admission_rejections.labels(code, reason, pool)
 
     def watch(
         self, pools: Mapping[str, WorkerCounts], num_index_blocks: Callable[[], float]

@@ -7,7 +7,7 @@ cumulative since the target started; `window` turns two reads into what happened
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,8 +50,17 @@ class ExpositionError(ValueError):
     """The text is not Prometheus' exposition format."""
 
 
-def parse(text: str, families: Collection[str]) -> Metrics:
-    """The named families of an exposition; absent families are simply missing."""
+def parse(
+    text: str,
+    families: Collection[str],
+    match: Mapping[str, Mapping[str, str]] | None = None,
+) -> Metrics:
+    """The named families of an exposition; absent families are simply missing.
+
+    ``match``: per family, label values a sample must carry to count (a gateway's router
+    reports every pool it fronts; one pool's planner reads only its own series). A family
+    it does not name keeps every sample."""
+    match = match or {}
     counters: dict[str, float] = {}
     gauges: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
@@ -67,7 +76,10 @@ def parse(text: str, families: Collection[str]) -> Metrics:
             # A labelled counter has no sample before its first label set (a worker that
             # finished nothing yet): it counted zero, it is not missing.
             counters.setdefault(family.name, 0.0)
+        wanted = match.get(family.name, {})
         for sample in family.samples:
+            if any(sample.labels.get(k) != v for k, v in wanted.items()):
+                continue
             if family.type == "counter" and sample.name.endswith("_total"):
                 counters[family.name] = counters.get(family.name, 0.0) + sample.value
             elif family.type == "gauge":

@@ -53,6 +53,17 @@ WORKER_FAMILIES = frozenset(
 ROUTER_FAMILIES = frozenset({ROUTER_TTFT, ROUTER_TPOT, ROUTER_SHED})
 
 
+def gateway_match(pool: str, served_model_name: str) -> dict[str, dict[str, str]]:
+    """What of an InferenceGateway's routers is one pool's (exposition.parse's ``match``):
+    its refusals by the `pool` label, its latencies by the `model` label (the served name
+    that answered, unique among the gateway's pools)."""
+    return {
+        ROUTER_SHED: {"pool": pool},
+        ROUTER_TTFT: {"model": served_model_name},
+        ROUTER_TPOT: {"model": served_model_name},
+    }
+
+
 @dataclass(frozen=True)
 class Targets:
     """A role's metrics over one window: one `Metrics` per worker read, and the routers'."""

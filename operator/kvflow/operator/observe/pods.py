@@ -27,7 +27,10 @@ class RolePods:
 @dataclass(frozen=True)
 class PoolPods:
     roles: dict[str, RolePods] = field(default_factory=dict)  # colocated, prefill, decode
-    router_targets: tuple[str, ...] = ()
+    router_targets: tuple[str, ...] = ()  # the pool's own routers
+    # The routers of InferenceGateways that front the pool: they report every pool they
+    # front, so the planner reads only this pool's series of them (observation.gateway_match).
+    gateway_targets: tuple[str, ...] = ()
 
 
 def _condition(pod: Mapping[str, Json], type_: str) -> Mapping[str, Json]:
@@ -41,9 +44,12 @@ def metrics_url(ip: str, port: int) -> str:
     return f"http://{host}:{port}/metrics"
 
 
-def classify(pods: Iterable[Mapping[str, Json]]) -> PoolPods:
+def classify(
+    pods: Iterable[Mapping[str, Json]], gateways: Iterable[Mapping[str, Json]] = ()
+) -> PoolPods:
     """Ready, pending and unschedulable pods per worker role; terminating pods are gone
-    already as far as capacity goes, and are not counted."""
+    already as far as capacity goes, and are not counted. ``gateways``: the pods of the
+    InferenceGateways that front the pool (labelled ``fronts.kvflow.io/<pool>``)."""
     counts: dict[str, list[int]] = {}
     targets: dict[str, list[str]] = {}
     routers: list[str] = []
@@ -78,4 +84,17 @@ def classify(pods: Iterable[Mapping[str, Json]]) -> PoolPods:
             for role, c in counts.items()
         },
         router_targets=tuple(sorted(routers)),
+        gateway_targets=tuple(sorted(_ready_routers(gateways))),
     )
+
+
+def _ready_routers(pods: Iterable[Mapping[str, Json]]) -> list[str]:
+    urls = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        ip = (pod.get("status") or {}).get("podIP") or ""
+        ready = _condition(pod, "Ready").get("status") == "True"
+        is_router = (meta.get("labels") or {}).get(LABEL_COMPONENT) == "router"
+        if is_router and ready and ip and not meta.get("deletionTimestamp"):
+            urls.append(metrics_url(ip, ROUTER_METRICS_PORT))
+    return urls

@@ -155,7 +155,7 @@ def build_backend(
         config.weights, source.disaggregation, index=index, sessions=sessions, rng=rng
     )
     pool = WorkerPool(index, sessions)
-    admission = AdmissionControl(pool, settings.admission, metrics)
+    admission = AdmissionControl(pool, settings.admission, metrics, source.name)
     service = AdmittedGenerationService(
         admission,
         pool,

@@ -18,7 +18,12 @@ from starlette.responses import JSONResponse, Response
 
 from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.gateway import Gateway
-from kvflow.router.api.http import SERVED_MODEL_STATE, read_json_body, wait_for_disconnect
+from kvflow.router.api.http import (
+    SERVED_MODEL_STATE,
+    SERVED_POOL_STATE,
+    read_json_body,
+    wait_for_disconnect,
+)
 from kvflow.router.api.streaming import ManagedStreamingResponse, sse_body
 from kvflow.router.protocol.errors import rate_limited
 from kvflow.router.protocol.requests import (
@@ -100,6 +105,7 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     route = gw.route(parsed.model, tenant, session_id)
     backend, served_name = route.backend, route.served_name
     setattr(request.state, SERVED_MODEL_STATE, served_name)
+    setattr(request.state, SERVED_POOL_STATE, backend.name)
     info = backend.model_info(served_name, label=gw.has_pools)
     check_logit_bias(parsed.sampling, info.vocab_size)
     template = backend.text.chat_template

@@ -63,9 +63,11 @@ def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
     return new_request_id()
 
 
-# The request-state key under which the completions handler leaves the served name of the
-# model whose pool answers (api/completions.py), for kvflow_router_model_requests_total.
+# The request-state keys under which the completions handler leaves the served name of the
+# model whose pool answers and that pool's name (api/completions.py), for
+# kvflow_router_model_requests_total.
 SERVED_MODEL_STATE = "served_model"
+SERVED_POOL_STATE = "served_pool"
 
 
 class RequestIdMiddleware:
@@ -93,10 +95,11 @@ class RequestIdMiddleware:
                 MutableHeaders(scope=message).append("x-request-id", request_id)
                 self.metrics.requests.labels(endpoint, str(message["status"])).inc()
                 # Set by the completions handler once it has picked the model's pool.
-                served_model = scope["state"].get(SERVED_MODEL_STATE)
+                state = scope["state"]
+                served_model = state.get(SERVED_MODEL_STATE)
                 if served_model is not None:
-                    code = str(message["status"])
-                    self.metrics.model_requests.labels(served_model, code).inc()
+                    code, pool = str(message["status"]), state.get(SERVED_POOL_STATE, "")
+                    self.metrics.model_requests.labels(served_model, code, pool).inc()
             await send(message)
 
         await self.app(scope, receive, send_with_id)

@@ -49,10 +49,15 @@ class _Polled:
 
 
 class AdmissionControl:
-    def __init__(self, pool: WorkerPool, config: AdmissionConfig, metrics: RouterMetrics) -> None:
+    def __init__(
+        self, pool: WorkerPool, config: AdmissionConfig, metrics: RouterMetrics, pool_name: str
+    ) -> None:
+        """``pool_name`` labels the pool's refusals (``kvflow_router_admission_rejections``)."""
         self._pool = pool
         self.config = config
         self._metrics = metrics
+        self.pool_name = pool_name
+        metrics.admission_pool(pool_name)
         self._queues: dict[WorkerId, _Polled] = {}
         self._num_dispatched = 0  # admitted since the queues were last read
         self._in_flight: Counter[str] = Counter()
@@ -131,7 +136,8 @@ class AdmissionControl:
             self._num_dispatched += 1
             return verdict
         self._metrics.tenant_rejections.labels(tenant.name, verdict.reason).inc()
-        self._metrics.admission_rejections.labels(str(verdict.status), verdict.reason).inc()
+        rejections = self._metrics.admission_rejections
+        rejections.labels(str(verdict.status), verdict.reason, self.pool_name).inc()
         wait = f"about {verdict.estimated_wait_s:.0f} s of queue"
         if verdict.status == 429:
             raise rate_limited(

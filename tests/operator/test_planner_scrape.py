@@ -1,0 +1,88 @@
+"""The planner's direct scrape over real HTTP: a pool's own router counts whole, a gateway's
+router in front of two pools counts only this pool's series, and a target that does not
+answer is a failure, not a zero.
+
+The /metrics pages are served by prometheus_client's own HTTP server from the router's
+real metric class (`RouterMetrics`), as a router process serves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import start_http_server
+
+from kvflow.operator.observe.observation import ROUTER_SHED
+from kvflow.operator.observe.pods import PoolPods
+from kvflow.operator.planning import scrape
+from kvflow.router.metrics import RouterMetrics
+
+TTFT = "kvflow_router_ttft_seconds"
+
+
+def serve(metrics: RouterMetrics) -> Iterator[str]:
+    server, thread = start_http_server(0, "127.0.0.1", registry=metrics.registry)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+@pytest.fixture
+def own_router() -> Iterator[str]:
+    """Pool a's own router (one pool: every series is a's, whatever its `pool` label)."""
+    metrics = RouterMetrics()
+    metrics.admission_pool("default")
+    metrics.admission_rejections.labels("503", "cluster_full", "default").inc(2)
+    for _ in range(3):
+        metrics.ttft_s.labels("model-a").observe(0.1)
+    yield from serve(metrics)
+
+
+@pytest.fixture
+def gateway_router() -> Iterator[str]:
+    """An InferenceGateway's router in front of pools a and b."""
+    metrics = RouterMetrics()
+    for pool in ("a", "b"):
+        metrics.admission_pool(pool)
+    metrics.admission_rejections.labels("503", "cluster_full", "a").inc(5)
+    metrics.admission_rejections.labels("429", "over_share", "b").inc(40)
+    for _ in range(7):
+        metrics.ttft_s.labels("model-a").observe(0.2)
+    for _ in range(30):
+        metrics.ttft_s.labels("model-b").observe(9.0)
+    yield from serve(metrics)
+
+
+def closed_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+def test_a_gateways_router_counts_only_the_pools_own_series(
+    own_router: str, gateway_router: str
+) -> None:
+    pods = PoolPods(router_targets=(own_router,), gateway_targets=(gateway_router,))
+    reads, failures = asyncio.run(scrape(pods, "a", "model-a"))
+    assert failures == 0
+    assert reads[own_router].counters[ROUTER_SHED] == 2
+    assert reads[own_router].histograms[TTFT].count == 3
+    assert reads[gateway_router].counters[ROUTER_SHED] == 5  # not b's 40
+    assert reads[gateway_router].histograms[TTFT].count == 7  # not b's 30 slow ones
+    # Pool b's planner reads the same gateway the other way round.
+    reads, _ = asyncio.run(scrape(PoolPods(gateway_targets=(gateway_router,)), "b", "model-b"))
+    assert reads[gateway_router].counters[ROUTER_SHED] == 40
+    assert reads[gateway_router].histograms[TTFT].count == 30
+
+
+def test_a_gateway_router_that_does_not_answer_is_a_failure(own_router: str) -> None:
+    pods = PoolPods(router_targets=(own_router,), gateway_targets=(closed_url(),))
+    reads, failures = asyncio.run(scrape(pods, "a", "model-a"))
+    assert failures == 1
+    assert list(reads) == [own_router]

@@ -21,7 +21,7 @@ from kvflow.cli.sim.autoscale_bench import (
     smallest_static,
     steady,
 )
-from kvflow.cli.sim.autoscale_cli import main
+from kvflow.cli.sim.autoscale_cli import config_from, main, parser
 from kvflow.cli.sim.autoscale_metrics import Bucket, recovery_s, replica_hours, score
 from kvflow.cli.sim.autoscale_policies import Planner, PoolSample, Reactive, Static
 from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
@@ -163,6 +163,11 @@ def test_the_planner_margin_is_pooled_unless_asked_otherwise() -> None:
     flat = policy_for(dataclasses.replace(SMALL, pooled_margin=False, utilization=(0.9, 0.7)), cell)
     assert isinstance(flat, Planner) and flat.config.tuning.pooled_from_shares is None
     assert flat.config.tuning.target_utilization == 0.9
+    assert flat.config.tuning.scale_down_latency_ratio == 0.6  # the default
+    relaxed = config_from(parser().parse_args(["--calm-latency-ratio", "0.8"]))
+    assert relaxed.calm_latency_ratio == 0.8
+    planner = policy_for(dataclasses.replace(SMALL, calm_latency_ratio=0.8), cell)
+    assert isinstance(planner, Planner) and planner.config.tuning.scale_down_latency_ratio == 0.8
     short = dataclasses.replace(SMALL, stabilization_s=60.0)
     assert policy_for(short, cell).config.scale_down_stabilization_s == 60.0
     reactive = policy_for(short, Cell("reactive", "step", 0.0, static_replicas=1))

@@ -59,6 +59,9 @@ class BenchConfig:
     seed: int = 0
     # The planner's Tuning.target_utilization / scale_down_utilization (None: its defaults).
     utilization: tuple[float, float] | None = None
+    # The planner's Tuning.scale_down_latency_ratio: a scale-down needs latency under this
+    # share of its target (None: its default, 0.6).
+    calm_latency_ratio: float | None = None
     # The planner's autoscaling.intervalSeconds (the CRD's default); the reactive arm syncs
     # every 15 s (HPA's default).
     planner_interval_s: float = 30.0
@@ -220,6 +223,8 @@ def tuning(config: BenchConfig) -> Tuning | None:
     changes: dict[str, object] = {}
     if config.utilization is not None:
         changes["target_utilization"], changes["scale_down_utilization"] = config.utilization
+    if config.calm_latency_ratio is not None:
+        changes["scale_down_latency_ratio"] = config.calm_latency_ratio
     if not config.pooled_margin:
         changes["pooled_from_shares"] = None
     return dataclasses.replace(Tuning(), **changes) if changes else None  # type: ignore[arg-type]

@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--utilization", nargs=2, type=float, metavar=("UP", "DOWN"),
                    help="the planner's target and scale-down utilisation (default: its "
                    "own)")  # fmt: skip
+    p.add_argument("--calm-latency-ratio", type=float, metavar="R",
+                   help="the planner scales down only while latency is under R x its "
+                   "target (Tuning.scale_down_latency_ratio; default: its own, 0.6)")  # fmt: skip
     p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
                    help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
     p.add_argument("--stabilization-s", type=float, default=d.stabilization_s,
@@ -79,6 +82,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         arms=tuple(args.arms),
         seed=args.seed,
         utilization=tuple(args.utilization) if args.utilization else None,
+        calm_latency_ratio=args.calm_latency_ratio,
         planner_interval_s=args.planner_interval,
         admission_max_queue_s=args.admission_max_queue_s,
         max_replicas=args.max_replicas,

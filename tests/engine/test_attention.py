@@ -2,21 +2,9 @@
 
 import torch
 import torch.nn.functional as F
+from testkit.attend import attend
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape, paged_attention
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:
-    """``paged_attention`` with K and V apart, side by side as the model hands them over."""
-    return paged_attention(q, torch.stack((k, v), dim=1), cache, meta, scale)
-
+from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
 
 H, HKV, D, BS, NB = 4, 2, 8, 4, 32
 

@@ -16,27 +16,15 @@ from __future__ import annotations
 import random
 
 import torch
+from testkit.attend import attend
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape, paged_attention
+from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
 from kvflow.engine_worker.model.decode_workspace import (
     CAPACITY_STEP_TOKENS,
     COMPACT_SLACK_SLOTS,
     Decode,
     DecodeWorkspace,
 )
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:
-    """``paged_attention`` with K and V apart, side by side as the model hands them over."""
-    return paged_attention(q, torch.stack((k, v), dim=1), cache, meta, scale)
-
 
 H, HKV, D, BS = 4, 2, 8, 4
 LAYERS = 2

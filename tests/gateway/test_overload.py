@@ -17,20 +17,18 @@ import pytest
 import yaml
 from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.scrape import sample
+from testkit.sim_overload import MODEL, SIM_ARGS, body, post_all
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.operator.observe.exposition import parse
 from kvflow.operator.observe.observation import (
     ROUTER_FAMILIES,
-    ROUTER_SHED,
-    ROUTER_TTFT,
     WORKER_FAMILIES,
     Slo,
     Targets,
     observe_role,
 )
-from kvflow.operator.observe.pods import PoolPods, RolePods
-from kvflow.operator.planning import scrape
+from kvflow.operator.observe.pods import RolePods
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.router.tenants.config import hash_api_key
@@ -38,18 +36,6 @@ from kvflow.router.tenants.config import hash_api_key
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 GenerateCall = grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]
-
-MODEL = "sim"
-CALM_MODEL = "sim-calm"  # a second pool's, behind the same gateway
-# One request at a time, 20 ms a step: a request of n tokens holds the worker n * 20 ms,
-# so queues build at a few requests per second and the timings below are far apart.
-SIM_ARGS = ["--simulate", "--served-model-name", MODEL, "--sim-base-step-ms", "20",
-            "--max-num-seqs", "1", "--num-kv-blocks", "1024"]  # fmt: skip
-
-
-def body(max_tokens: int) -> dict[str, object]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": max_tokens, "ignore_eos": True}  # fmt: skip
 
 
 def load(worker: WorkerProcess) -> pb.LoadResponse:
@@ -65,18 +51,6 @@ def wait_until_idle(worker: WorkerProcess, timeout_s: float = 30.0) -> pb.LoadRe
         if got.num_waiting == got.num_running == 0 or time.monotonic() > deadline:
             return got
         time.sleep(0.05)
-
-
-async def post_all(
-    url: str, bodies: list[dict[str, object]], key: str = "sk-none", *, delay_s: float = 0.0
-) -> list[httpx.Response]:
-    """POST every body at once (after ``delay_s``); the responses in order."""
-    await asyncio.sleep(delay_s)
-    headers = {"authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(timeout=120) as client:
-        return list(await asyncio.gather(*(
-            client.post(f"{url}/v1/chat/completions", json=b, headers=headers) for b in bodies
-        )))  # fmt: skip
 
 
 def assert_overload_answer(r: httpx.Response, status: int, code: str) -> None:
@@ -283,68 +257,6 @@ def tenant_gateway(tmp_path: Path, worker: WorkerProcess) -> Iterator[GatewayPro
     try:
         gateway.wait_ready()
         yield gateway
-    finally:
-        gateway.stop()
-
-
-@pytest.fixture
-def calm_worker() -> Iterator[WorkerProcess]:
-    args = [*SIM_ARGS]
-    args[args.index(MODEL)] = CALM_MODEL
-    w = launch_worker(args, timeout_s=120)
-    yield w
-    w.stop(timeout_s=10)
-
-
-def test_a_gateway_of_two_pools_counts_each_pools_refusals_for_its_planner(
-    worker: WorkerProcess, calm_worker: WorkerProcess, tmp_path: Path
-) -> None:
-    """One gateway in front of two pools (as an InferenceGateway runs it): the busy pool's
-    admission control sheds, and its refusals carry `pool="busy"`. Each pool's planner,
-    reading the gateway's real /metrics as the operator does (`planning.scrape`), counts
-    its own refusals and served requests and none of the other pool's."""
-    config = {"pools": [
-        {"name": "busy", "served_model_name": MODEL, "workers": [worker.address]},
-        {"name": "calm", "served_model_name": CALM_MODEL, "workers": [calm_worker.address]},
-    ]}  # fmt: skip
-    path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump(config))
-    flags = ["--admission-shed-queue-time-s", "0.5", "--admission-max-queue-time-s", "1",
-             "--admission-poll-interval-s", "0.1"]  # fmt: skip
-    gateway = launch_gateway(["--config", str(path), *flags])
-    try:
-        gateway.wait_ready(num_workers=2)
-        calm_body = {**body(5), "model": CALM_MODEL}
-
-        async def waves() -> tuple[list[httpx.Response], list[httpx.Response]]:
-            first, second, calm = await asyncio.gather(
-                post_all(gateway.url, [body(20) for _ in range(6)]),
-                post_all(gateway.url, [body(20) for _ in range(20)], delay_s=1.5),
-                post_all(gateway.url, [calm_body for _ in range(3)], delay_s=1.5),
-            )
-            return [*first, *second], calm
-
-        busy, calm = asyncio.run(waves())
-        assert all(r.status_code == 200 for r in calm), [r.text for r in calm]
-        refused = [r for r in busy if r.status_code == 503]
-        served = [r for r in busy if r.status_code == 200]
-        assert refused and len(refused) + len(served) == len(busy)
-        metrics = f"{gateway.url}/metrics"
-        name = "kvflow_router_admission_rejections_total"
-        assert sample(metrics, name, pool="busy") == len(refused)
-        assert sample(metrics, name, pool="calm") == 0
-
-        busy_reads, failures = asyncio.run(
-            scrape(PoolPods(gateway_targets=(metrics,)), "busy", MODEL)
-        )
-        assert failures == 0
-        assert busy_reads[metrics].counters[ROUTER_SHED] == len(refused)
-        assert busy_reads[metrics].histograms[ROUTER_TTFT].count == len(served)
-        calm_reads, _ = asyncio.run(
-            scrape(PoolPods(gateway_targets=(metrics,)), "calm", CALM_MODEL)
-        )
-        assert calm_reads[metrics].counters[ROUTER_SHED] == 0
-        assert calm_reads[metrics].histograms[ROUTER_TTFT].count == len(calm)
     finally:
         gateway.stop()
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from planner.history import TTFT_S, Run, calm, closed_loop, config
 
 from kvflow.operator.planner import CapacityProfile, Decision, Observation, Tuning
+from kvflow.operator.planner.forecast import start_or_update
 
 # 10 k prompt tokens/s and 1 k output tokens/s per replica within the targets.
 CAP = CapacityProfile(max_prompt_tokens_per_s=10_000, max_decode_tokens_per_s=1_000, source="test")
@@ -162,6 +163,55 @@ def test_a_long_decline_shrinks_when_it_crosses_the_band() -> None:
     assert not changes and (last.replicas, last.reason) == (10, "Stabilizing"), last.message
     d = run.step("prefill", calm(360 + 300, 10, request_rate_per_s=54.0))
     assert (d.replicas, d.reason) == (8, "Underloaded"), d.message
+
+
+def _decline(t: float) -> float:
+    """60 -> 20 requests/s of 1k-token prompts over 20 minutes, then flat."""
+    return 60 - 40 * min(t, 1200.0) / 1200
+
+
+def test_a_steady_decline_is_followed_at_the_target_not_the_band() -> None:
+    # A load that fell at each of the last five intervals is declining, not wavering at
+    # the band's edge: the pool shrinks as soon as the target (80 %, pooled) sizes fewer
+    # replicas than it holds, and lands there, a window behind the load. With the band
+    # (shrink under 60 %, land at 70 %) the same decline ran at 55 % of capacity.
+    decisions, utils = _loop(
+        _decline, capacity=CAP, num_steps=60, replicas=8, scale_down_stabilization_s=60
+    )
+    changes = [(i * 30.0, d) for i, d in enumerate(decisions) if d.is_change]
+    assert [d.replicas for _, d in changes] == [7, 6, 5, 4, 3]
+    t = Tuning()
+    for time_s, d in changes:
+        assert d.reason == "Underloaded" and "falling for five intervals" in d.message
+        # Where the target sizes the load of now, or of a window and an interval ago.
+        newest, oldest = _decline(time_s) / 10, _decline(time_s - 90) / 10
+        assert t.replicas_for(newest, 0.8) <= d.replicas <= t.replicas_for(oldest, 0.8)
+    assert sum(utils[10:40]) / 30 > 0.65
+    assert max(utils) <= 0.8  # the SLO's margin is kept all the way down
+
+
+def test_a_decline_that_wavers_keeps_the_band() -> None:
+    # The same decline with a rise every fourth interval never falls five intervals in a
+    # row: the band decides, as for any load near its edge, and the pool runs under 60 %.
+    def wavering(t: float) -> float:
+        return _decline(t) + (3.0 if int(t // 30) % 4 == 0 else 0.0)
+
+    decisions, utils = _loop(
+        wavering, capacity=CAP, num_steps=60, replicas=8, scale_down_stabilization_s=60
+    )
+    assert all("falling" not in d.message for d in decisions)
+    assert sum(utils[10:40]) / 30 < 0.6
+
+
+def test_falling_means_five_falls_in_a_row() -> None:
+    holt = None
+    for i, load in enumerate([100.0, 90, 80, 70, 60]):
+        holt = start_or_update(holt, load, 30.0 * i, alpha=0.5, beta=0.3)
+    assert holt is not None and not holt.is_falling  # four falls: too few to tell
+    falling = holt.update(50.0, 150.0, alpha=0.5, beta=0.3)
+    assert falling.is_falling
+    assert not falling.update(50.0, 180.0, alpha=0.5, beta=0.3).is_falling  # a flat sample
+    assert not falling.update(55.0, 180.0, alpha=0.5, beta=0.3).is_falling
 
 
 def test_flapping_load_gives_no_flapping_decisions() -> None:

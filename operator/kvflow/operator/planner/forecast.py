@@ -50,6 +50,13 @@ class Holt:
         slopes = (*self.slopes_per_s, (value - self.last_value) / dt)[-SLOPES:]
         return Holt(level, trend, time_s, last_value=value, slopes_per_s=slopes)
 
+    @property
+    def is_falling(self) -> bool:
+        """Whether the load fell at each of the last SLOPES samples. Noise around a flat load
+        makes six samples in falling order about once in 720 intervals; a decline makes
+        them every interval, from 2.5 minutes into it at 30 s intervals."""
+        return len(self.slopes_per_s) == SLOPES and all(s < 0 for s in self.slopes_per_s)
+
     def forecast(self, horizon_s: float) -> float:
         """The last sample plus the trend `horizon_s` ahead, the trend at most the median
         of the last SLOPES raw slopes (none before there are that many). Holt cannot tell

@@ -93,6 +93,7 @@ def _observe(
     horizon_s = config.replica_startup_s + config.interval_s
     shares_now = shares_sizing = 0.0
     parts: list[str] = []
+    is_falling = True  # on every side the role serves
     if cap is None:
         return state, Loads(None, None, "")
     if role != "decode":
@@ -102,6 +103,7 @@ def _observe(
         shares_now += prompt_load / cap.max_prompt_tokens_per_s
         shares_sizing += ahead / cap.max_prompt_tokens_per_s
         parts.append(f"prompt load {prompt_load:.0f} tokens/s ({ahead:.0f} ahead)")
+        is_falling = is_falling and prompt_holt.is_falling
     if role != "prefill":
         if decode_load is None or decode_holt is None:
             return state, Loads(None, None, "")
@@ -109,7 +111,10 @@ def _observe(
         shares_now += decode_load / cap.max_decode_tokens_per_s
         shares_sizing += ahead / cap.max_decode_tokens_per_s
         parts.append(f"output {decode_load:.0f} tokens/s ({ahead:.0f} ahead)")
-    return state, Loads(shares_now, shares_sizing, ", ".join(parts))
+        is_falling = is_falling and decode_holt.is_falling
+    if is_falling:
+        parts.append("falling for five intervals")
+    return state, Loads(shares_now, shares_sizing, ", ".join(parts), is_falling=is_falling)
 
 
 def _prompt_tokens_per_s(obs: Observation) -> float | None:

@@ -35,6 +35,9 @@ class Loads:
     shares_now: float | None
     shares_sizing: float | None
     text: str  # the loads in their own units, for messages
+    # The load fell at each of the last five intervals on every side the role serves
+    # (forecast.Holt.is_falling): a decline, not noise around the band's edge.
+    is_falling: bool = False
 
 
 @dataclass(frozen=True)
@@ -289,9 +292,19 @@ def assess(
                 # every declining pool at 60 %, a third more replicas than the 80 % target
                 # sizes for, through every evening; landing at the target itself put the
                 # pool on the edge of a scale-up, which a 5 % rise then crossed.
-                floor = t.replicas_for(loads.shares_sizing, t.scale_down_utilization)
-                mid = (t.target_utilization + t.scale_down_utilization) / 2
-                landing = t.replicas_for(loads.shares_sizing, mid)
+                #
+                # A load that fell at each of the last five intervals is on its way down,
+                # not wavering at an edge: the band collapses to the target, and the pool
+                # follows the decline at the target's margin (on the way down the band cost
+                # every declining pool a fifth to a third more replicas than the target
+                # sizes for: it ran between the band's edge and its middle). The
+                # stabilization window still holds what the window's loads needed.
+                if loads.is_falling:
+                    floor = landing = t.replicas_for(loads.shares_sizing, t.target_utilization)
+                else:
+                    floor = t.replicas_for(loads.shares_sizing, t.scale_down_utilization)
+                    mid = (t.target_utilization + t.scale_down_utilization) / 2
+                    landing = t.replicas_for(loads.shares_sizing, mid)
                 down_to = landing if floor < obs.desired_replicas else floor
                 settles_at = landing
     elif not calm:

@@ -296,7 +296,7 @@ def assess(
                 # A load that fell at each of the last five intervals is on its way down,
                 # not wavering at an edge: the band collapses to the target, and the pool
                 # follows the decline at the target's margin (on the way down the band cost
-                # every declining pool a fifth to a third more replicas than the target
+                # every declining pool an eighth to a third more replicas than the target
                 # sizes for: it ran between the band's edge and its middle). The
                 # stabilization window still holds what the window's loads needed.
                 if loads.is_falling:

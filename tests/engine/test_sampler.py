@@ -21,6 +21,20 @@ def test_greedy_takes_the_argmax() -> None:
     assert [t.token_id for t in out] == logits.argmax(-1).tolist()
 
 
+def test_greedy_takes_the_first_of_tied_logits() -> None:
+    # As argmax does (and transformers' greedy search): ties go to the lowest token id, in
+    # the all-greedy fast path and in the shaped path (a logit bias sends it there).
+    logits = torch.zeros(3, VOCAB)
+    logits[0, [7, 3, 40]] = 5.0
+    logits[1, [49, 12]] = 1.0
+    plain = Sampler().sample(logits, list("abc"), [SamplingParams(temperature=0.0)] * 3)
+    assert [t.token_id for t in plain] == [3, 12, 0]
+    biased = [SamplingParams(temperature=0.0, logit_bias=((49, 0.0),))] * 3
+    histories = [SimpleNamespace(token_ids=[1], prompt_token_ids=[1])] * 3
+    shaped = Sampler().sample(logits, list("abc"), biased, histories=histories)
+    assert [t.token_id for t in shaped] == [3, 12, 0]
+
+
 def test_top_k_1_is_greedy_even_with_temperature() -> None:
     logits = logits_rows(3)
     out = Sampler().sample(logits, list("abc"), [SamplingParams(temperature=2.0, top_k=1)] * 3)

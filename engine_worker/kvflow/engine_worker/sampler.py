@@ -70,12 +70,12 @@ class Sampler:
         assert logits.shape[0] == len(request_ids) == len(params)
         if all(_is_plain_greedy(p) for p in params):
             # The common batch: one argmax and one copy out, no per-row tensors.
-            return [SampledToken(t) for t in logits.argmax(dim=-1).tolist()]
+            return [SampledToken(t) for t in _argmax(logits).tolist()]
         raw = logits.float()
         num_rows = raw.shape[0]
         logits = self._shape(raw, request_ids, params, histories)
         greedy = torch.tensor([p.is_greedy for p in params], device=logits.device)
-        chosen = logits.argmax(dim=-1)
+        chosen = _argmax(logits)
 
         if not bool(greedy.all()):
             sampled = self._sample_random(logits, request_ids, params, greedy)
@@ -250,6 +250,14 @@ class Sampler:
         # Never land on a filtered token (possible only through float ties at the edge).
         index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
         return sorted_ids.gather(1, index)[:, 0]
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first highest logit, as ``argmax(dim=-1)`` gives it, but through ``max``:
+    on the CPU torch's ``argmax`` over a vocabulary is 2.6-4.6x slower (SmolLM2's 49,152
+    logits, 2 cores: 2.28 vs 0.87 ms for 64 rows, 16.4 vs 3.6 ms for 256;
+    bench/decode_micro.py). Both return the first index of a tie."""
+    return logits.max(dim=-1).indices
 
 
 def _is_plain_greedy(p: SamplingParams) -> bool:

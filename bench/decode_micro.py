@@ -1,0 +1,76 @@
+"""Two costs of a batched decode step on this CPU, warm, each formulation side by side.
+
+- **Greedy sampling**: ``argmax(dim=-1)`` against ``max(dim=-1).indices`` (the same first
+  index of a tie) over SmolLM2's 49,152 logits at 1-256 rows.
+- **Decode attention at batch 64**: ``scaled_dot_product_attention`` against
+  ``matmul``-softmax-``matmul`` over the decode workspace's layout: 64 sequences, 3 KV heads
+  with 3 grouped queries each, contexts of 128-155 tokens, head size 64 (one SmolLM2 layer).
+
+    python bench/decode_micro.py        # about 10 seconds
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+VOCAB = 49_152
+
+
+def median_ms(fn: Callable[[], object], n: int, rounds: int = 5) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - start) / n * 1e3)
+    return statistics.median(times)
+
+
+def greedy() -> None:
+    print("| rows | argmax ms | max(...).indices ms | ratio |\n|---|---|---|---|")
+    for rows in (1, 8, 64, 256):
+        logits = torch.randn(rows, VOCAB)
+        assert torch.equal(logits.argmax(dim=-1), logits.max(dim=-1).indices)
+        n = max(5, 400 // rows)
+        slow = median_ms(lambda x=logits: x.argmax(dim=-1), n)
+        fast = median_ms(lambda x=logits: x.max(dim=-1).indices, n)
+        print(f"| {rows} | {slow:.3f} | {fast:.3f} | {slow / fast:.1f}x |")
+
+
+def attention() -> None:
+    torch.manual_seed(0)
+    batch, kv_heads, group, head_dim, longest, capacity = 64, 3, 3, 64, 155, 512
+    wk = torch.randn(batch + 8, kv_heads, capacity, head_dim)
+    wv = torch.randn(batch + 8, kv_heads, capacity, head_dim)
+    q = torch.randn(batch, kv_heads, group, head_dim)
+    lens = torch.randint(128, longest + 1, (batch,))
+    mask = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
+    keys, values = wk[:batch, :, :longest], wv[:batch, :, :longest]
+    scale = head_dim**-0.5
+    bias = torch.zeros(batch, 1, 1, longest).masked_fill_(~mask, float("-inf"))
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+
+    def manual() -> torch.Tensor:
+        scores = torch.add(bias, torch.matmul(q, keys.transpose(-1, -2)), alpha=scale)
+        return torch.matmul(torch.softmax(scores, dim=-1), values)
+
+    assert torch.allclose(sdpa(), manual(), atol=1e-5)
+    problems = batch * kv_heads
+    print(f"\n| attention, one layer ({problems} problems) | ms | us per problem |\n|---|---|---|")
+    for name, fn in (("sdpa", sdpa), ("matmul-softmax-matmul", manual)):
+        ms = median_ms(fn, 50)
+        print(f"| {name} | {ms:.3f} | {ms * 1e3 / problems:.1f} |")
+
+
+if __name__ == "__main__":
+    greedy()
+    attention()

@@ -93,9 +93,9 @@ def _observe(
     horizon_s = config.replica_startup_s + config.interval_s
     shares_now = shares_sizing = 0.0
     parts: list[str] = []
-    is_falling = True  # on every side the role serves
     if cap is None:
         return state, Loads(None, None, "")
+    is_falling = True  # on every side the role serves
     if role != "decode":
         if prompt_load is None or prompt_holt is None:
             return state, Loads(None, None, "")

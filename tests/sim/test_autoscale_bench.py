@@ -22,8 +22,9 @@ from kvflow.cli.sim.autoscale_bench import (
     steady,
 )
 from kvflow.cli.sim.autoscale_cli import config_from, main, parser
-from kvflow.cli.sim.autoscale_metrics import Bucket, recovery_s, replica_hours, score
+from kvflow.cli.sim.autoscale_metrics import Bucket, Score, recovery_s, replica_hours, score
 from kvflow.cli.sim.autoscale_policies import Planner, PoolSample, Reactive, Static
+from kvflow.cli.sim.autoscale_report import report_dict, table
 from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
 from kvflow.operator.planner import Observation
 
@@ -150,6 +151,11 @@ def test_the_instant_follower_bound() -> None:
     assert high > low
     hours = follower_replica_hours(config, "step")
     assert hours == pytest.approx((high * 120 + low * 180) / 3600)
+    # With a 45 s start-up a replica must be ordered 45 s before the load it serves: the
+    # high phase's replicas are held from 45 s before it, and go the moment it ends.
+    ahead = follower_replica_hours(config, "step", startup_s=45.0)
+    assert ahead == pytest.approx((high * 165 + low * 135) / 3600)
+    assert follower_replica_hours(config, "step", startup_s=0.0) == hours
     # The proportional margin never sizes a pool smaller.
     flat = dataclasses.replace(config, pooled_margin=False, peak_rate_per_s=200.0)
     pooled = dataclasses.replace(config, peak_rate_per_s=200.0)
@@ -172,6 +178,30 @@ def test_the_planner_margin_is_pooled_unless_asked_otherwise() -> None:
     assert policy_for(short, cell).config.scale_down_stabilization_s == 60.0
     reactive = policy_for(short, Cell("reactive", "step", 0.0, static_replicas=1))
     assert isinstance(reactive, Reactive) and reactive.stabilization_s == 60.0
+
+
+def test_the_report_carries_both_bounds() -> None:
+    rows = [(Cell("planner", "step", 60.0, static_replicas=1), _score(2.0), None)]
+    text = table(rows, {"step": 1.0}, {"step": {60.0: 1.25}})  # type: ignore[list-item]
+    assert "| step | instant follower (bound) | 0 s | - | 1.00 |" in text
+    assert "| step | follower, start-up ahead (bound) | 60 s | - | 1.25 |" in text
+    report = report_dict(SMALL, [], {"step": 1.0}, {"step": {60.0: 1.25}})
+    assert report["follower_ahead_replica_hours"] == {"step": {"60": 1.25}}
+
+
+def _score(replica_hours: float) -> Score:
+    return Score(
+        arm="planner",
+        shape="step",
+        startup_s=60.0,
+        attainment=1.0,
+        replica_hours=replica_hours,
+        scale_events_per_hour=0.0,
+        recovery_s=None,
+        max_replicas=1,
+        num_requests=1,
+        num_refused=0,
+    )
 
 
 def test_runs_are_deterministic() -> None:

@@ -200,21 +200,31 @@ def shares(config: BenchConfig, rate: float) -> float:
     )
 
 
-def follower_replica_hours(config: BenchConfig, shape: str) -> float:
+def follower_replica_hours(config: BenchConfig, shape: str, startup_s: float = 0.0) -> float:
     """A bound for the planner: replica-hours of a pool that always has exactly the
     replicas its margin sizes the offered rate for (`Tuning.replicas_for` at the target
-    utilisation, at least `min_replicas`), with no lag, no forecast error and instant pods.
+    utilisation, at least `min_replicas`), with no lag and no forecast error.
 
-    For the trace, whose `rate_at` is its mean, this is the flat mean's sizing.
+    With `startup_s` 0 the pods are instant: the *instant follower*. With a start-up, a
+    replica ordered now serves `startup_s` later, so a pool that keeps its margin holds at
+    each second what the most load of the next `startup_s` seconds needs (a clairvoyant
+    scaler, shrinking the moment the load allows): what any scaler with that margin and
+    that start-up pays at least. For the trace, whose `rate_at` is its mean, this is the
+    flat mean's sizing.
     """
     t = tuning(config) or Tuning()
     traffic = config.traffic(shape)
     num = max(1, int(traffic.duration_s))
     dt_s = traffic.duration_s / num
-    total_s = 0.0
-    for i in range(num):
-        load = shares(config, traffic.rate_at((i + 0.5) * dt_s))
-        total_s += max(config.min_replicas, t.replicas_for(load, t.target_utilization)) * dt_s
+    sized = [
+        max(
+            config.min_replicas,
+            t.replicas_for(shares(config, traffic.rate_at((i + 0.5) * dt_s)), t.target_utilization),
+        )
+        for i in range(num)
+    ]
+    ahead = max(0, math.ceil(startup_s / dt_s - 1e-9))
+    total_s = sum(max(sized[i : i + ahead + 1]) * dt_s for i in range(num))
     return total_s / 3600
 
 

@@ -121,9 +121,13 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
 
     rows = run_grid(config, jobs=args.jobs, done=done)
     bound = {shape: follower_replica_hours(config, shape) for shape in config.shapes}
-    print(table(rows, bound), file=out, flush=True)
+    ahead = {
+        shape: {s: follower_replica_hours(config, shape, s) for s in config.startups_s if s > 0}
+        for shape in config.shapes
+    }
+    print(table(rows, bound, ahead), file=out, flush=True)
     if args.json:
-        write_json(args.json, report_dict(config, rows, bound))
+        write_json(args.json, report_dict(config, rows, bound, ahead))
         print(f"autoscale: wrote {args.json}", file=err)
     if args.plot:
         plot(rows, config.slo, args.plot, startup_s=60.0 if 60.0 in config.startups_s else 0.0)

@@ -14,11 +14,17 @@ from kvflow.cli.sim.autoscale_metrics import Score, buckets
 Row = tuple[Cell, Score, RunResult]
 
 
-def table(rows: Sequence[Row], follower_hours: dict[str, float] | None = None) -> str:
+def table(
+    rows: Sequence[Row],
+    follower_hours: dict[str, float] | None = None,
+    ahead_hours: dict[str, dict[float, float]] | None = None,
+) -> str:
     """One line per cell; replica-hours also as a ratio to static-peak on the same shape.
 
     `follower_hours`: per shape, the replica-hours of an instant follower at the planner's
-    margin (`follower_replica_hours`), a line of its own after the shape's cells.
+    margin (`follower_replica_hours`), a line of its own after the shape's cells;
+    `ahead_hours`: per shape and start-up, the same follower with that start-up, holding
+    what the next start-up's load needs (a line each).
     """
     peak = {c.shape: s.replica_hours for c, s, _ in rows if c.arm == "static-peak"}
     lines = [
@@ -36,20 +42,31 @@ def table(rows: Sequence[Row], follower_hours: dict[str, float] | None = None) -
             f"| {ratio} | {s.scale_events_per_hour:.1f} | {recovery} | {s.max_replicas} "
             f"| {s.num_refused / s.num_requests if s.num_requests else 0:.1%} |"
         )
-    for shape, hours in (follower_hours or {}).items():
+    bounds = [
+        (shape, "instant follower (bound)", 0.0, h) for shape, h in (follower_hours or {}).items()
+    ]
+    for shape, by_startup in (ahead_hours or {}).items():
+        bounds += [(shape, "follower, start-up ahead (bound)", s, h) for s, h in by_startup.items()]
+    for shape, name, startup_s, hours in bounds:
         ratio = f"{hours / peak[shape]:.2f}x" if peak.get(shape) else "-"
         lines.append(
-            f"| {shape} | instant follower (bound) | 0 s | - | {hours:.2f} | {ratio} "
-            "| - | - | - | - |"
+            f"| {shape} | {name} | {startup_s:.0f} s | - | {hours:.2f} | {ratio} | - | - | - | - |"
         )
     return "\n".join(lines)
 
 
 def report_dict(
-    config: BenchConfig, rows: Sequence[Row], follower_hours: dict[str, float] | None = None
+    config: BenchConfig,
+    rows: Sequence[Row],
+    follower_hours: dict[str, float] | None = None,
+    ahead_hours: dict[str, dict[float, float]] | None = None,
 ) -> dict[str, Any]:
     return {
         "follower_replica_hours": follower_hours or {},
+        # per shape, per start-up (seconds, as a string key): the follower with that start-up
+        "follower_ahead_replica_hours": {
+            shape: {f"{s:g}": h for s, h in by.items()} for shape, by in (ahead_hours or {}).items()
+        },
         "config": {
             "profile": config.profile,
             "max_num_seqs": config.max_num_seqs,

@@ -6,7 +6,10 @@
   ``matmul``-softmax-``matmul`` over the decode workspace's layout: 64 sequences, 3 KV heads
   with 3 grouped queries each, contexts of 128-155 tokens, head size 64 (one SmolLM2 layer).
 
-    python bench/decode_micro.py        # about 10 seconds
+- **Decode attention cold**: the same attention as a step meets it, each layer's K/V
+  coming from memory after a GEMM, against reading K and V once, in float32 and bfloat16.
+
+    python bench/decode_micro.py        # about 20 seconds
 """
 
 from __future__ import annotations
@@ -71,6 +74,50 @@ def attention() -> None:
         print(f"| {name} | {ms:.3f} | {ms * 1e3 / problems:.1f} |")
 
 
+COLD_LAYERS = 30
+
+
+def cold_layer_ms(
+    fn: Callable[[torch.Tensor, torch.Tensor], object], kv: list[tuple[torch.Tensor, torch.Tensor]]
+) -> float:
+    """Median ms per layer of ``fn(k, v)`` over every layer in turn, a GEMM before each."""
+    weight, x = torch.randn(2304, 576), torch.randn(64, 576)
+
+    def one_pass() -> float:
+        total = 0.0
+        for k, v in kv:
+            F.linear(x, weight)  # streams 5 MB of weights through the caches
+            start = time.perf_counter()
+            fn(k, v)
+            total += time.perf_counter() - start
+        return total / len(kv) * 1e3
+
+    one_pass()  # warm-up
+    return statistics.median(one_pass() for _ in range(7))
+
+
+def cold_attention() -> None:
+    """Decode attention as a step meets it: 30 layers' K/V in turn, a GEMM between layers,
+    so each layer's context comes from memory. Against reading the same K and V once, and
+    in bfloat16."""
+    torch.manual_seed(0)
+    batch, kv_heads, group, head_dim, tokens = 64, 3, 3, 64, 170
+    shape = (batch, kv_heads, tokens, head_dim)
+    print(f"\n| cold, per layer ({COLD_LAYERS} layers of {batch} x {kv_heads} x {tokens} tokens) "
+          "| ms |\n|---|---|")  # fmt: skip
+    for dtype in (torch.float32, torch.bfloat16):
+        kv = [
+            (torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype))
+            for _ in range(COLD_LAYERS)
+        ]
+        q = torch.randn(batch, kv_heads, group, head_dim, dtype=dtype)
+        name = str(dtype).removeprefix("torch.")
+        sdpa = cold_layer_ms(lambda k, v, q=q: F.scaled_dot_product_attention(q, k, v), kv)
+        read = cold_layer_ms(lambda k, v: (k.sum(), v.sum()), kv)
+        print(f"| sdpa, {name} | {sdpa:.2f} |\n| read K and V once, {name} | {read:.2f} |")
+
+
 if __name__ == "__main__":
     greedy()
     attention()
+    cold_attention()

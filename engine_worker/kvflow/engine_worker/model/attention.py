@@ -306,11 +306,23 @@ def _decode(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeBatch, scale: floa
     KV head are that head's query rows (``[B, Hkv, H / Hkv, D]``), so SDPA reads each K/V
     head once and needs no ``enable_gqa`` expansion (SmolLM2's 9 over 3 heads, 64
     decodes over 160 tokens: about 10-40 % less time, noisy)."""
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[3]
     kd, vd = _gather(kv_cache, d.block_ids, d.num_tokens, q.dtype, d.first_block)
+    return _attend_grouped(q, kd, vd, d.mask, scale)
+
+
+def _attend_grouped(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per row of ``q`` ``[B, H, D]`` over ``keys`` and ``values``
+    ``[B, Hkv, T, D]``, the ``H / Hkv`` heads of a KV head folded into its query rows."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(qg, kd, vd, attn_mask=d.mask, scale=scale)
+    o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return o.reshape(batch, num_heads, head_dim)
 
 
@@ -329,8 +341,6 @@ def _decode_workspace(
     ``q`` is slot ``slots[i]``."""
     assert layer_kv is not None, "metadata with a workspace is read through meta.layer(i)"
     wk, wv = layer_kv
-    _, num_heads, head_dim = q.shape
-    num_kv_heads = wk.shape[1]
     for move in ws.moves:
         wk[move.dst, :, : move.num_tokens].copy_(wk[move.src, :, : move.num_tokens])
         wv[move.dst, :, : move.num_tokens].copy_(wv[move.src, :, : move.num_tokens])
@@ -344,13 +354,9 @@ def _decode_workspace(
     if ws.identity:
         qs = q
     else:
-        qs = q.new_zeros(ws.num_slots, num_heads, head_dim)
+        qs = q.new_zeros(ws.num_slots, *q.shape[1:])
         qs[ws.slots] = q
-    qg = qs.view(ws.num_slots, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    keys = wk[: ws.num_slots, :, : ws.num_tokens]
-    values = wv[: ws.num_slots, :, : ws.num_tokens]
-    o = F.scaled_dot_product_attention(
-        qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=ws.mask, scale=scale
-    )
-    o = o.reshape(ws.num_slots, num_heads, head_dim)
+    keys = wk[: ws.num_slots, :, : ws.num_tokens].to(q.dtype)
+    values = wv[: ws.num_slots, :, : ws.num_tokens].to(q.dtype)
+    o = _attend_grouped(qs, keys, values, ws.mask, scale)
     return o if ws.identity else o[ws.slots]

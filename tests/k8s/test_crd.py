@@ -160,6 +160,11 @@ def test_defaults_are_filled_in_by_the_api_server(
             "spec.autoscaling.targetUtilization in body should be less than or equal to 0.95",
         ),
         (
+            "calm-gate-at-the-target",
+            {"model": {"servedName": "m"}, "autoscaling": {"scaleDownLatencyRatio": 0.99}},
+            "spec.autoscaling.scaleDownLatencyRatio in body should be less than or equal to 0.95",
+        ),
+        (
             "9starts-with-digit",
             {"model": {"servedName": "m"}},
             "an InferencePool name must start with a letter",

@@ -27,6 +27,7 @@ def test_config_from_spec() -> None:
             replicaPromptTokensPerSecond=20000,
             replicaDecodeTokensPerSecond=5000,
             targetUtilization=0.9,
+            scaleDownLatencyRatio=0.8,
         )
     )
     assert (cfg.ttft_target_s, cfg.tpot_target_s, cfg.percentile) == (0.8, 0.04, 95)
@@ -39,9 +40,11 @@ def test_config_from_spec() -> None:
     assert prefill.capacity.max_decode_tokens_per_s == 5000
     # The band keeps its width (0.2) under the target it is moved to.
     assert (cfg.tuning.target_utilization, cfg.tuning.scale_down_utilization) == (0.9, 0.7)
+    assert cfg.tuning.scale_down_latency_ratio == 0.8  # the calm gate is the user's too
 
 
 def test_no_capacity_in_the_spec() -> None:
     cfg = config_from_spec(_spec())
     assert cfg.roles["prefill"].capacity is None and cfg.enabled
     assert (cfg.tuning.target_utilization, cfg.tuning.scale_down_utilization) == (0.8, 0.6)
+    assert cfg.tuning.scale_down_latency_ratio == 0.6

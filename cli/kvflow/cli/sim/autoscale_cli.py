@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
                    "own)")  # fmt: skip
     p.add_argument("--calm-latency-ratio", type=float, metavar="R",
                    help="the planner scales down only while latency is under R x its "
-                   "target (Tuning.scale_down_latency_ratio; default: its own, 0.6)")  # fmt: skip
+                   "target (autoscaling.scaleDownLatencyRatio; default: its own, 0.6)")  # fmt: skip
     p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
                    help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
     p.add_argument("--stabilization-s", type=float, default=d.stabilization_s,

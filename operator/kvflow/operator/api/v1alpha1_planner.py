@@ -121,6 +121,15 @@ class AutoscalingSpec:
         minimum=0.4,
         maximum=0.95,
     )
+    scale_down_latency_ratio: float = field(
+        """A role shrinks only while its TTFT and TPOT at the percentile are under this
+        share of their targets (the latency calm gate). Higher lets a pool that runs close
+        to its targetUtilization shrink sooner after a peak, with less room left before
+        the SLO's edge.""",
+        0.6,
+        minimum=0.3,
+        maximum=0.95,
+    )
     prometheus: PrometheusSource | None = field(
         """Read the planner's inputs from this Prometheus. Unset: the operator scrapes the
         workers' and routers' /metrics itself. Unreachable: the planner holds replicas and

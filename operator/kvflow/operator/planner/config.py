@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvflow.operator.api import v1alpha1, v1alpha1_planner
 from kvflow.operator.builders.names import worker_roles
 from kvflow.operator.planner.types import CapacityProfile, PlannerConfig, RoleConfig, Tuning
@@ -49,5 +51,11 @@ def config_from_spec(
         scale_up_cooldown_s=float(auto.scale_up_cooldown_seconds),
         replica_startup_s=float(auto.replica_startup_seconds),
         enabled=auto.enabled,
-        tuning=tuning if tuning is not None else Tuning().with_target(auto.target_utilization),
+        tuning=tuning if tuning is not None else _tuning(auto),
     )
+
+
+def _tuning(auto: v1alpha1_planner.AutoscalingSpec) -> Tuning:
+    """The model's thresholds with the two the user sets: the margin and the calm gate."""
+    tuning = Tuning().with_target(auto.target_utilization)
+    return replace(tuning, scale_down_latency_ratio=auto.scale_down_latency_ratio)

@@ -130,8 +130,8 @@ class Tuning:
     # the square root of the load, not in proportion to it (`replicas_for`). None: always
     # in proportion.
     pooled_from_shares: float | None = 4.0
-    # Latency at the percentile above target x this: violated. Below target x this: calm
-    # enough to consider removing a replica.
+    # Latency at the percentile under target x this: calm enough to consider removing a
+    # replica (over target itself is a violation). The CRD's autoscaling.scaleDownLatencyRatio.
     scale_down_latency_ratio: float = 0.6
     # A reactive step never more than doubles a role (a latency ratio of 5 says "more", not
     # "5x": queues drain superlinearly once capacity exceeds load).

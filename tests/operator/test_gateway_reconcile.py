@@ -160,3 +160,21 @@ def test_the_older_model_keeps_its_name() -> None:
         "False",
         "NameConflict",
     )
+
+
+def test_a_gateway_status_refresh_claims_no_generation_it_did_not_apply() -> None:
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1")))
+    reconciler(kube).reconcile_namespace("ns")
+    assert kube.status("inferencegateways", "front")["observedGeneration"] == 1
+    front = kube.custom["inferencegateways"]["front"]
+    front["spec"] = {"router": {"replicas": 3}}
+    front["metadata"]["generation"] = 2
+    reconciler(kube).reconcile_namespace("ns", apply=False)  # its Deployment moved first
+    assert kube.children[("Deployment", "front-gateway")]["spec"]["replicas"] != 3
+    assert kube.status("inferencegateways", "front")["observedGeneration"] == 1
+    reconciler(kube).reconcile_namespace("ns")
+    assert kube.children[("Deployment", "front-gateway")]["spec"]["replicas"] == 3
+    assert kube.status("inferencegateways", "front")["observedGeneration"] == 2

@@ -4,6 +4,7 @@ point, and the real API server tests in tests/k8s cover the same flows end to en
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ class FakeKube:
         self.status_patches: list[dict[str, Any]] = []
         self.reject: dict[str, KubeError] = {}  # "Kind name" -> the error apply raises
         self.replica_owners: dict[tuple[str, str], set[str]] = {}
+        self.after_list: Callable[[str], None] | None = None
 
     def scale(self, name: str, replicas: int, manager: str = "hpa") -> None:
         """What an HPA does: an update of the scale subresource takes the field over."""
@@ -44,14 +46,26 @@ class FakeKube:
         self.pool["status"] = copy.deepcopy(status)
 
     def list_children(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Any]:
-        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind]
+        listed = [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind]
+        if self.after_list is not None:
+            self.after_list(kind)  # something changes the objects after the reconcile read
+        return listed
 
-    def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
+    def apply(
+        self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER, *, force: bool = True
+    ) -> dict[str, Any]:
         key = (obj["kind"], obj["metadata"]["name"])
         if f"{key[0]} {key[1]}" in self.reject:
             raise self.reject[f"{key[0]} {key[1]}"]
-        self.applied.append(f"{key[0]} {key[1]}")
         before = self.objects.get(key)
+        others = self.replica_owners.get(key, set()) - {field_manager}
+        # Unforced server-side apply: a field another manager holds at another value is a
+        # conflict (only replicas is applied by more than one manager here).
+        wanted = obj["spec"].get("replicas") if obj["kind"] == "Deployment" else None
+        held = None if before is None or wanted is None else before["spec"]["replicas"]
+        if not force and others and held is not None and held != wanted:
+            raise KubeError(409, f"Apply failed with 1 conflict: .spec.replicas {others}")
+        self.applied.append(f"{key[0]} {key[1]}")
         if field_manager != FIELD_MANAGER:  # the replicas handover: a partial apply
             assert before is not None and set(obj["spec"]) == {"replicas"}, obj
             before["spec"]["replicas"] = obj["spec"]["replicas"]
@@ -252,6 +266,41 @@ def test_handing_a_role_to_an_external_autoscaler_keeps_its_replicas(events: lis
     kube.pool = pool_body({**SPEC, "colocated": {"replicas": 2}}, 3)  # taken back
     r.reconcile("ns", "p")
     assert deployment_replicas(kube, "p-colocated") == 2
+
+
+def test_an_autoscaler_scaling_during_the_handover_keeps_its_count(events: list[Any]) -> None:
+    kube = FakeKube(pool_body({**SPEC, "colocated": {"replicas": 3}}))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    kube.pool = pool_body({**SPEC, "colocated": {"replicas": 3, "externalAutoscaler": True}}, 2)
+
+    def hpa_scales(kind: str) -> None:  # between the operator's read and its handover
+        if kind == "Deployment" and deployment_replicas(kube, "p-colocated") == 3:
+            kube.scale("p-colocated", 2)
+
+    kube.after_list = hpa_scales
+    r.reconcile("ns", "p")
+    # The handover would have put back the 3 it read; unforced, the HPA's 2 stands.
+    assert deployment_replicas(kube, "p-colocated") == 2
+    assert kube.replica_owners[("Deployment", "p-colocated")] == {"hpa"}
+
+
+def test_a_status_refresh_claims_no_generation_it_did_not_apply(events: list[Any]) -> None:
+    kube = FakeKube(pool_body({**SPEC, "colocated": {"replicas": 3}}))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    kube.pool = {
+        **pool_body({**SPEC, "colocated": {"replicas": 4}}, 2),
+        "status": kube.pool["status"],
+    }
+    r.reconcile("ns", "p", apply=False)  # a Deployment event before the pool's own
+    assert deployment_replicas(kube, "p-colocated") == 3
+    status = kube.pool["status"]
+    assert status["observedGeneration"] == 1  # generation 2 is not applied yet
+    assert {c["observedGeneration"] for c in status["conditions"]} == {1}
+    r.reconcile("ns", "p")
+    assert deployment_replicas(kube, "p-colocated") == 4
+    assert kube.pool["status"]["observedGeneration"] == 2
 
 
 def test_with_autoscaling_the_planners_decision_is_applied_and_kept(events: list[Any]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from kvflow.operator.api import v1alpha1
@@ -135,6 +135,8 @@ class GatewayReconciler:
             problems += self._apply(body, ref, desired, observed)
         deployment = observed.get(ChildKey("apps/v1", "Deployment", gateway_workload_name(ref)))
         replicas = spec.router.replicas if resolution.pools else 0
+        if not apply:  # a status refresh claims no generation it did not apply (reconcile.py)
+            ref = replace(ref, generation=previous.observed_generation)
         self._write_gateway(
             body, ref, previous, list(resolution.models), replicas,
             None if deployment is None else DeploymentObservation.from_object(deployment),

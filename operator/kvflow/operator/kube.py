@@ -330,10 +330,11 @@ class Kube:
         items: list[Json] = listed.get("items", [])
         return items
 
-    def apply(self, obj: Json, field_manager: str = FIELD_MANAGER) -> Json:
-        """Server-side apply: create, or update the fields we manage; force=True takes
-        back fields someone edited by hand (that is the drift being repaired). Another
-        `field_manager` only for the replicas handover (`builders.replicas`)."""
+    def apply(self, obj: Json, field_manager: str = FIELD_MANAGER, *, force: bool = True) -> Json:
+        """Server-side apply: create, or update the fields we manage; `force` takes back
+        fields someone edited by hand (that is the drift being repaired); unforced, a field
+        another manager holds at another value is a 409. Another `field_manager` and
+        `force=False` only for the replicas handover (`builders.replicas`)."""
         meta = obj["metadata"]
         return _call(
             self._kinds[obj["kind"]].patch,
@@ -341,7 +342,7 @@ class Kube:
             meta["namespace"],
             obj,
             field_manager=field_manager,
-            force=True,
+            force=force,
             _content_type=APPLY,
         )
 

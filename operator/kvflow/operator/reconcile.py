@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kvflow.operator.api import v1alpha1, v1alpha1_status
@@ -56,7 +56,9 @@ class KubeApi(Protocol):
     def get_pool(self, namespace: str, name: str) -> Json | None: ...
     def patch_pool_status(self, namespace: str, name: str, status: Json) -> None: ...
     def list_children(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Json]: ...
-    def apply(self, obj: Json, field_manager: str = FIELD_MANAGER) -> Json: ...
+    def apply(
+        self, obj: Json, field_manager: str = FIELD_MANAGER, *, force: bool = True
+    ) -> Json: ...
     def delete(self, key: ChildKey, namespace: str) -> None: ...
 
 
@@ -147,6 +149,13 @@ class Reconciler:
         replicas = applied_replicas(spec, planned_replicas(_previous_status(body)))
         if not problems and apply:
             problems += self._apply(body, pool, spec, observed, replicas)
+        if not apply:
+            # A status refresh (a Deployment moved) applied nothing: it reports the
+            # generation last applied, never claims the current one. Otherwise a Deployment
+            # event landing between a spec edit and its apply marks the edit done, and
+            # whoever waits on observedGeneration (`kubectl wait`, a CD tool, an HPA set up
+            # after a handover) acts before the operator has.
+            pool = replace(pool, generation=_previous_status(body).observed_generation)
         self._write_status(body, pool, spec, observed, problems, replicas)
 
     def _observe(self, pool: PoolRef) -> dict[ChildKey, Json]:
@@ -208,7 +217,18 @@ class Reconciler:
         if before is None:
             before = self.kube.apply({**obj, "spec": {**obj["spec"], "replicas": seed}})
         current = int(before.get("spec", {}).get("replicas", seed))
-        self.kube.apply(handover_patch(obj, current), field_manager=HANDOVER_MANAGER)
+        try:
+            # Not forced: `before` was read a moment ago, and an autoscaler may have scaled
+            # since. Forcing would put the old count back over its decision; unforced, the
+            # API server answers 409 because the autoscaler now owns the field, which is
+            # the handover done by someone else.
+            self.kube.apply(
+                handover_patch(obj, current), field_manager=HANDOVER_MANAGER, force=False
+            )
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            log.info("%s: replicas already taken over (%s)", obj["metadata"]["name"], exc.message)
 
     def _write_status(
         self,

@@ -27,6 +27,19 @@ def apply_pool(cluster: ControlPlane, namespace: str, name: str, spec: dict[str,
     cluster.kubectl("apply", "-f", "-", input=pool_manifest(namespace, name, spec))
 
 
+def replica_owners(cluster: ControlPlane, namespace: str, deployment: str) -> tuple[int, list[str]]:
+    """A Deployment's spec.replicas and the field managers that hold it."""
+    got = cluster.kubectl_json(
+        "get", "deployment", deployment, "-n", namespace, "--show-managed-fields"
+    )
+    owners = [
+        m["manager"]
+        for m in got["metadata"]["managedFields"]
+        if "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})
+    ]
+    return int(got["spec"].get("replicas", 0)), owners
+
+
 def get_pool(cluster: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     pool: dict[str, Any] = cluster.kubectl_json("get", "inferencepool", name, "-n", namespace)
     return pool

@@ -24,7 +24,7 @@ import pytest
 from k8s.controlplane import ControlPlane
 from k8s.operator_process import OperatorProcess
 from k8s.pod_processes import PodProcess, pod_process
-from k8s.pools import apply_pool, condition, get_pool, pool_events, wait_ready
+from k8s.pools import apply_pool, condition, get_pool, pool_events, replica_owners, wait_ready
 from k8s.served_pools import current_pods
 from k8s.support import wait_for
 
@@ -240,15 +240,8 @@ def test_a_role_handed_to_an_external_autoscaler_keeps_its_replicas(
     # What an HPA does: write the scale subresource.
     cluster.kubectl("scale", "deployment", "ext-colocated", "-n", namespace, "--replicas", "2")
     time.sleep(12)  # four drift sweeps and two planner intervals
-    assert deployment_replicas(cluster, namespace, "ext-colocated") == 2
-    deployment = cluster.kubectl_json(
-        "get", "deployment", "ext-colocated", "-n", namespace, "--show-managed-fields"
-    )
-    owners = [
-        m["manager"]
-        for m in deployment["metadata"]["managedFields"]
-        if "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})
-    ]
+    replicas, owners = replica_owners(cluster, namespace, "ext-colocated")
+    assert replicas == 2, owners
     assert "kvflow-operator" not in owners, owners
     wait_for(
         lambda: get_pool(cluster, namespace, "ext")["status"]["desiredReplicas"] == 2,

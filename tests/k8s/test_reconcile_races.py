@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from k8s.controlplane import ControlPlane
-from k8s.pools import apply_pool, get_pool
+from k8s.pools import apply_pool, get_pool, replica_owners
 
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import Images
@@ -53,15 +53,7 @@ def spec(**colocated: Any) -> dict[str, Any]:
 
 
 def replicas_and_owners(cluster: ControlPlane, namespace: str) -> tuple[int, list[str]]:
-    got = cluster.kubectl_json(
-        "get", "deployment", "p-colocated", "-n", namespace, "--show-managed-fields"
-    )
-    owners = [
-        m["manager"]
-        for m in got["metadata"]["managedFields"]
-        if "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})
-    ]
-    return int(got["spec"]["replicas"]), owners
+    return replica_owners(cluster, namespace, "p-colocated")
 
 
 def test_an_autoscaler_scaling_during_the_handover_keeps_its_count(

@@ -15,7 +15,7 @@ from kvflow.operator.planner.capacity import (
     prefill_tokens_per_s,
     prompt_alone_s,
 )
-from kvflow.operator.planner.forecast import Holt, sizing_load, start_or_update
+from kvflow.operator.planner.forecast import Holt, damped_reach_s, sizing_load, start_or_update
 
 ROUND = StepCost(base_step_s=0.005, per_prefill_token_s=50e-6, per_decode_seq_s=50e-6)
 
@@ -110,9 +110,31 @@ def test_holt_follows_a_ramp_and_ignores_stale_samples() -> None:
 
 def test_sizing_load_caps_a_noisy_forecast() -> None:
     steep = Holt(100.0, 50.0, 0.0, last_value=100.0, slopes_per_s=(50.0,) * 5)
-    assert sizing_load(100.0, steep, 60.0, max_growth=2.0) == 200.0  # not 3,100
-    falling = Holt(100.0, -5.0, 0.0, last_value=100.0, slopes_per_s=(-5.0,) * 5)
-    assert sizing_load(100.0, falling, 60.0, max_growth=2.0) == 100.0  # never below now
+    assert sizing_load(100.0, steep, 60.0, max_growth=2.0, sample_window_s=30) == 200.0  # not 3,100
+    dipping = Holt(100.0, -5.0, 0.0, last_value=100.0, slopes_per_s=(-5.0, 1.0, -5.0, -5.0, -5.0))
+    assert sizing_load(100.0, dipping, 60.0, max_growth=2.0, sample_window_s=30) == 100.0
+
+
+def test_a_decline_is_sized_at_this_moment() -> None:
+    # Five falls in a row: a sample is the rate over the last 30 s, the load of 15 s ago;
+    # the load now is 15 s of the gentler slope (Holt's -1/s, not the median -2/s) lower.
+    falling = Holt(100.0, -1.0, 0.0, last_value=100.0, slopes_per_s=(-2.0, -3.0, -2.0, -1.0, -2.0))
+    assert falling.is_falling
+    assert sizing_load(100.0, falling, 90.0, max_growth=2.0, sample_window_s=30) == 85.0
+    assert falling.present(30) == 85.0
+    # A decline steeper than the load ends at zero, not below.
+    assert Holt(10.0, -5.0, 0.0, last_value=10.0, slopes_per_s=(-5.0,) * 5).present(30) == 0.0
+
+
+def test_a_damped_trend_reaches_less_far_the_further_it_looks() -> None:
+    assert damped_reach_s(1.0, 60.0) == pytest.approx(1.0, rel=0.01)  # short: the horizon
+    assert damped_reach_s(90.0, 60.0) == pytest.approx(46.6, abs=0.1)  # 60 (1 - e^-1.5)
+    assert damped_reach_s(3600.0, 60.0) == pytest.approx(60.0)  # never more than 60 s
+    ramp = Holt(100.0, 1.0, 0.0, last_value=100.0, slopes_per_s=(1.0,) * 5)
+    assert ramp.forecast(90.0) == 190.0
+    assert ramp.forecast(90.0, damping_s=60.0) == pytest.approx(146.6, abs=0.1)
+    with pytest.raises(ValueError, match="damping_s must be > 0"):
+        damped_reach_s(90.0, 0.0)
 
 
 def test_a_jump_is_no_slope_but_a_ramp_is() -> None:

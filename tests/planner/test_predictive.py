@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from planner.history import TTFT_S, Run, calm, closed_loop, config
 
@@ -47,8 +48,8 @@ def test_forecast_scales_up_before_the_load_reaches_capacity() -> None:
         assert not d.is_change
     d = run.step("prefill", calm(150, 2, request_rate_per_s=16.0))
     # Now 16 k/s is 80 % of 2 replicas; the trend (1.5 k/s per 30 s, five slopes alike)
-    # makes ~20 k/s one start-up plus one interval (90 s) ahead: 3 replicas. TTFT is still
-    # 20 % of target.
+    # makes ~18.3 k/s one start-up plus one interval (90 s) ahead (damped: 47 s of the
+    # trend): 3 replicas. TTFT is still 20 % of target.
     assert (d.replicas, d.reason) == (3, "ForecastLoad")
     assert "prompt load 16000 tokens/s" in d.message
 
@@ -68,6 +69,34 @@ def test_without_a_profile_the_same_ramp_breaks_the_slo_first() -> None:
     assert {d.reason for d in decisions if d.is_change and d.replicas > d.previous_replicas} == {
         "TtftViolation"
     }
+
+
+def _top(t: float) -> float:
+    """20 -> 84 requests/s of 1k-token prompts over 20 minutes (a raised cosine), and back."""
+    return 20 + 64 * (1 - math.cos(math.pi * t / 1200)) / 2
+
+
+def test_the_top_of_a_ramp_buys_no_replica_the_peak_does_not_need() -> None:
+    # 8.4 shares at the peak need 10 replicas at 80 % (pooled). 150 s before the peak the
+    # last five slopes still say +0.2 k/s each second; 90 s ahead (a 60 s start-up and an
+    # interval) the undamped trend makes 85.8 k/s of the 84 k peak, 11 replicas, held
+    # past the peak. Damped (a slope trusted for 60 s), the forecast stops at 10.
+    def replicas(damping_s: float) -> tuple[list[int], float]:
+        tuning = replace(Tuning(), forecast_damping_s=damping_s)
+        cfg = config("prefill", capacity=CAP, max_replicas=40, scale_down_stabilization_s=0,
+                     replica_startup_s=60, tuning=tuning)  # fmt: skip
+        at = lambda t, n: calm(t, n, request_rate_per_s=_top(t))  # noqa: E731
+        held = [d.replicas for d in closed_loop(cfg, "prefill", at, num_steps=80, replicas=3)]
+        # What serves at t was decided a start-up (two intervals) before.
+        utils = [_top(30 * i) * 1000 / (held[i - 2] * 10_000) for i in range(2, len(held))]
+        return held, max(utils)
+
+    need = Tuning().replicas_for(8.4, 0.8)
+    damped, hottest = replicas(Tuning().forecast_damping_s)
+    assert max(damped) == need == 10
+    assert hottest <= 0.9  # ahead of the load all the way up: TTFT never near its target
+    undamped, _ = replicas(1e9)
+    assert max(undamped) == need + 1
 
 
 def test_step_load_is_met_within_one_interval_with_a_profile() -> None:

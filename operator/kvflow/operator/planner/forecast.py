@@ -5,9 +5,20 @@ Holt keeps a level and a trend per second. At each sample x, dt seconds after th
     level' = alpha x + (1 - alpha) (level + trend dt)
     trend' = beta (level' - level) / dt + (1 - beta) trend
 
-and forecasts level + trend h for h seconds ahead. It beat a least-squares line over the
-last N samples on the benchmark's ramps (it forgets old slopes in a few samples, a line
-keeps them for N), and it needs two numbers of state, not N.
+and forecasts the last sample plus the trend over h seconds ahead, damped: a slope seen now
+carries on for `damping_s` on average, so it adds trend x damping_s x (1 - exp(-h /
+damping_s)), never more than trend x damping_s (Gardner and McKenzie's damped trend, in
+continuous time). It beat a least-squares line over the last N samples on the benchmark's
+ramps (it forgets old slopes in a few samples, a line keeps them for N), and it needs two
+numbers of state, not N.
+
+Why damped: a load rises for a while, not for ever, and the slopes the forecast trusts are
+the last few intervals'. At the top of a ramp they still say "up" while the load levels
+off, and a replica bought on them is held until the load has fallen well past the top. In
+the virtual cluster (a diurnal at 200 requests/s, 60 s start-up, a 90 s horizon) the
+undamped trend bought a 21st replica where 20 carried the peak and held it 450 s; damped at
+60 s it bought 20 (docs/benchmarks.md). On a steady ramp a damped forecast buys less
+ahead: the margin (`target_utilization`) and the reactive rules cover that part.
 
 A forecast is never trusted for more than `max_growth` times the load seen now, and its
 trend never for more than the median of the last five raw slopes: one noisy sample or
@@ -19,6 +30,7 @@ rising samples still asked for 7 where 5 did (after a jump, noise rises half the
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -57,16 +69,38 @@ class Holt:
         them every interval, from 2.5 minutes into it at 30 s intervals."""
         return len(self.slopes_per_s) == SLOPES and all(s < 0 for s in self.slopes_per_s)
 
-    def forecast(self, horizon_s: float) -> float:
-        """The last sample plus the trend `horizon_s` ahead, the trend at most the median
-        of the last SLOPES raw slopes (none before there are that many). Holt cannot tell
-        a jump from a ramp: after a step its trend, and its level, overshoot for several
-        samples. A step is one steep slope among flat ones, so the median ignores it; a
-        ramp's slopes are all alike, so the median keeps it."""
+    def forecast(self, horizon_s: float, *, damping_s: float | None = None) -> float:
+        """The last sample plus the trend `horizon_s` ahead (damped at `damping_s`; None:
+        not damped), the trend at most the median of the last SLOPES raw slopes (none
+        before there are that many). Holt cannot tell a jump from a ramp: after a step its
+        trend, and its level, overshoot for several samples. A step is one steep slope
+        among flat ones, so the median ignores it; a ramp's slopes are all alike, so the
+        median keeps it."""
         if len(self.slopes_per_s) < SLOPES:
             return self.last_value
         trend = min(self.trend_per_s, statistics.median(self.slopes_per_s))
-        return max(0.0, self.last_value + trend * horizon_s)
+        reach_s = horizon_s if damping_s is None else damped_reach_s(horizon_s, damping_s)
+        return max(0.0, self.last_value + trend * reach_s)
+
+    def present(self, sample_window_s: float) -> float:
+        """The load at this moment on a decline (`is_falling`), else the last sample. A
+        sample is a rate over the last `sample_window_s`: on a decline it is the load of
+        half a window ago, and a pool sized for it holds a step's worth of replicas half an
+        interval too long at every step down. The slope taken is the gentler of Holt's and
+        the median raw slope, so noise does not cut deeper than the decline."""
+        if not self.is_falling:
+            return self.last_value
+        slope = max(self.trend_per_s, statistics.median(self.slopes_per_s))
+        return max(0.0, self.last_value + min(0.0, slope) * sample_window_s / 2)
+
+
+def damped_reach_s(horizon_s: float, damping_s: float) -> float:
+    """Seconds of the trend a damped forecast adds `horizon_s` ahead: the integral of
+    exp(-t / damping_s) over the horizon (the horizon itself while it is short against
+    `damping_s`, `damping_s` at most)."""
+    if damping_s <= 0:
+        raise ValueError(f"damping_s must be > 0, got {damping_s}")
+    return damping_s * (1 - math.exp(-horizon_s / damping_s))
 
 
 def start_or_update(
@@ -77,6 +111,19 @@ def start_or_update(
     return holt.update(value, time_s, alpha=alpha, beta=beta)
 
 
-def sizing_load(now: float, holt: Holt, horizon_s: float, *, max_growth: float) -> float:
-    """The load to size for: what is here now, or what is coming, whichever is more."""
-    return max(now, min(holt.forecast(horizon_s), now * max_growth if now > 0 else 0.0))
+def sizing_load(
+    now: float,
+    holt: Holt,
+    horizon_s: float,
+    *,
+    max_growth: float,
+    sample_window_s: float,
+    damping_s: float | None = None,
+) -> float:
+    """The load to size for: what is coming, or what is here now, whichever is more; on a
+    decline (five falls in a row), what is here at this moment (`Holt.present`): while it
+    lasts, the most load of any horizon is the load now."""
+    if holt.is_falling:
+        return min(now, holt.present(sample_window_s))
+    ahead = holt.forecast(horizon_s, damping_s=damping_s)
+    return max(now, min(ahead, now * max_growth if now > 0 else 0.0))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from kvflow.operator.planner.forecast import sizing_load, start_or_update
+from kvflow.operator.planner.forecast import Holt, sizing_load, start_or_update
 from kvflow.operator.planner.signals import Assessment, Loads, Want, assess, violation_share
 from kvflow.operator.planner.slo import judge_slo
 from kvflow.operator.planner.types import (
@@ -91,6 +91,17 @@ def _observe(
     )
     cap = rcfg.capacity
     horizon_s = config.replica_startup_s + config.interval_s
+
+    def sized(load: float, holt: Holt) -> float:
+        return sizing_load(
+            load,
+            holt,
+            horizon_s,
+            max_growth=t.max_forecast_growth,
+            damping_s=t.forecast_damping_s,
+            sample_window_s=config.interval_s,  # a load sample is a rate over an interval
+        )
+
     shares_now = shares_sizing = 0.0
     parts: list[str] = []
     if cap is None:
@@ -99,7 +110,7 @@ def _observe(
     if role != "decode":
         if prompt_load is None or prompt_holt is None:
             return state, Loads(None, None, "")
-        ahead = sizing_load(prompt_load, prompt_holt, horizon_s, max_growth=t.max_forecast_growth)
+        ahead = sized(prompt_load, prompt_holt)
         shares_now += prompt_load / cap.max_prompt_tokens_per_s
         shares_sizing += ahead / cap.max_prompt_tokens_per_s
         parts.append(f"prompt load {prompt_load:.0f} tokens/s ({ahead:.0f} ahead)")
@@ -107,7 +118,7 @@ def _observe(
     if role != "prefill":
         if decode_load is None or decode_holt is None:
             return state, Loads(None, None, "")
-        ahead = sizing_load(decode_load, decode_holt, horizon_s, max_growth=t.max_forecast_growth)
+        ahead = sized(decode_load, decode_holt)
         shares_now += decode_load / cap.max_decode_tokens_per_s
         shares_sizing += ahead / cap.max_decode_tokens_per_s
         parts.append(f"output {decode_load:.0f} tokens/s ({ahead:.0f} ahead)")

@@ -151,6 +151,9 @@ class Tuning:
     forecast_level_alpha: float = 0.5
     forecast_trend_beta: float = 0.3
     max_forecast_growth: float = 1.5
+    # A slope seen now is trusted for this long on average (the damped trend, forecast.py):
+    # 90 s ahead it adds 47 s of the trend, never more than 60 s.
+    forecast_damping_s: float = 60.0
 
     def with_target(self, target_utilization: float) -> Tuning:
         """The same hysteresis band, moved to size for `target_utilization`."""

@@ -174,6 +174,9 @@ def test_the_planner_margin_is_pooled_unless_asked_otherwise() -> None:
     assert relaxed.calm_latency_ratio == 0.8
     planner = policy_for(dataclasses.replace(SMALL, calm_latency_ratio=0.8), cell)
     assert isinstance(planner, Planner) and planner.config.tuning.scale_down_latency_ratio == 0.8
+    assert planner.config.tuning.forecast_damping_s == 60.0  # the default
+    damped = config_from(parser().parse_args(["--forecast-damping-s", "90"]))
+    assert policy_for(damped, cell).config.tuning.forecast_damping_s == 90.0
     short = dataclasses.replace(SMALL, stabilization_s=60.0)
     assert policy_for(short, cell).config.scale_down_stabilization_s == 60.0
     reactive = policy_for(short, Cell("reactive", "step", 0.0, static_replicas=1))

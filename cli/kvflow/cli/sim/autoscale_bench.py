@@ -62,6 +62,9 @@ class BenchConfig:
     # The planner's Tuning.scale_down_latency_ratio: a scale-down needs latency under this
     # share of its target (None: its default, 0.6).
     calm_latency_ratio: float | None = None
+    # The planner's Tuning.forecast_damping_s: how long a load slope is trusted (None: its
+    # default, 60 s).
+    forecast_damping_s: float | None = None
     # The planner's autoscaling.intervalSeconds (the CRD's default); the reactive arm syncs
     # every 15 s (HPA's default).
     planner_interval_s: float = 30.0
@@ -235,6 +238,8 @@ def tuning(config: BenchConfig) -> Tuning | None:
         changes["target_utilization"], changes["scale_down_utilization"] = config.utilization
     if config.calm_latency_ratio is not None:
         changes["scale_down_latency_ratio"] = config.calm_latency_ratio
+    if config.forecast_damping_s is not None:
+        changes["forecast_damping_s"] = config.forecast_damping_s
     if not config.pooled_margin:
         changes["pooled_from_shares"] = None
     return dataclasses.replace(Tuning(), **changes) if changes else None  # type: ignore[arg-type]

@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calm-latency-ratio", type=float, metavar="R",
                    help="the planner scales down only while latency is under R x its "
                    "target (autoscaling.scaleDownLatencyRatio; default: its own, 0.6)")  # fmt: skip
+    p.add_argument("--forecast-damping-s", type=float, metavar="S",
+                   help="the planner trusts a load slope for S seconds on average "
+                   "(Tuning.forecast_damping_s; default: its own, 60)")  # fmt: skip
     p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
                    help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
     p.add_argument("--stabilization-s", type=float, default=d.stabilization_s,
@@ -83,6 +86,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         seed=args.seed,
         utilization=tuple(args.utilization) if args.utilization else None,
         calm_latency_ratio=args.calm_latency_ratio,
+        forecast_damping_s=args.forecast_damping_s,
         planner_interval_s=args.planner_interval,
         admission_max_queue_s=args.admission_max_queue_s,
         max_replicas=args.max_replicas,

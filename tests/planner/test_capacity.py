@@ -124,6 +124,13 @@ def test_a_decline_is_sized_at_this_moment() -> None:
     assert falling.present(30) == 85.0
     # A decline steeper than the load ends at zero, not below.
     assert Holt(10.0, -5.0, 0.0, last_value=10.0, slopes_per_s=(-5.0,) * 5).present(30) == 0.0
+    # A rise is not extrapolated; nor is anything before there are five slopes.
+    assert Holt(100.0, 1.0, 0.0, last_value=100.0, slopes_per_s=(1.0,) * 5).present(30) == 100.0
+    assert Holt(100.0, -1.0, 0.0, last_value=100.0, slopes_per_s=(-1.0,) * 4).present(30) == 100.0
+    # Falls that are not five in a row are extrapolated by `present`, but not sized for.
+    dipping = Holt(100.0, -1.0, 0.0, last_value=100.0, slopes_per_s=(-1.0, 1.0, -1.0, -1.0, -1.0))
+    assert not dipping.is_falling and dipping.present(30) == 85.0
+    assert sizing_load(100.0, dipping, 90.0, max_growth=2.0, sample_window_s=30) == 100.0
 
 
 def test_a_damped_trend_reaches_less_far_the_further_it_looks() -> None:

@@ -83,12 +83,13 @@ class Holt:
         return max(0.0, self.last_value + trend * reach_s)
 
     def present(self, sample_window_s: float) -> float:
-        """The load at this moment on a decline (`is_falling`), else the last sample. A
-        sample is a rate over the last `sample_window_s`: on a decline it is the load of
-        half a window ago, and a pool sized for it holds a step's worth of replicas half an
-        interval too long at every step down. The slope taken is the gentler of Holt's and
-        the median raw slope, so noise does not cut deeper than the decline."""
-        if not self.is_falling:
+        """The load at this moment if it is falling: the last sample is a rate over the
+        last `sample_window_s`, the load of half a window ago, and a pool sized for it holds
+        a step's worth of replicas half an interval too long at every step down. The slope
+        taken is the gentler of Holt's and the median raw slope, so noise does not cut
+        deeper than the decline; a rise is not extrapolated (the last sample). `sizing_load`
+        asks only on a decline (`is_falling`)."""
+        if len(self.slopes_per_s) < SLOPES:
             return self.last_value
         slope = max(self.trend_per_s, statistics.median(self.slopes_per_s))
         return max(0.0, self.last_value + min(0.0, slope) * sample_window_s / 2)

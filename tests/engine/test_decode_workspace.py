@@ -13,8 +13,11 @@ test_preemption_parity.py run both ways).
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
+import pytest
 import torch
 from testkit.attend import attend
 
@@ -120,6 +123,62 @@ def test_capacity_is_reserved_for_where_the_decodes_end_and_bounded_by_the_budge
     roomy = workspace(max_bytes=16 * 3 * CAPACITY_STEP_TOKENS * ws.bytes_per_slot_token)
     step = roomy.plan([decode("a", 0, 10, final=100_000), decode("b", 1, 9)], all_rows=True)
     assert step is not None and step.layers[0][0].shape[::2] == (16, 3 * CAPACITY_STEP_TOKENS)
+
+
+def test_a_grow_keeps_what_the_slots_hold_and_what_a_compaction_will_move() -> None:
+    """A step can compact the slots and outgrow the capacity at once; the grow copies before
+    the layers do the moves, so it must keep the data of slots already marked free."""
+    ws = workspace()
+    n = COMPACT_SLACK_SLOTS + 12
+    step = ws.plan([decode(f"r{i}", i, 20 + i) for i in range(n)], all_rows=True)
+    assert step is not None
+    for keys, values in step.layers:  # what the layers' fills and appends would leave
+        for i in range(n):
+            keys[i, :, : 20 + i] = i
+            values[i, :, : 20 + i] = -i
+    old_tokens = step.layers[0][0].shape[2]
+    for i in range(n - 4):
+        ws.release(f"r{i}")
+    survivors = [decode(f"r{i}", j, 21 + i) for j, i in enumerate(range(n - 4, n))]
+    longer = decode("long", 4, old_tokens + 1)  # more tokens than a slot holds
+    step = ws.plan([*survivors, longer], all_rows=True)
+    assert step is not None and step.layers[0][0].shape[2] > old_tokens
+    assert sorted(m.src for m in step.moves) == list(range(n - 4, n))
+    for keys, values in step.layers:
+        for m in step.moves:  # as attention runs them (_decode_workspace)
+            keys[m.dst, :, : m.num_tokens] = keys[m.src, :, : m.num_tokens].clone()
+            values[m.dst, :, : m.num_tokens] = values[m.src, :, : m.num_tokens].clone()
+        for m in step.moves:
+            assert keys[m.dst, :, : m.num_tokens].eq(m.src).all()
+            assert values[m.dst, :, : m.num_tokens].eq(-m.src).all()
+        # Past what any slot held, the new capacity is zeros (finite: SDPA reads it masked).
+        assert keys[:, :, 20 + n :].eq(0).all() and values[:, :, 20 + n :].eq(0).all()
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads Linux's /proc")
+def test_capacity_reserved_ahead_costs_no_memory_until_the_slots_reach_it() -> None:
+    """Reserving for where the decodes end must not write it all now: 64 slots of 4,096
+    tokens are 512 MiB of capacity, and 64 contexts of 10 tokens touch a few MiB of it."""
+    ws = DecodeWorkspace(
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=BS,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        max_bytes=1 << 30,
+    )
+    before = _resident_bytes()
+    step = ws.plan([decode(f"r{i}", i, 10, final=4000) for i in range(64)], all_rows=True)
+    assert step is not None and ws.num_bytes == 512 << 20
+    for keys, values in step.layers:  # what a step writes: each slot's first tokens
+        keys[:, :, :10] = 1.0
+        values[:, :, :10] = 1.0
+    assert _resident_bytes() - before < 64 << 20
+
+
+def _resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Seq:

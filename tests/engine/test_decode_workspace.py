@@ -176,6 +176,37 @@ def test_capacity_reserved_ahead_costs_no_memory_until_the_slots_reach_it() -> N
     assert _resident_bytes() - before < 64 << 20
 
 
+def test_a_grow_writes_only_the_tokens_each_slot_holds() -> None:
+    """A grow copies into fresh memory, and each page it writes costs a fault: one long
+    context among short ones must not make it copy every slot to the long one's length."""
+    ws = DecodeWorkspace(
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=BS,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        max_bytes=1 << 30,
+    )
+    decodes = [decode("long", 0, 2000), *(decode(f"r{i}", i, 10) for i in range(1, 64))]
+    step = ws.plan(decodes, all_rows=True)
+    assert step is not None and step.layers[0][0].shape[2] == 2048
+    for keys, values in step.layers:  # what the step's fills leave
+        keys[0, :, :2000] = values[0, :, :2000] = 2.0
+        keys[1:, :, :10] = values[1:, :, :10] = 1.0
+    before = _resident_bytes()
+    longer = [decode("long", 0, 2101), *(decode(f"r{i}", i, 11) for i in range(1, 64))]
+    step = ws.plan(longer, all_rows=True)
+    # 2,000 tokens of one slot and 10 of 63 are 4.5 MiB; every slot to 2,000 would be 250.
+    assert step is not None and step.layers[0][0].shape[2] > 2048
+    assert _resident_bytes() - before < 64 << 20
+    for keys, values in step.layers:
+        for t in (keys, values):
+            assert t[0, :, :2000].eq(2.0).all() and t[0, :, 2000:].eq(0).all()
+            assert t[1:64, :, :10].eq(1.0).all() and t[1:64, :, 10:].eq(0).all()
+            assert t[64:].eq(0).all()
+
+
 def _resident_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 

@@ -3,6 +3,11 @@
 Arms, same model, same prompts, greedy decoding, each request generating exactly its
 drawn number of tokens, every request submitted at once:
   kvflow        our engine (continuous batching), a fresh engine per run
+  kvflow-warm   the same engine for every run, as a worker that has served a batch like
+                this one: primed once, untimed, on a workload of the same shape and tokens
+                of its own, and its prefix cache emptied before each run (a fresh engine
+                writes its decode workspace into fresh memory inside the timed run, where
+                hf-cb has zeroed its cache before its timer starts)
   kvflow-gather the same with no decode workspace (--decode-workspace-gib 0): decode
                 attention gathers each sequence's blocks every step, as before 2026-12-01
   hf-cb         transformers' own continuous batching (``init_continuous_batching``), a
@@ -25,6 +30,7 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
 import sys
 import threading
@@ -60,7 +66,8 @@ from kvflow.engine_worker.model.default_model import default_model_path  # noqa:
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
-ARMS = ("kvflow", "kvflow-gather", "hf-cb", "hf-static", "hf-serial")
+ARMS = ("kvflow", "kvflow-warm", "kvflow-gather", "hf-cb", "hf-static", "hf-serial")
+BASES = ("kvflow", "kvflow-warm")  # the arms whose ratios to every other are reported
 # Our engine's batch size (transformers' manager takes every request at once, hf_arms.py).
 MAX_SEQS = 64
 
@@ -89,6 +96,29 @@ def run_kvflow(engine: Engine, w: Workload) -> tuple[float, int]:
     wall = time.perf_counter() - start
     assert produced == w.num_output_tokens, (produced, w.num_output_tokens)
     return wall, produced
+
+
+class WarmEngine:
+    """One engine for every run of an arm, primed on first use (untimed) with ``primer``;
+    its prefix cache is emptied before each run, so no run is served another's prompts."""
+
+    def __init__(self, make: Callable[[], Engine], primer: Workload) -> None:
+        self._make = make
+        self._primer = primer
+        self._engine: Engine | None = None
+
+    def run(self, w: Workload) -> tuple[float, int]:
+        if self._engine is None:
+            self._engine = self._make()
+            run_kvflow(self._engine, self._primer)
+        assert self._engine.kv_cache.pool.reset_prefix_cache(), "blocks still held"
+        return run_kvflow(self._engine, w)
+
+
+def minor_faults() -> int:
+    """Page faults this process took without I/O: first writes to fresh memory among them,
+    which on a VM whose freed memory goes back to the host cost several microseconds each."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def ttft_prefix_caching(
@@ -170,8 +200,11 @@ def bench_model(
         f"({100 * w.static_useful_fraction:.0f} % of a static batch's output slots)"
     )
     step = max(1, len(w.prompts) // 4)
+    primer = make_workload(spec, config.vocab_size, args.seed + 2)
+    warm_engine = WarmEngine(lambda: new_engine(path, loaded, max_num_seqs=MAX_SEQS), primer)
     arms: dict[str, Callable[[Workload], tuple[float, int]]] = {
         "kvflow": lambda wl: run_kvflow(new_engine(path, loaded, max_num_seqs=MAX_SEQS), wl),
+        "kvflow-warm": warm_engine.run,
         "kvflow-gather": lambda wl: run_kvflow(
             new_engine(path, loaded, max_num_seqs=MAX_SEQS, decode_workspace_gib=0.0), wl
         ),
@@ -193,14 +226,16 @@ def bench_model(
         order = rotated(chosen, run)
         record: dict[str, Any] = {"order": order, "arms": {}}
         for arm in order:
-            before = load1()
+            before, faults = load1(), minor_faults()
             wall, produced = in_thread(lambda a=arm: arms[a](w))
+            faults = minor_faults() - faults
             record["arms"][arm] = {
                 "wall_s": wall,
                 "output_tokens": produced,
                 "tokens_per_s": produced / wall,
                 "load1_before": before,
                 "load1_after": load1(),
+                "minor_faults": faults,
             }
             log(f"{name} run {run + 1}: {arm} {produced / wall:.1f} tok/s (load {before:.1f})")
         runs.append(record)
@@ -219,11 +254,13 @@ def bench_model(
         "runs": runs,
         "summary_tokens_per_s": summary,
     }
-    if "kvflow" in summary:
-        result["kvflow_ratio_of_medians"] = ratios_of_medians(summary, "kvflow")
-        result["kvflow_ratio_per_run"] = {
-            arm: ratio_spread(tok_s, "kvflow", arm) for arm in summary if arm != "kvflow"
-        }
+    for base in BASES:
+        if base in summary:
+            key = base.replace("-", "_")
+            result[f"{key}_ratio_of_medians"] = ratios_of_medians(summary, base)
+            result[f"{key}_ratio_per_run"] = {
+                arm: ratio_spread(tok_s, base, arm) for arm in summary if arm != base
+            }
     if not args.no_ttft:
         result["prefix_caching"] = ttft_prefix_caching(
             path,
@@ -259,18 +296,18 @@ def print_table(report: dict[str, Any]) -> None:
     def cell(s: dict[str, float], fmt: str = ".1f") -> str:
         return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
 
-    print(f"\ntokens/s, median of {report['runs']} runs (range); kvflow's ratio of medians")
+    print(f"\ntokens/s, median of {report['runs']} runs (range); ratios of medians")
     for m in report["models"]:
         s = m["summary_tokens_per_s"]
         print(f"\n{m['model']}: {m['workload']['num_requests']} requests")
         for arm, stats in s.items():
-            ratio = m.get("kvflow_ratio_of_medians", {}).get(arm)
-            per_run = m.get("kvflow_ratio_per_run", {}).get(arm)
-            extra = (
-                f"  kvflow {ratio:.2f}x (per run {cell(per_run, '.2f')})"
-                if ratio is not None
-                else ""
-            )
+            extra = ""
+            for base in BASES:
+                key = base.replace("-", "_")
+                ratio = m.get(f"{key}_ratio_of_medians", {}).get(arm)
+                per_run = m.get(f"{key}_ratio_per_run", {}).get(arm)
+                if ratio is not None:
+                    extra += f"  {base} {ratio:.2f}x (per run {cell(per_run, '.2f')})"
             print(f"  {arm:<13} {cell(stats)}{extra}")
         if "prefix_caching" in m:
             print(f"  prefix-cache TTFT {m['prefix_caching']['ttft_speedup']:.1f}x")

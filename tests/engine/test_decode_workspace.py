@@ -32,11 +32,11 @@ H, HKV, D, BS = 4, 2, 8, 4
 LAYERS = 2
 
 
-def workspace(max_bytes: int = 1 << 30) -> DecodeWorkspace:
+def workspace(max_bytes: int = 1 << 30, head_dim: int = D) -> DecodeWorkspace:
     return DecodeWorkspace(
         num_layers=LAYERS,
         num_kv_heads=HKV,
-        head_dim=D,
+        head_dim=head_dim,
         block_size=BS,
         dtype=torch.float32,
         device=torch.device("cpu"),
@@ -158,15 +158,7 @@ def test_capacity_reserved_ahead_costs_no_memory_until_the_slots_reach_it() -> N
     """Reserving for where the decodes end must not write it all now: 64 slots of 4,096
     tokens are 512 MiB of capacity, and 64 contexts of 10 tokens touch a few MiB of it.
     (Resident memory from Linux's /proc: workers run on Linux.)"""
-    ws = DecodeWorkspace(
-        num_layers=2,
-        num_kv_heads=2,
-        head_dim=64,
-        block_size=BS,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        max_bytes=1 << 30,
-    )
+    ws = workspace(head_dim=64)  # 2 KiB a slot-token: the memory shows
     before = _resident_bytes()
     step = ws.plan([decode(f"r{i}", i, 10, final=4000) for i in range(64)], all_rows=True)
     assert step is not None and ws.num_bytes == 512 << 20
@@ -179,15 +171,7 @@ def test_capacity_reserved_ahead_costs_no_memory_until_the_slots_reach_it() -> N
 def test_a_grow_writes_only_the_tokens_each_slot_holds() -> None:
     """A grow copies into fresh memory, and each page it writes costs a fault: one long
     context among short ones must not make it copy every slot to the long one's length."""
-    ws = DecodeWorkspace(
-        num_layers=2,
-        num_kv_heads=2,
-        head_dim=64,
-        block_size=BS,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        max_bytes=1 << 30,
-    )
+    ws = workspace(head_dim=64)  # 2 KiB a slot-token: the memory shows
     decodes = [decode("long", 0, 2000), *(decode(f"r{i}", i, 10) for i in range(1, 64))]
     step = ws.plan(decodes, all_rows=True)
     assert step is not None and step.layers[0][0].shape[2] == 2048

@@ -78,8 +78,8 @@ def check_all_modes(
     **settings: Any,
 ) -> None:
     expected = hf_greedy(hf_model, prompts, max_tokens)
-    one_by_one = run_greedy(engine_for(model_path, **settings), prompts, max_tokens, batched=False)
-    assert one_by_one == expected
+    alone = engine_for(model_path, **settings)
+    assert run_greedy(alone, prompts, max_tokens, batched=False) == expected
     engine = engine_for(model_path, **settings)
     assert run_greedy(engine, prompts, max_tokens, batched=True) == expected
     # Same engine again: every prompt now hits the prefix cache.
@@ -88,6 +88,10 @@ def check_all_modes(
     assert engine.kv_cache.stats.num_hit_tokens > hits_before
     chunked = engine_for(model_path, max_num_batched_tokens=8, **settings)
     assert run_greedy(chunked, prompts, max_tokens, batched=True) == expected
+    if settings.get("cuda_graphs"):  # the path under test is the one that ran, padded
+        graphs = [e.runner.graphs for e in (alone, engine, chunked)]  # type: ignore[attr-defined]
+        assert all(g.steps > 0 for g in graphs)
+        assert {b for g in graphs for b in g.buckets} > {(1, 8), (8, 8)}
 
 
 @pytest.fixture(scope="module")
@@ -98,18 +102,24 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
 
 
 # The decode workspace (model/decode_workspace.py) is on by default on CPU; 0 GiB is the
-# gather path.
-@pytest.mark.parametrize("workspace_gib", [None, 0.0], ids=["workspace", "gather"])
-def test_tiny_model_greedy_matches_transformers(
-    tiny: tuple[str, Any], workspace_gib: float | None
-) -> None:
+# gather path; "graphs" pads pure decode steps to the buckets of model/decode_graphs.py
+# (replayed from CUDA graphs on a GPU, run eagerly here).
+MODES: dict[str, dict[str, Any]] = {
+    "workspace": {},
+    "gather": {"decode_workspace_gib": 0.0},
+    "graphs": {"cuda_graphs": True},
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_tiny_model_greedy_matches_transformers(tiny: tuple[str, Any], mode: str) -> None:
     path, hf = tiny
     gen = torch.Generator().manual_seed(0)
     shared = torch.randint(3, 49152, (37,), generator=gen).tolist()
     prompts = [torch.randint(3, 49152, (n,), generator=gen).tolist() for n in (5, 17, 33, 64)] + [
         shared + [100 + i] * (i + 1) for i in range(3)
     ]
-    check_all_modes(path, hf, prompts, max_tokens=16, decode_workspace_gib=workspace_gib)
+    check_all_modes(path, hf, prompts, max_tokens=16, **MODES[mode])
 
 
 @pytest.mark.slow

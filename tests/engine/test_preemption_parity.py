@@ -121,9 +121,13 @@ def run_and_check(
     trace = run_waves(engine, arrivals)
     runner = getattr(engine.runner, "inner", engine.runner)  # under run_waves' recorder
     workspace = getattr(runner, "workspace", None)
-    # The path under test is the one that ran: the workspace held slots, or there is none.
+    # The path under test is the one that ran: the workspace held slots, or there is none;
+    # the padded decode steps of model/decode_graphs.py ran, or there are none.
     assert (workspace is not None and workspace.num_bytes > 0) == (
-        settings.get("decode_workspace_gib") != 0.0
+        settings.get("decode_workspace_gib") is None and not settings.get("cuda_graphs")
+    )
+    assert (runner.graphs is not None and runner.graphs.steps > 0) == bool(
+        settings.get("cuda_graphs")
     )
     check_against_transformers(trace, hf, arrivals)
     check_what_happened(trace, engine, arrivals)
@@ -177,10 +181,18 @@ def tiny_arrivals() -> list[Arrival]:
 
 
 # The decode workspace (model/decode_workspace.py) is on by default on CPU; 0 GiB is the
-# gather path. Both must survive preemption and recompute.
-@pytest.mark.parametrize("workspace_gib", [None, 0.0], ids=["workspace", "gather"])
+# gather path; "graphs" is the padded decode steps of model/decode_graphs.py (replayed from
+# CUDA graphs on a GPU, run eagerly here). All must survive preemption and recompute.
+MODES: dict[str, dict[str, Any]] = {
+    "workspace": {},
+    "gather": {"decode_workspace_gib": 0.0},
+    "graphs": {"cuda_graphs": True},
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_tiny_model_preemption_and_eviction_match_transformers(
-    tiny: tuple[str, Any, Any], workspace_gib: float | None
+    tiny: tuple[str, Any, Any], mode: str
 ) -> None:
     path, loaded, hf = tiny
     run_and_check(
@@ -190,7 +202,7 @@ def test_tiny_model_preemption_and_eviction_match_transformers(
         tiny_arrivals(),
         block_size=TINY_BLOCK_SIZE,
         num_kv_blocks=TINY_NUM_BLOCKS,
-        decode_workspace_gib=workspace_gib,
+        **MODES[mode],
     )
 
 

@@ -155,6 +155,8 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
                 settings.device, default_seed=settings.seed, eos_token_ids=config.eos_token_ids
             ),
             decode_workspace_bytes=int(settings.resolved_decode_workspace_gib() * GIB),
+            decode_graph_batch=settings.max_num_seqs if settings.cuda_graphs else 0,
+            max_model_len=min(settings.max_model_len or model_len, model_len),
         )
         log.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB)",

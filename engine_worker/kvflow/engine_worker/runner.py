@@ -8,6 +8,7 @@ rows that sample, one per request: a 512-token prefill chunk costs 1 row of the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -18,8 +19,11 @@ from kvflow.engine_worker.core.request import Request
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
+from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, GraphCaptureError
 from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
 from kvflow.engine_worker.sampler import Sampler
+
+log = logging.getLogger(__name__)
 
 
 class PagedModel(Protocol):
@@ -56,16 +60,27 @@ class TorchModelRunner:
         device: torch.device | str = "cpu",
         sampler: Sampler | None = None,
         decode_workspace_bytes: int = 0,
+        decode_graph_batch: int = 0,
+        max_model_len: int | None = None,
     ) -> None:
         """``decode_workspace_bytes``: memory for dense copies of the decoding sequences'
         K/V (model/decode_workspace.py), so decode attention reads no per-step gather; 0:
-        none, every decode gathers from the paged cache."""
+        none, every decode gathers from the paged cache.
+
+        ``decode_graph_batch``: pure decode steps of up to this many sequences (over at most
+        ``max_model_len`` tokens) replay from CUDA graphs (model/decode_graphs.py) on a CUDA
+        device, and run the same padded step eagerly elsewhere; 0: every step eager."""
+        assert not (decode_workspace_bytes and decode_graph_batch), (
+            "a decode step reads the workspace or replays a graph, not both"
+        )
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device)
         self.sampler = sampler or Sampler(self.device)
+        # Padded rows of a graphed step write their K/V into a block the pool never hands out.
+        cache_blocks = num_blocks + 1 if decode_graph_batch else num_blocks
         shape = kv_cache_shape(
-            num_blocks=num_blocks,
+            num_blocks=cache_blocks,
             block_size=block_size,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -83,6 +98,20 @@ class TorchModelRunner:
                 dtype=dtype,
                 device=self.device,
                 max_bytes=decode_workspace_bytes,
+            )
+        self.graphs: DecodeGraphs | None = None
+        if decode_graph_batch > 0:
+            max_blocks = num_blocks
+            if max_model_len is not None:
+                max_blocks = min(max_blocks, -(-max_model_len // block_size))
+            self.graphs = DecodeGraphs(
+                self._decode_forward,
+                block_size=block_size,
+                scratch_slot=num_blocks * block_size,
+                max_batch=decode_graph_batch,
+                max_blocks=max_blocks,
+                device=self.device,
+                capture=self.device.type == "cuda",
             )
         dtype_name = str(dtype).removeprefix("torch.")
         self.kv_layout = f"L{num_layers}/H{num_kv_heads}/D{head_dim}/B{block_size}/{dtype_name}"
@@ -132,14 +161,48 @@ class TorchModelRunner:
             self.workspace.reset()
             raise
 
+    def _decode_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+
+    def _graph_step(self, output: SchedulerOutput) -> DecodeStep | None:
+        """The step as ``DecodeGraphs`` takes it, if it is a pure decode step that fits."""
+        assert self.graphs is not None
+        if not output.scheduled or not all(
+            s.num_new_tokens == 1 and s.samples for s in output.scheduled
+        ):
+            return None
+        bs = self.block_size
+        step = DecodeStep([], [], [], [], [])
+        for s in output.scheduled:
+            position = s.num_computed_tokens
+            table = s.block_ids[: position // bs + 1]
+            step.token_ids.append(s.request.token_ids[position])
+            step.positions.append(position)
+            step.slots.append(table[-1] * bs + position % bs)
+            step.block_tables.append(table)
+            step.context_lens.append(position + 1)
+        longest = max(len(t) for t in step.block_tables)
+        return step if self.graphs.fits(len(step.token_ids), longest) else None
+
     def _execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        if self.graphs is not None and (step := self._graph_step(output)) is not None:
+            try:
+                logits = self.graphs.run(step)
+            except GraphCaptureError as exc:
+                # Serving goes on without graphs: this step and every later one run eagerly.
+                log.warning("CUDA graphs off from now on, decode steps run eagerly: %s", exc)
+                self.graphs = None
+            else:
+                return self._sample(logits, [s.request for s in output.scheduled])
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens: list[int] = []
         context_lens: list[int] = []
         block_tables: list[list[int]] = []
         sample_rows: list[int] = []
-        sample_requests = []
+        sample_requests: list[Request] = []
         for s in output.scheduled:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             input_ids.extend(s.request.token_ids[start:end])
@@ -177,14 +240,16 @@ class TorchModelRunner:
         if len(sample_rows) < len(input_ids):
             hidden = hidden[torch.tensor(sample_rows, dtype=torch.int64, device=self.device)]
         # else every row samples (a pure decode step): no gather of the rows
-        logits = self.model.compute_logits(hidden)
+        return self._sample(self.model.compute_logits(hidden), sample_requests)
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> dict[str, SampledToken]:
         tokens = self.sampler.sample(
             logits,
-            [r.request_id for r in sample_requests],
-            [r.sampling for r in sample_requests],
-            histories=sample_requests,
+            [r.request_id for r in requests],
+            [r.sampling for r in requests],
+            histories=requests,
         )
-        return {r.request_id: t for r, t in zip(sample_requests, tokens, strict=True)}
+        return {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
 
 
 def _first_rows(query_lens: list[int]) -> list[int]:

@@ -42,6 +42,10 @@ class WorkerSettings:
     # (model/decode_workspace.py). None: kv_cache_gib on CPU, 0 (off) on CUDA, where the
     # memory is better spent on the cache.
     decode_workspace_gib: float | None = None
+    # Pure decode steps replayed from CUDA graphs (model/decode_graphs.py). The command line
+    # takes it on CUDA devices only; built in-process on a CPU, the same padded steps run
+    # eagerly (how the tests check the path).
+    cuda_graphs: bool = False
     enable_prefix_caching: bool = True
     simulate: bool = False
     # A profile's name (h100-llama3-8b...) or a file `kvflow profile` wrote: the step
@@ -63,7 +67,7 @@ class WorkerSettings:
     def resolved_decode_workspace_gib(self) -> float:
         if self.decode_workspace_gib is not None:
             return self.decode_workspace_gib
-        return 0.0 if self.device.startswith("cuda") else self.kv_cache_gib
+        return 0.0 if self.device.startswith("cuda") or self.cuda_graphs else self.kv_cache_gib
 
     def resolved_kv_transport(self) -> str:
         if self.kv_transport != "auto":
@@ -130,6 +134,13 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="memory for dense copies of the decoding sequences' K/V, so decode attention "
         "copies no blocks each step (default: as much as --kv-cache-gib on CPU, 0 on CUDA; "
         "0 turns it off)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay decode steps from CUDA graphs, one per power-of-two batch and context "
+        "bucket, captured on first use (CUDA devices only; not yet measured on a GPU: "
+        "docs/engine.md)",
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument(
@@ -204,6 +215,13 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         traces = tracing_config(a.otlp_traces_endpoint, a.otlp_traces_sample_ratio)
     except ValueError as exc:
         p.error(str(exc))
+    if a.cuda_graphs and not a.device.startswith("cuda"):
+        p.error(f"--cuda-graphs needs a CUDA device (--device cuda), not {a.device!r}")
+    if a.cuda_graphs and a.decode_workspace_gib:
+        p.error(
+            "--cuda-graphs replays decode steps without the decode workspace: drop "
+            "--decode-workspace-gib or --cuda-graphs"
+        )
     return WorkerSettings(
         model=a.model,
         served_model_name=a.served_model_name,
@@ -222,6 +240,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         kv_cache_gib=a.kv_cache_gib,
         num_kv_blocks=a.num_kv_blocks,
         decode_workspace_gib=a.decode_workspace_gib,
+        cuda_graphs=a.cuda_graphs,
         enable_prefix_caching=not a.no_prefix_caching,
         simulate=a.simulate,
         sim_profile=a.sim_profile,

@@ -143,7 +143,10 @@ def make_engine(
     max_num_batched_tokens: int,
     max_model_len: int,
     enable_prefix_caching: bool = True,
+    cuda_graphs: bool = False,
 ) -> BuiltEngine:
+    """``cuda_graphs``: pure decode steps replay from CUDA graphs (model/decode_graphs.py;
+    on a CPU the same padded steps run eagerly)."""
     per_block = kv_bytes_per_block(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
@@ -163,6 +166,8 @@ def make_engine(
         dtype=dtype,
         device=device,
         sampler=Sampler(device, eos_token_ids=config.eos_token_ids),
+        decode_graph_batch=max_num_seqs if cuda_graphs else 0,
+        max_model_len=max_model_len,
     )
     engine = Engine(
         EngineConfig(

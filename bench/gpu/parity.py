@@ -95,6 +95,16 @@ def hf_greedy(hf: Any, prompt: list[int], n: int, device: str) -> list[int]:
     return [int(t) for t in out[0, len(prompt) :].tolist()]
 
 
+def _forced_margins(
+    hf: Any, prompt: list[int], tokens: list[int], device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' logits teacher-forced on ``tokens`` after ``prompt``, and how far below
+    its best logit each of those tokens lies."""
+    forced = hf_logits(hf, prompt + tokens, device)[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+    chosen = torch.tensor(tokens, device=forced.device)
+    return forced, forced.max(dim=-1).values - forced.gather(1, chosen[:, None])[:, 0]
+
+
 def leading_agreement(a: list[int], b: list[int]) -> int:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
@@ -133,6 +143,20 @@ def compare_case(
     }
 
     run = run_engine(built.engine, prompts, [p.new_tokens] * len(prompts), top_logprobs=5)
+    # The same prompts with decode steps replayed from CUDA graphs (padded eagerly on a CPU).
+    graphed = make_engine(
+        model,
+        config,
+        dtype=dtype_of(dtype_name),
+        device=device,
+        num_blocks=need_blocks + 8,
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=4096,
+        max_model_len=4096,
+        cuda_graphs=True,
+    )
+    graph_run = run_engine(graphed.engine, prompts, [p.new_tokens] * len(prompts))
+    graph_margin = 0.0
     rows = []
     worst_margin = 0.0
     worst_logprob = 0.0
@@ -140,9 +164,12 @@ def compare_case(
     for i, prompt in enumerate(prompts):
         mine = run.tokens[f"r{i}"]
         theirs = hf_greedy(hf, prompt, p.new_tokens, device)
-        forced = hf_logits(hf, prompt + mine, device)[len(prompt) - 1 : len(prompt) - 1 + len(mine)]
-        chosen = torch.tensor(mine, device=forced.device)
-        margins = forced.max(dim=-1).values - forced.gather(1, chosen[:, None])[:, 0]
+        forced, margins = _forced_margins(hf, prompt, mine, device)
+        graph_tokens = graph_run.tokens[f"r{i}"]
+        if graph_tokens != mine:
+            graph_margin = max(
+                graph_margin, float(_forced_margins(hf, prompt, graph_tokens, device)[1].max())
+            )
         logprobs = torch.log_softmax(forced, dim=-1)
         lp_diff = max(
             (
@@ -166,6 +193,18 @@ def compare_case(
         worst_logprob = max(worst_logprob, lp_diff)
     out["greedy"] = rows
     tol = MARGIN_TOL[dtype_name] * spread
+    graphs = graphed.runner.graphs
+    out["graphs"] = {
+        "identical_to_eager": all(
+            graph_run.tokens[f"r{i}"] == run.tokens[f"r{i}"] for i in range(len(prompts))
+        ),
+        "max_margin": graph_margin,  # of the tokens that differ from the eager engine's
+        "steps": graphs.steps,
+        "captures": graphs.captures,
+        "capture_s": graphs.capture_s,
+    }
+    # Where the graphed engine differs from ours, its tokens too must be near-ties.
+    out["graphs"]["ok"] = graph_margin <= tol
     out["all_identical"] = all(r["identical"] for r in rows)
     out["max_margin"] = worst_margin
     out["margin_tol"] = tol
@@ -183,7 +222,7 @@ def compare_case(
         out["prefill"]["transformers_vs_f32_mean_abs"] = theirs_err
         logits_ok = ours_err <= BF16_ERROR_FACTOR * theirs_err
     out["tokens_ok"], out["logits_ok"] = tokens_ok, logits_ok
-    out["passed"] = tokens_ok and logits_ok
+    out["passed"] = tokens_ok and logits_ok and out["graphs"]["ok"]
     return out
 
 

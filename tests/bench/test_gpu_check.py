@@ -77,8 +77,12 @@ def test_parity_with_transformers(cpu: dict[str, Any]) -> None:
     for row in f32["greedy"]:
         assert row["agree_leading"] == row["new_tokens"] == 8
         assert row["max_top_logprob_diff"] < 1e-4
+    # The same prompts with --cuda-graphs' padded decode steps (run eagerly on a CPU).
+    assert f32["graphs"]["identical_to_eager"] and f32["graphs"]["ok"]
+    assert f32["graphs"]["steps"] > 0 and f32["graphs"]["captures"] == 0
     bf16 = cases["tiny/bfloat16"]
     assert bf16["passed"] and bf16["max_margin"] <= bf16["margin_tol"]
+    assert bf16["graphs"]["ok"] and bf16["graphs"]["steps"] > 0
     # Our bf16 logits are no further from float32 arithmetic than transformers' bf16 are.
     pre = bf16["prefill"]
     assert 0 < pre["ours_vs_f32_mean_abs"] <= 2 * pre["transformers_vs_f32_mean_abs"]
@@ -97,7 +101,9 @@ def test_roofline_arithmetic(cpu: dict[str, Any]) -> None:
     assert ceiling["mean_context"] == 32 + 16 / 2
     assert ceiling["kv_bytes_per_step"] == kv_per_token * ceiling["mean_context"]
     assert ceiling["tokens_per_s"] == pytest.approx(4.8e12 / (weights + kv_per_token * 40))
-    for key in ("engine", "forward", "transformers"):
+    assert r["engine_graphs"]["graph_steps"] == 16 - 1 + 1  # the measured decodes, the warm-up's
+    assert r["engine_graphs"]["captures"] == 0  # nothing to capture on a CPU
+    for key in ("engine", "engine_graphs", "forward", "transformers"):
         tps = r[key].get("decode_tokens_per_s") or r[key]["tokens_per_s"]
         assert tps > 0
         assert r[key]["fraction_of_roofline"] == pytest.approx(tps / ceiling["tokens_per_s"])
@@ -108,13 +114,19 @@ def test_throughput_arms_produce_every_token(cpu: dict[str, Any]) -> None:
     assert set(rows) == {"2", "4"}
     for batch, row in rows.items():
         assert row["requests"] == int(batch)
-        for arm in ("kvflow", "transformers"):
+        for arm in ("kvflow", "kvflow-graphs", "transformers"):
             assert row[arm]["output_tokens"] == row["output_tokens"], (batch, arm)
             assert row[arm]["tokens_per_s"] == pytest.approx(
                 row[arm]["output_tokens"] / row[arm]["wall_s"]
             )
         assert row["ratio"] == pytest.approx(
             row["kvflow"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]
+        )
+        graphed = row["kvflow-graphs"]
+        assert graphed["captures"] == 0 and graphed["capture_s"] == 0  # a CPU captures nothing
+        assert graphed["tokens_per_s_captured"] == pytest.approx(graphed["tokens_per_s"])
+        assert row["ratio_graphs"] == pytest.approx(
+            graphed["tokens_per_s"] / row["transformers"]["tokens_per_s"]
         )
 
 
@@ -174,7 +186,7 @@ def test_cuda_path_at_smollm2_shape(tmp_path: Path) -> None:
     assert cases["smollm2/float32"]["all_identical"]
     rows = stages["throughput"]["result"]["rows"]
     for row in rows.values():
-        for arm in ("kvflow", "transformers"):
+        for arm in ("kvflow", "kvflow-graphs", "transformers"):
             assert row[arm]["output_tokens"] == row["output_tokens"]
     kv = stages["kv_transfer"]["result"]
     assert all(r["verified"] for r in kv["block_io"])

@@ -9,6 +9,7 @@ replay themselves need a CUDA GPU: the `gpu` test at the end runs them wherever 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,3 +225,38 @@ def test_replayed_graphs_decode_exactly_as_the_eager_cuda_path(tmp_path: Path) -
     graphs = runner.graphs
     assert graphs.capture and graphs.captures == len(graphs.buckets) >= 4
     assert graphs.steps > graphs.captures  # most steps were replays
+
+
+def count_host_syncs(fn: Callable[[], object]) -> int:
+    """How many times ``fn`` made the host wait for the GPU (torch's sync debug mode)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; not run here")
+def test_a_replayed_decode_step_waits_for_the_gpu_once_for_its_tokens(tmp_path: Path) -> None:
+    path = str(write_tiny_llama(tmp_path / "model", seed=5, vocab_size=4096))
+    loaded = load_model(path, device="cuda")
+    worker = build_worker(
+        WorkerSettings(
+            model=path, device="cuda", block_size=BLOCK_SIZE, num_kv_blocks=64, cuda_graphs=True
+        ),
+        loaded=loaded,
+    )
+    engine = worker.engine
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"r{i}", [5 + i, 6, 7], params)
+    for _ in range(3):  # the prefill, then decode steps until the bucket is captured
+        engine.step()
+    captured = worker.runner.graphs.captures
+    assert count_host_syncs(engine.step) == 1  # the sampled tokens' copy to the host
+    assert worker.runner.graphs.captures == captured  # that step replayed

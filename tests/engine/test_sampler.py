@@ -1,8 +1,10 @@
 """The sampler: greedy, filters, seeds reproducible regardless of batch, logprobs."""
 
 import math
+import warnings
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from kvflow.engine_worker.core.sampling_params import SamplingParams
@@ -90,14 +92,19 @@ def test_temperature_sampling_follows_the_distribution() -> None:
 
 
 def test_logprobs_of_chosen_and_top_n() -> None:
-    logits = logits_rows(2)
-    params = [SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3), SamplingParams()]
-    out = Sampler().sample(logits, ["a", "b"], params)
-    lp = torch.log_softmax(logits[0], -1)
-    assert out[0].token_id == int(lp.argmax())
-    assert math.isclose(out[0].logprob or 0.0, float(lp.max()), rel_tol=1e-6)
-    assert out[0].top_token_ids == tuple(lp.topk(3).indices.tolist())
-    assert out[0].top_logprobs == tuple(lp.topk(3).values.tolist())
+    logits = logits_rows(3)
+    params = [
+        SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3),
+        SamplingParams(),
+        SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2),
+    ]
+    out = Sampler().sample(logits, ["a", "b", "c"], params)
+    for row, n in ((0, 3), (2, 2)):  # each row its own top n
+        lp = torch.log_softmax(logits[row], -1)
+        assert out[row].token_id == int(lp.argmax())
+        assert math.isclose(out[row].logprob or 0.0, float(lp.max()), rel_tol=1e-6)
+        assert out[row].top_token_ids == tuple(lp.topk(n).indices.tolist())
+        assert out[row].top_logprobs == tuple(lp.topk(n).values.tolist())
     assert out[1].logprob is None and out[1].top_token_ids == ()
 
 
@@ -117,3 +124,27 @@ def test_an_all_greedy_batch_still_reports_logprobs_and_applies_bias() -> None:
     with_bias = SamplingParams(temperature=0.0, logit_bias=((biased, 100.0),))
     out = Sampler().sample(logits, ["a", "b"], [with_bias, greedy], histories=histories)
     assert out[0].token_id == biased
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; not run here")
+def test_a_mixed_batch_waits_for_the_gpu_only_to_copy_its_tokens_out() -> None:
+    logits = logits_rows(4).cuda()
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_k=5, seed=1),
+        SamplingParams(temperature=1.0, top_p=0.9, min_p=0.05),
+        SamplingParams(temperature=0.7),
+    ]
+    sampler = Sampler("cuda")
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = sampler.sample(logits, ["a", "b", "c", "d"], params)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]  # the tokens' copy to the host
+    assert out[0].token_id == int(logits[0].argmax())

@@ -234,11 +234,16 @@ class TorchModelRunner:
         )
         ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        # The rows to sample go to the device before the forward is queued: a copy after it
+        # would wait for the whole forward to finish before the head could be queued.
+        rows_t = None
+        if sample_rows and len(sample_rows) < len(input_ids):
+            rows_t = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
         hidden = self.model(ids_t, pos_t, self.kv_caches, meta)
         if not sample_rows:
             return {}
-        if len(sample_rows) < len(input_ids):
-            hidden = hidden[torch.tensor(sample_rows, dtype=torch.int64, device=self.device)]
+        if rows_t is not None:
+            hidden = hidden[rows_t]
         # else every row samples (a pure decode step): no gather of the rows
         return self._sample(self.model.compute_logits(hidden), sample_requests)
 

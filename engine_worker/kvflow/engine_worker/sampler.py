@@ -74,12 +74,9 @@ class Sampler:
         raw = logits.float()
         num_rows = raw.shape[0]
         logits = self._shape(raw, request_ids, params, histories)
-        greedy = torch.tensor([p.is_greedy for p in params], device=logits.device)
         chosen = _argmax(logits)
-
-        if not bool(greedy.all()):
-            sampled = self._sample_random(logits, request_ids, params, greedy)
-            chosen = torch.where(greedy, chosen, sampled)
+        if not all(p.is_greedy for p in params):
+            chosen = self._sample_random(logits, chosen, request_ids, params)
 
         want_logprobs = [p.logprobs or p.top_logprobs > 0 for p in params]
         logprobs = torch.log_softmax(raw, dim=-1) if any(want_logprobs) else None
@@ -88,10 +85,13 @@ class Sampler:
         if logprobs is not None and max_top > 0:
             top_vals, top_ids = logprobs.topk(max_top, dim=-1)
 
+        # Each copy to the host waits for the device: one per tensor, none per row.
         chosen_list = chosen.tolist()
         chosen_lp = (
             logprobs.gather(1, chosen[:, None])[:, 0].tolist() if logprobs is not None else None
         )
+        top_id_rows = top_ids.tolist() if top_ids is not None else None
+        top_val_rows = top_vals.tolist() if top_vals is not None else None
         out: list[SampledToken] = []
         for i in range(num_rows):
             p = params[i]
@@ -99,8 +99,8 @@ class Sampler:
                 out.append(SampledToken(int(chosen_list[i])))
                 continue
             n = p.top_logprobs
-            ids = tuple(top_ids[i, :n].tolist()) if top_ids is not None and n else ()
-            vals = tuple(top_vals[i, :n].tolist()) if top_vals is not None and n else ()
+            ids = tuple(top_id_rows[i][:n]) if top_id_rows is not None and n else ()
+            vals = tuple(top_val_rows[i][:n]) if top_val_rows is not None and n else ()
             out.append(SampledToken(int(chosen_list[i]), float(chosen_lp[i]), ids, vals))
         return out
 
@@ -211,18 +211,32 @@ class Sampler:
     def _sample_random(
         self,
         logits: torch.Tensor,
+        greedy_choice: torch.Tensor,
         request_ids: Sequence[str],
         params: Sequence[SamplingParams],
-        greedy: torch.Tensor,
     ) -> torch.Tensor:
+        """Each row's token: ``greedy_choice``'s for a greedy row, a draw for the others."""
         device = logits.device
         vocab = logits.shape[-1]
-        temperature = torch.tensor(
-            [p.temperature if not p.is_greedy else 1.0 for p in params], device=device
-        )
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        # Every row's settings (and its uniform draw, from the host's generators) go to the
+        # device in one copy, made before any of this function's kernels: on a GPU a copy
+        # of pageable memory waits for the device to finish what came before it, so a copy
+        # per setting, or one after the sort, would stall the step. float32 holds top_k
+        # exactly (vocabularies are far below 2^24) and is the dtype each setting had.
+        rows = [
+            [p.temperature if not p.is_greedy else 1.0 for p in params],
+            [float(p.top_k if p.top_k > 0 else vocab) for p in params],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+            [
+                0.0 if p.is_greedy else self._uniform(rid, p)
+                for rid, p in zip(request_ids, params, strict=True)
+            ],
+            [1.0 if p.is_greedy else 0.0 for p in params],
+        ]
+        pinned = device.type == "cuda"
+        settings = torch.tensor(rows, dtype=torch.float32, pin_memory=pinned)
+        temperature, top_k, top_p, min_p, u, greedy = settings.to(device, non_blocking=pinned)
 
         scaled = logits / temperature[:, None]
         sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)
@@ -237,19 +251,11 @@ class Sampler:
         probs = probs * keep
         cdf = probs.cumsum(dim=-1)
 
-        u = torch.tensor(
-            [
-                0.0 if bool(greedy[i]) else self._uniform(request_ids[i], params[i])
-                for i in range(len(params))
-            ],
-            device=device,
-            dtype=cdf.dtype,
-        )
         threshold = u * cdf[:, -1]
         index = torch.searchsorted(cdf, threshold[:, None], right=True).clamp(max=vocab - 1)
         # Never land on a filtered token (possible only through float ties at the edge).
         index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
-        return sorted_ids.gather(1, index)[:, 0]
+        return torch.where(greedy > 0, greedy_choice, sorted_ids.gather(1, index)[:, 0])
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:

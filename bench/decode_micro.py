@@ -9,7 +9,10 @@
 - **Decode attention cold**: the same attention as a step meets it, each layer's K/V
   coming from memory after a GEMM, against reading K and V once, in float32 and bfloat16.
 
-    python bench/decode_micro.py        # about 20 seconds
+- **A graphed step's inputs**: the host's cost of ``--cuda-graphs``' one packed tensor
+  against the eager path's attention metadata, at batch 1-256.
+
+    python bench/decode_micro.py        # about 25 seconds
 """
 
 from __future__ import annotations
@@ -117,7 +120,53 @@ def cold_attention() -> None:
         print(f"| sdpa, {name} | {sdpa:.2f} |\n| read K and V once, {name} | {read:.2f} |")
 
 
+def graph_inputs() -> None:
+    """The host's share of a decode step's inputs: ``--cuda-graphs`` packs them into one
+    tensor for one copy (``DecodeGraphs._pack``); the eager path builds its attention
+    metadata (``AttentionMetadata.build``: slots, a padded block table, a mask). Both on the
+    CPU, for the same step of 16-token blocks; on a GPU the eager path also copies each of
+    its tensors to the device, and the graphed one makes one asynchronous copy."""
+    from kvflow.engine_worker.model.attention import AttentionMetadata
+    from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, bucket
+
+    block = 16
+    graphs = DecodeGraphs(
+        lambda *_: torch.empty(0),
+        block_size=block,
+        scratch_slot=0,
+        max_batch=256,
+        max_blocks=256,
+        device=torch.device("cpu"),
+        capture=False,
+    )
+    print("\n| decode step | pack ms (graphs) | metadata ms (eager) | ratio |\n|---|---|---|---|")
+    for batch, context in ((1, 640), (64, 384), (256, 384), (256, 1000)):
+        blocks = -(-context // block)
+        tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(batch)]
+        step = DecodeStep(
+            [5] * batch,
+            [context - 1] * batch,
+            [t[-1] * block + (context - 1) % block for t in tables],
+            tables,
+            [context - i % 7 for i in range(batch)],  # contexts a little apart: a mask
+        )
+
+        def eager(step: DecodeStep = step) -> object:
+            return AttentionMetadata.build(
+                query_lens=[1] * len(step.token_ids),
+                context_lens=step.context_lens,
+                block_tables=step.block_tables,
+                block_size=block,
+            )
+
+        key = (bucket(batch), bucket(blocks))
+        pack = median_ms(lambda step=step, key=key: graphs._pack(step, *key), 50)
+        meta = median_ms(eager, 50)
+        print(f"| {batch} x {context} tokens | {pack:.3f} | {meta:.3f} | {pack / meta:.2f} |")
+
+
 if __name__ == "__main__":
     greedy()
     attention()
     cold_attention()
+    graph_inputs()

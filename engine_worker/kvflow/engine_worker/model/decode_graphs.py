@@ -26,6 +26,7 @@ token for token.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from kvflow.engine_worker.model.attention import AttentionMetadata, DecodeBatch
+
+log = logging.getLogger(__name__)
 
 # (token ids [B], positions [B], metadata) -> float32 logits [B, vocab]; the K/V it writes
 # and the weights it reads must stay at the same addresses for as long as the graphs live.
@@ -104,6 +107,9 @@ class DecodeGraphs:
         self._packed = torch.zeros(batch * (4 + blocks), dtype=torch.int64, device=device)
         self._token_index = torch.arange(blocks * block_size, device=device)
         self._buckets: dict[tuple[int, int], _Bucket] = {}
+        # One memory pool for every bucket's graph: they never run at once, and each
+        # step reads its own graph's logits before another graph replays, which is what
+        # makes sharing safe whatever order they replay in.
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.steps = 0  # decode steps run here
         self.captures = 0  # graphs recorded so far
@@ -200,6 +206,10 @@ class DecodeGraphs:
                 logits = forward()
         except Exception as exc:
             raise GraphCaptureError(f"capturing the {batch} x {blocks} bucket: {exc}") from exc
+        elapsed_s = time.perf_counter() - start
         self.captures += 1
-        self.capture_s += time.perf_counter() - start
+        self.capture_s += elapsed_s
+        log.info(
+            "captured the CUDA graph of %d x %d blocks in %.0f ms", batch, blocks, 1e3 * elapsed_s
+        )
         return _Bucket(forward, graph, logits)

@@ -194,16 +194,9 @@ class DecodeGraphs:
         # replaces it, if the capture fails) writes again.
         start = time.perf_counter()
         try:
-            current = torch.cuda.current_stream(self.device)
-            side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_FORWARDS):
-                    forward()
-            current.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                logits = forward()
+            # The capture's streams on the cache's GPU, whatever this thread's current one.
+            with torch.cuda.device(self.device):
+                logits, graph = self._capture(forward)
         except Exception as exc:
             raise GraphCaptureError(f"capturing the {batch} x {blocks} bucket: {exc}") from exc
         elapsed_s = time.perf_counter() - start
@@ -213,3 +206,21 @@ class DecodeGraphs:
             "captured the CUDA graph of %d x %d blocks in %.0f ms", batch, blocks, 1e3 * elapsed_s
         )
         return _Bucket(forward, graph, logits)
+
+    def _capture(
+        self, forward: Callable[[], torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.cuda.CUDAGraph]:
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_FORWARDS):
+                forward()
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # Captures happen while the worker serves, and KV transfers run in threads of
+        # their own (kv_transfer/agent.py) that may allocate meanwhile: "thread_local"
+        # forbids unsafe calls in this thread only, where "global" would fail theirs.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            logits = forward()
+        return logits, graph

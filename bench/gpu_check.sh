@@ -1,26 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check (docs/benchmarks.md, "GPU check"): set up what the machine lacks, then run
 # bench/gpu_check.py with the arguments given (--dry-run: the CPU mode CI runs).
-#
-# The device machine (/work/.library/device/KINDS.md) has python3 with torch (CUDA),
-# transformers, numpy and safetensors, and reaches no registry: nothing is installed, no
-# venv is made. kvflow runs from its source roots on PYTHONPATH (no `pip install -e`,
-# which would need setuptools from the network for its build). Wheels carried in .whl/
-# (the device README's recipe) are unpacked into /tmp/kvflow-site first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s.%N)
-
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/kvflow-site .whl/*.whl || exit 2
-  export PYTHONPATH=/tmp/kvflow-site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=bench:proto:engine_worker${PYTHONPATH:+:$PYTHONPATH}
+source bench/gpu_env.sh || exit 2
 
 "$PY" - <<'PYEOF' || exit 2
 import importlib.util, sys

@@ -118,16 +118,15 @@ def compare_case(
     p = plan.parity
     prompts = _prompts(config.vocab_size, p.prompt_lens, plan.seed)
     need_blocks = sum(-(-(len(q) + p.new_tokens) // BLOCK_SIZE) for q in prompts)
-    built = make_engine(
-        model,
-        config,
-        dtype=dtype_of(dtype_name),
-        device=device,
-        num_blocks=need_blocks + 8,
-        max_num_seqs=len(prompts),
-        max_num_batched_tokens=4096,
-        max_model_len=4096,
-    )
+    engine_kw: dict[str, Any] = {
+        "dtype": dtype_of(dtype_name),
+        "device": device,
+        "num_blocks": need_blocks + 8,
+        "max_num_seqs": len(prompts),
+        "max_num_batched_tokens": 4096,
+        "max_model_len": 4096,
+    }
+    built = make_engine(model, config, **engine_kw)
     out: dict[str, Any] = {}
 
     longest = max(prompts, key=len)
@@ -144,17 +143,7 @@ def compare_case(
 
     run = run_engine(built.engine, prompts, [p.new_tokens] * len(prompts), top_logprobs=5)
     # The same prompts with decode steps replayed from CUDA graphs (padded eagerly on a CPU).
-    graphed = make_engine(
-        model,
-        config,
-        dtype=dtype_of(dtype_name),
-        device=device,
-        num_blocks=need_blocks + 8,
-        max_num_seqs=len(prompts),
-        max_num_batched_tokens=4096,
-        max_model_len=4096,
-        cuda_graphs=True,
-    )
+    graphed = make_engine(model, config, cuda_graphs=True, **engine_kw)
     graph_run = run_engine(graphed.engine, prompts, [p.new_tokens] * len(prompts))
     graph_margin = 0.0
     rows = []

@@ -49,28 +49,17 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
     hf = build_hf(raw, dtype, device, plan.seed)
     model = kvflow_from_hf(hf, config, dtype, device)
     max_len = tp.prompt_len_range[1] + tp.output_len_range[1]
-    built = make_engine(
-        model,
-        config,
-        dtype=dtype,
-        device=device,
-        kv_cache_gib=tp.kv_cache_gib,
-        max_num_seqs=max(tp.batch_sizes),
-        max_num_batched_tokens=tp.max_num_batched_tokens,
-        max_model_len=max_len + 16,
-    )
+    engine_kw: dict[str, Any] = {
+        "dtype": dtype,
+        "device": device,
+        "kv_cache_gib": tp.kv_cache_gib,
+        "max_num_seqs": max(tp.batch_sizes),
+        "max_num_batched_tokens": tp.max_num_batched_tokens,
+        "max_model_len": max_len + 16,
+    }
+    built = make_engine(model, config, **engine_kw)
     # The same engine with --cuda-graphs, on the same weights and a cache of its own.
-    graphed = make_engine(
-        model,
-        config,
-        dtype=dtype,
-        device=device,
-        kv_cache_gib=tp.kv_cache_gib,
-        max_num_seqs=max(tp.batch_sizes),
-        max_num_batched_tokens=tp.max_num_batched_tokens,
-        max_model_len=max_len + 16,
-        cuda_graphs=True,
-    )
+    graphed = make_engine(model, config, cuda_graphs=True, **engine_kw)
     graphs = graphed.runner.graphs
     assert graphs is not None
     rec.set("kvflow_kv_blocks", built.num_blocks)

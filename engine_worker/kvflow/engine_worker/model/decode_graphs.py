@@ -17,11 +17,11 @@ lengths.
 
 Only pure decode steps (every sequence adds one token and samples) replay; a step with a
 prefill chunk, a batch over ``max_batch``, a table over ``max_blocks`` or more padded tokens
-than ``MAX_PADDED_TOKENS`` runs eagerly.
-Graphs are captured on first use of their bucket, so the first step of each bucket pays a
-capture (two warm-up forwards and a recording). Without ``capture`` (a CPU has no graphs)
-the same padded step runs eagerly: that is how the tests hold this path to the engine's own,
-token for token.
+than ``MAX_PADDED_TOKENS`` runs eagerly. Graphs are captured on first use of their bucket,
+so the first step of each bucket pays a capture (two warm-up forwards and a recording); a
+capture that fails raises ``GraphCaptureError``, and the runner turns graphs off. Without
+``capture`` (a CPU has no graphs) the same padded step runs eagerly: that is how the tests
+hold this path to the engine's own, token for token.
 """
 
 from __future__ import annotations
@@ -138,10 +138,10 @@ class DecodeGraphs:
         key = (bucket(batch), bucket(blocks))
         packed = self._pack(step, *key)
         self._packed[: packed.numel()].copy_(packed, non_blocking=True)
-        self.steps += 1
         entry = self._buckets.get(key)
         if entry is None:
             entry = self._buckets[key] = self._record(*key)
+        self.steps += 1
         if entry.graph is None:
             return entry.forward()[:batch]
         entry.graph.replay()
@@ -149,7 +149,7 @@ class DecodeGraphs:
         return entry.logits[:batch]
 
     def _pack(self, step: DecodeStep, batch: int, blocks: int) -> torch.Tensor:
-        """The step's inputs padded to the bucket, in the layout ``_views`` reads."""
+        """The step's inputs padded to the bucket, in the layout ``_step`` reads."""
         pad = batch - len(step.token_ids)
         table: list[int] = []
         for row in step.block_tables:

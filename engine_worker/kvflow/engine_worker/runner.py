@@ -18,7 +18,7 @@ from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.request import Request
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
-from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
+from kvflow.engine_worker.model.attention import AttentionMetadata, compute_dtype, kv_cache_shape
 from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, GraphCaptureError
 from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
 from kvflow.engine_worker.sampler import Sampler
@@ -95,7 +95,8 @@ class TorchModelRunner:
                 num_kv_heads=num_kv_heads,
                 head_dim=head_dim,
                 block_size=block_size,
-                dtype=dtype,
+                # The attention's dtype, so that reading a slot converts nothing.
+                dtype=compute_dtype(dtype, self.device),
                 device=self.device,
                 max_bytes=decode_workspace_bytes,
             )

@@ -20,6 +20,9 @@ That gather copies every decoding sequence's whole context, each step and layer,
 token to it. With a decode workspace (``decode_workspace.py``, the runner's choice) the
 decodes instead read dense per-sequence copies kept across steps: filled from the cache
 once, then one token appended per step, and one SDPA over all of them.
+
+On the CPU attention computes in float32 whatever the model's dtype (``compute_dtype``): the
+cache keeps the model's dtype, and a bf16 model's K/V are widened as they are read.
 """
 
 from __future__ import annotations
@@ -32,6 +35,21 @@ import torch.nn.functional as F
 from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
 
 MAX_DECODE_GROUPS = 4
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype attention computes in, for a model in ``dtype`` on ``device``.
+
+    float32 on the CPU: torch's CPU SDPA runs one-token queries 2-3x slower in bf16 than in
+    float32 over the same tokens (64 decodes of 8 heads over 300-500 tokens: 6.4-11.9 ms
+    against 3.1-4.5; 1.1x with SmolLM2's 3 x 3 grouped heads; ``bench/decode_micro.py``),
+    while its bf16 GEMMs run about 4x faster than float32 on a CPU with AVX512-BF16. A bf16
+    model on the CPU therefore runs its matmuls in bf16 and its attention in float32
+    (widening bf16 is exact). Elsewhere the model's own dtype.
+    """
+    return torch.float32 if device.type == "cpu" else dtype
+
+
 # Below 8 sequences a group's padding costs less than another SDPA call and gather.
 MIN_DECODE_GROUP = 8
 
@@ -216,9 +234,9 @@ def _gather(
     cache itself: no copy. Against the former head-major pool (one 4 KiB tile per head and
     block), 16 decodes over 400 tokens, fp32, 2 busy cores (noisy): SmolLM2's shape (3 KV
     heads of 64) gather + SDPA 1.0-1.9 vs 1.3-3.2 ms, 8 heads of 64 3.1-5.1 vs 3.6-5.4 ms;
-    the engine's decode throughput is unchanged within noise. Caveat: CPU SDPA in bf16 with
-    8 heads of 128 ran slower on these strided views (75 vs 40 ms, one run); fp32 is the
-    CPU default.
+    the engine's decode throughput is unchanged within noise. (CPU SDPA in bf16 with 8 heads
+    of 128 ran slower on these strided views, 75 vs 40 ms: one reason the CPU attends in
+    float32, ``compute_dtype``.)
     """
     _, block_size, _, num_kv_heads, head_dim = kv_cache.shape
     if first_block is not None:
@@ -254,6 +272,8 @@ def paged_attention(
     Grouped-query attention shares each KV head among ``num_heads / num_kv_heads`` heads.
     ``kv_cache`` has the shape ``kv_cache_shape`` gives.
     """
+    if q.dtype != compute_dtype(q.dtype, q.device):
+        return paged_attention(q.float(), kv.float(), kv_cache, meta, scale).to(q.dtype)
     write_kv(kv_cache, kv, meta.slot_mapping)
     k, v = kv[:, 0], kv[:, 1]
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]

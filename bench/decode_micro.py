@@ -12,7 +12,12 @@
 - **A graphed step's inputs**: the host's cost of ``--cuda-graphs``' one packed tensor
   against the eager path's attention metadata, at batch 1-256.
 
-    python bench/decode_micro.py        # about 25 seconds
+- **bfloat16 against float32** (``attention.compute_dtype``): the GEMMs of a decode step at
+  batch 64 and 1 (the 56 M model's shapes), and masked decode attention at batch 64 over
+  the workspace's layout. On a CPU with AVX512-BF16 the first favours bf16, the second
+  float32, which is why a bf16 model attends in float32 on the CPU.
+
+    python bench/decode_micro.py        # about 40 seconds
 """
 
 from __future__ import annotations
@@ -165,8 +170,44 @@ def graph_inputs() -> None:
         print(f"| {batch} x {context} tokens | {pack:.3f} | {meta:.3f} | {pack / meta:.2f} |")
 
 
+def dtypes() -> None:
+    torch.manual_seed(0)
+    print("\n| GEMM (M x K by K x N) | float32 ms | bfloat16 ms | ratio |\n|---|---|---|---|")
+    for m, k, n in ((64, 512, 1536), (64, 512, 2752), (64, 1376, 512), (64, 512, 32000),
+                    (1, 512, 32000)):  # fmt: skip
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        xb, wb = x.bfloat16(), w.bfloat16()
+        f32 = median_ms(lambda x=x, w=w: F.linear(x, w), 20)
+        b16 = median_ms(lambda x=xb, w=wb: F.linear(x, w), 20)
+        print(f"| {m} x {k} by {k} x {n} | {f32:.3f} | {b16:.3f} | {f32 / b16:.1f}x |")
+    print(
+        "\n| decode attention, 64 sequences (KV heads x grouped queries, tokens) "
+        "| float32 ms | bfloat16 ms | ratio |\n|---|---|---|---|"
+    )
+    for kv_heads, group, longest in ((8, 1, 300), (8, 1, 500), (3, 3, 400)):
+        batch, head_dim, capacity = 64, 64, 512
+        wk = torch.randn(batch, kv_heads, capacity, head_dim)
+        wv = torch.randn(batch, kv_heads, capacity, head_dim)
+        q = torch.randn(batch, kv_heads, group, head_dim)
+        lens = torch.randint(longest // 3, longest + 1, (batch,))
+        bias = torch.zeros(batch, longest).masked_fill_(
+            torch.arange(longest)[None, :] >= lens[:, None], float("-inf")
+        )[:, None, None, :]
+        ms = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            k, v = wk.to(dtype)[:, :, :longest], wv.to(dtype)[:, :, :longest]
+            qd, bd = q.to(dtype), bias.to(dtype)
+            ms[dtype] = median_ms(
+                lambda q=qd, k=k, v=v, b=bd: F.scaled_dot_product_attention(q, k, v, attn_mask=b),
+                10,
+            )
+        f32, b16 = ms[torch.float32], ms[torch.bfloat16]
+        print(f"| {kv_heads} x {group}, {longest} | {f32:.2f} | {b16:.2f} | {b16 / f32:.1f}x |")
+
+
 if __name__ == "__main__":
     greedy()
     attention()
     cold_attention()
     graph_inputs()
+    dtypes()

@@ -10,17 +10,22 @@ drawn number of tokens, every request submitted at once:
                 hf-cb has zeroed its cache before its timer starts)
   kvflow-gather the same with no decode workspace (--decode-workspace-gib 0): decode
                 attention gathers each sequence's blocks every step, as before 2026-12-01
+  kvflow-fp32   our engine in float32 whatever --dtype says: with --dtype bfloat16, what
+                bf16 buys on this CPU
+  hf-cb-fp32    hf-cb in float32 whatever --dtype says: transformers' other choice
   hf-cb         transformers' own continuous batching (``init_continuous_batching``), a
                 fresh manager per run, warmed up, its KV cache sized to the workload
   hf-static     transformers `generate` on one static left-padded batch of all requests
                 (it runs until the longest request is done: the padding and finished rows
                 are the waste continuous batching removes; useful tokens are counted)
   hf-serial     transformers `generate`, one request at a time
-The arms run interleaved ``--runs`` times (the order rotated each run); each arm is
-reported as the median and range of its runs, with kvflow's ratios of medians. Then the
+Every arm but the -fp32 ones runs the model in ``--dtype`` (float32 by default). The arms run
+interleaved ``--runs`` times (the order rotated each run); each arm is reported as the
+median and range of its runs, with kvflow's ratios of medians. Then the
 TTFT of prompts that share 97 % of their tokens, with prefix caching on vs off.
 
-    python bench/engine_throughput.py [--quick] [--models tiny,smollm2] [--runs 3] [--json PATH]
+    python bench/engine_throughput.py [--quick] [--models tiny,smollm2] [--runs 3]
+        [--dtype float32|bfloat16] [--json PATH]
 Ratios are what to read: every arm runs in this process, each in a thread of its own."""
 
 from __future__ import annotations
@@ -66,7 +71,16 @@ from kvflow.engine_worker.model.default_model import default_model_path  # noqa:
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
-ARMS = ("kvflow", "kvflow-warm", "kvflow-gather", "hf-cb", "hf-static", "hf-serial")
+ARMS = (
+    "kvflow",
+    "kvflow-warm",
+    "kvflow-gather",
+    "kvflow-fp32",
+    "hf-cb",
+    "hf-cb-fp32",
+    "hf-static",
+    "hf-serial",
+)
 BASES = ("kvflow", "kvflow-warm")  # the arms whose ratios to every other are reported
 # Our engine's batch size (transformers' manager takes every request at once, hf_arms.py).
 MAX_SEQS = 64
@@ -77,8 +91,10 @@ def log(msg: str) -> None:
 
 
 def new_engine(model: str | None, loaded: Any, **overrides: Any) -> Engine:
+    """An engine over ``loaded``, in the dtype its weights have."""
+    dtype = str(next(loaded[0].parameters()).dtype).removeprefix("torch.")
     settings = WorkerSettings(
-        model=model, kv_cache_gib=overrides.pop("kv_cache_gib", 2.0), **overrides
+        model=model, kv_cache_gib=overrides.pop("kv_cache_gib", 2.0), dtype=dtype, **overrides
     )
     return build_worker(settings, loaded=loaded).engine
 
@@ -182,12 +198,17 @@ def in_thread(fn: Callable[[], tuple[float, int]]) -> tuple[float, int]:
 
 
 def bench_model(
-    name: str, path: str | None, hf_loader: Callable[[], Any], args: argparse.Namespace
+    name: str, path: str | None, hf_loader: Callable[[torch.dtype], Any], args: argparse.Namespace
 ) -> dict[str, Any]:
-    log(f"{name}: loading")
-    loaded = load_model(path)
+    log(f"{name}: loading ({args.dtype})")
+    dtype = getattr(torch, args.dtype)
+    loaded = load_model(path, dtype=dtype)
+    # The -fp32 arms' models: the same weights in float32, loaded only when those arms run.
+    want_fp32 = dtype != torch.float32 and bool({"kvflow-fp32", "hf-cb-fp32"} & set(args.arms))
+    loaded_fp32 = load_model(path) if want_fp32 else loaded
     config = loaded[1]
-    hf = hf_loader()
+    hf = hf_loader(dtype)
+    hf_fp32 = hf_loader(torch.float32) if want_fp32 else hf
     spec: WorkloadSpec = QUICK if args.quick else FULL
     spec = WorkloadSpec(
         args.num_requests if args.num_requests is not None else spec.num_requests,
@@ -208,7 +229,11 @@ def bench_model(
         "kvflow-gather": lambda wl: run_kvflow(
             new_engine(path, loaded, max_num_seqs=MAX_SEQS, decode_workspace_gib=0.0), wl
         ),
+        "kvflow-fp32": lambda wl: run_kvflow(
+            new_engine(path, loaded_fp32, max_num_seqs=MAX_SEQS), wl
+        ),
         "hf-cb": lambda wl: run_hf_cb(hf, wl),
+        "hf-cb-fp32": lambda wl: run_hf_cb(hf_fp32, wl),
         "hf-static": lambda wl: run_hf_static(hf, wl),
         "hf-serial": lambda wl: run_hf_serial(
             hf, wl, lambda i: (i + 1) % step == 0 and log(f"  hf-serial {i + 1}/{len(wl.prompts)}")
@@ -244,6 +269,7 @@ def bench_model(
     summary = summarize_runs(tok_s)
     result: dict[str, Any] = {
         "model": name,
+        "dtype": args.dtype,
         "workload": {
             "num_requests": spec.num_requests,
             "prompt_len": list(spec.prompt_len),
@@ -333,6 +359,12 @@ def main() -> int:
         "--output-len", type=token_range, help="override the output lengths: LO,HI tokens"
     )
     parser.add_argument("--no-ttft", action="store_true", help="skip the prefix-caching TTFT")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the model's dtype in every arm but kvflow-fp32 (ours and transformers')",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
@@ -355,6 +387,7 @@ def main() -> int:
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(sys.argv),
         "quick": args.quick,
+        "dtype": args.dtype,
         "runs": args.runs,
         "load1_at_start": load1(),
         "models": [],
@@ -363,12 +396,14 @@ def main() -> int:
         for name in args.models.split(","):
             if name == "tiny":
                 path: str | None = tiny_model(Path(tmp))
-                loader = lambda p=path: transformers.LlamaForCausalLM.from_pretrained(p).eval()  # noqa: E731
+                loader = lambda dtype, p=path: transformers.LlamaForCausalLM.from_pretrained(  # noqa: E731
+                    p, torch_dtype=dtype
+                ).eval()
             elif name == "smollm2":
                 path = None
                 gguf = default_model_path()
-                loader = lambda g=gguf: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
-                    str(g.parent), gguf_file=g.name, torch_dtype=torch.float32
+                loader = lambda dtype, g=gguf: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
+                    str(g.parent), gguf_file=g.name, torch_dtype=dtype
                 ).eval()
             else:
                 parser.error(f"unknown model {name!r}: choose tiny or smollm2")

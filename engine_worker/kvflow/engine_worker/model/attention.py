@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
 
 MAX_DECODE_GROUPS = 4
+# Below 8 sequences a group's padding costs less than another SDPA call and gather.
+MIN_DECODE_GROUP = 8
 
 
 def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -48,10 +50,6 @@ def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     (widening bf16 is exact). Elsewhere the model's own dtype.
     """
     return torch.float32 if device.type == "cpu" else dtype
-
-
-# Below 8 sequences a group's padding costs less than another SDPA call and gather.
-MIN_DECODE_GROUP = 8
 
 
 @dataclass(frozen=True)
@@ -272,8 +270,9 @@ def paged_attention(
     Grouped-query attention shares each KV head among ``num_heads / num_kv_heads`` heads.
     ``kv_cache`` has the shape ``kv_cache_shape`` gives.
     """
-    if q.dtype != compute_dtype(q.dtype, q.device):
-        return paged_attention(q.float(), kv.float(), kv_cache, meta, scale).to(q.dtype)
+    wide = compute_dtype(q.dtype, q.device)
+    if q.dtype != wide:
+        return paged_attention(q.to(wide), kv.to(wide), kv_cache, meta, scale).to(q.dtype)
     write_kv(kv_cache, kv, meta.slot_mapping)
     k, v = kv[:, 0], kv[:, 1]
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]

@@ -29,6 +29,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from testkit.ports import free_port
+
 ROOT = Path(__file__).resolve().parent
 MODEL = "stub"
 API_KEY = "sk-bench-" + "0" * 40
@@ -75,13 +78,6 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_redis() -> tuple[subprocess.Popen[str], str]:

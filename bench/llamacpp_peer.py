@@ -33,7 +33,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,15 +50,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from llamacpp_report import as_json, render, rows  # noqa: E402
 from testkit.gateway_process import launch_gateway  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
 from testkit.worker_process import launch_worker  # noqa: E402
 
 MODEL_NAME = "smollm2"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _thread_env(threads: int) -> dict[str, str]:
@@ -82,7 +76,7 @@ def _wait_models(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: 
 
 @contextmanager
 def llamacpp_server(python: str, model: str, threads: int, tmp: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = tmp / "llamacpp.log"
     cmd = [
         python,

@@ -22,8 +22,9 @@ import grpc
 import httpx
 import yaml
 from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.ports import free_port
 from testkit.process import KvflowProcess
-from testkit.redis_server import RedisServer, free_port
+from testkit.redis_server import RedisServer
 from testkit.worker_process import launch_worker
 
 from kvflow.proto import worker_pb2 as pb

@@ -7,7 +7,6 @@ latency histograms and worker gauges split by version and pool."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.ports import free_port
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.router.models.routes import session_draw
@@ -37,12 +37,6 @@ MODEL_REQUESTS = "kvflow_router_model_requests"
 
 def key(name: str) -> str:
     return f"sk-{name}-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def router_config(v1: str, v2: str) -> dict[str, object]:

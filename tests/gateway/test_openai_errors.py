@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 from testkit.gateway_process import GatewayProcess, launch_gateway, running_gateway
-from testkit.redis_server import free_port
+from testkit.ports import free_port
 from testkit.worker_process import launch_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

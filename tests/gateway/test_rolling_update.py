@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 from testkit.gateway_process import GatewayProcess, launch_gateway
-from testkit.redis_server import free_port
+from testkit.ports import free_port
 from testkit.worker_process import WorkerProcess, launch_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

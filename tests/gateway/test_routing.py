@@ -15,7 +15,7 @@ import grpc
 import httpx
 import pytest
 from testkit.gateway_process import GatewayProcess, launch_gateway
-from testkit.redis_server import free_port
+from testkit.ports import free_port
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.proto import worker_pb2 as pb

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k8s.support import Process, free_port, make_pki, start, wait_for, write_kubeconfig
+from k8s.support import Process, make_pki, start, wait_for, write_kubeconfig
+from testkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO / "tools" / "k8s" / "versions.env"

@@ -10,7 +10,8 @@ import urllib.request
 from pathlib import Path
 
 from k8s.controlplane import SYSTEM_NAMESPACE, ControlPlane
-from k8s.support import Process, free_port, start, wait_for
+from k8s.support import Process, start, wait_for
+from testkit.ports import free_port
 
 WORKER_IMAGE = "registry.invalid/kvflow-worker:test"  # never pulled: KWOK runs no containers
 ROUTER_IMAGE = "registry.invalid/kvflow-router:test"

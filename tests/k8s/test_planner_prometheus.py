@@ -7,7 +7,6 @@ test_planner_prometheus.py.)
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from k8s.controlplane import ControlPlane
@@ -15,20 +14,15 @@ from k8s.operator_process import OperatorProcess
 from k8s.pools import apply_pool, condition, get_pool, pool_events, wait_ready
 from k8s.support import wait_for
 from k8s.test_planner import deployment_replicas, loopback_node, planner_spec
+from testkit.ports import free_port
 
 __all__ = ["loopback_node"]  # the fixture, used by name
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_an_unreachable_prometheus_holds_replicas_and_says_so(
     cluster: ControlPlane, namespace: str, operator: OperatorProcess, loopback_node: str
 ) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     spec = planner_spec(loopback_node, replicas=2)
     spec["autoscaling"]["prometheus"] = {"url": url}
     apply_pool(cluster, namespace, "blind", spec)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 import subprocess
 import threading
 import time
@@ -28,6 +27,7 @@ import httpx
 import pytest
 from k8s.controlplane import cache_dir, read_versions
 from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.ports import free_port
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.operator.api.schema import from_json
@@ -74,12 +74,6 @@ def prometheus_binary() -> Path:
     path: Path = cache_dir() / f"prometheus-{version}" / "bin" / "prometheus"
     assert path.exists(), f"{path} missing: build it with tools/k8s/build.sh (.ci/run does)"
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape_config(workers: list[str], router: str) -> str:

@@ -9,11 +9,11 @@ real metric class (`RouterMetrics`), as a router process serves them.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 
 import pytest
 from prometheus_client import start_http_server
+from testkit.ports import free_port
 
 from kvflow.operator.observe.observation import ROUTER_SHED
 from kvflow.operator.observe.pods import PoolPods
@@ -59,10 +59,7 @@ def gateway_router() -> Iterator[str]:
 
 
 def closed_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/metrics"
+    return f"http://127.0.0.1:{free_port()}/metrics"
 
 
 def test_a_gateways_router_counts_only_the_pools_own_series(

@@ -124,6 +124,8 @@ def test_kvflow_up_with_simulated_workers() -> None:
 def test_kvflow_up_with_the_default_model_answers() -> None:
     with kvflow_up("--workers", "1", timeout_s=600) as (proc, output):
         assert "worker 1: loading model" in output  # progress while the model loads
+        # No --dtype: the built-in GGUF runs in float32 on any CPU, and the worker says why.
+        assert "on cpu (float32; auto: a GGUF runs in float32" in output
         url, curl, _ = printed_examples(output)
         assert json.loads(run_printed(curl))["choices"][0]["message"]["content"]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)

@@ -189,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache per worker")
     p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="the workers' dtype (default auto: a bfloat16 checkpoint in bfloat16 on a CPU "
+        "with AVX512-BF16 or AMX; a GGUF, the built-in model among them, in float32)",
+    )
+    p.add_argument(
         "--simulate",
         action="store_true",
         help="simulated workers (no model, random tokens): try the API without torch",
@@ -211,7 +218,7 @@ def _start_workers(
     for i, role in enumerate(roles):
         worker_args = ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0",
                        "--role", role, "--kv-cache-gib", str(args.kv_cache_gib),
-                       *common]  # fmt: skip
+                       "--dtype", args.dtype, *common]  # fmt: skip
         if args.simulate:
             worker_args.append("--simulate")
         name = f"{prefix}worker {i + 1}" + ("" if role == "both" else f" ({role})")

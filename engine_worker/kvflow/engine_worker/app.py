@@ -112,17 +112,28 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
     else:
         import torch  # only a real worker pays for torch
 
+        from kvflow.engine_worker.auto_dtype import machine_dtype
         from kvflow.engine_worker.model.loader import load_model
         from kvflow.engine_worker.runner import TorchModelRunner, kv_bytes_per_block
         from kvflow.engine_worker.sampler import Sampler
 
-        dtype = getattr(torch, settings.dtype)
+        if loaded is None:
+            dtype_name, why = machine_dtype(settings.dtype, settings.device, settings.model)
+        else:  # the weights already have a dtype: the engine takes theirs
+            dtype_name, why = (
+                str(next(loaded[0].parameters()).dtype).removeprefix("torch."),
+                "loaded",
+            )
+            if settings.dtype not in ("auto", dtype_name):
+                raise ValueError(f"dtype {settings.dtype} asked of a model loaded in {dtype_name}")
+        dtype = getattr(torch, dtype_name)
         started = time.monotonic()
         log.info(
-            "loading model %s on %s (%s)",
+            "loading model %s on %s (%s; %s)",
             settings.model or "SmolLM2-135M-Instruct (built-in)",
             settings.device,
-            settings.dtype,
+            dtype_name,
+            why,
         )
         if loaded is None:
             loaded = load_model(settings.model, dtype=dtype, device=settings.device)

@@ -10,7 +10,9 @@ from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 from kvflow.proto.otel import TracingConfig, tracing_config
 
 ROLES = ("both", "prefill", "decode")
-DTYPES = ("float32", "bfloat16", "float16")
+# auto: the checkpoint's dtype where the device computes it natively, else float32
+# (auto_dtype.py).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
 # `kvflow worker`'s queue bound: a full default batch four deep (256 behind 64 running),
 # minutes of queue on a CPU, tens of seconds on a GPU. Past it a request is refused at once
@@ -27,7 +29,7 @@ class WorkerSettings:
     metrics_port: int = 9400  # HTTP /metrics /health /ready; 0 picks a free port
     role: str = "both"
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
@@ -97,7 +99,14 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     )
     p.add_argument("--role", choices=ROLES, default=d.role)
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
-    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=d.dtype,
+        help="auto: a bfloat16 checkpoint runs in bfloat16 where the device computes it "
+        "natively (GPUs from A100 on, CPUs with AVX512-BF16 or AMX); a GGUF, a float32 "
+        "checkpoint or another device runs in float32",
+    )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     p.add_argument(
         "--max-num-batched-tokens",

@@ -29,7 +29,7 @@ PLURAL = "inferencepools"
 SINGULAR = "inferencepool"
 SHORT_NAMES = ("kvpool",)  # not "ipool": the Gateway API extension's InferencePool may own it
 
-Dtype = Literal["float32", "bfloat16"]
+Dtype = Literal["auto", "float32", "bfloat16"]
 Mode = Literal["colocated", "disaggregated"]
 KvTransport = Literal["auto", "nccl", "gloo", "tcp"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -93,7 +93,15 @@ class ModelSpec:
         max_length=4096,
     )
     volume: ModelVolume | None = field("The volume that holds `path`.", None)
-    dtype: Dtype = field("Weights and activations dtype (bfloat16 on GPUs).", "float32")
+    dtype: Dtype = field(
+        """Weights and activations dtype. auto: a bfloat16 checkpoint (config.json's
+        torch_dtype) runs in bfloat16 where the node computes it natively (GPUs from A100
+        on, CPUs with AVX512-BF16 or AMX); a GGUF, the built-in model among them, a float32
+        checkpoint or other hardware runs in float32. Set it when a disaggregated pool's
+        prefill and decode pods may land on different hardware: their KV must share one
+        dtype.""",
+        "auto",
+    )
     max_model_len: int = field(
         "Longest sequence (prompt plus output) in tokens; longer requests are refused.",
         4096,

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 source bench/gpu_env.sh || exit 2
 export PYTHONPATH=tests:$PYTHONPATH
 if [ $# -eq 0 ]; then
-  set -- tests/engine/test_decode_graphs.py tests/engine/test_sampler.py
+  set -- tests/engine/test_decode_graphs.py tests/engine/test_sampler.py \
+    tests/engine/test_auto_dtype.py
 fi
 exec "$PY" -m pytest -m gpu -p no:cacheprovider "$@"

@@ -110,3 +110,19 @@ def test_a_worker_started_with_no_dtype_runs_a_bf16_checkpoint_as_this_machine_a
     finally:
         worker.stop()
     assert re.search(rf"on cpu \({expected}; auto: the checkpoint is bfloat16", line), line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; not run here")
+def test_on_a_gpu_auto_runs_a_bf16_checkpoint_in_bf16_and_a_gguf_in_float32(
+    tmp_path: Path,
+) -> None:
+    folder = write_tiny_llama(tmp_path / "tiny", seed=5)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    native = torch.cuda.is_bf16_supported(including_emulation=False)
+    assert machine_dtype("auto", "cuda", str(folder))[0] == ("bfloat16" if native else "float32")
+    assert machine_dtype("auto", "cuda", None)[0] == "float32"
+    worker = build_worker(WorkerSettings(model=str(folder), device="cuda", num_kv_blocks=16))
+    want = "bfloat16" if native else "float32"
+    assert worker.runner.kv_layout.endswith("/" + want)

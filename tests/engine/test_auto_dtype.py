@@ -28,6 +28,14 @@ SKYLAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n"
 SAPPHIRE_RAPIDS = "flags\t\t: avx512f amx_tile amx_bf16 amx_int8\n"
 
 
+def bf16_checkpoint(tmp_path: Path) -> Path:
+    """A tiny Llama whose config.json says bfloat16, as published checkpoints' do."""
+    folder = write_tiny_llama(tmp_path / "tiny", seed=5)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    return folder
+
+
 def test_the_default_is_auto_on_the_command_line_and_in_process() -> None:
     assert WorkerSettings().dtype == "auto"
     assert parse_args([]).dtype == "auto"
@@ -100,9 +108,7 @@ def test_an_engine_over_loaded_weights_takes_their_dtype(tmp_path: Path) -> None
 def test_a_worker_started_with_no_dtype_runs_a_bf16_checkpoint_as_this_machine_allows(
     tmp_path: Path,
 ) -> None:
-    folder = write_tiny_llama(tmp_path / "tiny", seed=5)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    folder = bf16_checkpoint(tmp_path)
     expected, _ = machine_dtype("auto", "cpu", str(folder))  # bfloat16 on AVX512-BF16 CPUs
     worker = launch_worker(["--model", str(folder), "--num-kv-blocks", "16"], timeout_s=120)
     try:
@@ -117,9 +123,7 @@ def test_a_worker_started_with_no_dtype_runs_a_bf16_checkpoint_as_this_machine_a
 def test_on_a_gpu_auto_runs_a_bf16_checkpoint_in_bf16_and_a_gguf_in_float32(
     tmp_path: Path,
 ) -> None:
-    folder = write_tiny_llama(tmp_path / "tiny", seed=5)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    folder = bf16_checkpoint(tmp_path)
     native = torch.cuda.is_bf16_supported(including_emulation=False)
     assert machine_dtype("auto", "cuda", str(folder))[0] == ("bfloat16" if native else "float32")
     assert machine_dtype("auto", "cuda", None)[0] == "float32"

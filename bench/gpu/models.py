@@ -115,7 +115,9 @@ def load_real_smollm2(dtype: torch.dtype, device: str) -> tuple[Any, Any, ModelC
     from kvflow.engine_worker.model.default_model import default_model_path
     from kvflow.engine_worker.model.loader import load_model
 
-    model, config = load_model(None, dtype=dtype, device=device)
+    # Widened: the float engine against transformers' float weights (the quantized path has
+    # its own gpu tests, tests/engine/test_quant_int4_weight.py).
+    model, config = load_model(None, dtype=dtype, device=device, quantization="none")
     gguf = default_model_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="sdpa"

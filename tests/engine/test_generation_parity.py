@@ -30,7 +30,8 @@ _LOADED: dict[str | None, Any] = {}
 def engine_for(model: str | None, **overrides: Any) -> Engine:
     """An engine over ``model``, loaded once per test session and shared by engines."""
     if model not in _LOADED:
-        _LOADED[model] = load_model(model)
+        # Widened: transformers computes in float32 (the quantized path: test_quant_model.py).
+        _LOADED[model] = load_model(model, quantization="none")
     settings = WorkerSettings(model=model, num_kv_blocks=512, **overrides)
     return build_worker(settings, loaded=_LOADED[model]).engine
 

@@ -53,7 +53,9 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="module")
 def ours() -> tuple[LlamaForCausalLM, ModelConfig]:
-    return load_model(None)  # the default model, through the user's dequantization cache
+    # The float path (widened, through the user's dequantization cache): what transformers
+    # computes. The quantized default is held to it in test_quant_model.py.
+    return load_model(None, quantization="none")
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +161,7 @@ def test_batched_greedy_decode_is_token_identical_to_generate(
 def test_bf16_logits_match_transformers_bf16(
     reference: PreTrainedModel, prompts: list[list[int]]
 ) -> None:
-    model, config = load_model(None, dtype=torch.bfloat16)
+    model, config = load_model(None, dtype=torch.bfloat16, quantization="none")
     tokens = prompts[1]
     got = PagedSteps(model, config, block_size=16).step({"p": tokens})["p"]
     want = reference_logits(copy.deepcopy(reference).to(torch.bfloat16), tokens)

@@ -156,7 +156,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Any]:
         vocab_size=TINY_VOCAB_SIZE,
     )
     hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return str(path), load_model(path), hf
+    return str(path), load_model(path, quantization="none"), hf
 
 
 def tiny_arrivals() -> list[Arrival]:
@@ -287,7 +287,7 @@ def test_smollm2_preemption_and_eviction_match_transformers() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     run_and_check(
         None,
-        load_model(None),
+        load_model(None, quantization="none"),  # widened: transformers' float32
         hf,
         smol_arrivals(tokenizer),
         block_size=SMOL_BLOCK_SIZE,

@@ -20,6 +20,8 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
+from testkit.quant_blocks import random_blocks
+
 _LAYER_PARTS = {
     "input_layernorm": "attn_norm",
     "self_attn.q_proj": "attn_q",
@@ -33,18 +35,26 @@ _LAYER_PARTS = {
 }
 
 
+QuantType = gguf.GGMLQuantizationType
+
+
 def write_tiny_gguf(
     hf_folder: Path,
     path: Path,
     *,
-    matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    matrix_type: QuantType = QuantType.F32,
+    part_types: dict[str, QuantType] | None = None,
     architecture: str | None = None,
 ) -> Path:
     """Write ``hf_folder``'s model to the file ``path``; return ``path``.
 
     ``matrix_type`` stores every 2-D weight that way (e.g. ``Q8_0``; norms and biases stay
-    F32, as llama.cpp keeps them). ``architecture`` overrides ``general.architecture``
-    (to test rejection). Llama 3 RoPE scaling becomes a ``rope_freqs.weight`` tensor.
+    F32, as llama.cpp keeps them); ``part_types`` overrides it per GGUF part (``attn_v``,
+    ``token_embd``, ``output``...), as llama.cpp's mixed files (Q4_K_M) do. A type the gguf
+    package cannot quantize (the K-quants) gets random codes of the weights' scale
+    (``quant_blocks``), not the folder's weights. ``architecture`` overrides
+    ``general.architecture`` (to test rejection). Llama 3 RoPE scaling becomes a
+    ``rope_freqs.weight`` tensor.
     """
     config: dict[str, Any] = json.loads((hf_folder / "config.json").read_text())
     is_qwen2 = config["model_type"] == "qwen2"
@@ -76,14 +86,15 @@ def write_tiny_gguf(
         writer.add_tensor("rope_freqs.weight", _llama3_divisors(head_dim, config))
 
     rope_heads = {} if is_qwen2 else {"attn_q": heads, "attn_k": kv_heads}
-    for name, tensor in sorted(load_file(str(hf_folder / "model.safetensors")).items()):
+    for index, (name, tensor) in enumerate(
+        sorted(load_file(str(hf_folder / "model.safetensors")).items())
+    ):
         gguf_name = _gguf_name(name)
-        part = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
+        part = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else gguf_name.split(".")[0]
         array = _interleave_rope_rows(tensor, rope_heads[part]) if part in rope_heads else tensor
-        if array.ndim == 2 and matrix_type != gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(
-                gguf_name, gguf.quants.quantize(array, matrix_type), raw_dtype=matrix_type
-            )
+        kind = (part_types or {}).get(part, matrix_type)
+        if array.ndim == 2 and kind != QuantType.F32:
+            writer.add_tensor(gguf_name, _quantize(array, kind, seed=index), raw_dtype=kind)
         else:
             writer.add_tensor(gguf_name, array.astype(np.float32))
     writer.write_header_to_file()
@@ -91,6 +102,15 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _quantize(array: np.ndarray, kind: QuantType, *, seed: int) -> np.ndarray:
+    try:
+        quantized: np.ndarray = gguf.quants.quantize(array, kind)
+    except NotImplementedError:
+        rows, cols = array.shape
+        return random_blocks(kind.name, rows, cols, std=float(array.std()), seed=seed)
+    return quantized
 
 
 def _gguf_name(name: str) -> str:

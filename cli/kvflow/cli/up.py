@@ -196,6 +196,13 @@ def _parser() -> argparse.ArgumentParser:
         "with AVX512-BF16 or AMX; a GGUF, the built-in model among them, in float32)",
     )
     p.add_argument(
+        "--quantization",
+        choices=("auto", "none"),
+        default="auto",
+        help="the workers' weights (default auto: a GGUF's quantized weights stay quantized, "
+        "4-bit planes multiplied by torch's int4 kernels; none: widened to --dtype)",
+    )
+    p.add_argument(
         "--simulate",
         action="store_true",
         help="simulated workers (no model, random tokens): try the API without torch",
@@ -218,7 +225,8 @@ def _start_workers(
     for i, role in enumerate(roles):
         worker_args = ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0",
                        "--role", role, "--kv-cache-gib", str(args.kv_cache_gib),
-                       "--dtype", args.dtype, *common]  # fmt: skip
+                       "--dtype", args.dtype, "--quantization", args.quantization,
+                       *common]  # fmt: skip
         if args.simulate:
             worker_args.append("--simulate")
         name = f"{prefix}worker {i + 1}" + ("" if role == "both" else f" ({role})")

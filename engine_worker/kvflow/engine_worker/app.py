@@ -136,9 +136,20 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             why,
         )
         if loaded is None:
-            loaded = load_model(settings.model, dtype=dtype, device=settings.device)
+            loaded = load_model(
+                settings.model,
+                dtype=dtype,
+                device=settings.device,
+                quantization=settings.quantization,
+            )
         model, config = loaded
-        log.info("model %s loaded in %.1f s", config.name, time.monotonic() - started)
+        held = model.weight_bytes() if hasattr(model, "weight_bytes") else {}
+        log.info(
+            "model %s loaded in %.1f s; weights hold %s",
+            config.name,
+            time.monotonic() - started,
+            ", ".join(f"{n / 2**20:.1f} MiB {kind}" for kind, n in sorted(held.items())) or "?",
+        )
         name = settings.served_model_name or config.name
         vocab, eos, model_len = (
             config.vocab_size,

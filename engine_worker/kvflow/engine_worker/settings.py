@@ -14,6 +14,9 @@ ROLES = ("both", "prefill", "decode")
 # (auto_dtype.py). No float16: the loader runs none (some checkpoints' activations overflow
 # it), so the command line refuses it up front rather than after parsing the weights.
 DTYPES = ("auto", "float32", "bfloat16")
+# auto: a GGUF's quantized matrices stay quantized (4-bit planes multiplied by torch's int4
+# kernels: model/quant/); none: widened to --dtype at load, as before.
+QUANTIZATIONS = ("auto", "none")
 KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
 # `kvflow worker`'s queue bound: a full default batch four deep (256 behind 64 running),
 # minutes of queue on a CPU, tens of seconds on a GPU. Past it a request is refused at once
@@ -31,6 +34,7 @@ class WorkerSettings:
     role: str = "both"
     device: str = "cpu"
     dtype: str = "auto"
+    quantization: str = "auto"
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
@@ -107,6 +111,14 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="auto: a bfloat16 checkpoint runs in bfloat16 where the device computes it "
         "natively (GPUs from A100 on, CPUs with AVX512-BF16 or AMX); a GGUF, a float32 "
         "checkpoint or another device runs in float32",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=d.quantization,
+        help="auto: a GGUF's quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, "
+        "Q6_K) stay quantized and are multiplied by torch's int4 kernels, other types are "
+        "refused by name; none: every weight widened to --dtype at load",
     )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     p.add_argument(
@@ -241,6 +253,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         role=a.role,
         device=a.device,
         dtype=a.dtype,
+        quantization=a.quantization,
         block_size=a.block_size,
         max_num_batched_tokens=a.max_num_batched_tokens,
         max_num_seqs=a.max_num_seqs,

@@ -32,26 +32,17 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from kvflow.engine_worker.cache_dir import cache_dir
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.errors import ModelLoadError
 from kvflow.engine_worker.model.gguf_file import GgufContents, read_gguf
 from kvflow.engine_worker.model.hf_folder import SafetensorsTensors
 
-CACHE_DIR_ENV = "KVFLOW_CACHE_DIR"
 # Bump when the conversion changes what an entry holds (names, un-permutation, dtype).
 _FORMAT = "1"
 _HASH_CHUNK_BYTES = 8 << 20
 
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    """Where dequantized models are kept (see the module docstring)."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kvflow"
 
 
 def cache_entry(gguf_path: Path) -> Path:

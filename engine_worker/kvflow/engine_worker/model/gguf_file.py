@@ -9,7 +9,10 @@ Three things differ from a Hugging Face checkpoint, and each is undone here:
   adjacent pairs of dimensions (2j, 2j+1) while Hugging Face's rotates (j, j + head_dim/2).
   Qwen2 files are not permuted: llama.cpp runs them with the rotate-half convention.
 
-Quantized tensors are dequantized to float32 with ``gguf.quants.dequantize``.
+Quantized matrices of the types ``quant/gguf_codes.py`` reads stay in their blocks
+(``QuantizedTensor``, decoded when the loader reaches them) unless the caller asks for
+float32 (``keep_quantized=False``, ``--quantization none``); then, and for every other
+tensor, ``gguf.quants.dequantize`` widens them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from gguf.quants import dequantize
 
 from kvflow.engine_worker.model.config import ModelConfig, RopeScaling, check_config
 from kvflow.engine_worker.model.errors import ModelLoadError
+from kvflow.engine_worker.model.quant.gguf_codes import QUANTIZED_TYPES, QuantizedTensor
 
 #: ``general.architecture`` values we run (Mistral files say "llama").
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -49,10 +53,23 @@ _LAYER_PARTS = {
 _ROPE_FACTORS = "rope_freqs.weight"  # Llama 3.1's frequency divisors, precomputed
 
 GgufContents = tuple[ModelConfig, Mapping[str, torch.Tensor], dict[str, str]]
+#: Tensors as read: float32, or a quantized matrix still in its blocks.
+GgufTensors = Mapping[str, torch.Tensor | QuantizedTensor]
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def read_gguf(path: Path) -> GgufContents:
     """The config, the float32 tensors under Hugging Face names, and each one's GGUF name."""
+    config, tensors, names = read_gguf_tensors(path, keep_quantized=False)
+    assert all(isinstance(t, torch.Tensor) for t in tensors.values())
+    return config, tensors, names  # type: ignore[return-value]  # widened: all tensors
+
+
+def read_gguf_tensors(
+    path: Path, *, keep_quantized: bool
+) -> tuple[ModelConfig, GgufTensors, dict[str, str]]:
+    """Like ``read_gguf``; with ``keep_quantized`` a quantized matrix stays in its blocks
+    (a ``QuantizedTensor``), and a type kvflow cannot multiply quantized is refused."""
     try:
         reader = GGUFReader(str(path))
     except (OSError, ValueError) as err:
@@ -62,20 +79,40 @@ def read_gguf(path: Path) -> GgufContents:
     num_heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     unpermute = config.architecture in _PERMUTED
 
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor | QuantizedTensor] = {}
     gguf_names: dict[str, str] = {}
     for name, tensor in by_name.items():
         if name == _ROPE_FACTORS:
             continue  # folded into config.rope_scaling
         hf_name, part = _hf_name(name, path)
+        gguf_names[hf_name] = name
+        kind = tensor.tensor_type.name
+        if keep_quantized and kind not in _FLOAT_TYPES:
+            tensors[hf_name] = _quantized(tensor, path, num_heads.get(part) if unpermute else None)
+            continue
         array = _dequantize(tensor, path)
         if unpermute and part in num_heads:
             array = unpermute_rope_rows(array, num_heads[part], name, path)
         if not (array.flags.writeable and array.flags.c_contiguous):
             array = array.copy()  # a float32 tensor arrives as a read-only view of the file
         tensors[hf_name] = torch.from_numpy(array)
-        gguf_names[hf_name] = name
     return config, tensors, gguf_names
+
+
+def _quantized(tensor: ReaderTensor, path: Path, rope_heads: int | None) -> QuantizedTensor:
+    kind = tensor.tensor_type.name
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    if kind not in QUANTIZED_TYPES or len(shape) != 2:
+        raise ModelLoadError(
+            f"{path}: tensor '{tensor.name}' is stored as {kind}, which kvflow does not "
+            f"multiply quantized (it runs {', '.join(QUANTIZED_TYPES)}, F32, F16 and BF16); "
+            "pass --quantization none to widen every weight to float instead"
+        )
+    rows, cols = shape
+    order = None
+    if rope_heads is not None:  # the row order that undoes llama.cpp's per-head permutation
+        order = unpermute_rope_rows(np.arange(rows)[:, None], rope_heads, tensor.name, path)[:, 0]
+    return QuantizedTensor(kind, tensor.data, (rows, cols), order)
 
 
 def unpermute_rope_rows(array: np.ndarray, num_heads: int, name: str, path: Path) -> np.ndarray:

@@ -16,35 +16,9 @@ from torch import nn
 
 from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
 from kvflow.engine_worker.model.config import ModelConfig
+from kvflow.engine_worker.model.linear import Embedding, Linear, head_logits
+from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 from kvflow.engine_worker.model.rope import RotaryEmbedding, Rotation
-
-
-class Linear(nn.Module):
-    """``x @ weight.T + bias`` with uninitialised parameters (named as ``nn.Linear`` names them).
-
-    The loader overwrites every weight, so ``nn.Linear``'s random init would be wasted
-    time: about a second for SmolLM2's 135 M parameters.
-    """
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        bias: bool,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(
-            torch.empty(out_features, in_features, dtype=dtype, device=device)
-        )
-        self.bias = (
-            nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -113,13 +87,14 @@ class MLP(nn.Module):
 
 def _project(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     """``proj(x)`` without the module call (bench/engine_profile.py times the GEMMs here)."""
-    return F.linear(x, proj.weight, proj.bias)
+    if proj.weight is not None:
+        return F.linear(x, proj.weight, proj.bias)
+    return proj.forward(x)
 
 
 def _add_projected(residual: torch.Tensor, x: torch.Tensor, proj: Linear) -> torch.Tensor:
-    """``residual + proj(x)`` as one ``addmm``: the residual add rides in the GEMM."""
-    out = torch.addmm(residual, x, proj.weight.t())
-    return out if proj.bias is None else out.add_(proj.bias)
+    """``residual + proj(x)``; dense, as one ``addmm``: the residual add rides in the GEMM."""
+    return proj.add_to(residual, x)
 
 
 class DecoderLayer(nn.Module):
@@ -181,8 +156,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         dev = torch.device(device)
         self.config = config
-        self.embed_tokens = nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
+        self.embed_tokens = Embedding(
+            config.vocab_size, config.hidden_size, dtype=dtype, device=dev
         )
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, dev) for _ in range(config.num_hidden_layers)
@@ -212,7 +187,7 @@ class LlamaForCausalLM(nn.Module):
         assert len(kv_caches) == len(self.layers), (
             f"{len(kv_caches)} KV caches for {len(self.layers)} layers"
         )
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = self.embed_tokens(input_ids)
         rotation = self.rotary(positions, x.dtype)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = layer(x, rotation, kv_cache, meta.layer(i))
@@ -220,10 +195,18 @@ class LlamaForCausalLM(nn.Module):
         return result
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits ``[N, vocab_size]`` of the rows ``[N, hidden_size]`` to sample from.
+        """Float32 logits ``[N, vocab_size]`` of the rows ``[N, hidden_size]`` to sample from
+        (``linear.head_logits`` says how each kind of head computes them)."""
+        return head_logits(hidden, self.embed_tokens if self.lm_head is None else self.lm_head)
 
-        The product runs in the model's dtype (in bf16 that rounds logits to about 3
-        significant digits, as the reference implementation does) and is widened after.
-        """
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+    def weight_bytes(self) -> dict[str, int]:
+        """Bytes the weights hold, by how they are stored: a dtype, or "int4" for packed
+        quantized planes with their scales."""
+        held: dict[str, int] = {}
+        for param in self.parameters():
+            kind = str(param.dtype).removeprefix("torch.")
+            held[kind] = held.get(kind, 0) + param.nbytes
+        for module in self.modules():
+            if isinstance(module, Int4Weight):
+                held["int4"] = held.get("int4", 0) + module.nbytes
+        return held

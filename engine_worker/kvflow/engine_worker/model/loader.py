@@ -10,14 +10,18 @@ import torch
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.default_model import default_model_path
 from kvflow.engine_worker.model.errors import ModelLoadError
-from kvflow.engine_worker.model.gguf_cache import read_gguf_cached
 from kvflow.engine_worker.model.hf_folder import folder_tensors, read_hf_config
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
+from kvflow.engine_worker.model.quant.gguf_codes import QuantizedTensor
 from kvflow.engine_worker.model.weights import load_weights
 
 #: Weight dtypes we run and test. float16 would work too but overflows in some
 #: checkpoints' activations without the care bf16 does not need.
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+#: auto: a GGUF's quantized matrices stay quantized (``quant/``), the rest runs in the
+#: model's dtype; none: every weight widened to the model's dtype (how kvflow ran GGUFs
+#: before; a benchmark arm and an escape hatch).
+QUANTIZATIONS = ("auto", "none")
 
 
 def load_model(
@@ -25,25 +29,38 @@ def load_model(
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    quantization: str = "auto",
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model at ``path`` (``None``: the default SmolLM2) in ``dtype`` on ``device``.
 
     ``path`` is a Hugging Face folder (``config.json`` + ``*.safetensors``, sharded or not)
-    or a ``.gguf`` file, dequantized to float32 first (and cached, see ``gguf_cache``).
+    or a ``.gguf`` file, whose quantized matrices stay quantized (``quantization`` "auto")
+    or are dequantized to float32 first ("none"; cached, see ``gguf_cache``).
     Raises ``ModelLoadError`` naming the file, field or tensor at fault.
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ModelLoadError(
             f"dtype {dtype} is not supported; choose one of {', '.join(map(str, SUPPORTED_DTYPES))}"
         )
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(
+            f"quantization {quantization!r} is not supported; choose one of "
+            f"{', '.join(QUANTIZATIONS)}"
+        )
     resolved = default_model_path() if path is None else Path(path).expanduser()
-    tensors: Mapping[str, torch.Tensor]
+    tensors: Mapping[str, torch.Tensor | QuantizedTensor]
     describe: Mapping[str, str] | None = None
     if resolved.is_dir():
         config = read_hf_config(resolved)
         tensors = folder_tensors(resolved)
-    elif resolved.is_file() and resolved.suffix == ".gguf":
+    elif resolved.is_file() and resolved.suffix == ".gguf" and quantization == "none":
+        from kvflow.engine_worker.model.gguf_cache import read_gguf_cached
+
         config, tensors, describe = read_gguf_cached(resolved)
+    elif resolved.is_file() and resolved.suffix == ".gguf":
+        from kvflow.engine_worker.model.gguf_file import read_gguf_tensors
+
+        config, tensors, describe = read_gguf_tensors(resolved, keep_quantized=True)
     elif resolved.exists():
         raise ModelLoadError(
             f"{resolved} is neither a folder nor a .gguf file; pass a Hugging Face model "

@@ -5,6 +5,11 @@ the GGUF reader renames its tensors to match, so this is the one place that know
 sides. Our fused parameters are the checkpoint's tensors stacked along dim 0: ``qkv_proj``
 is q, k, v and ``gate_up_proj`` is gate, up. Every shape is checked against the config
 before a byte is copied, so a checkpoint that disagrees with its config fails by name.
+
+A matrix still in a GGUF's quantized blocks (``QuantizedTensor``) becomes 4-bit planes
+(``quant/planes.py``) held by its ``Linear`` or ``Embedding`` as ``Int4Weight`` segments:
+parts of one format stacked into one segment, a part stored otherwise (or in float) a
+segment of its own.
 """
 
 from __future__ import annotations
@@ -13,10 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.errors import ModelLoadError
+from kvflow.engine_worker.model.linear import DenseWeight, Embedding, Linear
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
+from kvflow.engine_worker.model.quant.gguf_codes import QuantizedTensor
+from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
+from kvflow.engine_worker.model.quant.planes import Int4Planes, stack_rows, to_planes
 
 #: Tensors some checkpoints carry that we derive instead (RoPE's table).
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -38,7 +48,7 @@ def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[CheckpointTensor, 
         return (CheckpointTensor(name, shape),)
 
     layout = {
-        "embed_tokens": one("model.embed_tokens.weight", config.vocab_size, hidden),
+        "embed_tokens.weight": one("model.embed_tokens.weight", config.vocab_size, hidden),
         "norm.weight": one("model.norm.weight", hidden),
     }
     if not config.tie_word_embeddings:
@@ -71,7 +81,7 @@ def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[CheckpointTensor, 
 
 def load_weights(
     model: LlamaForCausalLM,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor | QuantizedTensor],
     *,
     source: str,
     describe: Mapping[str, str] | None = None,
@@ -79,12 +89,14 @@ def load_weights(
     """Copy ``tensors`` (checkpoint names; read lazily, one at a time) into ``model``.
 
     ``source`` names the folder or file in errors; ``describe`` optionally maps a
-    checkpoint name to how the user's file spells it (a GGUF tensor name).
+    checkpoint name to how the user's file spells it (a GGUF tensor name). Quantized
+    tensors stay quantized (see the module docstring).
     """
     config = model.config
     layout = checkpoint_layout(config)
     params = dict(model.named_parameters())
     assert set(params) == set(layout), set(params) ^ set(layout)
+    modules = dict(model.named_modules())
 
     def shown(name: str) -> str:
         original = (describe or {}).get(name)
@@ -94,6 +106,7 @@ def load_weights(
     with torch.no_grad():
         for param_name, parts in layout.items():
             param, row = params[param_name], 0
+            sources: list[torch.Tensor | QuantizedTensor] = []
             for part in parts:
                 if part.name not in tensors:
                     raise ModelLoadError(
@@ -110,14 +123,75 @@ def load_weights(
                         f"intermediate_size={config.intermediate_size}, "
                         f"vocab_size={config.vocab_size})"
                     )
+                sources.append(tensor)
+            if any(isinstance(t, QuantizedTensor) for t in sources):
+                owner_name = param_name.rsplit(".", 1)[0]
+                _quantize(modules[owner_name], sources, param, keep_rows=owner_name == "lm_head")
+                continue
+            for part, tensor in zip(parts, sources, strict=True):
+                assert isinstance(tensor, torch.Tensor)
                 # Into the parameter's rows directly: no stacked temporary to allocate.
                 param[row : row + part.shape[0]].copy_(tensor)
                 row += part.shape[0]
             assert row == param.shape[0], (param_name, row, param.shape)
 
 
+def _quantize(
+    owner: nn.Module,
+    sources: list[torch.Tensor | QuantizedTensor],
+    param: torch.Tensor,
+    *,
+    keep_rows: bool,
+) -> None:
+    """Give ``owner`` (a ``Linear`` or ``Embedding``) its weight as quantized segments;
+    ``keep_rows``: its rows are read too (an LM head's refined logits)."""
+    device = param.device
+    pieces: list[Int4Planes | torch.Tensor] = [
+        to_planes(t.codes()) if isinstance(t, QuantizedTensor) else t.to(param.dtype)
+        for t in sources
+    ]
+    if isinstance(owner, Embedding):
+        (planes,) = pieces
+        assert isinstance(planes, Int4Planes)
+        weight = Int4Weight(planes, device)
+        weight.keep_rows(planes)  # an embedding reads rows; on CUDA from a plain copy
+        owner.quantize(weight)
+        return
+    assert isinstance(owner, Linear), type(owner)
+    segments: list[Int4Weight | DenseWeight] = []
+    for run in _runs(pieces):
+        first = run[0]
+        if isinstance(first, Int4Planes):
+            parts = [p for p in run if isinstance(p, Int4Planes)]
+            stacked = stack_rows(parts) if len(parts) > 1 else parts[0]
+            segment = Int4Weight(stacked, device)
+            if keep_rows:
+                segment.keep_rows(stacked)
+            segments.append(segment)
+        else:
+            dense = torch.cat([t for t in run if isinstance(t, torch.Tensor)])
+            segments.append(DenseWeight(dense.to(device)))
+    owner.quantize(segments)
+
+
+def _runs(pieces: list[Int4Planes | torch.Tensor]) -> list[list[Int4Planes | torch.Tensor]]:
+    """Consecutive pieces that can share one segment: planes of one format, or floats."""
+    runs: list[list[Int4Planes | torch.Tensor]] = []
+    for piece in pieces:
+        key = piece.format if isinstance(piece, Int4Planes) else "dense"
+        last = runs[-1][-1] if runs else None
+        last_key = (
+            None if last is None else last.format if isinstance(last, Int4Planes) else "dense"
+        )
+        if runs and key == last_key:
+            runs[-1].append(piece)
+        else:
+            runs.append([piece])
+    return runs
+
+
 def _reject_unknown(
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor | QuantizedTensor],
     layout: dict[str, tuple[CheckpointTensor, ...]],
     config: ModelConfig,
     source: str,

@@ -1,0 +1,233 @@
+"""A weight matrix kept as 4-bit planes, multiplied by torch's int4 kernels.
+
+``Int4Weight.matmul(x)`` is ``x @ W.T``:
+
+- **Few rows** (decode steps, an LM head over the sampled rows): torch's weight-only int4
+  kernel, which reads the 4-bit codes and their bf16 scales and never widens ``W``. On the
+  CPU it is vectorized for bf16 activations only (float32 runs a scalar loop, 30x slower),
+  so ``x`` goes in as bf16 and the result, bf16, is widened back. SmolLM2's MLP up
+  projection, 3072 x 576, batch 1 on one core: 81 us against 259 us for float32 and 147 us
+  for bf16 GEMMs over the same matrix widened (a decode step streams every weight once).
+- **Many rows** (prefill chunks, large decode batches): the kernel's cost grows by about
+  40 us per row for that matrix, a GEMM's hardly at all (512 rows: kernel 25.9 ms, bf16
+  GEMM 1.5 ms). So past ``WIDEN_MIN_ROWS_*`` rows the matrix is widened for this one call,
+  a chunk of rows at a time into a temporary, and multiplied by a bf16 GEMM (float32 on
+  CPUs without native bf16). Peak memory grows by one chunk, not by the model.
+
+On CUDA the same planes go to tinygemm (``_weight_int4pack_mm``), which handles every batch
+size itself.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import torch
+from torch import nn
+
+from kvflow.engine_worker.model.quant.cpu_layout import cpu_layout, pack
+from kvflow.engine_worker.model.quant.native import native_widener
+from kvflow.engine_worker.model.quant.planes import Int4Planes
+
+#: From this many rows of ``x`` on, widen and GEMM instead of the kernel (CPU). The kernel
+#: costs about 22 ps a weight per row (40 us a row for 3072 x 576 on one core), a bf16 GEMM
+#: far less; widening costs about 0.3 ns a weight natively (``native.py``), 1.5 with torch
+#: ops: they cross near 16 rows and near 100 rows.
+WIDEN_MIN_ROWS_NATIVE = 48
+WIDEN_MIN_ROWS_TORCH = 128
+#: Rows of ``W`` widened at once, and the length of the widened ``W.T``'s rows: 1 Ki keeps
+#: a block's 128-byte writes (one per column) on a few pages, and the temporary small (8 MiB
+#: for 4 Ki columns in bf16; a 128 k-token LM head would be 1 GiB whole). 3 Ki rows at a
+#: time widened 20 % slower on SmolLM2's shapes.
+WIDEN_CHUNK_ROWS = 1024
+#: The kernels' N must be a multiple of 16 (CPU) and 8 (CUDA): rows are padded to it.
+_ROW_ALIGN = 16
+
+
+class Int4Weight(nn.Module):
+    """``W [rows, cols]`` as packed 4-bit planes plus bf16 scales and zeros per group."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor
+    row_codes: torch.Tensor | None
+
+    def __init__(self, planes: Int4Planes, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.rows, self.cols = planes.rows, planes.cols
+        self.num_planes, self.group_size = planes.num_planes, planes.group_size
+        self.device = torch.device(device)
+        padded = -(-self.rows // _ROW_ALIGN) * _ROW_ALIGN
+        self.padded_rows = padded
+        codes = torch.from_numpy(np.ascontiguousarray(planes.codes))
+        scales = torch.from_numpy(np.ascontiguousarray(planes.scales))
+        zeros = torch.from_numpy(np.ascontiguousarray(planes.zeros))
+        if padded != self.rows:  # code 8 with scale and zero 0 is a weight of 0
+            extra = padded - self.rows
+            codes = torch.cat([codes, torch.full((extra, codes.shape[1]), 8, dtype=torch.uint8)])
+            scales = torch.cat([scales, scales.new_zeros(extra, scales.shape[1])])
+            zeros = torch.cat([zeros, zeros.new_zeros(extra, zeros.shape[1])])
+        # [groups, rows, 2] bf16: the kernels' scale-and-zero tensor.
+        scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).to(torch.bfloat16)
+        self.register_buffer("scales_zeros", scales_zeros.contiguous().to(self.device))
+        self.row_codes = None
+        if self.device.type == "cuda":
+            self.register_buffer("packed", _pack_cuda(codes.to(self.device)))
+            # tinygemm's tiles are not read back here: rows come from a plain copy
+            # (embeddings only; see ``keep_rows``).
+        else:
+            self.register_buffer("packed", pack(codes))
+
+    def keep_rows(self, planes: Int4Planes) -> None:
+        """Keep the codes in plain row order too, for ``take_rows`` on CUDA (an embedding)."""
+        if self.device.type == "cuda":
+            codes = torch.from_numpy(np.ascontiguousarray(planes.codes)).to(self.device)
+            self.register_buffer("row_codes", codes)
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.row_codes is None else self.row_codes.nbytes
+        return self.packed.nbytes + self.scales_zeros.nbytes + extra
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [M, cols] @ W.T`` -> ``[M, rows]`` in ``x``'s dtype."""
+        assert x.shape[-1] == self.cols, (x.shape, self.cols)
+        if self.device.type == "cpu" and x.shape[0] >= _widen_min_rows():
+            return self._matmul_widened(x)
+        xb = x.to(torch.bfloat16)
+        if self.num_planes > 1:  # every plane multiplies the same x
+            xb = xb.repeat(1, self.num_planes)
+        xb = xb.contiguous()
+        out: torch.Tensor
+        if self.device.type == "cuda":
+            out = torch.ops.aten._weight_int4pack_mm(
+                xb, self.packed, self.group_size, self.scales_zeros
+            )
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xb, self.packed, self.group_size, self.scales_zeros
+            )
+        if self.padded_rows != self.rows:
+            out = out[:, : self.rows]
+        return out.to(x.dtype)
+
+    def _matmul_widened(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` through ``W.T`` widened, ``WIDEN_CHUNK_ROWS`` rows of ``W`` at a time
+        (CPU, many rows of ``x``): at most one chunk is ever wide."""
+        wide = _cpu_gemm_dtype()
+        widener = native_widener()
+        xw = x.to(wide)
+        layout = cpu_layout()
+        chunk = max(layout.block_n, WIDEN_CHUNK_ROWS // layout.block_n * layout.block_n)
+        outs = []
+        for row0 in range(0, self.padded_rows, chunk):
+            row1 = min(row0 + chunk, self.padded_rows)
+            if widener is not None and row1 - row0 >= layout.block_n:
+                whole = (row1 - row0) // layout.block_n * layout.block_n
+                w_t = torch.empty(self.cols, row1 - row0, dtype=wide)
+                widener(
+                    self.packed, self.scales_zeros, w_t, self.padded_rows, self.cols,
+                    self.num_planes, self.group_size, layout.block_n, int(layout.interleaved),
+                    row0, row0 + whole,
+                )  # fmt: skip
+                if whole < row1 - row0:  # a partial last block
+                    w_t[:, whole:] = self.take_rows(torch.arange(row0 + whole, row1)).T.to(wide)
+                outs.append(xw @ w_t)
+            else:
+                outs.append(xw @ self.widened_t(wide, row0, row1))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out[:, : self.rows].to(x.dtype)
+
+    def take_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``W[ids]`` ``[len(ids), cols]`` in float32 (an embedding lookup)."""
+        if self.device.type == "cuda":
+            assert self.row_codes is not None, "call keep_rows() for take_rows on CUDA"
+            codes = self.row_codes[ids]
+        else:
+            codes = cpu_layout().read_rows(
+                self.packed, ids, self.padded_rows, self.num_planes * self.cols
+            )
+        sz = self.scales_zeros[:, ids].float().transpose(0, 1).contiguous()  # [T, groups, 2]
+        return self._widen(codes, sz[..., 0], sz[..., 1])
+
+    def widened_t(self, dtype: torch.dtype, row0: int = 0, row1: int | None = None) -> torch.Tensor:
+        """Rows ``[row0, row1)`` of ``W`` as ``W.T`` with torch ops: ``[cols, row1 - row0]``
+        in ``dtype`` (CPU; ``row0`` a multiple of the layout's block). Unpack, convert,
+        scale and shift: about 1.5 ns a weight on one core, against 0.1 for the native
+        widener (``native.py``), which this stands in for.
+
+        Planes are summed in float32: Q6_K's top plane scales by 4096 d and its zero
+        cancels most of it, so planes rounded to bf16 one by one would err by 8 d.
+        """
+        layout = cpu_layout()
+        row1 = self.padded_rows if row1 is None else row1
+        assert row0 % layout.block_n == 0, row0
+        width = self.num_planes * self.cols
+        full = (row1 - row0) // layout.block_n
+        codes_t = layout.read_full_blocks(self.packed, width, full, row0 // layout.block_n)
+        covered = row0 + full * layout.block_n
+        if covered < row1:
+            tail = torch.arange(covered, row1)
+            tail_codes = layout.read_rows(self.packed, tail, self.padded_rows, width)
+            codes_t = torch.cat([codes_t, tail_codes.T], dim=1)
+        groups = width // self.group_size
+        # (c - 8) * s + z as c * s + (z - 8 s), with s and z - 8 s made contiguous (small:
+        # a pair per group of 32), then two passes over the codes in ``dtype`` alone: a
+        # mixed uint8-by-bf16 addcmul runs 3-10x slower than converting first.
+        step = dtype if self.num_planes == 1 else torch.float32
+        sz = self.scales_zeros[:, row0:row1].to(torch.float32)
+        scales = sz[..., 0].to(step).unsqueeze(1)  # [groups, 1, rows]
+        shifts = (sz[..., 1] - 8 * sz[..., 0]).to(step).unsqueeze(1)
+        widened = codes_t.to(step).view(groups, self.group_size, row1 - row0)
+        widened.mul_(scales).add_(shifts)
+        planes = widened.view(self.num_planes, self.cols, row1 - row0)
+        return planes[0] if self.num_planes == 1 else planes.sum(dim=0).to(dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """``W`` ``[rows, cols]`` in float32 (tests, ``--quantization none`` arms)."""
+        if self.device.type == "cuda":
+            return self.take_rows(torch.arange(self.rows, device=self.device))
+        return self.widened_t(torch.float32)[:, : self.rows].T.contiguous()
+
+    def _widen(
+        self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+    ) -> torch.Tensor:
+        """Codes ``[T, planes * cols]`` with their groups' scales and zeros ``[T, groups]``
+        -> ``[T, cols]`` float32, the planes summed: ``c * s + (z - 8 s)`` in one pass."""
+        count = codes.shape[0]
+        shifts = torch.addcmul(zeros, scales, scales.new_full((), -8.0))
+        grouped = codes.view(count, -1, self.group_size).to(torch.float32)
+        weights = torch.addcmul(shifts.unsqueeze(-1), grouped, scales.unsqueeze(-1))
+        if self.num_planes == 1:
+            return weights.view(count, self.cols)
+        return weights.view(count, self.num_planes, self.cols).sum(dim=1)
+
+
+@cache
+def _widen_min_rows() -> int:
+    return WIDEN_MIN_ROWS_TORCH if native_widener() is None else WIDEN_MIN_ROWS_NATIVE
+
+
+@cache
+def _cpu_gemm_dtype() -> torch.dtype:
+    """bf16 where the CPU multiplies it natively (about 4x float32's GEMMs with AMX or
+    AVX512-BF16); float32 elsewhere, where bf16 GEMMs are emulated."""
+    from pathlib import Path
+
+    from kvflow.engine_worker.auto_dtype import CPU_BF16_FLAGS, cpu_flags
+
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        flags = frozenset()
+    return torch.bfloat16 if CPU_BF16_FLAGS & flags else torch.float32
+
+
+def _pack_cuda(codes: torch.Tensor) -> torch.Tensor:
+    """tinygemm's layout: two codes a byte, the even column in the high nibble, then
+    ``_convert_weight_to_int4pack`` with the widest inner K tiling that divides K."""
+    width = codes.shape[1]
+    pairs = ((codes[:, ::2] << 4) | codes[:, 1::2]).contiguous()
+    inner = next(t for t in (8, 4, 2) if width % (t * 16) == 0)
+    packed: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack(pairs, inner)
+    return packed

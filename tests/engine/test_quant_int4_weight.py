@@ -1,0 +1,155 @@
+"""4-bit planes in torch's CPU int4 layout: read back exactly, multiplied within bf16's error.
+
+The reference for every product is float64 over the planes' own weights, with the scales
+and zeros rounded to bf16 as the kernels hold them. ``Int4Weight`` computes in bf16 (the
+kernel's activations and output; the widened path's GEMM), so an output may err by a few
+bf16 roundings of its terms: the bound used is ``2**-7`` of ``|x| @ |W|.T`` (every term's
+rounding, 2**-9 each for x, the weight and the accumulation, with room) plus ``2**-8`` of
+the output itself (its own rounding to bf16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from kvflow.engine_worker.model.quant import int4_weight, native
+from kvflow.engine_worker.model.quant.cpu_layout import cpu_layout, pack
+from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
+from kvflow.engine_worker.model.quant.planes import Int4Planes
+
+
+def planes(rows: int, cols: int, num_planes: int, group: int = 32, seed: int = 0) -> Int4Planes:
+    rng = np.random.default_rng(seed)
+    width = num_planes * cols
+    return Int4Planes(
+        codes=rng.integers(0, 16, (rows, width), dtype=np.uint8),
+        scales=rng.uniform(0.001, 0.02, (rows, width // group)).astype(np.float32),
+        zeros=rng.uniform(-0.1, 0.1, (rows, width // group)).astype(np.float32),
+        group_size=group,
+        num_planes=num_planes,
+    )
+
+
+def exact_weights(p: Int4Planes) -> torch.Tensor:
+    """W in float64 from the planes with bf16 scales and zeros (what the kernels hold)."""
+    rounded = Int4Planes(
+        p.codes,
+        torch.from_numpy(p.scales).bfloat16().double().numpy(),
+        torch.from_numpy(p.zeros).bfloat16().double().numpy(),
+        p.group_size,
+        p.num_planes,
+    )
+    return torch.from_numpy(rounded.dequantize().astype(np.float64))
+
+
+def assert_product(got: torch.Tensor, x: torch.Tensor, weights: torch.Tensor) -> None:
+    want = x.double() @ weights.T
+    bound = 2**-7 * (x.double().abs() @ weights.abs().T) + 2**-8 * want.abs()
+    excess = (got.double() - want).abs() - bound
+    assert excess.max() <= 0, f"error above the bf16 bound by {excess.max():.3g}"
+
+
+@pytest.fixture(params=["native", "torch"])
+def widener(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Both ways of widening for large batches: compiled C, and torch ops."""
+    native.native_widener.cache_clear()
+    int4_weight._widen_min_rows.cache_clear()
+    if request.param == "torch":
+        monkeypatch.setenv(native.NATIVE_ENV, "0")
+    else:
+        assert native.native_widener() is not None, "this machine has a C compiler: cc"
+    yield request.param
+    native.native_widener.cache_clear()
+    int4_weight._widen_min_rows.cache_clear()
+
+
+@pytest.mark.parametrize("rows", [64, 208, 1008, 1024 + 64 + 48])  # N % 16 == 0: the op's rule
+def test_the_layout_reads_every_code_back(rows: int) -> None:
+    codes = torch.randint(0, 16, (rows, 96), dtype=torch.uint8)
+    packed = pack(codes)
+    layout = cpu_layout()
+    np.testing.assert_array_equal(
+        layout.read_rows(packed, torch.arange(rows), rows, 96).numpy(), codes.numpy()
+    )
+    picked = torch.tensor([rows - 1, 0, rows // 2, 17])
+    assert torch.equal(layout.read_rows(packed, picked, rows, 96), codes[picked])
+    full = rows // layout.block_n
+    assert torch.equal(layout.read_full_blocks(packed, 96, full), codes[: full * layout.block_n].T)
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "num_planes", "group"),
+    [(192, 256, 1, 32), (200, 256, 2, 32), (1100, 512, 4, 256), (64, 64, 1, 64)],
+)
+@pytest.mark.parametrize("batch", [1, 3, 16, 200])
+def test_products_at_every_batch_size_stay_within_bf16(
+    widener: str, rows: int, cols: int, num_planes: int, group: int, batch: int
+) -> None:
+    p = planes(rows, cols, num_planes, group)
+    weight = Int4Weight(p)
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
+    got = weight.matmul(x)
+    assert got.shape == (batch, rows) and got.dtype == torch.float32
+    assert_product(got, x, exact_weights(p))
+
+
+def test_large_batches_widen_and_small_ones_use_the_kernel(
+    widener: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+    def counting(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", counting)
+    weight = Int4Weight(planes(128, 64, 1))
+    threshold = int4_weight._widen_min_rows()
+    weight.matmul(torch.randn(threshold - 1, 64))
+    assert calls == [1]
+    weight.matmul(torch.randn(threshold, 64))
+    assert calls == [1], "a batch at the threshold is widened, not sent to the kernel"
+
+
+def test_the_native_widener_is_exact_in_float32() -> None:
+    widen = native.native_widener()
+    assert widen is not None
+    p = planes(256 + 64, 128, 2)
+    weight = Int4Weight(p)
+    layout = cpu_layout()
+    out = torch.empty(128, 256, dtype=torch.float32)  # two blocks of 64... and more
+    widen(
+        weight.packed, weight.scales_zeros, out, weight.padded_rows, 128, 2, 32,
+        layout.block_n, int(layout.interleaved), 0, 256,
+    )  # fmt: skip
+    torch.testing.assert_close(out.double(), exact_weights(p)[:256].T, rtol=1e-6, atol=1e-7)
+
+
+def test_rows_and_the_whole_matrix_come_back_in_float32() -> None:
+    p = planes(200, 96, 2)
+    weight = Int4Weight(p)
+    exact = exact_weights(p)
+    ids = torch.tensor([199, 0, 64, 65, 130])
+    torch.testing.assert_close(weight.take_rows(ids).double(), exact[ids], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(weight.dequantize().double(), exact, rtol=1e-6, atol=1e-7)
+    assert weight.nbytes == weight.packed.nbytes + weight.scales_zeros.nbytes
+    # 4 bits a code, 2 planes, plus a bf16 scale and zero per 32 codes; rows padded to 208.
+    assert weight.nbytes == 208 * 2 * 96 // 2 + 208 * 2 * 96 // 32 * 4
+
+
+@pytest.mark.gpu
+def test_cuda_products_match_the_cpu_ones() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; not run here")
+    p = planes(512, 256, 2)
+    cpu, gpu = Int4Weight(p), Int4Weight(p, "cuda")
+    gpu.keep_rows(p)
+    x = torch.randn(7, 256)
+    assert_product(gpu.matmul(x.cuda()).cpu(), x, exact_weights(p))
+    ids = torch.tensor([3, 500])
+    torch.testing.assert_close(gpu.take_rows(ids.cuda()).cpu(), cpu.take_rows(ids))

@@ -51,6 +51,7 @@ def sample_specs() -> list[tuple[str, dict[str, Any]]]:
 
 SPECS = [
     ("minimal", {"model": {"servedName": "m"}}),
+    ("tensor-parallel", {"model": {"servedName": "m"}, "colocated": {"gpusPerPod": 3}}),
     (
         "weights",
         {

@@ -208,6 +208,7 @@ def test_gpu_worker_requests_gpus_and_gets_shared_memory_and_the_model_volume() 
     }
     args = container["args"]
     assert args[args.index("--device") + 1] == "cuda"
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"  # the model over both GPUs
     assert args[args.index("--model") + 1] == "/models/llama"
     assert {v["name"]: v for v in pod["volumes"]}["model"] == {
         "name": "model",

@@ -70,10 +70,26 @@ def test_a_plain_spec_has_no_problems() -> None:
             {"mode": "disaggregated", "prefill": {}},
             ["mode disaggregated needs both prefill and decode"],
         ),
+        (
+            {"colocated": {"gpusPerPod": 2}},
+            ["colocated.gpusPerPod 2: the built-in SmolLM2-135M-Instruct (9 attention heads, "
+             "3 KV heads) splits over 1 or 3 GPUs only"],
+        ),
+        (
+            {"mode": "disaggregated", "kvTransport": "nccl", "prefill": {"gpusPerPod": 2},
+             "decode": {"gpusPerPod": 1}},
+            ["prefill.gpusPerPod 2: a prefill or decode worker runs on one GPU (KV transfers "
+             "move one rank's blocks); split the model in a colocated pool, or set gpusPerPod 1"],
+        ),
     ],
 )  # fmt: skip
 def test_problems_say_what_to_change(overrides: dict[str, Any], expected: list[str]) -> None:
     assert problems(**overrides) == expected
+
+
+def test_gpus_that_split_the_model_evenly_pass() -> None:
+    assert problems(colocated={"gpusPerPod": 3}) == []  # SmolLM2's 9 and 3 heads divide by 3
+    assert problems(model={"servedName": "m", "path": "/m"}, colocated={"gpusPerPod": 4}) == []
 
 
 def test_the_kv_cache_may_exceed_host_memory_on_gpus() -> None:

@@ -35,7 +35,7 @@ class PagedSteps:
         shape = kv_cache_shape(
             num_blocks=num_blocks,
             block_size=block_size,
-            num_kv_heads=config.num_key_value_heads,
+            num_kv_heads=model.layers[0].self_attn.num_kv_heads,  # this rank's, under TP
             head_dim=config.head_dim,
         )
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
@@ -46,7 +46,8 @@ class PagedSteps:
 
     @torch.inference_mode()
     def step(self, chunks: Mapping[Seq, Sequence[int]]) -> dict[Seq, torch.Tensor]:
-        """Run one forward over ``chunks`` (sequence -> its next tokens); float32 logits each."""
+        """Run one forward over ``chunks`` (sequence -> its next tokens); float32 logits each
+        (an empty dict on a tensor-parallel rank other than 0, which gets no logits)."""
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens, context_lens, tables = [], [], []
@@ -71,4 +72,6 @@ class PagedSteps:
         ids = torch.tensor(input_ids, dtype=torch.int64)
         hidden = self.model(ids, torch.tensor(positions, dtype=torch.int64), self.kv_caches, meta)
         logits = self.model.compute_logits(hidden)
+        if logits is None:
+            return {}
         return dict(zip(chunks, torch.split(logits, query_lens), strict=True))

@@ -196,6 +196,14 @@ def _parser() -> argparse.ArgumentParser:
         "with AVX512-BF16 or AMX; a GGUF, the built-in model among them, in float32)",
     )
     p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="split each worker's model over this many ranks (processes on this machine's "
+        "cores, or GPUs with --device cuda); colocated workers only",
+    )
+    p.add_argument(
         "--quantization",
         choices=("auto", "none"),
         default="auto",
@@ -226,6 +234,7 @@ def _start_workers(
         worker_args = ["worker", "--port", "0", "--metrics-port", "0", "--kv-port", "0",
                        "--role", role, "--kv-cache-gib", str(args.kv_cache_gib),
                        "--dtype", args.dtype, "--quantization", args.quantization,
+                       "--tensor-parallel-size", str(args.tensor_parallel_size),
                        *common]  # fmt: skip
         if args.simulate:
             worker_args.append("--simulate")

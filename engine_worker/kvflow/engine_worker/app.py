@@ -53,9 +53,31 @@ class BuiltWorker:
     engine: Engine
     info: pb.WorkerInfo
     runner: BlockRunner
+    ranks: TensorParallelRanks | None = None  # the ranks this worker leads (tp/leader.py)
+
+    def problem(self) -> str | None:
+        """Why the runner cannot compute (a tensor-parallel rank that exited), or None."""
+        return None if self.ranks is None else self.ranks.followers.problem()
+
+    def close(self) -> None:
+        """Stop what the worker started (its tensor-parallel ranks)."""
+        if self.ranks is not None:
+            self.ranks.close()
 
 
-def _num_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
+class _Followers(Protocol):
+    def problem(self) -> str | None: ...
+
+
+class TensorParallelRanks(Protocol):
+    """What the worker holds of the ranks it leads (``tp.leader.LeaderGroup``)."""
+
+    followers: _Followers
+
+    def close(self) -> None: ...
+
+
+def num_kv_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
     if settings.num_kv_blocks is not None:
         return settings.num_kv_blocks
     num = int(settings.kv_cache_gib * GIB // bytes_per_block)
@@ -77,7 +99,7 @@ def _simulated_geometry(settings: WorkerSettings) -> tuple[StepTiming, int, int]
     )
     if settings.sim_profile is None:
         per_block = SIM_BYTES_PER_BLOCK_PER_TOKEN * settings.block_size
-        return legacy, per_block, _num_blocks(settings, per_block)
+        return legacy, per_block, num_kv_blocks(settings, per_block)
     if not legacy.is_zero:
         raise SystemExit("--sim-profile sets the step timing: drop the --sim-*-ms flags")
     try:
@@ -91,6 +113,24 @@ def _simulated_geometry(settings: WorkerSettings) -> tuple[StepTiming, int, int]
     return profile.timing, per_block, num_blocks
 
 
+def _start_tensor_parallel(settings: WorkerSettings) -> Any:
+    """Check the model splits, then spawn the other ranks and form the group with them."""
+    import torch
+
+    from kvflow.engine_worker.model.errors import ModelLoadError
+    from kvflow.engine_worker.model.loader import model_config
+    from kvflow.engine_worker.model.shard import tensor_parallel_problem
+    from kvflow.engine_worker.tp.leader import start_ranks, threads_per_rank
+
+    size = settings.tensor_parallel_size
+    problem = tensor_parallel_problem(model_config(settings.model), size)
+    if problem is not None:
+        raise ModelLoadError(problem)
+    if not settings.device.startswith("cuda"):
+        torch.set_num_threads(threads_per_rank(size))
+    return start_ranks(settings)
+
+
 def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = None) -> BuiltWorker:
     """Load the model (or the simulator) and size the KV cache; slow for a real model.
 
@@ -98,6 +138,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
     several engines over one model).
     """
     runner: BlockRunner
+    leader = None
     if settings.simulate:
         name = settings.served_model_name or "simulated"
         vocab, eos, model_len = SIM_VOCAB_SIZE, SIM_EOS_TOKEN_IDS, SIM_MAX_MODEL_LEN
@@ -110,82 +151,31 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             block_size=settings.block_size,
         )
     else:
-        import torch  # only a real worker pays for torch
+        from kvflow.engine_worker.torch_worker import load_weights_for, make_runner
 
-        from kvflow.engine_worker.auto_dtype import machine_dtype
-        from kvflow.engine_worker.model.loader import load_model
-        from kvflow.engine_worker.runner import TorchModelRunner, kv_bytes_per_block
-        from kvflow.engine_worker.sampler import Sampler
+        if settings.tensor_parallel_size > 1 and loaded is None:
+            leader = _start_tensor_parallel(settings)
+        try:
+            model, config, dtype = load_weights_for(
+                settings, loaded, tp=None if leader is None else leader.group.ranks
+            )
+            name = settings.served_model_name or config.name
+            vocab, eos, model_len = (
+                config.vocab_size,
+                config.eos_token_ids,
+                config.max_position_embeddings,
+            )
+            local, per_block, num_blocks = make_runner(settings, model, config, dtype, rank=0)
+            runner = local
+            if leader is not None:
+                from kvflow.engine_worker.tp.leader import LOAD_TIMEOUT_S, TensorParallelRunner
 
-        if loaded is None:
-            dtype_name, why = machine_dtype(settings.dtype, settings.device, settings.model)
-        else:  # the weights already have a dtype: the engine takes theirs
-            dtype_name, why = (
-                str(next(loaded[0].parameters()).dtype).removeprefix("torch."),
-                "loaded",
-            )
-            if settings.dtype not in ("auto", dtype_name):
-                raise ValueError(f"dtype {settings.dtype} asked of a model loaded in {dtype_name}")
-        dtype = getattr(torch, dtype_name)
-        started = time.monotonic()
-        log.info(
-            "loading model %s on %s (%s; %s)",
-            settings.model or "SmolLM2-135M-Instruct (built-in)",
-            settings.device,
-            dtype_name,
-            why,
-        )
-        if loaded is None:
-            loaded = load_model(
-                settings.model,
-                dtype=dtype,
-                device=settings.device,
-                quantization=settings.quantization,
-            )
-        model, config = loaded
-        held = model.weight_bytes() if hasattr(model, "weight_bytes") else {}
-        log.info(
-            "model %s loaded in %.1f s; weights hold %s",
-            config.name,
-            time.monotonic() - started,
-            ", ".join(f"{n / 2**20:.1f} MiB {kind}" for kind, n in sorted(held.items())) or "?",
-        )
-        name = settings.served_model_name or config.name
-        vocab, eos, model_len = (
-            config.vocab_size,
-            config.eos_token_ids,
-            config.max_position_embeddings,
-        )
-        per_block = kv_bytes_per_block(
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim,
-            block_size=settings.block_size,
-            dtype=dtype,
-        )
-        num_blocks = _num_blocks(settings, per_block)
-        runner = TorchModelRunner(
-            model,
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim,
-            num_blocks=num_blocks,
-            block_size=settings.block_size,
-            dtype=dtype,
-            device=settings.device,
-            sampler=Sampler(
-                settings.device, default_seed=settings.seed, eos_token_ids=config.eos_token_ids
-            ),
-            decode_workspace_bytes=int(settings.resolved_decode_workspace_gib() * GIB),
-            decode_graph_batch=settings.max_num_seqs if settings.cuda_graphs else 0,
-            max_model_len=min(settings.max_model_len or model_len, model_len),
-        )
-        log.info(
-            "KV cache: %d blocks of %d tokens (%.2f GiB)",
-            num_blocks,
-            settings.block_size,
-            num_blocks * per_block / GIB,
-        )
+                leader.group.wait_ready(leader.followers.problem, LOAD_TIMEOUT_S)
+                runner = TensorParallelRunner(local, leader)
+        except BaseException:
+            if leader is not None:
+                leader.close()
+            raise
 
     max_model_len = min(settings.max_model_len or model_len, model_len)
     hash_seed = make_hash_seed(name, f"vocab={vocab}")
@@ -220,7 +210,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
         kv_transport=KV_TRANSPORTS[KvTransportKind(settings.resolved_kv_transport())],
         prefix_caching=settings.enable_prefix_caching,
     )
-    return BuiltWorker(engine, info, runner)
+    return BuiltWorker(engine, info, runner, leader)
 
 
 def advertised_host(settings: WorkerSettings) -> str:
@@ -249,13 +239,15 @@ async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
     kv = start_kv_agent(settings, built.info.instance_id)
+    heartbeat = EngineHeartbeat(settings.engine_stall_timeout_s)
+    heartbeat.also_check(built.problem)
     loop = EngineLoop(
         built.engine,
         on_step=metrics.observe_step,
         on_transfer=metrics.observe_transfer,
         kv=kv,
         blocks=built.runner,
-        heartbeat=EngineHeartbeat(settings.engine_stall_timeout_s),
+        heartbeat=heartbeat,
     )
     loop.start()
 
@@ -313,4 +305,5 @@ async def serve(settings: WorkerSettings) -> None:
     http.shutdown()
     loop.stop()
     kv.close()
+    built.close()
     log.info("stopped")

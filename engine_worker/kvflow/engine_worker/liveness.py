@@ -25,9 +25,14 @@ class EngineHeartbeat:
         self._clock = clock
         self._busy_since_s: float | None = None  # None while the thread waits for work
         self._thread: threading.Thread | None = None
+        self._checks: list[Callable[[], str | None]] = []
 
     def watch(self, thread: threading.Thread) -> None:
         self._thread = thread
+
+    def also_check(self, check: Callable[[], str | None]) -> None:
+        """Another reason the engine cannot serve (a tensor-parallel rank that exited)."""
+        self._checks.append(check)
 
     # -- the engine thread ---------------------------------------------------------------
 
@@ -43,6 +48,9 @@ class EngineHeartbeat:
         """Why the engine cannot serve, or None when it can."""
         if self._thread is not None and not self._thread.is_alive():
             return "the engine thread has stopped"
+        for check in self._checks:
+            if (problem := check()) is not None:
+                return problem
         since = self._busy_since_s
         if since is not None:
             busy_s = self._clock() - since

@@ -22,6 +22,7 @@ from kvflow.engine_worker.model.attention import AttentionMetadata, compute_dtyp
 from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, GraphCaptureError
 from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
 from kvflow.engine_worker.sampler import Sampler
+from kvflow.engine_worker.step_inputs import StepInputs, step_inputs
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class PagedModel(Protocol):
         meta: AttentionMetadata,
     ) -> torch.Tensor: ...
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None: ...
 
 
 def kv_bytes_per_block(
@@ -151,12 +152,23 @@ class TorchModelRunner:
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
+        logits = self.forward(step_inputs(output))
+        if logits is None:
+            return {}
+        return self.sample(logits, [s.request for s in output.scheduled if s.samples])
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Run the step's forward pass: every new token's K/V written to its blocks, and the
+        float32 logits of the sequences that sample, in order (None when none samples, or
+        on a tensor-parallel rank other than 0). What every rank runs, from the same
+        ``inputs``."""
         if self.workspace is None:
-            return self._execute(output)
-        for request in output.preempted:  # its blocks are freed; its copy must not outlive them
-            self.workspace.release(request.request_id)
+            return self._forward(inputs)
+        for request_id in inputs.preempted:  # its blocks are freed; its copy must not outlive
+            self.workspace.release(request_id)
         try:
-            return self._execute(output)
+            return self._forward(inputs)
         except BaseException:
             # The plan marked slots filled before the layers filled them.
             self.workspace.reset()
@@ -165,21 +177,21 @@ class TorchModelRunner:
     def _decode_forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+        logits = self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+        assert logits is not None, "CUDA graphs run on one rank"
+        return logits
 
-    def _graph_step(self, output: SchedulerOutput) -> DecodeStep | None:
+    def _graph_step(self, inputs: StepInputs) -> DecodeStep | None:
         """The step as ``DecodeGraphs`` takes it, if it is a pure decode step that fits."""
         assert self.graphs is not None
-        if not output.scheduled or not all(
-            s.num_new_tokens == 1 and s.samples for s in output.scheduled
-        ):
+        if not inputs.seqs or not all(s.num_new_tokens == 1 and s.samples for s in inputs.seqs):
             return None
         bs = self.block_size
         step = DecodeStep([], [], [], [], [])
-        for s in output.scheduled:
+        for s in inputs.seqs:
             position = s.num_computed_tokens
             table = s.block_ids[: position // bs + 1]
-            step.token_ids.append(s.request.token_ids[position])
+            step.token_ids.append(s.new_token_ids[0])
             step.positions.append(position)
             step.slots.append(table[-1] * bs + position % bs)
             step.block_tables.append(table)
@@ -187,40 +199,36 @@ class TorchModelRunner:
         longest = max(len(t) for t in step.block_tables)
         return step if self.graphs.fits(len(step.token_ids), longest) else None
 
-    def _execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
-        if self.graphs is not None and (step := self._graph_step(output)) is not None:
+    def _forward(self, inputs: StepInputs) -> torch.Tensor | None:
+        if self.graphs is not None and (step := self._graph_step(inputs)) is not None:
             try:
-                logits = self.graphs.run(step)
+                return self.graphs.run(step)
             except GraphCaptureError as exc:
                 # Serving goes on without graphs: this step and every later one run eagerly.
                 log.warning("CUDA graphs off from now on, decode steps run eagerly: %s", exc)
                 self.graphs = None
-            else:
-                return self._sample(logits, [s.request for s in output.scheduled])
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens: list[int] = []
         context_lens: list[int] = []
         block_tables: list[list[int]] = []
         sample_rows: list[int] = []
-        sample_requests: list[Request] = []
-        for s in output.scheduled:
+        for s in inputs.seqs:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-            input_ids.extend(s.request.token_ids[start:end])
+            input_ids.extend(s.new_token_ids)
             positions.extend(range(start, end))
             query_lens.append(s.num_new_tokens)
             context_lens.append(end)
             block_tables.append(s.block_ids)
             if s.samples:
                 sample_rows.append(len(input_ids) - 1)
-                sample_requests.append(s.request)
 
         workspace = None
         if self.workspace is not None:
             decodes = [
-                Decode(s.request.request_id, row, ctx, s.block_ids, _final_len(s.request))
+                Decode(s.request_id, row, ctx, s.block_ids, s.final_len)
                 for s, row, ctx in zip(
-                    output.scheduled, _first_rows(query_lens), context_lens, strict=True
+                    inputs.seqs, _first_rows(query_lens), context_lens, strict=True
                 )
                 if s.num_new_tokens == 1
             ]
@@ -242,13 +250,13 @@ class TorchModelRunner:
             rows_t = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
         hidden = self.model(ids_t, pos_t, self.kv_caches, meta)
         if not sample_rows:
-            return {}
+            return None
         if rows_t is not None:
             hidden = hidden[rows_t]
         # else every row samples (a pure decode step): no gather of the rows
-        return self._sample(self.model.compute_logits(hidden), sample_requests)
+        return self.model.compute_logits(hidden)
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> dict[str, SampledToken]:
+    def sample(self, logits: torch.Tensor, requests: list[Request]) -> dict[str, SampledToken]:
         tokens = self.sampler.sample(
             logits,
             [r.request_id for r in requests],
@@ -265,10 +273,3 @@ def _first_rows(query_lens: list[int]) -> list[int]:
         rows.append(row)
         row += n
     return rows
-
-
-def _final_len(request: Request) -> int:
-    """The context a request reaches if it runs to max_tokens (its current one if unbounded)."""
-    if request.sampling.max_tokens is None:
-        return request.num_tokens
-    return request.num_prompt_tokens + request.sampling.max_tokens

@@ -35,6 +35,8 @@ class WorkerSettings:
     device: str = "cpu"
     dtype: str = "auto"
     quantization: str = "auto"
+    # Ranks the model splits over (tp/): this process and N - 1 it spawns, one device each.
+    tensor_parallel_size: int = 1
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
@@ -119,6 +121,15 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="auto: a GGUF's quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, "
         "Q6_K) stay quantized and are multiplied by torch's int4 kernels, other types are "
         "refused by name; none: every weight widened to --dtype at load",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=d.tensor_parallel_size,
+        help="split the model over this many devices (cuda:0..N-1 from --device on, or CPU "
+        "processes sharing the cores): heads, MLP and vocabulary divide among the ranks, "
+        "which this worker spawns and leads; one worker to the router",
     )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     p.add_argument(
@@ -239,6 +250,22 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         p.error(str(exc))
     if a.cuda_graphs and not a.device.startswith("cuda"):
         p.error(f"--cuda-graphs needs a CUDA device (--device cuda), not {a.device!r}")
+    if a.tensor_parallel_size < 1:
+        p.error(f"--tensor-parallel-size {a.tensor_parallel_size}: it must be at least 1")
+    if a.tensor_parallel_size > 1:
+        if a.simulate:
+            p.error("--simulate runs no model to split: drop --tensor-parallel-size")
+        if a.cuda_graphs:
+            p.error(
+                "--cuda-graphs does not capture tensor-parallel steps yet: drop one of "
+                "--cuda-graphs and --tensor-parallel-size"
+            )
+        if a.role != "both":
+            p.error(
+                f"--role {a.role} with --tensor-parallel-size: KV transfers between workers "
+                "move one rank's blocks today, not a split cache; run prefill and decode "
+                "workers with --tensor-parallel-size 1, or a colocated worker (--role both)"
+            )
     if a.cuda_graphs and a.decode_workspace_gib:
         p.error(
             "--cuda-graphs replays decode steps without the decode workspace: drop "
@@ -254,6 +281,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         device=a.device,
         dtype=a.dtype,
         quantization=a.quantization,
+        tensor_parallel_size=a.tensor_parallel_size,
         block_size=a.block_size,
         max_num_batched_tokens=a.max_num_batched_tokens,
         max_num_seqs=a.max_num_seqs,

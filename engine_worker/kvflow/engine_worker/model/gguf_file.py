@@ -65,6 +65,15 @@ def read_gguf(path: Path) -> GgufContents:
     return config, tensors, names  # type: ignore[return-value]  # widened: all tensors
 
 
+def read_gguf_config(path: Path) -> ModelConfig:
+    """The config alone (to check a model before loading it)."""
+    try:
+        reader = GGUFReader(str(path))
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {err}") from err
+    return _config(reader, {t.name: t for t in reader.tensors}, path)
+
+
 def read_gguf_tensors(
     path: Path, *, keep_quantized: bool
 ) -> tuple[ModelConfig, GgufTensors, dict[str, str]]:

@@ -6,6 +6,11 @@ lives), so prefill chunks and decodes of many requests share every matrix multip
 
 Q, K and V come from one fused projection and the MLP's gate and up from another: fewer,
 larger matmuls. ``weights.py`` maps a checkpoint's separate tensors onto them.
+
+Under tensor parallelism (``tensor_parallel.py``, ``shard.py``) each rank builds the same
+model with its slice of every dimension that splits: its heads, its share of the MLP, its
+share of the vocabulary. Partial results meet in three sums a layer can need (after the
+attention output and the down projection; the embedding's) and one gather of the logits.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.linear import Embedding, Linear, head_logits
 from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 from kvflow.engine_worker.model.rope import RotaryEmbedding, Rotation
+from kvflow.engine_worker.model.shard import Shard
+from kvflow.engine_worker.model.tensor_parallel import SingleRank, TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -50,12 +57,14 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """The attention block's weights; ``DecoderLayer.forward`` runs them."""
+    """The attention block's weights (this rank's heads); ``DecoderLayer.forward`` runs them."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard
+    ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = config.num_attention_heads // shard.size
+        self.num_kv_heads = config.num_key_value_heads // shard.size
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         self.q_size = self.num_heads * self.head_dim
@@ -68,21 +77,27 @@ class Attention(nn.Module):
             dtype=dtype,
             device=device,
         )
+        # Row-parallel: the ranks' products are summed, so rank 0 alone adds the bias.
+        o_bias = config.o_bias and shard.rank == 0
         self.o_proj = Linear(
-            self.q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device
+            self.q_size, config.hidden_size, bias=o_bias, dtype=dtype, device=device
         )
 
 
 class MLP(nn.Module):
-    """SwiGLU's weights, ``down(silu(gate(x)) * up(x))``; ``DecoderLayer.forward`` runs them."""
+    """SwiGLU's weights (this rank's share of the width), ``down(silu(gate(x)) * up(x))``;
+    ``DecoderLayer.forward`` runs them."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard
+    ) -> None:
         super().__init__()
-        size, hidden = config.intermediate_size, config.hidden_size
+        size, hidden = config.intermediate_size // shard.size, config.hidden_size
         self.gate_up_proj = Linear(
             hidden, 2 * size, bias=config.mlp_bias, dtype=dtype, device=device
         )
-        self.down_proj = Linear(size, hidden, bias=config.mlp_bias, dtype=dtype, device=device)
+        down_bias = config.mlp_bias and shard.rank == 0
+        self.down_proj = Linear(size, hidden, bias=down_bias, dtype=dtype, device=device)
 
 
 def _project(x: torch.Tensor, proj: Linear) -> torch.Tensor:
@@ -92,9 +107,17 @@ def _project(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     return proj.forward(x)
 
 
-def _add_projected(residual: torch.Tensor, x: torch.Tensor, proj: Linear) -> torch.Tensor:
-    """``residual + proj(x)``; dense, as one ``addmm``: the residual add rides in the GEMM."""
-    return proj.add_to(residual, x)
+def _add_projected(
+    residual: torch.Tensor, x: torch.Tensor, proj: Linear, tp: TensorParallel
+) -> torch.Tensor:
+    """``residual + proj(x)``; dense, as one ``addmm``: the residual add rides in the GEMM.
+
+    Row-parallel over several ranks: every rank's partial product is summed, rank 0's
+    carrying the residual (once) and the bias."""
+    if tp.size == 1:
+        return proj.add_to(residual, x)
+    out = proj.add_to(residual, x) if tp.rank == 0 else proj.forward(x)
+    return tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
@@ -108,13 +131,21 @@ class DecoderLayer(nn.Module):
     and K and V handed to the cache as the one slice of it they already are.
     """
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp: TensorParallel,
+    ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
+        shard = Shard(tp.rank, tp.size)
+        self.tp = tp
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(config, dtype, device)
+        self.self_attn = Attention(config, dtype, device, shard)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = MLP(config, dtype, device)
+        self.mlp = MLP(config, dtype, device, shard)
 
     def forward(
         self,
@@ -133,11 +164,11 @@ class DecoderLayer(nn.Module):
         # K then V of every head: one token's row of the cache, as it stores them.
         kv = qkv[:, attn.q_size :].view(num_tokens, 2, attn.num_kv_heads, attn.head_dim)
         out = paged_attention(q, kv, kv_cache, meta, attn.scale)
-        x = _add_projected(x, out.reshape(num_tokens, -1), attn.o_proj)
+        x = _add_projected(x, out.reshape(num_tokens, -1), attn.o_proj, self.tp)
 
         gate_up = _project(self.post_attention_layernorm.forward(x), mlp.gate_up_proj)
         gate, up = gate_up.chunk(2, dim=-1)
-        return _add_projected(x, F.silu(gate).mul_(up), mlp.down_proj)
+        return _add_projected(x, F.silu(gate).mul_(up), mlp.down_proj, self.tp)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -152,21 +183,24 @@ class LlamaForCausalLM(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        tp: TensorParallel | None = None,
     ) -> None:
+        """``tp``: this rank and its group (None: the whole model on one device)."""
         super().__init__()
         dev = torch.device(device)
         self.config = config
-        self.embed_tokens = Embedding(
-            config.vocab_size, config.hidden_size, dtype=dtype, device=dev
-        )
+        self.tp = tp or SingleRank()
+        self.vocab_start, vocab_stop = Shard(self.tp.rank, self.tp.size).part(config.vocab_size)
+        self.vocab_local = vocab_stop - self.vocab_start
+        self.embed_tokens = Embedding(self.vocab_local, config.hidden_size, dtype=dtype, device=dev)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, dev) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, dtype, dev, self.tp) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, dev)
         self.lm_head: Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = Linear(
-                config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=dev
+                config.hidden_size, self.vocab_local, bias=False, dtype=dtype, device=dev
             )
         self.rotary = RotaryEmbedding(config, dev)
 
@@ -187,17 +221,31 @@ class LlamaForCausalLM(nn.Module):
         assert len(kv_caches) == len(self.layers), (
             f"{len(kv_caches)} KV caches for {len(self.layers)} layers"
         )
-        x = self.embed_tokens(input_ids)
+        x = self._embed(input_ids)
         rotation = self.rotary(positions, x.dtype)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = layer(x, rotation, kv_cache, meta.layer(i))
         result: torch.Tensor = self.norm(x)
         return result
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            rows: torch.Tensor = self.embed_tokens(input_ids)
+            return rows
+        # This rank holds the rows of its share of the vocabulary; the others' tokens get
+        # zeros here and their rows from the rank that has them, in the sum.
+        local = input_ids - self.vocab_start
+        held = (local >= 0) & (local < self.vocab_local)
+        mine: torch.Tensor = self.embed_tokens(torch.where(held, local, torch.zeros_like(local)))
+        return self.tp.all_reduce(mine.mul_(held.unsqueeze(-1).to(mine.dtype)))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Float32 logits ``[N, vocab_size]`` of the rows ``[N, hidden_size]`` to sample from
-        (``linear.head_logits`` says how each kind of head computes them)."""
-        return head_logits(hidden, self.embed_tokens if self.lm_head is None else self.lm_head)
+        (``linear.head_logits`` says how each kind of head computes them). Over several
+        ranks each computes its share of the vocabulary and rank 0 gets them all; the other
+        ranks get None."""
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return self.tp.gather_last(head_logits(hidden, head))
 
     def weight_bytes(self) -> dict[str, int]:
         """Bytes the weights hold, by how they are stored: a dtype, or "int4" for packed

@@ -13,6 +13,8 @@ from kvflow.engine_worker.model.errors import ModelLoadError
 from kvflow.engine_worker.model.hf_folder import folder_tensors, read_hf_config
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
 from kvflow.engine_worker.model.quant.gguf_codes import QuantizedTensor
+from kvflow.engine_worker.model.shard import check_tensor_parallel
+from kvflow.engine_worker.model.tensor_parallel import TensorParallel
 from kvflow.engine_worker.model.weights import load_weights
 
 #: Weight dtypes we run and test. float16 would work too but overflows in some
@@ -24,19 +26,38 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 QUANTIZATIONS = ("auto", "none")
 
 
+def model_config(path: str | Path | None) -> ModelConfig:
+    """The config of the model at ``path`` (``None``: the default), read without its weights."""
+    resolved = default_model_path() if path is None else Path(path).expanduser()
+    if resolved.is_dir():
+        return read_hf_config(resolved)
+    if resolved.is_file() and resolved.suffix == ".gguf":
+        from kvflow.engine_worker.model.gguf_file import read_gguf_config
+
+        return read_gguf_config(resolved)
+    raise ModelLoadError(
+        f"model path {resolved} is neither a folder nor a .gguf file"
+        if resolved.exists()
+        else f"model path {resolved} does not exist"
+    )
+
+
 def load_model(
     path: str | Path | None,
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     quantization: str = "auto",
+    tp: TensorParallel | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model at ``path`` (``None``: the default SmolLM2) in ``dtype`` on ``device``.
 
     ``path`` is a Hugging Face folder (``config.json`` + ``*.safetensors``, sharded or not)
     or a ``.gguf`` file, whose quantized matrices stay quantized (``quantization`` "auto")
     or are dequantized to float32 first ("none"; cached, see ``gguf_cache``).
-    Raises ``ModelLoadError`` naming the file, field or tensor at fault.
+    ``tp``: this rank of a tensor-parallel group, which loads its slice of the weights
+    (None: the whole model). Raises ``ModelLoadError`` naming the file, field or tensor at
+    fault, or why the model does not split over ``tp``'s ranks.
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ModelLoadError(
@@ -69,7 +90,9 @@ def load_model(
     else:
         raise ModelLoadError(f"model path {resolved} does not exist")
 
-    model = LlamaForCausalLM(config, dtype=dtype, device=device)
+    if tp is not None:
+        check_tensor_parallel(config, tp.size, str(resolved))
+    model = LlamaForCausalLM(config, dtype=dtype, device=device, tp=tp)
     load_weights(model, tensors, source=str(resolved), describe=describe)
     model.eval()
     model.requires_grad_(False)

@@ -6,6 +6,10 @@ sides. Our fused parameters are the checkpoint's tensors stacked along dim 0: ``
 is q, k, v and ``gate_up_proj`` is gate, up. Every shape is checked against the config
 before a byte is copied, so a checkpoint that disagrees with its config fails by name.
 
+Under tensor parallelism a rank takes a slice of each split tensor (``CheckpointTensor``'s
+``rows`` or ``cols``, from ``shard.py``'s rules): of a quantized matrix too, whose columns
+split only at its groups' edges.
+
 A matrix still in a GGUF's quantized blocks (``QuantizedTensor``) becomes 4-bit planes
 (``quant/planes.py``) held by its ``Linear`` or ``Embedding`` as ``Int4Weight`` segments:
 parts of one format stacked into one segment, a part stored otherwise (or in float) a
@@ -27,6 +31,7 @@ from kvflow.engine_worker.model.llama import LlamaForCausalLM
 from kvflow.engine_worker.model.quant.gguf_codes import QuantizedTensor
 from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 from kvflow.engine_worker.model.quant.planes import Int4Planes, stack_rows, to_planes
+from kvflow.engine_worker.model.shard import Shard
 
 #: Tensors some checkpoints carry that we derive instead (RoPE's table).
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -34,34 +39,63 @@ _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclass(frozen=True)
 class CheckpointTensor:
+    """A checkpoint tensor (``shape``: as the checkpoint holds it) and the slice of it this
+    rank takes: ``rows`` and ``cols`` as ``(start, stop)``, None for all."""
+
     name: str
     shape: tuple[int, ...]
+    rows: tuple[int, int] | None = None
+    cols: tuple[int, int] | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.shape[0] if self.rows is None else self.rows[1] - self.rows[0]
 
 
-def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[CheckpointTensor, ...]]:
-    """Our parameter name -> the checkpoint tensors stacked (dim 0) to make it."""
+def checkpoint_layout(
+    config: ModelConfig, shard: Shard | None = None
+) -> dict[str, tuple[CheckpointTensor, ...]]:
+    """Our parameter name -> the checkpoint tensors (slices of them, for a tensor-parallel
+    ``shard``) stacked along dim 0 to make it."""
+    shard = shard or Shard()
     hidden, ffn = config.hidden_size, config.intermediate_size
     q_rows = config.num_attention_heads * config.head_dim
     kv_rows = config.num_key_value_heads * config.head_dim
+    vocab = shard.part(config.vocab_size)
 
-    def one(name: str, *shape: int) -> tuple[CheckpointTensor, ...]:
-        return (CheckpointTensor(name, shape),)
+    def one(
+        name: str, *shape: int, rows: tuple[int, int] | None = None
+    ) -> tuple[CheckpointTensor, ...]:
+        return (CheckpointTensor(name, shape, rows=rows),)
 
     layout = {
-        "embed_tokens.weight": one("model.embed_tokens.weight", config.vocab_size, hidden),
+        "embed_tokens.weight": one(
+            "model.embed_tokens.weight", config.vocab_size, hidden, rows=vocab
+        ),
         "norm.weight": one("model.norm.weight", hidden),
     }
     if not config.tie_word_embeddings:
-        layout["lm_head.weight"] = one("lm_head.weight", config.vocab_size, hidden)
+        layout["lm_head.weight"] = one("lm_head.weight", config.vocab_size, hidden, rows=vocab)
 
-    def projection(ours: str, theirs: list[tuple[str, int]], cols: int, bias: bool) -> None:
+    def column_parallel(ours: str, theirs: list[tuple[str, int]], cols: int, bias: bool) -> None:
+        """Each rank: its slice of every part's rows (its heads, its share of the MLP)."""
         layout[f"{ours}.weight"] = tuple(
-            CheckpointTensor(f"{name}.weight", (rows, cols)) for name, rows in theirs
+            CheckpointTensor(f"{name}.weight", (rows, cols), rows=shard.part(rows))
+            for name, rows in theirs
         )
         if bias:
             layout[f"{ours}.bias"] = tuple(
-                CheckpointTensor(f"{name}.bias", (rows,)) for name, rows in theirs
+                CheckpointTensor(f"{name}.bias", (rows,), rows=shard.part(rows))
+                for name, rows in theirs
             )
+
+    def row_parallel(ours: str, theirs: str, rows: int, cols: int, bias: bool) -> None:
+        """Each rank: its slice of the columns; the bias on rank 0 (the sum adds it once)."""
+        layout[f"{ours}.weight"] = (
+            CheckpointTensor(f"{theirs}.weight", (rows, cols), cols=shard.part(cols)),
+        )
+        if bias and shard.rank == 0:
+            layout[f"{ours}.bias"] = (CheckpointTensor(f"{theirs}.bias", (rows,)),)
 
     for i in range(config.num_hidden_layers):
         ours, theirs = f"layers.{i}", f"model.layers.{i}"
@@ -71,12 +105,20 @@ def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[CheckpointTensor, 
             f"{theirs}.post_attention_layernorm.weight", hidden
         )
         qkv = [(f"{attn}.q_proj", q_rows), (f"{attn}.k_proj", kv_rows), (f"{attn}.v_proj", kv_rows)]
-        projection(f"{ours}.self_attn.qkv_proj", qkv, hidden, config.qkv_bias)
-        projection(f"{ours}.self_attn.o_proj", [(f"{attn}.o_proj", hidden)], q_rows, config.o_bias)
+        column_parallel(f"{ours}.self_attn.qkv_proj", qkv, hidden, config.qkv_bias)
+        row_parallel(f"{ours}.self_attn.o_proj", f"{attn}.o_proj", hidden, q_rows, config.o_bias)
         gate_up = [(f"{mlp}.gate_proj", ffn), (f"{mlp}.up_proj", ffn)]
-        projection(f"{ours}.mlp.gate_up_proj", gate_up, hidden, config.mlp_bias)
-        projection(f"{ours}.mlp.down_proj", [(f"{mlp}.down_proj", hidden)], ffn, config.mlp_bias)
+        column_parallel(f"{ours}.mlp.gate_up_proj", gate_up, hidden, config.mlp_bias)
+        row_parallel(f"{ours}.mlp.down_proj", f"{mlp}.down_proj", hidden, ffn, config.mlp_bias)
     return layout
+
+
+def _take(tensor: torch.Tensor, part: CheckpointTensor) -> torch.Tensor:
+    if part.rows is not None:
+        tensor = tensor[part.rows[0] : part.rows[1]]
+    if part.cols is not None:
+        tensor = tensor[:, part.cols[0] : part.cols[1]]
+    return tensor
 
 
 def load_weights(
@@ -93,7 +135,8 @@ def load_weights(
     tensors stay quantized (see the module docstring).
     """
     config = model.config
-    layout = checkpoint_layout(config)
+    shard = Shard(model.tp.rank, model.tp.size)
+    layout = checkpoint_layout(config, shard)
     params = dict(model.named_parameters())
     assert set(params) == set(layout), set(params) ^ set(layout)
     modules = dict(model.named_modules())
@@ -102,7 +145,8 @@ def load_weights(
         original = (describe or {}).get(name)
         return f"'{name}'" + (f" (GGUF '{original}')" if original else "")
 
-    _reject_unknown(tensors, layout, config, source)
+    # Against the whole model's tensors: a rank's layout leaves out what other ranks take.
+    _reject_unknown(tensors, checkpoint_layout(config), config, source)
     with torch.no_grad():
         for param_name, parts in layout.items():
             param, row = params[param_name], 0
@@ -126,18 +170,21 @@ def load_weights(
                 sources.append(tensor)
             if any(isinstance(t, QuantizedTensor) for t in sources):
                 owner_name = param_name.rsplit(".", 1)[0]
-                _quantize(modules[owner_name], sources, param, keep_rows=owner_name == "lm_head")
+                _quantize(
+                    modules[owner_name], parts, sources, param, keep_rows=owner_name == "lm_head"
+                )
                 continue
             for part, tensor in zip(parts, sources, strict=True):
                 assert isinstance(tensor, torch.Tensor)
                 # Into the parameter's rows directly: no stacked temporary to allocate.
-                param[row : row + part.shape[0]].copy_(tensor)
-                row += part.shape[0]
+                param[row : row + part.num_rows].copy_(_take(tensor, part))
+                row += part.num_rows
             assert row == param.shape[0], (param_name, row, param.shape)
 
 
 def _quantize(
     owner: nn.Module,
+    parts: tuple[CheckpointTensor, ...],
     sources: list[torch.Tensor | QuantizedTensor],
     param: torch.Tensor,
     *,
@@ -147,8 +194,10 @@ def _quantize(
     ``keep_rows``: its rows are read too (an LM head's refined logits)."""
     device = param.device
     pieces: list[Int4Planes | torch.Tensor] = [
-        to_planes(t.codes()) if isinstance(t, QuantizedTensor) else t.to(param.dtype)
-        for t in sources
+        to_planes(t.codes().take(part.rows, part.cols))
+        if isinstance(t, QuantizedTensor)
+        else _take(t, part).to(param.dtype)
+        for part, t in zip(parts, sources, strict=True)
     ]
     if isinstance(owner, Embedding):
         (planes,) = pieces
@@ -162,8 +211,8 @@ def _quantize(
     for run in _runs(pieces):
         first = run[0]
         if isinstance(first, Int4Planes):
-            parts = [p for p in run if isinstance(p, Int4Planes)]
-            stacked = stack_rows(parts) if len(parts) > 1 else parts[0]
+            same = [p for p in run if isinstance(p, Int4Planes)]
+            stacked = stack_rows(same) if len(same) > 1 else same[0]
             segment = Int4Weight(stacked, device)
             if keep_rows:
                 segment.keep_rows(stacked)

@@ -19,7 +19,7 @@ OWNED_WORKER_FLAGS = frozenset(
         "--model", "--served-model-name", "--host", "--port", "--metrics-port", "--role",
         "--device", "--dtype", "--block-size", "--max-num-batched-tokens", "--max-num-seqs",
         "--max-model-len", "--kv-cache-gib", "--simulate", "--drain-timeout-s",
-        "--kv-transport", "--kv-port", "--advertise-host",
+        "--kv-transport", "--kv-port", "--advertise-host", "--tensor-parallel-size", "-tp",
     }
 )  # fmt: skip
 
@@ -35,6 +35,7 @@ def spec_problems(spec: v1alpha1.InferencePoolSpec) -> list[str]:
         if "nvidia.com/gpu" in {**role.resources.requests, **role.resources.limits}:
             problems.append(f"{where}: request GPUs with gpusPerPod, not in resources")
         problems += _kv_cache_problems(where, role, spec.engine.kv_cache_gib)
+        problems += _tensor_parallel_problems(where, role, spec.model)
     problems += _resource_problems("router.resources", spec.router.resources)
     return problems
 
@@ -74,6 +75,33 @@ def _resource_problems(where: str, resources: v1alpha1.Resources) -> list[str]:
                 f"limits.{name} ({resources.limits[name]})"
             )
     return problems
+
+
+# The built-in model's heads, which gpusPerPod must divide (the worker checks any model as
+# it loads it; the built-in one the operator knows): SmolLM2-135M-Instruct has 9 attention
+# heads and 3 KV heads.
+BUILTIN_MODEL_SPLITS = (1, 3)
+
+
+def _tensor_parallel_problems(
+    where: str, role: v1alpha1.RoleSpec, model: v1alpha1.ModelSpec
+) -> list[str]:
+    """gpusPerPod above 1 splits the model over the pod's GPUs (--tensor-parallel-size)."""
+    gpus = role.gpus_per_pod
+    if gpus <= 1:
+        return []
+    if where != "colocated":
+        return [
+            f"{where}.gpusPerPod {gpus}: a prefill or decode worker runs on one GPU (KV "
+            "transfers move one rank's blocks); split the model in a colocated pool, or set "
+            "gpusPerPod 1"
+        ]
+    if not model.path and gpus not in BUILTIN_MODEL_SPLITS:
+        return [
+            f"{where}.gpusPerPod {gpus}: the built-in SmolLM2-135M-Instruct (9 attention "
+            "heads, 3 KV heads) splits over 1 or 3 GPUs only"
+        ]
+    return []
 
 
 def _kv_cache_problems(where: str, role: v1alpha1.RoleSpec, kv_cache_gib: float) -> list[str]:

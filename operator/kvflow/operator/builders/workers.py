@@ -54,6 +54,8 @@ def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -
         "--kv-cache-gib", f"{engine.kv_cache_gib:g}",
         "--drain-timeout-s", str(engine.drain_timeout_seconds),
     ]  # fmt: skip
+    if gpus > 1:  # one worker over the pod's GPUs: the model split among them
+        args += ["--tensor-parallel-size", str(gpus)]
     if role != "colocated":
         args += [
             "--kv-transport", spec.kv_transport,

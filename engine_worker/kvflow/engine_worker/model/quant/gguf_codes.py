@@ -60,6 +60,22 @@ class GroupedCodes:
         rows, cols = self.codes.shape
         return int(rows), int(cols)
 
+    def take(self, rows: tuple[int, int] | None, cols: tuple[int, int] | None) -> GroupedCodes:
+        """The codes of ``W[rows, cols]`` (a tensor-parallel rank's slice); ``cols`` must
+        start and end on a group's edge (its groups' scales go with them)."""
+        codes, scales, offsets = self.codes, self.scales, self.offsets
+        if rows is not None:
+            codes, scales, offsets = (a[rows[0] : rows[1]] for a in (codes, scales, offsets))
+        if cols is not None:
+            start, stop = cols
+            if start % self.group_size or stop % self.group_size:
+                raise ValueError(
+                    f"columns {start}:{stop} split groups of {self.group_size} weights"
+                )
+            group = slice(start // self.group_size, stop // self.group_size)
+            codes, scales, offsets = codes[:, start:stop], scales[:, group], offsets[:, group]
+        return GroupedCodes(codes, scales, offsets, self.group_size, self.min_code, self.max_code)
+
     def dequantize(self) -> np.ndarray:
         """The float32 weights (for tests and for ``--quantization none``)."""
         rows, cols = self.shape

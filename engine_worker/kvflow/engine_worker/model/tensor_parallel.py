@@ -1,0 +1,67 @@
+"""What a tensor-parallel model asks of its ranks: a sum across them and a gather to rank 0.
+
+Megatron-style: each rank holds a slice of every matrix (``weights.py`` says which), so
+one layer needs one sum of partial results after attention and one after the MLP, and the
+vocabulary-split embedding one more; the LM head's slices of the logits meet on rank 0,
+which samples. ``SingleRank`` is the one-device model (every call a no-op);
+``GroupRanks`` runs the calls on a torch.distributed process group: NCCL on GPUs, gloo on
+the CPU (``tp_group.py`` forms it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class TensorParallel(Protocol):
+    rank: int
+    size: int
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks, in place; every rank gets the sum."""
+        ...
+
+    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """Every rank's ``tensor`` side by side along the last dim, on rank 0 (None on the
+        others)."""
+        ...
+
+
+class SingleRank:
+    rank, size = 0, 1
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        return tensor
+
+
+class GroupRanks:
+    """The calls on a process group of ``size`` ranks (a torch ``ProcessGroup``)."""
+
+    def __init__(self, group: Any, rank: int, size: int) -> None:
+        self.group, self.rank, self.size = group, rank, size
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.group.allreduce([tensor]).wait()
+        return tensor
+
+    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        tensor = tensor.contiguous()
+        if self.rank != 0:
+            self.group.gather([], [tensor], _root(0)).wait()
+            return None
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        self.group.gather([parts], [tensor], _root(0)).wait()
+        return torch.cat(parts, dim=-1)
+
+
+def _root(rank: int) -> Any:
+    import torch.distributed as dist
+
+    options: Any = dist.GatherOptions()
+    options.rootRank = rank
+    return options

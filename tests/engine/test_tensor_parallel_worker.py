@@ -1,0 +1,109 @@
+"""`kvflow worker --tensor-parallel-size 2`: real processes, gloo between them, gRPC in front.
+
+One worker to its clients: the same greedy tokens as a one-rank worker on the same model,
+the rank it spawned visible in its log, and a rank that dies turns its health red at once
+and fails the requests in flight (they end, aborted: nothing hangs) instead of serving
+wrong or no tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from testkit.tiny_model import write_tiny_llama
+from testkit.worker_process import WorkerProcess, launch_worker
+
+from kvflow.proto import worker_pb2 as pb
+from kvflow.proto import worker_pb2_grpc as pb_grpc
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PROMPTS = [[5, 17, 200, 33, 9, 88, 140, 2, 77], list(range(40, 90)), [300, 301, 302]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(
+        tmp_path_factory.mktemp("tp") / "tiny", vocab_size=512, seed=7, num_key_value_heads=2
+    )
+
+
+def greedy(worker: WorkerProcess, prompt: list[int], max_tokens: int = 16) -> list[int]:
+    with grpc.insecure_channel(worker.address) as channel:
+        stub = pb_grpc.WorkerStub(channel)
+        request = pb.GenerateRequest(
+            request_id=f"r{time.monotonic_ns()}",
+            prompt_token_ids=prompt,
+            sampling=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+        )
+        return [t for r in stub.Generate(request, timeout=60) for t in r.token_ids]
+
+
+def health(worker: WorkerProcess) -> tuple[int, str]:
+    url = f"http://127.0.0.1:{worker.metrics_port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@pytest.fixture(scope="module")
+def split_worker(tiny: Path) -> Iterator[WorkerProcess]:
+    worker = launch_worker(["--model", str(tiny), "--tensor-parallel-size", "2"])
+    yield worker
+    worker.stop(timeout_s=20)
+
+
+def test_two_ranks_answer_what_one_does(tiny: Path, split_worker: WorkerProcess) -> None:
+    single = launch_worker(["--model", str(tiny)])
+    try:
+        expected = [greedy(single, p) for p in PROMPTS]
+    finally:
+        single.stop(timeout_s=10)
+    assert [greedy(split_worker, p) for p in PROMPTS] == expected
+    assert "rank 1 (pid" in split_worker.log
+    assert health(split_worker)[0] == 200
+
+
+def test_a_model_whose_heads_do_not_divide_is_refused_at_start(tmp_path: Path) -> None:
+    folder = write_tiny_llama(
+        tmp_path / "nine", vocab_size=576, hidden_size=72, num_attention_heads=9,
+        num_key_value_heads=3, intermediate_size=96,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="9 attention heads do not divide among 2 ranks"):
+        launch_worker(["--model", str(folder), "--tensor-parallel-size", "2"], timeout_s=60)
+
+
+def test_a_rank_that_dies_fails_health_and_the_requests_in_flight(tiny: Path) -> None:
+    worker = launch_worker(["--model", str(tiny), "--tensor-parallel-size", "2"])
+    try:
+        assert greedy(worker, PROMPTS[0]) != []
+        follower = int(worker.log.split("rank 1 (pid ")[1].split(")")[0])
+        os.kill(follower, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while (status := health(worker))[0] == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert status[0] == 503 and "tensor-parallel rank 1" in status[1], status
+        started = time.monotonic()
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.WorkerStub(channel)
+            request = pb.GenerateRequest(
+                request_id="after",
+                prompt_token_ids=PROMPTS[1],
+                sampling=pb.SamplingParams(temperature=0.0, max_tokens=8),
+            )
+            replies = list(stub.Generate(request, timeout=30))
+        assert replies[-1].finish_reason == pb.FINISH_REASON_ABORT
+        assert not any(r.token_ids for r in replies)
+        assert time.monotonic() - started < 10, "the request waited on the dead rank"
+    finally:
+        worker.stop(timeout_s=20)

@@ -83,27 +83,67 @@ def test_a_model_whose_heads_do_not_divide_is_refused_at_start(tmp_path: Path) -
         launch_worker(["--model", str(folder), "--tensor-parallel-size", "2"], timeout_s=60)
 
 
-def test_a_rank_that_dies_fails_health_and_the_requests_in_flight(tiny: Path) -> None:
+def test_a_rank_that_dies_aborts_the_step_in_flight_and_fails_health(tiny: Path) -> None:
     worker = launch_worker(["--model", str(tiny), "--tensor-parallel-size", "2"])
     try:
-        assert greedy(worker, PROMPTS[0]) != []
         follower = int(worker.log.split("rank 1 (pid ")[1].split(")")[0])
-        os.kill(follower, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while (status := health(worker))[0] == 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert status[0] == 503 and "tensor-parallel rank 1" in status[1], status
-        started = time.monotonic()
         with grpc.insecure_channel(worker.address) as channel:
             stub = pb_grpc.WorkerStub(channel)
-            request = pb.GenerateRequest(
-                request_id="after",
-                prompt_token_ids=PROMPTS[1],
-                sampling=pb.SamplingParams(temperature=0.0, max_tokens=8),
+            long = pb.GenerateRequest(
+                request_id="long",
+                prompt_token_ids=PROMPTS[0],
+                sampling=pb.SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True),
             )
-            replies = list(stub.Generate(request, timeout=30))
-        assert replies[-1].finish_reason == pb.FINISH_REASON_ABORT
-        assert not any(r.token_ids for r in replies)
-        assert time.monotonic() - started < 10, "the request waited on the dead rank"
+            replies = stub.Generate(long, timeout=60)
+            first = next(replies)
+            assert first.token_ids
+            os.kill(follower, signal.SIGKILL)
+            started = time.monotonic()
+            rest = list(replies)
+            assert rest[-1].finish_reason == pb.FINISH_REASON_ABORT
+            assert time.monotonic() - started < 10, "the step waited on the dead rank"
+            status = health(worker)
+            assert status[0] == 503 and "tensor-parallel rank 1" in status[1], status
+            # New requests are refused at once, UNAVAILABLE: a router goes elsewhere.
+            with pytest.raises(grpc.RpcError) as refused:
+                list(
+                    stub.Generate(
+                        pb.GenerateRequest(request_id="after", prompt_token_ids=PROMPTS[1]),
+                        timeout=10,
+                    )
+                )
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "tensor-parallel rank 1" in str(refused.value.details())
     finally:
         worker.stop(timeout_s=20)
+
+
+def test_the_router_fails_over_from_a_worker_whose_rank_died(tmp_path: Path) -> None:
+    """A pool of a split worker and a plain one: once the split worker's rank dies, every
+    request is answered by the other, without waiting on the dead rank."""
+    import openai
+    from testkit.gateway_process import launch_gateway
+    from testkit.tokenizer_files import write_smollm2_tokenizer
+
+    folder = write_smollm2_tokenizer(write_tiny_llama(tmp_path / "tiny", seed=3))
+    split = launch_worker(["--model", str(folder), "--tensor-parallel-size", "2",
+                           "--served-model-name", "tiny"])  # fmt: skip
+    plain = launch_worker(["--model", str(folder), "--served-model-name", "tiny"])
+    gateway = launch_gateway(["--model", str(folder), "--served-model-name", "tiny",
+                              "--workers", f"{split.address},{plain.address}"])  # fmt: skip
+    try:
+        gateway.wait_ready(num_workers=2)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0, timeout=60)
+        follower = int(split.log.split("rank 1 (pid ")[1].split(")")[0])
+        os.kill(follower, signal.SIGKILL)
+        started = time.monotonic()
+        for i in range(6):  # more than one round of round-robin over both workers
+            reply = client.completions.create(
+                model="tiny", prompt=f"request {i}", max_tokens=4, temperature=0
+            )
+            assert reply.choices[0].finish_reason in ("length", "stop")
+        assert time.monotonic() - started < 60
+    finally:
+        gateway.stop()
+        split.stop(timeout_s=20)
+        plain.stop(timeout_s=10)

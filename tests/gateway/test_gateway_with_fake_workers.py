@@ -72,6 +72,16 @@ def test_worker_failing_before_the_first_token_is_failed_over(two_workers) -> No
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == TEXT
 
 
+def test_a_worker_that_aborts_before_the_first_token_is_failed_over(two_workers) -> None:
+    a, b, address_a, address_b = two_workers
+    a.mode = "aborted"
+    with gateway_for(address_a, address_b) as g:
+        reply = client_for(g).chat.completions.create(model="fake", messages=MESSAGES)
+        assert reply.choices[0].message.content == TEXT
+        assert len(a.requests) == 1 and len(b.requests) == 1
+        assert failovers(g) == 1
+
+
 def test_every_worker_failing_is_a_503(two_workers) -> None:
     a, b, address_a, address_b = two_workers
     a.mode = b.mode = "unavailable"

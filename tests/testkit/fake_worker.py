@@ -74,7 +74,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
     tokens: Sequence[int] = (1, 2, 3)
     # "ok", "unavailable" (refuse before the first token), "die" (UNAVAILABLE after
     # `die_after` tokens), "invalid" (INVALID_ARGUMENT), "busy" (RESOURCE_EXHAUSTED: a full
-    # queue, which leaves the worker healthy)
+    # queue, which leaves the worker healthy), "aborted" (finished as aborted before any token)
     mode: str = "ok"
     die_after: int = 2
     num_running: int = 0  # reported by Load: makes this worker look busy
@@ -122,6 +122,11 @@ class FakeWorker(pb_grpc.WorkerServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake worker: bad request")
             if self.mode == "busy":
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake worker: queue full")
+            if self.mode == "aborted":  # its step failed before the first token (an engine error)
+                yield pb.GenerateResponse(
+                    request_id=request.request_id, finish_reason=pb.FINISH_REASON_ABORT
+                )
+                return
             first_token = remote_tokens = 0
             if request.HasField("remote_prefill") and self.reserve_mode != "ignore":
                 reservation = self._reservation(request)

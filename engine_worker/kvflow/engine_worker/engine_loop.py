@@ -209,6 +209,9 @@ class EngineLoop:
     def _check_accepting(self) -> None:
         if self.is_draining:
             raise EngineOverloadedError("this worker is shutting down; send the request elsewhere")
+        if (problem := self.heartbeat.problem()) is not None:
+            # UNAVAILABLE to the router, which marks this worker down and goes elsewhere.
+            raise EngineOverloadedError(f"this worker cannot serve: {problem}")
 
     async def _stream(self, request_id: str, add: Callable[[], None]) -> AsyncGenerator[object]:
         """Post ``add`` to the engine thread and yield what it delivers for the request

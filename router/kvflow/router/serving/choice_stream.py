@@ -68,6 +68,10 @@ class ChoiceStream:
 
     async def _feed(self, stream: WorkerStream, chunk: TokenChunk) -> bool:
         """Emit what ``chunk`` adds; True once the choice is complete."""
+        if chunk.finish_reason == "abort" and not self.has_output and not chunk.token_ids:
+            # Aborted before its first token (a failed step, a lost tensor-parallel rank, a
+            # drain): the client saw nothing, so another worker may take it.
+            raise WorkerCallError(stream.worker_id, "the worker aborted the request")
         now_s = time.perf_counter()
         if not self.has_output:
             self.has_output = True

@@ -78,8 +78,8 @@ def test_a_plain_spec_has_no_problems() -> None:
         (
             {"mode": "disaggregated", "kvTransport": "nccl", "prefill": {"gpusPerPod": 2},
              "decode": {"gpusPerPod": 1}},
-            ["prefill.gpusPerPod 2: a prefill or decode worker runs on one GPU (KV transfers "
-             "move one rank's blocks); split the model in a colocated pool, or set gpusPerPod 1"],
+            ["prefill.gpusPerPod 2: the built-in SmolLM2-135M-Instruct (9 attention heads, "
+             "3 KV heads) splits over 1 or 3 GPUs only"],
         ),
     ],
 )  # fmt: skip
@@ -90,6 +90,9 @@ def test_problems_say_what_to_change(overrides: dict[str, Any], expected: list[s
 def test_gpus_that_split_the_model_evenly_pass() -> None:
     assert problems(colocated={"gpusPerPod": 3}) == []  # SmolLM2's 9 and 3 heads divide by 3
     assert problems(model={"servedName": "m", "path": "/m"}, colocated={"gpusPerPod": 4}) == []
+    split_pd = {"mode": "disaggregated", "kvTransport": "nccl", "prefill": {"gpusPerPod": 3},
+                "decode": {"gpusPerPod": 1}}  # fmt: skip
+    assert problems(**split_pd) == []
 
 
 def test_the_kv_cache_may_exceed_host_memory_on_gpus() -> None:

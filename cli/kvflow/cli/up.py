@@ -200,8 +200,8 @@ def _parser() -> argparse.ArgumentParser:
         "-tp",
         type=int,
         default=1,
-        help="split each worker's model over this many ranks (processes on this machine's "
-        "cores, or GPUs with --device cuda); colocated workers only",
+        help="split each worker's model over this many ranks (processes sharing this "
+        "machine's cores)",
     )
     p.add_argument(
         "--quantization",

@@ -171,7 +171,16 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
                 from kvflow.engine_worker.tp.leader import LOAD_TIMEOUT_S, TensorParallelRunner
 
                 leader.group.wait_ready(leader.followers.problem, LOAD_TIMEOUT_S)
-                runner = TensorParallelRunner(local, leader)
+                from kvflow.engine_worker.runner import kv_layout
+
+                whole = kv_layout(
+                    num_layers=config.num_hidden_layers,
+                    num_kv_heads=config.num_key_value_heads,
+                    head_dim=config.head_dim,
+                    block_size=settings.block_size,
+                    dtype=dtype,
+                )
+                runner = TensorParallelRunner(local, leader, whole)
         except BaseException:
             if leader is not None:
                 leader.close()

@@ -47,6 +47,15 @@ def kv_bytes_per_block(
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
 
 
+def kv_layout(
+    *, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+) -> str:
+    """What a block holds, as PD peers compare it: a transfer between layouts that differ is
+    refused by name at the handshake."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return f"L{num_layers}/H{num_kv_heads}/D{head_dim}/B{block_size}/{dtype_name}"
+
+
 class TorchModelRunner:
     def __init__(
         self,
@@ -115,8 +124,13 @@ class TorchModelRunner:
                 device=self.device,
                 capture=self.device.type == "cuda",
             )
-        dtype_name = str(dtype).removeprefix("torch.")
-        self.kv_layout = f"L{num_layers}/H{num_kv_heads}/D{head_dim}/B{block_size}/{dtype_name}"
+        self.kv_layout = kv_layout(
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            dtype=dtype,
+        )
 
     # -- whole blocks in and out (PD) ------------------------------------------------------
     # Transfers read and write the blocks in place (transfer_blocks); the buffered calls are

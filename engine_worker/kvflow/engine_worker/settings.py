@@ -260,12 +260,6 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
                 "--cuda-graphs does not capture tensor-parallel steps yet: drop one of "
                 "--cuda-graphs and --tensor-parallel-size"
             )
-        if a.role != "both":
-            p.error(
-                f"--role {a.role} with --tensor-parallel-size: KV transfers between workers "
-                "move one rank's blocks today, not a split cache; run prefill and decode "
-                "workers with --tensor-parallel-size 1, or a colocated worker (--role both)"
-            )
     if a.cuda_graphs and a.decode_workspace_gib:
         p.error(
             "--cuda-graphs replays decode steps without the decode workspace: drop "

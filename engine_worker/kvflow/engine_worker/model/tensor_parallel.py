@@ -28,6 +28,15 @@ class TensorParallel(Protocol):
         others)."""
         ...
 
+    def gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor | None:
+        """Every rank's ``tensor`` side by side along ``dim``, on rank 0 (None elsewhere)."""
+        ...
+
+    def scatter(self, whole: torch.Tensor | None, part: torch.Tensor, dim: int) -> None:
+        """Rank 0's ``whole`` cut into equal slices along ``dim``: slice r into rank r's
+        ``part`` (``whole`` is None on the other ranks)."""
+        ...
+
 
 class SingleRank:
     rank, size = 0, 1
@@ -37,6 +46,13 @@ class SingleRank:
 
     def gather_last(self, tensor: torch.Tensor) -> torch.Tensor | None:
         return tensor
+
+    def gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor | None:
+        return tensor
+
+    def scatter(self, whole: torch.Tensor | None, part: torch.Tensor, dim: int) -> None:
+        assert whole is not None
+        part.copy_(whole)
 
 
 class GroupRanks:
@@ -50,18 +66,31 @@ class GroupRanks:
         return tensor
 
     def gather_last(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        return self.gather(tensor, -1)
+
+    def gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor | None:
         tensor = tensor.contiguous()
         if self.rank != 0:
-            self.group.gather([], [tensor], _root(0)).wait()
+            self.group.gather([], [tensor], _options("GatherOptions")).wait()
             return None
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
-        self.group.gather([parts], [tensor], _root(0)).wait()
-        return torch.cat(parts, dim=-1)
+        self.group.gather([parts], [tensor], _options("GatherOptions")).wait()
+        return torch.cat(parts, dim=dim)
+
+    def scatter(self, whole: torch.Tensor | None, part: torch.Tensor, dim: int) -> None:
+        assert part.is_contiguous()
+        if self.rank != 0:
+            self.group.scatter([part], [], _options("ScatterOptions")).wait()
+            return
+        assert whole is not None
+        slices = [s.contiguous() for s in whole.chunk(self.size, dim=dim)]
+        self.group.scatter([part], [slices], _options("ScatterOptions")).wait()
 
 
-def _root(rank: int) -> Any:
+def _options(kind: str) -> Any:
+    """Rank 0 as the root of a gather or scatter."""
     import torch.distributed as dist
 
-    options: Any = dist.GatherOptions()
-    options.rootRank = rank
+    options: Any = getattr(dist, kind)()
+    options.rootRank = 0
     return options

@@ -73,12 +73,19 @@ def main() -> int:
         except RuntimeError as err:
             log.error("rank 0 is gone (%s): exiting", err)
             return 2
-        if plan.inputs is None:
+        if plan.is_stop:
             log.info("rank 0 stopped: exiting")
             return 0
         for request_id in plan.released:
             runner.release(request_id)
-        runner.forward(plan.inputs)
+        if plan.gather_blocks is not None:  # rank 0 sends these blocks to another worker
+            group.ranks.gather(runner.read_blocks(plan.gather_blocks), dim=4)
+        if plan.scatter_blocks is not None:  # rank 0 received these blocks
+            part = runner.empty_blocks(len(plan.scatter_blocks))
+            group.ranks.scatter(None, part, dim=4)
+            runner.write_blocks(plan.scatter_blocks, part)
+        if plan.inputs is not None:
+            runner.forward(plan.inputs)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
-from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.runner import TorchModelRunner
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.engine_worker.step_inputs import step_inputs
@@ -114,7 +112,7 @@ class LeaderGroup:
     def close(self) -> None:
         """Tell every rank to stop (best effort: a rank may be gone), then reap them."""
         try:
-            self.group.plans.send(StepPlan(None))
+            self.group.plans.send(StepPlan())
         except RuntimeError as err:
             log.info("tensor-parallel ranks not told to stop: %s", err)
         self.followers.stop()
@@ -141,16 +139,21 @@ def start_ranks(settings: WorkerSettings) -> LeaderGroup:
 
 
 class TensorParallelRunner:
-    """The model runner of rank 0: sends each step's plan, runs its slice, samples."""
+    """The model runner of rank 0: sends each step's plan, runs its slice, samples.
 
-    def __init__(self, local: TorchModelRunner, leader: LeaderGroup) -> None:
+    KV transfers (PD) move whole blocks, every KV head: rank 0 gathers the ranks' shares of
+    the blocks it sends and scatters the blocks it receives (``read_blocks`` and
+    ``write_blocks``, buffered). So the wire carries what an unsplit worker's does, and a
+    prefill worker over 2 ranks hands blocks to a decode worker over 1, 2 or 4 alike.
+    """
+
+    def __init__(self, local: TorchModelRunner, leader: LeaderGroup, kv_layout: str) -> None:
+        """``kv_layout``: the layout of a whole block (every KV head), as an unsplit worker
+        of this model has it."""
         self.local = local
         self.leader = leader
         self._released: list[str] = []
-        size = leader.group.size
-        # KV moves whole heads between workers; a rank holds a share of them (PD with tensor
-        # parallelism is refused at start-up until blocks are gathered across ranks).
-        self.kv_layout = f"{local.kv_layout}/tp{size}"
+        self.kv_layout = kv_layout
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, SampledToken]:
@@ -171,16 +174,29 @@ class TensorParallelRunner:
     def close(self) -> None:
         self.leader.close()
 
-    # -- whole blocks (PD): not with tensor parallelism yet -------------------------------
+    # -- whole blocks (PD), on the engine thread like every plan ------------------------------
+    # A buffer is [layers, blocks, block_size, 2, KV heads, head_dim]: rank r's heads are
+    # slice r of dim 4.
 
-    def transfer_blocks(self, block_ids: Sequence[int]) -> TransferBlocks:
-        raise NotImplementedError("KV transfers with tensor parallelism")
+    def empty_blocks(self, num_blocks: int) -> torch.Tensor:
+        local = self.local.empty_blocks(num_blocks)
+        shape = list(local.shape)
+        shape[_HEADS_DIM] *= self.leader.group.size
+        return local.new_empty(shape)
 
-    def empty_blocks(self, num_blocks: int) -> Any:
-        raise NotImplementedError("KV transfers with tensor parallelism")
+    def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
+        group = self.leader.group
+        group.plans.send(StepPlan(gather_blocks=list(block_ids)))
+        whole = group.ranks.gather(self.local.read_blocks(block_ids), dim=_HEADS_DIM)
+        assert whole is not None
+        return whole
 
-    def read_blocks(self, block_ids: Sequence[int]) -> Any:
-        raise NotImplementedError("KV transfers with tensor parallelism")
+    def write_blocks(self, block_ids: Sequence[int], data: torch.Tensor) -> None:
+        group = self.leader.group
+        group.plans.send(StepPlan(scatter_blocks=list(block_ids)))
+        part = self.local.empty_blocks(len(block_ids))
+        group.ranks.scatter(data, part, dim=_HEADS_DIM)
+        self.local.write_blocks(block_ids, part)
 
-    def write_blocks(self, block_ids: Sequence[int], data: Any) -> None:
-        raise NotImplementedError("KV transfers with tensor parallelism")
+
+_HEADS_DIM = 4  # of a [layers, blocks, block_size, 2, KV heads, head_dim] block buffer

@@ -5,6 +5,9 @@ rank 0 broadcasts what the pass is over (``step_inputs.StepInputs``) and which r
 per-request state to drop, and every rank then runs that same forward. Two broadcasts a
 step (the length, then the bytes) over gloo: about 0.1-0.3 ms on one machine, against
 steps of milliseconds. The payload is a pickle: both ends are this code, in one pod.
+
+Between steps a plan may instead move KV blocks for a transfer between workers (PD): every
+rank's share of some blocks gathered to rank 0, or rank 0's blocks scattered to the ranks.
 """
 
 from __future__ import annotations
@@ -20,8 +23,16 @@ from kvflow.engine_worker.step_inputs import StepInputs
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    inputs: StepInputs | None  # None: stop (rank 0 is shutting down)
+    """One of: a forward pass (``inputs``), a KV gather or scatter, or stop (none set)."""
+
+    inputs: StepInputs | None = None
     released: list[str] = field(default_factory=list)  # requests done since the last plan
+    gather_blocks: list[int] | None = None  # send rank 0 your share of these blocks
+    scatter_blocks: list[int] | None = None  # take your share of these blocks from rank 0
+
+    @property
+    def is_stop(self) -> bool:
+        return self.inputs is None and self.gather_blocks is None and self.scatter_blocks is None
 
 
 class PlanChannel:

@@ -202,9 +202,10 @@ class RoleSpec:
     gpus_per_pod: int = field(
         """nvidia.com/gpu requested per pod. Above zero the worker runs with
         --device cuda (and gets a memory-backed /dev/shm for NCCL); above one it splits the
-        model over the pod's GPUs (--tensor-parallel-size gpusPerPod, colocated pools
-        only), so the model's attention and KV heads, MLP width and vocabulary must divide
-        by it, or the worker refuses to start and says which.""",
+        model over the pod's GPUs (--tensor-parallel-size gpusPerPod), so the model's
+        attention and KV heads, MLP width and vocabulary must divide by it, or the worker
+        refuses to start and says which. Prefill and decode may split differently: KV moves
+        between them as whole blocks.""",
         0,
         minimum=0,
         maximum=16,

@@ -90,12 +90,6 @@ def _tensor_parallel_problems(
     gpus = role.gpus_per_pod
     if gpus <= 1:
         return []
-    if where != "colocated":
-        return [
-            f"{where}.gpusPerPod {gpus}: a prefill or decode worker runs on one GPU (KV "
-            "transfers move one rank's blocks); split the model in a colocated pool, or set "
-            "gpusPerPod 1"
-        ]
     if not model.path and gpus not in BUILTIN_MODEL_SPLITS:
         return [
             f"{where}.gpusPerPod {gpus}: the built-in SmolLM2-135M-Instruct (9 attention "

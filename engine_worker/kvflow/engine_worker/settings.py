@@ -15,8 +15,9 @@ ROLES = ("both", "prefill", "decode")
 # it), so the command line refuses it up front rather than after parsing the weights.
 DTYPES = ("auto", "float32", "bfloat16")
 # auto: a GGUF's quantized matrices stay quantized (4-bit planes multiplied by torch's int4
-# kernels: model/quant/); none: widened to --dtype at load, as before.
-QUANTIZATIONS = ("auto", "none")
+# kernels: model/quant/); none: widened to --dtype at load, as before; fp8: a float
+# checkpoint's projections quantized to e4m3 at load (GPUs with FP8 tensor cores).
+QUANTIZATIONS = ("auto", "none", "fp8")
 KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
 # `kvflow worker`'s queue bound: a full default batch four deep (256 behind 64 running),
 # minutes of queue on a CPU, tens of seconds on a GPU. Past it a request is refused at once
@@ -120,7 +121,9 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         default=d.quantization,
         help="auto: a GGUF's quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, "
         "Q6_K) stay quantized and are multiplied by torch's int4 kernels, other types are "
-        "refused by name; none: every weight widened to --dtype at load",
+        "refused by name; none: every weight widened to --dtype at load; fp8: a float "
+        "checkpoint's attention and MLP weights quantized to FP8 (e4m3, a scale per row) as "
+        "they load, for GPUs with FP8 tensor cores (L4, H100, H200)",
     )
     p.add_argument(
         "--tensor-parallel-size",
@@ -250,6 +253,12 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         p.error(str(exc))
     if a.cuda_graphs and not a.device.startswith("cuda"):
         p.error(f"--cuda-graphs needs a CUDA device (--device cuda), not {a.device!r}")
+    if a.quantization == "fp8" and not a.device.startswith("cuda"):
+        p.error(
+            f"--quantization fp8 needs a CUDA GPU with FP8 tensor cores (--device cuda), not "
+            f"{a.device!r}: on a CPU FP8 GEMMs run slower than bf16 ones; serve a GGUF (Q4/Q8, "
+            "kept quantized) or a bf16 checkpoint instead"
+        )
     if a.tensor_parallel_size < 1:
         p.error(f"--tensor-parallel-size {a.tensor_parallel_size}: it must be at least 1")
     if a.tensor_parallel_size > 1:

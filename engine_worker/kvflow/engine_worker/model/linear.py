@@ -14,10 +14,13 @@ loader either fills ``weight`` or hands it segments, which drops the empty weigh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvflow.engine_worker.model.quant.fp8_weight import Fp8Weight
 from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 
 #: A quantized LM head computes in bf16 (``Int4Weight``), whose logits near 25 are 0.125
@@ -68,7 +71,7 @@ class Linear(nn.Module):
         )
         self.segments = None
 
-    def quantize(self, segments: list[Int4Weight | DenseWeight]) -> None:
+    def quantize(self, segments: Sequence[Int4Weight | Fp8Weight | DenseWeight]) -> None:
         """Hold ``W`` as these segments (their rows in order) instead of a dense weight."""
         assert sum(s.rows for s in segments) == self.out_features, (
             [s.rows for s in segments],
@@ -142,8 +145,8 @@ def head_logits(hidden: torch.Tensor, head: Linear | Embedding) -> torch.Tensor:
     return logits.scatter_(1, top, exact)
 
 
-def _segment(module: nn.Module) -> Int4Weight | DenseWeight:
-    assert isinstance(module, Int4Weight | DenseWeight), type(module)
+def _segment(module: nn.Module) -> Int4Weight | Fp8Weight | DenseWeight:
+    assert isinstance(module, Int4Weight | Fp8Weight | DenseWeight), type(module)
     return module
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.linear import Embedding, Linear, head_logits
+from kvflow.engine_worker.model.quant.fp8_weight import Fp8Weight
 from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 from kvflow.engine_worker.model.rope import RotaryEmbedding, Rotation
 from kvflow.engine_worker.model.shard import Shard
@@ -257,4 +258,6 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Int4Weight):
                 held["int4"] = held.get("int4", 0) + module.nbytes
+            elif isinstance(module, Fp8Weight):
+                held["fp8"] = held.get("fp8", 0) + module.nbytes
         return held

@@ -22,8 +22,9 @@ from kvflow.engine_worker.model.weights import load_weights
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 #: auto: a GGUF's quantized matrices stay quantized (``quant/``), the rest runs in the
 #: model's dtype; none: every weight widened to the model's dtype (how kvflow ran GGUFs
-#: before; a benchmark arm and an escape hatch).
-QUANTIZATIONS = ("auto", "none")
+#: before; a benchmark arm and an escape hatch); fp8: a float checkpoint's projections
+#: quantized to FP8 as they load (GPUs with FP8 tensor cores, ``quant/fp8_weight.py``).
+QUANTIZATIONS = ("auto", "none", "fp8")
 
 
 def model_config(path: str | Path | None) -> ModelConfig:
@@ -92,8 +93,15 @@ def load_model(
 
     if tp is not None:
         check_tensor_parallel(config, tp.size, str(resolved))
+    if quantization == "fp8" and torch.device(device).type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 9):
+            raise ModelLoadError(
+                f"--quantization fp8 needs FP8 tensor cores (compute capability 8.9: L4, H100, "
+                f"H200); this GPU has {capability[0]}.{capability[1]}: drop --quantization fp8"
+            )
     model = LlamaForCausalLM(config, dtype=dtype, device=device, tp=tp)
-    load_weights(model, tensors, source=str(resolved), describe=describe)
+    load_weights(model, tensors, source=str(resolved), describe=describe, fp8=quantization == "fp8")
     model.eval()
     model.requires_grad_(False)
     return model, config

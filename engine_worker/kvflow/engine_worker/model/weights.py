@@ -18,7 +18,7 @@ segment of its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +28,7 @@ from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.errors import ModelLoadError
 from kvflow.engine_worker.model.linear import DenseWeight, Embedding, Linear
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
+from kvflow.engine_worker.model.quant.fp8_weight import Fp8Weight
 from kvflow.engine_worker.model.quant.gguf_codes import QuantizedTensor
 from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 from kvflow.engine_worker.model.quant.planes import Int4Planes, stack_rows, to_planes
@@ -127,12 +128,14 @@ def load_weights(
     *,
     source: str,
     describe: Mapping[str, str] | None = None,
+    fp8: bool = False,
 ) -> None:
     """Copy ``tensors`` (checkpoint names; read lazily, one at a time) into ``model``.
 
     ``source`` names the folder or file in errors; ``describe`` optionally maps a
     checkpoint name to how the user's file spells it (a GGUF tensor name). Quantized
-    tensors stay quantized (see the module docstring).
+    tensors stay quantized (see the module docstring); with ``fp8`` the float projections
+    (attention and MLP, not the embedding or the LM head) become FP8 as they load.
     """
     config = model.config
     shard = Shard(model.tp.rank, model.tp.size)
@@ -168,8 +171,12 @@ def load_weights(
                         f"vocab_size={config.vocab_size})"
                     )
                 sources.append(tensor)
+            owner_name = param_name.rsplit(".", 1)[0]
+            is_projection = owner_name.startswith("layers.") and param_name.endswith(".weight")
+            if fp8 and is_projection and "layernorm" not in param_name:
+                _to_fp8(modules[owner_name], parts, sources, param, source, shown)
+                continue
             if any(isinstance(t, QuantizedTensor) for t in sources):
-                owner_name = param_name.rsplit(".", 1)[0]
                 _quantize(
                     modules[owner_name], parts, sources, param, keep_rows=owner_name == "lm_head"
                 )
@@ -221,6 +228,27 @@ def _quantize(
             dense = torch.cat([t for t in run if isinstance(t, torch.Tensor)])
             segments.append(DenseWeight(dense.to(device)))
     owner.quantize(segments)
+
+
+def _to_fp8(
+    owner: nn.Module,
+    parts: tuple[CheckpointTensor, ...],
+    sources: list[torch.Tensor | QuantizedTensor],
+    param: torch.Tensor,
+    source: str,
+    shown: Callable[[str], str],
+) -> None:
+    """A float projection's parts, stacked, as one FP8 segment (``quant/fp8_weight.py``)."""
+    dense = []
+    for part, tensor in zip(parts, sources, strict=True):
+        if isinstance(tensor, QuantizedTensor):
+            raise ModelLoadError(
+                f"{source}: tensor {shown(part.name)} is already quantized ({tensor.type_name}); "
+                "--quantization fp8 quantizes a float checkpoint: drop it for a GGUF"
+            )
+        dense.append(_take(tensor, part).to(device=param.device, dtype=param.dtype))
+    assert isinstance(owner, Linear), type(owner)
+    owner.quantize([Fp8Weight(torch.cat(dense), out_dtype=torch.bfloat16)])
 
 
 def _runs(pieces: list[Int4Planes | torch.Tensor]) -> list[list[Int4Planes | torch.Tensor]]:

@@ -58,7 +58,12 @@ def old_model(checkout: Path, config: Any, state: dict[str, torch.Tensor]) -> to
     llama.paged_attention = attention.paged_attention  # type: ignore[attr-defined]
     llama.RotaryEmbedding = rope.RotaryEmbedding  # type: ignore[attr-defined]
     model: torch.nn.Module = llama.LlamaForCausalLM(config)
-    model.load_state_dict(state, strict=False)  # buffers differ between versions
+    # Parameter names moved between versions (the embedding became a module of its own):
+    # take each of the old model's parameters from the new one's of that name or its
+    # ".weight". Buffers differ between versions and are left as the old code builds them.
+    wanted = dict(model.named_parameters())
+    renamed = {name: state[name] if name in state else state[f"{name}.weight"] for name in wanted}
+    model.load_state_dict(renamed, strict=False)
     return model
 
 
@@ -73,8 +78,8 @@ def main() -> int:
     if not (args.old / MODEL_DIR / "llama.py").is_file():
         parser.error(f"{args.old / MODEL_DIR / 'llama.py'} not found: --old takes a checkout")
 
-    log("loading SmolLM2 (the built-in model)")
-    loaded = load_model(None)
+    log("loading SmolLM2 (the built-in model, widened: the old code's weights are float)")
+    loaded = load_model(None, quantization="none")
     new, config = loaded
     old = old_model(args.old, config, new.state_dict())
     weights = decode_weights(new)

@@ -9,8 +9,11 @@ spin against other jobs, and llama.cpp's 32-token answer took 1.1-5.3 s with 2 t
 against 0.5-0.8 s with 1 when this was written).
 
 What differs, by design of each server:
-- llama.cpp multiplies with its quantized Q4_1 kernels (weights stay 4-bit); kvflow
-  dequantizes the GGUF to float32 at load and runs torch matmuls.
+- llama.cpp multiplies with its quantized Q4_1 kernels (weights stay 4-bit, activations go
+  to 8 bits); kvflow keeps the Q4_1 weights as 4-bit planes and multiplies with torch's
+  int4 kernel in bf16 (small batches) or widens them for a bf16 GEMM (large ones). The
+  ``kvflow-widened`` arm is kvflow with ``--quantization none``: the GGUF widened to
+  float32 at load, torch's float32 GEMMs (how kvflow ran GGUFs before).
 - llama-cpp-python's server runs one request at a time (an asyncio lock around the model;
   it has no parallel-slots option, unlike llama.cpp's own C++ `llama-server -np N`), so
   concurrent requests queue; it is started with `--interrupt_requests False`, else each new
@@ -54,6 +57,7 @@ from testkit.ports import free_port  # noqa: E402
 from testkit.worker_process import launch_worker  # noqa: E402
 
 MODEL_NAME = "smollm2"
+ARMS = ("llama.cpp", "kvflow", "kvflow-widened")
 
 
 def _thread_env(threads: int) -> dict[str, str]:
@@ -123,7 +127,9 @@ def llamacpp_server(python: str, model: str, threads: int, tmp: Path) -> Iterato
 
 
 @contextmanager
-def kvflow_server(model: str, threads: int, kv_cache_gib: float) -> Iterator[str]:
+def kvflow_server(
+    model: str, threads: int, kv_cache_gib: float, quantization: str = "auto"
+) -> Iterator[str]:
     with ExitStack() as stack:
         worker = launch_worker(
             [
@@ -133,6 +139,8 @@ def kvflow_server(model: str, threads: int, kv_cache_gib: float) -> Iterator[str
                 MODEL_NAME,
                 "--kv-cache-gib",
                 str(kv_cache_gib),
+                "--quantization",
+                quantization,
             ],
             timeout_s=300,
             env=_thread_env(threads),
@@ -214,8 +222,16 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=3.0)
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs per server")
     p.add_argument("--kv-cache-gib", type=float, default=0.5)
+    p.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"servers to run, interleaved in this order: any of {','.join(ARMS)}",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    args.arms = [a for a in args.arms.split(",") if a]
+    if unknown := set(args.arms) - set(ARMS):
+        p.error(f"unknown arms {sorted(unknown)}: choose from {','.join(ARMS)}")
     args.model = args.model or str(default_model_path())
     if not Path(args.llamacpp_python).exists():
         p.error(f"{args.llamacpp_python} not found: `make llamacpp` installs it")
@@ -229,17 +245,17 @@ def main(argv: Sequence[str]) -> int:
     runs: list[tuple[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="llamacpp-peer-") as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
-        urls = {
-            "llama.cpp": stack.enter_context(
-                llamacpp_server(args.llamacpp_python, args.model, args.threads, tmp)
-            ),
-            "kvflow": stack.enter_context(
-                kvflow_server(args.model, args.threads, args.kv_cache_gib)
-            ),
-        }
+        urls = {}
+        for arm in args.arms:
+            if arm == "llama.cpp":
+                server = llamacpp_server(args.llamacpp_python, args.model, args.threads, tmp)
+            else:
+                quantization = "none" if arm == "kvflow-widened" else "auto"
+                server = kvflow_server(args.model, args.threads, args.kv_cache_gib, quantization)
+            urls[arm] = stack.enter_context(server)
         print(f"servers up in {time.monotonic() - started:.0f} s", file=sys.stderr)
         for seed in range(args.repeats):
-            for server in ("llama.cpp", "kvflow"):
+            for server in args.arms:
                 runs.append((server, run_arm(args, server, urls[server], seed, tmp)))
     table = rows(runs)
     wall_s = time.monotonic() - started

@@ -99,12 +99,12 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
-def ratios(table: Sequence[Row]) -> dict[int, dict[str, float | None]]:
-    """Per concurrency, kvflow / llama.cpp: above 1 is more throughput, or a longer wait."""
+def ratios(table: Sequence[Row], server: str = "kvflow") -> dict[int, dict[str, float | None]]:
+    """Per concurrency, ``server`` / llama.cpp: above 1 is more throughput, or a longer wait."""
     by_key = {(r.server, r.users): r for r in table}
     out: dict[int, dict[str, float | None]] = {}
     for users in sorted({r.users for r in table}):
-        k, ll = by_key.get(("kvflow", users)), by_key.get(("llama.cpp", users))
+        k, ll = by_key.get((server, users)), by_key.get(("llama.cpp", users))
         if k is None or ll is None:
             continue
         out[users] = {
@@ -140,22 +140,31 @@ def render(table: Sequence[Row]) -> str:
         "kvflow / llama.cpp (throughput: above 1 is kvflow faster; latency: above 1 "
         "is kvflow slower)",
         "",
-        "| users | served tok/s | TTFT P50 | TTFT P90 | ITL P50 | ITL P90 |",
-        "|---|---|---|---|---|---|",
+        "| users | kvflow arm | served tok/s | TTFT P50 | TTFT P90 | ITL P50 | ITL P90 |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for users, ratio in ratios(table).items():
-        cells = " | ".join(
-            _f(ratio[k], 2)
-            for k in ("served_tokens_per_s", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
-        )
-        lines.append(f"| {users} | {cells} |")
+    for server in _kvflow_arms(table):
+        for users, ratio in ratios(table, server).items():
+            cells = " | ".join(
+                _f(ratio[k], 2)
+                for k in ("served_tokens_per_s", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
+            )
+            lines.append(f"| {users} | {server} | {cells} |")
     return "\n".join(lines)
+
+
+def _kvflow_arms(table: Sequence[Row]) -> list[str]:
+    return sorted({r.server for r in table} - {"llama.cpp"})
 
 
 def as_json(table: Sequence[Row]) -> dict[str, Any]:
     return {
         "rows": [asdict(r) for r in table],
         "ratios_kvflow_over_llamacpp": {str(u): r for u, r in ratios(table).items()},
+        "ratios_over_llamacpp": {
+            server: {str(u): r for u, r in ratios(table, server).items()}
+            for server in _kvflow_arms(table)
+        },
     }
 
 

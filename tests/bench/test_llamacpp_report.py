@@ -80,7 +80,7 @@ def test_render_and_json_carry_every_row() -> None:
     table = rows(RUNS)
     text = render(table)
     assert "| 8 | kvflow | 64.0 (64.0-64.0) | 1.0 | 2000.0 | 4000.0 | 100.0 | - | 4.00 |" in text
-    assert "| 8 | 4.00 | 0.24 |" in text
+    assert "| 8 | kvflow | 4.00 | 0.24 |" in text
     record = as_json(table)
     assert len(record["rows"]) == 4
     assert record["ratios_kvflow_over_llamacpp"]["1"]["served_tokens_per_s"] == 16.0 / 41.0

@@ -147,3 +147,25 @@ def test_the_router_fails_over_from_a_worker_whose_rank_died(tmp_path: Path) -> 
         gateway.stop()
         split.stop(timeout_s=20)
         plain.stop(timeout_s=10)
+
+
+def _num_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(_num_gpus() < 2, reason="needs two CUDA GPUs (NCCL); not run here")
+def test_two_gpus_over_nccl_answer_what_one_does(tiny: Path) -> None:
+    common = ["--model", str(tiny), "--device", "cuda", "--dtype", "float32"]
+    single = launch_worker(common)
+    try:
+        expected = [greedy(single, p) for p in PROMPTS]
+    finally:
+        single.stop(timeout_s=10)
+    split = launch_worker([*common, "--tensor-parallel-size", "2"])
+    try:
+        assert [greedy(split, p) for p in PROMPTS] == expected
+    finally:
+        split.stop(timeout_s=20)

@@ -78,14 +78,22 @@ def _wait_models(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: 
     raise TimeoutError(f"llama.cpp server not ready after {timeout_s} s:\n{log.read_text()}")
 
 
+def has_amx() -> bool:
+    """llama.cpp's extra buffer types crash on AMX CPUs (``llamacpp_server.py``)."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 @contextmanager
 def llamacpp_server(python: str, model: str, threads: int, tmp: Path) -> Iterator[str]:
     port = free_port()
     log = tmp / "llamacpp.log"
     cmd = [
         python,
-        "-m",
-        "llama_cpp.server",
+        str(ROOT / "bench" / "llamacpp_server.py"),
+        *(["--no-extra-bufts"] if has_amx() else []),
         "--model",
         model,
         "--model_alias",
@@ -278,6 +286,7 @@ def main(argv: Sequence[str]) -> int:
             "git_head": _git(["rev-parse", "HEAD"]),
             "git_dirty": _git(["status", "--porcelain", "--", "engine_worker", "router"]),
             "load_average_before": load_before,
+            "llamacpp_extra_bufts": not has_amx(),
             "load_average_after": os.getloadavg(),
             "wall_s": wall_s,
             **as_json(table),

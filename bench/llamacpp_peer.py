@@ -51,13 +51,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from llamacpp_report import as_json, render, rows  # noqa: E402
+from llamacpp_report import SERVERS, as_json, render, rows  # noqa: E402
 from testkit.gateway_process import launch_gateway  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
 from testkit.worker_process import launch_worker  # noqa: E402
 
 MODEL_NAME = "smollm2"
-ARMS = ("llama.cpp", "kvflow", "kvflow-widened")
+ARMS = SERVERS  # every server the report orders
 
 
 def _thread_env(threads: int) -> dict[str, str]:

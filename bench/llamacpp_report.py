@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SERVERS = ("llama.cpp", "kvflow")
+SERVERS = ("llama.cpp", "kvflow", "kvflow-widened")
 
 
 @dataclass(frozen=True)

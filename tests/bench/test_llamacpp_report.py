@@ -84,3 +84,18 @@ def test_render_and_json_carry_every_row() -> None:
     record = as_json(table)
     assert len(record["rows"]) == 4
     assert record["ratios_kvflow_over_llamacpp"]["1"]["served_tokens_per_s"] == 16.0 / 41.0
+
+
+def test_every_peer_arm_gets_rows_and_ratios() -> None:
+    widened = ("kvflow-widened", _report(_point(1, 4.0, 0.5, 0.1), _point(8, 8.0, 2.0, 0.2)))
+    table = rows([*RUNS, widened])
+    assert [(r.users, r.server) for r in table if r.users == 1] == [
+        (1, "llama.cpp"),
+        (1, "kvflow"),
+        (1, "kvflow-widened"),
+    ]
+    record = as_json(table)
+    assert record["ratios_over_llamacpp"]["kvflow-widened"]["1"]["served_tokens_per_s"] == (
+        8.0 / 41.0
+    )
+    assert "| 1 | kvflow-widened | 0.20 |" in render(table)

@@ -22,6 +22,8 @@ from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transpo
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import BlockIO
+from kvflow.engine_worker.memory.budget import MemoryBudgetError
+from kvflow.engine_worker.memory.report import MemoryReport
 from kvflow.engine_worker.metrics import WorkerMetrics
 from kvflow.engine_worker.server import KV_TRANSPORTS, WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
@@ -53,16 +55,17 @@ class BuiltWorker:
     engine: Engine
     info: pb.WorkerInfo
     runner: BlockRunner
+    memory: MemoryReport
 
 
 def _num_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
     if settings.num_kv_blocks is not None:
         return settings.num_kv_blocks
-    num = int(settings.kv_cache_gib * GIB // bytes_per_block)
+    gib = settings.cpu_kv_cache_gib()
+    num = int(gib * GIB // bytes_per_block)
     if num < 1:
         raise SystemExit(
-            f"--kv-cache-gib {settings.kv_cache_gib} holds no block of {bytes_per_block} bytes; "
-            "raise it"
+            f"--kv-cache-gib {gib} holds no block of {bytes_per_block} bytes; raise it"
         )
     return num
 
@@ -109,10 +112,19 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             kv_bytes_per_block=per_block,
             block_size=settings.block_size,
         )
+        how = "--num-kv-blocks" if settings.num_kv_blocks is not None else "simulated"
+        memory = MemoryReport({}, "simulated", num_blocks * per_block, num_blocks,
+                              settings.block_size, how)  # fmt: skip
     else:
         import torch  # only a real worker pays for torch
 
         from kvflow.engine_worker.auto_dtype import machine_dtype
+        from kvflow.engine_worker.memory.measure import KvSizing, size_kv_cache
+        from kvflow.engine_worker.model.kv_quant import (
+            KvCacheDtypeError,
+            check_device_supports,
+            kv_cache_dtype,
+        )
         from kvflow.engine_worker.model.loader import load_model
         from kvflow.engine_worker.runner import TorchModelRunner, kv_bytes_per_block
         from kvflow.engine_worker.sampler import Sampler
@@ -127,6 +139,11 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             if settings.dtype not in ("auto", dtype_name):
                 raise ValueError(f"dtype {settings.dtype} asked of a model loaded in {dtype_name}")
         dtype = getattr(torch, dtype_name)
+        try:
+            kv_dtype = kv_cache_dtype(settings.kv_cache_dtype, dtype)
+            check_device_supports(kv_dtype, settings.device)
+        except KvCacheDtypeError as exc:
+            raise SystemExit(str(exc)) from None
         started = time.monotonic()
         log.info(
             "loading model %s on %s (%s; %s)",
@@ -150,9 +167,30 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             num_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim,
             block_size=settings.block_size,
-            dtype=dtype,
+            dtype=kv_dtype,
         )
-        num_blocks = _num_blocks(settings, per_block)
+        workspace_bytes = int(settings.resolved_decode_workspace_gib() * GIB)
+        max_len = min(settings.max_model_len or model_len, model_len)
+        sizing = KvSizing(
+            device=settings.device,
+            model_dtype=dtype,
+            kv_dtype=kv_dtype,
+            block_size=settings.block_size,
+            bytes_per_block=per_block,
+            kv_cache_gib=settings.kv_cache_gib,
+            num_kv_blocks=settings.num_kv_blocks,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=max_len,
+            decode_workspace_bytes=workspace_bytes,
+            cuda_graphs=settings.cuda_graphs,
+        )
+        try:
+            memory = size_kv_cache(model, config, sizing)
+        except MemoryBudgetError as exc:
+            raise SystemExit(str(exc)) from None
+        num_blocks = memory.num_blocks
         runner = TorchModelRunner(
             model,
             num_layers=config.num_hidden_layers,
@@ -165,16 +203,12 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             sampler=Sampler(
                 settings.device, default_seed=settings.seed, eos_token_ids=config.eos_token_ids
             ),
-            decode_workspace_bytes=int(settings.resolved_decode_workspace_gib() * GIB),
+            decode_workspace_bytes=workspace_bytes,
             decode_graph_batch=settings.max_num_seqs if settings.cuda_graphs else 0,
-            max_model_len=min(settings.max_model_len or model_len, model_len),
+            max_model_len=max_len,
+            kv_cache_dtype=kv_dtype,
         )
-        log.info(
-            "KV cache: %d blocks of %d tokens (%.2f GiB)",
-            num_blocks,
-            settings.block_size,
-            num_blocks * per_block / GIB,
-        )
+    log.info("%s", memory.log_line())
 
     max_model_len = min(settings.max_model_len or model_len, model_len)
     hash_seed = make_hash_seed(name, f"vocab={vocab}")
@@ -209,7 +243,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
         kv_transport=KV_TRANSPORTS[KvTransportKind(settings.resolved_kv_transport())],
         prefix_caching=settings.enable_prefix_caching,
     )
-    return BuiltWorker(engine, info, runner)
+    return BuiltWorker(engine, info, runner, memory)
 
 
 def advertised_host(settings: WorkerSettings) -> str:
@@ -237,6 +271,7 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
 async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
+    metrics.observe_memory(built.memory)
     kv = start_kv_agent(settings, built.info.instance_id)
     loop = EngineLoop(
         built.engine,

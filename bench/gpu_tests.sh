@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests marked `gpu` (pytest -m gpu), on a device machine after bench/gpu_check.sh: by
-# default the engine's (CUDA-graph decode steps against the eager CUDA path; host syncs of
-# a sampling step and of a replayed decode step), about a minute. Name other test files to
+# default the engine's (CUDA-graph decode steps against the eager CUDA path, over float and
+# quantized KV caches; host syncs of a sampling step and of a replayed decode step;
+# --gpu-memory-utilization sizing the cache), about a minute. Name other test files to
 # run theirs instead, e.g. tests/bench/test_gpu_check.py (gpu_check --size small, about 2
 # minutes). Everywhere else these tests are skipped with their reason.
 set -uo pipefail
@@ -10,6 +11,6 @@ source bench/gpu_env.sh || exit 2
 export PYTHONPATH=tests:$PYTHONPATH
 if [ $# -eq 0 ]; then
   set -- tests/engine/test_decode_graphs.py tests/engine/test_sampler.py \
-    tests/engine/test_auto_dtype.py
+    tests/engine/test_auto_dtype.py tests/engine/test_gpu_memory.py
 fi
 exec "$PY" -m pytest -m gpu -p no:cacheprovider "$@"

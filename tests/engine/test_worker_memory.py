@@ -45,6 +45,16 @@ def test_weights_are_counted_once_per_tensor_by_dtype(tmp_path: Path) -> None:
     assert weight_memory(model) == {"bfloat16": 2 * (params + 1000 * 64), "float32": buffers}
 
 
+def test_a_buffer_that_aliases_a_parameter_counts_once() -> None:
+    """Two tensor objects over one memory (a packed weight kept as a buffer beside a view of
+    it, say) are one set of bytes; two different tensors of the same size are two."""
+    module = torch.nn.Module()
+    module.weight = torch.nn.Parameter(torch.zeros(64, 32))
+    module.register_buffer("alias", module.weight.data)
+    module.register_buffer("other", torch.zeros(64, 32))
+    assert weight_memory(module) == {"float32": 2 * 64 * 32 * 4}
+
+
 def test_a_cpu_worker_reports_what_it_holds(tiny: Path) -> None:
     built = build_worker(
         WorkerSettings(model=str(tiny), kv_cache_gib=0.01, kv_cache_dtype="int8"),

@@ -30,9 +30,11 @@ import math
 import platform
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -48,6 +50,7 @@ from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
 MODELS = {"smollm2": "float32", "smollm2-bf16": "bfloat16"}
 BLOCK_SIZE = 16
+T = TypeVar("T")
 
 
 def log(msg: str) -> None:
@@ -114,6 +117,26 @@ def score(
     return torch.cat(nlls), torch.cat(choices), built.memory
 
 
+def in_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a thread of its own, as a worker steps its engine: under load, torch in
+    the main thread spins on OpenMP barriers (bench/engine_throughput.py measured 10x)."""
+    box: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(fn())
+        except BaseException as e:  # re-raised in the caller
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name="score")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return box[0]
+
+
 def run_model(name: str, args: argparse.Namespace, tokens: list[int]) -> dict[str, Any]:
     dtype = getattr(torch, MODELS[name])
     log(f"{name}: loading in {MODELS[name]}")
@@ -124,7 +147,9 @@ def run_model(name: str, args: argparse.Namespace, tokens: list[int]) -> dict[st
         for kv in args.kv_dtypes:
             log(f"{name}: --kv-cache-dtype {kv}, chunks of {chunk}")
             started = time.perf_counter()
-            nll, choice, memory = score(loaded, kv, tokens, chunk)
+            nll, choice, memory = in_thread(
+                lambda kv=kv, chunk=chunk: score(loaded, kv, tokens, chunk)  # type: ignore[misc]
+            )
             seconds = time.perf_counter() - started
             if reference is None:
                 reference = nll, choice

@@ -39,11 +39,9 @@ from kvflow.engine_worker.memory.weight_memory import weight_memory
 from kvflow.engine_worker.model.attention import AttentionMetadata, compute_dtype, kv_cache_shape
 from kvflow.engine_worker.model.decode_graphs import MAX_PADDED_TOKENS, bucket
 from kvflow.engine_worker.model.kv_quant import layout_name, row_width
+from kvflow.engine_worker.settings import DEFAULT_CPU_KV_CACHE_GIB
 
 log = logging.getLogger(__name__)
-
-# Without a size, a CPU worker's cache is 1 GiB (a GPU's is sized by utilization).
-DEFAULT_CPU_KV_CACHE_GIB = 1.0
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,10 @@ import torch.nn.functional as F
 
 from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
 from kvflow.engine_worker.model.kv_quant import (
-    as_words,
-    dequantize,
+    gather_dequantized,
     is_quantized,
-    quantize,
     row_width,
+    write_quantized,
 )
 
 MAX_DECODE_GROUPS = 4
@@ -233,10 +232,7 @@ def write_kv(kv_cache: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tenso
     rows, not one for K and one for V."""
     num_blocks, block_size, _, num_kv_heads, head_dim = kv_cache.shape
     if is_quantized(kv_cache.dtype):
-        stored = quantize(kv, kv_cache.dtype)  # [num_tokens, 2, Hkv, head_dim + scale]
-        slots = as_words(kv_cache, num_blocks * block_size)
-        slots.index_copy_(0, slot_mapping, as_words(stored, kv.shape[0]))
-        return dequantize(stored, kv.dtype)
+        return write_quantized(kv_cache, kv, slot_mapping)
     slots = kv_cache.view(num_blocks * block_size, 2 * num_kv_heads * head_dim)
     rows = kv.reshape(kv.shape[0], 2 * num_kv_heads * head_dim)
     slots.index_copy_(0, slot_mapping, rows.to(kv_cache.dtype))
@@ -264,7 +260,7 @@ def _gather(
     float32, ``compute_dtype``.)
     """
     if is_quantized(kv_cache.dtype):
-        return _gather_quantized(kv_cache, block_ids, num_tokens, dtype, first_block)
+        return gather_dequantized(kv_cache, block_ids, num_tokens, dtype, first_block)
     _, block_size, _, num_kv_heads, head_dim = kv_cache.shape
     if first_block is not None:
         # The views below, made in one call each: at batch 1 every view op costs a few us.
@@ -281,30 +277,6 @@ def _gather(
     kv = kv.narrow(-4, 0, num_tokens)  # [..., tokens, 2, Hkv, D]
     kv = kv.movedim(-3, 0).transpose(-3, -2)  # [2, ..., Hkv, tokens, D]
     kv = kv.to(dtype)
-    return kv[0], kv[1]
-
-
-def _gather_quantized(
-    kv_cache: torch.Tensor,
-    block_ids: torch.Tensor,
-    num_tokens: int,
-    dtype: torch.dtype,
-    first_block: int | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_gather`` of a quantized cache: the same whole-block copy (of the blocks' bytes, as
-    integer words), then one dequantizing pass over the tokens used, which is the copy SDPA
-    reads; consecutive blocks are dequantized straight from the cache."""
-    num_blocks, block_size, _, num_kv_heads, width = kv_cache.shape
-    lead = block_ids.shape[:-1]  # () or (B,)
-    count = block_ids.shape[-1]
-    if first_block is not None:
-        rows = kv_cache[first_block : first_block + count]
-    else:
-        words = as_words(kv_cache, num_blocks).index_select(0, block_ids.reshape(-1))
-        rows = words.view(torch.uint8).view(kv_cache.dtype)
-    rows = rows.view(*lead, count * block_size, 2, num_kv_heads, width)
-    kv = dequantize(rows.narrow(-4, 0, num_tokens), dtype)  # [..., tokens, 2, Hkv, D]
-    kv = kv.movedim(-3, 0).transpose(-3, -2)  # [2, ..., Hkv, tokens, D]
     return kv[0], kv[1]
 
 

@@ -27,7 +27,8 @@ float16's range: scales are clamped to its smallest normal, 2^-14, so a row whos
 all below 127 * 2^-14 = 0.0078 (int8) keeps an absolute precision of 3e-5, and to its
 largest, 65504, which no activation reaches (int8 amax 8.3e6).
 
-Dequantized values are what attention reads everywhere (the step's own tokens included), so
+``write_quantized`` and ``gather_dequantized`` are ``attention``'s write and gather for such
+a cache. Dequantized values are what attention reads everywhere (the step's own tokens included), so
 a result does not depend on whether a token came from this step, the paged cache, a prefix
 hit, a transfer or the decode workspace.
 """
@@ -159,3 +160,39 @@ def as_words(kv_cache: torch.Tensor, num_rows: int) -> torch.Tensor:
         if flat.shape[1] % word.itemsize == 0:
             return flat.view(word)
     return flat
+
+
+def write_quantized(
+    kv_cache: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor
+) -> torch.Tensor:
+    """``attention.write_kv`` into a quantized cache: quantize the step's rows, scatter them
+    as integer words, and return what the cache now holds, dequantized to ``kv``'s dtype."""
+    num_slots = kv_cache.shape[0] * kv_cache.shape[1]
+    stored = quantize(kv, kv_cache.dtype)  # [num_tokens, 2, Hkv, head_dim + scale]
+    as_words(kv_cache, num_slots).index_copy_(0, slot_mapping, as_words(stored, kv.shape[0]))
+    return dequantize(stored, kv.dtype)
+
+
+def gather_dequantized(
+    kv_cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    num_tokens: int,
+    dtype: torch.dtype,
+    first_block: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attention._gather`` of a quantized cache: the same whole-block copy (of the blocks'
+    bytes, as integer words), then one dequantizing pass over the tokens used, which is the
+    copy SDPA reads; consecutive blocks are dequantized straight from the cache. Returns K
+    and V, ``[..., Hkv, num_tokens, head_dim]`` each."""
+    num_blocks, block_size, _, num_kv_heads, width = kv_cache.shape
+    lead = block_ids.shape[:-1]  # () or (B,)
+    count = block_ids.shape[-1]
+    if first_block is not None:
+        rows = kv_cache[first_block : first_block + count]
+    else:
+        words = as_words(kv_cache, num_blocks).index_select(0, block_ids.reshape(-1))
+        rows = words.view(torch.uint8).view(kv_cache.dtype)
+    rows = rows.view(*lead, count * block_size, 2, num_kv_heads, width)
+    kv = dequantize(rows.narrow(-4, 0, num_tokens), dtype)  # [..., tokens, 2, Hkv, D]
+    kv = kv.movedim(-3, 0).transpose(-3, -2)  # [2, ..., Hkv, tokens, D]
+    return kv[0], kv[1]

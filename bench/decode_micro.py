@@ -17,12 +17,20 @@
   the workspace's layout. On a CPU with AVX512-BF16 the first favours bf16, the second
   float32, which is why a bf16 model attends in float32 on the CPU.
 
-    python bench/decode_micro.py        # about 40 seconds
+- **What a quantized KV cache costs** (``--kv-cache-dtype``): one SmolLM2 layer's cache
+  write (quantize and scatter) and its gather (copy and dequantize) for 64 decodes over
+  100-400 tokens and for a 512-token prefill chunk, and a whole decode step of paged
+  attention over the gather path, float32 against int8 and fp8, through the engine's own
+  ``attention`` functions.
+
+    python bench/decode_micro.py        # every section, about a minute
+    python bench/decode_micro.py kv_dtypes greedy   # only these
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -205,9 +213,67 @@ def dtypes() -> None:
         print(f"| {kv_heads} x {group}, {longest} | {f32:.2f} | {b16:.2f} | {b16 / f32:.1f}x |")
 
 
+def kv_dtypes() -> None:
+    from kvflow.engine_worker.model.attention import (
+        AttentionMetadata,
+        _gather,
+        kv_cache_shape,
+        paged_attention,
+        write_kv,
+    )
+
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim, block_size, batch = 9, 3, 64, 16, 64  # SmolLM2's layer
+    num_blocks = 4096
+    lens = torch.randint(100, 401, (batch,)).tolist()
+    free = torch.randperm(num_blocks).tolist()  # scattered blocks, as after churn
+    tables = [[free.pop() for _ in range(-(-n // block_size))] for n in lens]
+    longest = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (longest - len(t)) for t in tables])
+    meta = AttentionMetadata.build(
+        query_lens=[1] * batch, context_lens=lens, block_tables=tables, block_size=block_size
+    )
+    q = torch.randn(batch, heads, head_dim)
+    kv64 = torch.randn(batch, 2, kv_heads, head_dim)
+    slots64 = torch.tensor([t[0] * block_size for t in tables])
+    kv512 = torch.randn(512, 2, kv_heads, head_dim)
+    slots512 = torch.arange(512)
+    everything = torch.randn(num_blocks * block_size, 2, kv_heads, head_dim)
+    names = (
+        "write 64 decode tokens",
+        "write a 512-token chunk",
+        "gather 64 contexts of 100-400 tokens",
+        "decode step, 64 sequences (gather path)",
+    )
+    columns = []
+    for dtype in (torch.float32, torch.int8, torch.float8_e4m3fn):
+        shape = kv_cache_shape(num_blocks=num_blocks, block_size=block_size,
+                               num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)  # fmt: skip
+        c = torch.zeros(shape, dtype=dtype)
+        with torch.inference_mode():
+            write_kv(c, everything, torch.arange(num_blocks * block_size))  # every slot set
+            columns.append(
+                [
+                    median_ms(lambda c=c: write_kv(c, kv64, slots64), 50),
+                    median_ms(lambda c=c: write_kv(c, kv512, slots512), 10),
+                    median_ms(lambda c=c: _gather(c, padded, longest * 16, torch.float32), 5),
+                    median_ms(lambda c=c: paged_attention(q, kv64, c, meta, 0.125), 5),
+                ]
+            )
+    print("\n| one layer, SmolLM2's shape | float32 ms | int8 ms | fp8 ms |\n|---|---|---|---|")
+    for name, (f32, i8, f8) in zip(names, zip(*columns, strict=True), strict=True):
+        print(f"| {name} | {f32:.3f} | {i8:.3f} ({i8 / f32:.1f}x) | {f8:.3f} ({f8 / f32:.1f}x) |")
+
+
+SECTIONS: dict[str, Callable[[], None]] = {
+    "greedy": greedy,
+    "attention": attention,
+    "cold_attention": cold_attention,
+    "graph_inputs": graph_inputs,
+    "dtypes": dtypes,
+    "kv_dtypes": kv_dtypes,
+}
+
 if __name__ == "__main__":
-    greedy()
-    attention()
-    cold_attention()
-    graph_inputs()
-    dtypes()
+    for section in sys.argv[1:] or list(SECTIONS):
+        SECTIONS[section]()

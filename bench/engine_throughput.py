@@ -15,6 +15,8 @@ drawn number of tokens, every request submitted at once:
   kvflow-widened our engine over a GGUF's weights widened to --dtype at load
                 (--quantization none), as kvflow ran GGUFs before they stayed quantized
                 (4-bit planes, torch's int4 kernels); GGUF models only
+  kvflow-int8   our engine with an int8 KV cache (--kv-cache-dtype int8), and kvflow-fp8
+  kvflow-fp8    with an fp8 one: what dequantizing the cache costs (not in the default arms)
   hf-cb-fp32    hf-cb in float32 whatever --dtype says: transformers' other choice
   hf-cb         transformers' own continuous batching (``init_continuous_batching``), a
                 fresh manager per run, warmed up, its KV cache sized to the workload
@@ -22,13 +24,14 @@ drawn number of tokens, every request submitted at once:
                 (it runs until the longest request is done: the padding and finished rows
                 are the waste continuous batching removes; useful tokens are counted)
   hf-serial     transformers `generate`, one request at a time
-Every arm but the -fp32 ones runs the model in ``--dtype`` (float32 by default). The arms run
+Every arm but the -fp32 ones runs the model in ``--dtype`` (float32 by default), and every
+kvflow arm but -int8 and -fp8 its KV cache in ``--kv-cache-dtype`` (auto: the model's). The arms run
 interleaved ``--runs`` times (the order rotated each run); each arm is reported as the
 median and range of its runs, with kvflow's ratios of medians. Then the
 TTFT of prompts that share 97 % of their tokens, with prefix caching on vs off.
 
     python bench/engine_throughput.py [--quick] [--models tiny,smollm2] [--runs 3]
-        [--dtype float32|bfloat16] [--json PATH]
+        [--dtype float32|bfloat16] [--kv-cache-dtype auto|int8|fp8] [--json PATH]
 Ratios are what to read: every arm runs in this process, each in a thread of its own."""
 
 from __future__ import annotations
@@ -84,7 +87,10 @@ ARMS = (
     "hf-cb-fp32",
     "hf-static",
     "hf-serial",
+    "kvflow-int8",
+    "kvflow-fp8",
 )
+DEFAULT_ARMS = ARMS[:-2]  # the KV-dtype arms on request
 BASES = ("kvflow", "kvflow-warm")  # the arms whose ratios to every other are reported
 # Our engine's batch size (transformers' manager takes every request at once, hf_arms.py).
 MAX_SEQS = 64
@@ -230,15 +236,29 @@ def bench_model(
     )
     step = max(1, len(w.prompts) // 4)
     primer = make_workload(spec, config.vocab_size, args.seed + 2)
-    warm_engine = WarmEngine(lambda: new_engine(path, loaded, max_num_seqs=MAX_SEQS), primer)
+    kv = args.kv_cache_dtype
+    warm_engine = WarmEngine(
+        lambda: new_engine(path, loaded, max_num_seqs=MAX_SEQS, kv_cache_dtype=kv), primer
+    )
     arms: dict[str, Callable[[Workload], tuple[float, int]]] = {
-        "kvflow": lambda wl: run_kvflow(new_engine(path, loaded, max_num_seqs=MAX_SEQS), wl),
+        "kvflow": lambda wl: run_kvflow(
+            new_engine(path, loaded, max_num_seqs=MAX_SEQS, kv_cache_dtype=kv), wl
+        ),
         "kvflow-warm": warm_engine.run,
         "kvflow-gather": lambda wl: run_kvflow(
-            new_engine(path, loaded, max_num_seqs=MAX_SEQS, decode_workspace_gib=0.0), wl
+            new_engine(
+                path, loaded, max_num_seqs=MAX_SEQS, decode_workspace_gib=0.0, kv_cache_dtype=kv
+            ),
+            wl,
         ),
         "kvflow-fp32": lambda wl: run_kvflow(
-            new_engine(path, loaded_fp32, max_num_seqs=MAX_SEQS), wl
+            new_engine(path, loaded_fp32, max_num_seqs=MAX_SEQS, kv_cache_dtype=kv), wl
+        ),
+        "kvflow-int8": lambda wl: run_kvflow(
+            new_engine(path, loaded, max_num_seqs=MAX_SEQS, kv_cache_dtype="int8"), wl
+        ),
+        "kvflow-fp8": lambda wl: run_kvflow(
+            new_engine(path, loaded, max_num_seqs=MAX_SEQS, kv_cache_dtype="fp8"), wl
         ),
         "kvflow-widened": lambda wl: run_kvflow(
             new_engine(path, loaded_widened, max_num_seqs=MAX_SEQS), wl
@@ -281,6 +301,7 @@ def bench_model(
     result: dict[str, Any] = {
         "model": name,
         "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "workload": {
             "num_requests": spec.num_requests,
             "prompt_len": list(spec.prompt_len),
@@ -360,7 +381,7 @@ def main() -> int:
         help="64 requests of 16-128 prompt and output tokens (half the full lengths)",
     )
     parser.add_argument("--models", default="tiny,smollm2")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"any of {','.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"any of {','.join(ARMS)}")
     parser.add_argument("--runs", type=int, default=3, help="interleaved runs of the arms")
     parser.add_argument("--num-requests", type=int, help="override the workload's count")
     parser.add_argument(
@@ -375,6 +396,12 @@ def main() -> int:
         choices=("float32", "bfloat16"),
         default="float32",
         help="the model's dtype in every arm but kvflow-fp32 (ours and transformers')",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "int8", "fp8"),
+        default="auto",
+        help="the KV cache of every kvflow arm but kvflow-int8 and kvflow-fp8",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -399,6 +426,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "quick": args.quick,
         "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "runs": args.runs,
         "load1_at_start": load1(),
         "models": [],

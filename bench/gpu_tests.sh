@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tests marked `gpu` (pytest -m gpu), on a device machine after bench/gpu_check.sh: by
-# default the engine's (CUDA-graph decode steps against the eager CUDA path; host syncs of
-# a sampling step and of a replayed decode step; int4 planes through tinygemm and FP8
-# weights through _scaled_mm against the CPU's products), about a minute. Name other test files to
+# default the engine's (CUDA-graph decode steps against the eager CUDA path, over float and
+# quantized KV caches; host syncs of a sampling step and of a replayed decode step;
+# --gpu-memory-utilization sizing the cache; int4 planes through tinygemm and FP8 weights
+# through _scaled_mm against the CPU's products), about a minute. Name other test files to
 # run theirs instead, e.g. tests/bench/test_gpu_check.py (gpu_check --size small, about 2
 # minutes). Everywhere else these tests are skipped with their reason.
 set -uo pipefail
@@ -11,7 +12,7 @@ source bench/gpu_env.sh || exit 2
 export PYTHONPATH=tests:$PYTHONPATH
 if [ $# -eq 0 ]; then
   set -- tests/engine/test_decode_graphs.py tests/engine/test_sampler.py \
-    tests/engine/test_auto_dtype.py tests/engine/test_quant_int4_weight.py \
-    tests/engine/test_quant_fp8.py
+    tests/engine/test_auto_dtype.py tests/engine/test_gpu_memory.py \
+    tests/engine/test_quant_int4_weight.py tests/engine/test_quant_fp8.py
 fi
 exec "$PY" -m pytest -m gpu -p no:cacheprovider "$@"

@@ -214,11 +214,16 @@ def test_a_failed_capture_turns_graphs_off_and_every_step_still_runs(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; not run here")
-def test_replayed_graphs_decode_exactly_as_the_eager_cuda_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
+def test_replayed_graphs_decode_exactly_as_the_eager_cuda_path(tmp_path: Path, kv: str) -> None:
+    """A quantized cache too: the graph records the quantizing write and the dequantizing
+    gather like any other kernel."""
     path = str(write_tiny_llama(tmp_path / "model", seed=5, vocab_size=4096))
     loaded = load_model(path, device="cuda")
-    eager, _ = greedy_outputs(path, loaded, device="cuda")
-    graphed, runner = greedy_outputs(path, loaded, device="cuda", cuda_graphs=True)
+    eager, _ = greedy_outputs(path, loaded, device="cuda", kv_cache_dtype=kv)
+    graphed, runner = greedy_outputs(
+        path, loaded, device="cuda", cuda_graphs=True, kv_cache_dtype=kv
+    )
     assert graphed == eager
     graphs = runner.graphs
     assert graphs.capture and graphs.captures == len(graphs.buckets) >= 4

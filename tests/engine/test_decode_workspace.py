@@ -17,6 +17,7 @@ import os
 import random
 from pathlib import Path
 
+import pytest
 import torch
 from testkit.attend import attend
 
@@ -205,14 +206,18 @@ class Seq:
         self.blocks: list[int] = []
 
 
-def test_random_traffic_attends_exactly_as_the_gather_path() -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.int8, torch.float8_e4m3fn])
+def test_random_traffic_attends_exactly_as_the_gather_path(cache_dtype: torch.dtype) -> None:
     """Arrivals, chunked prefills beside decodes, finishes, preemptions: 2 layers, each step
-    run with a workspace and without one on copies of the same cache."""
+    run with a workspace and without one on copies of the same cache. A quantized cache's
+    workspace holds what the cache holds, dequantized: the two paths still agree exactly."""
     rnd = random.Random(0)
     gen = torch.Generator().manual_seed(0)
     num_blocks = 400
-    shape = kv_cache_shape(num_blocks=num_blocks, block_size=BS, num_kv_heads=HKV, head_dim=D)
-    caches = [[torch.zeros(shape) for _ in range(LAYERS)] for _ in range(2)]
+    shape = kv_cache_shape(
+        num_blocks=num_blocks, block_size=BS, num_kv_heads=HKV, head_dim=D, dtype=cache_dtype
+    )
+    caches = [[torch.zeros(shape, dtype=cache_dtype) for _ in range(LAYERS)] for _ in range(2)]
     ws = workspace()
     free = list(range(num_blocks))
     rnd.shuffle(free)

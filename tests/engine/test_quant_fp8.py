@@ -18,6 +18,7 @@ import torch
 from testkit.paged_steps import PagedSteps
 from testkit.tiny_model import write_tiny_llama
 
+from kvflow.engine_worker.memory.weight_memory import weight_memory
 from kvflow.engine_worker.model.loader import load_model
 from kvflow.engine_worker.model.quant.fp8_weight import Fp8Weight, quantize_rows
 from kvflow.engine_worker.settings import parse_args
@@ -51,8 +52,9 @@ def test_a_model_loaded_fp8_holds_its_projections_in_fp8_and_still_answers(
     folder = write_tiny_llama(tmp_path / "tiny", vocab_size=512, seed=2, hidden_size=128,
                              intermediate_size=256)  # fmt: skip
     model, config = load_model(folder, dtype=torch.bfloat16, quantization="fp8")
-    held = model.weight_bytes()
-    assert set(held) == {"fp8", "bfloat16"}  # embeddings, norms and the head stay bf16
+    held = weight_memory(model)
+    # Embeddings, norms and the head stay bf16 (RoPE's tables are float32 buffers).
+    assert set(held) == {"fp8", "bfloat16", "float32"}
     layer = model.layers[0]
     for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
         assert linear.weight is None and isinstance(linear.segments[0], Fp8Weight)

@@ -21,6 +21,7 @@ from testkit.paged_steps import PagedSteps
 from testkit.tiny_gguf import write_tiny_gguf
 from testkit.tiny_model import write_tiny_llama
 
+from kvflow.engine_worker.memory.weight_memory import weight_memory
 from kvflow.engine_worker.model.default_model import default_model_path
 from kvflow.engine_worker.model.errors import ModelLoadError
 from kvflow.engine_worker.model.linear import REFINE_TOP_K, DenseWeight, Embedding, head_logits
@@ -88,9 +89,10 @@ def test_every_matrix_stays_quantized_and_computes_within_bf16(
     model, _ = load_model(path)
     for matrix in matrices(model):
         assert matrix.weight is None, "a quantized matrix was widened"
-    held = model.weight_bytes()
-    assert set(held) == {"int4", "float32"}  # norms stay float
-    assert held["float32"] < held["int4"] / 10
+    held = weight_memory(model)
+    assert set(held) == {"int4", "float32"}  # norms (and RoPE's tables) stay float
+    norms = sum(p.nbytes for p in model.parameters())
+    assert norms < held["int4"] / 10
     assert_as_close_as_bf16(path)
 
 
@@ -118,7 +120,7 @@ def test_a_type_kvflow_does_not_multiply_is_refused_by_name(tmp_path: Path) -> N
         load_model(path)
     assert "--quantization none" in str(e.value)
     model, _ = load_model(path, quantization="none")  # widened on request: it loads
-    assert model.weight_bytes().keys() == {"float32"}
+    assert weight_memory(model).keys() == {"float32"}
 
 
 def test_a_quantized_head_recomputes_its_likeliest_logits_in_float32() -> None:
@@ -147,7 +149,7 @@ def test_the_default_model_holds_about_its_file_and_answers_as_widened() -> None
     model, config = load_model(None)
     reader = gguf.GGUFReader(str(default_model_path()))
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)
-    held = sum(model.weight_bytes().values())
+    held = sum(weight_memory(model).values())
     assert held <= 1.3 * file_bytes, (held, file_bytes)
     widened, _ = load_model(None, quantization="none")
     prompt = [504, 3575, 282, 4649, 314]  # "The capital of France is"

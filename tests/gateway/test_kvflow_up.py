@@ -160,6 +160,30 @@ def test_kvflow_up_disaggregated_ships_a_long_prompt() -> None:
         stop_and_check_clean(proc)
 
 
+def test_kvflow_up_gives_its_workers_the_kv_cache_dtype(tmp_path: Path) -> None:
+    from testkit.tiny_model import write_tiny_llama
+    from testkit.tokenizer_files import write_smollm2_tokenizer
+
+    model = write_smollm2_tokenizer(write_tiny_llama(tmp_path / "tiny", seed=3))
+    args = ("--model", str(model), "--served-model-name", "tiny", "--kv-cache-dtype", "int8")
+    with kvflow_up(*args) as (proc, output):
+        log_dir = Path(re.search(r"logs in (\S+)", output).group(1))  # type: ignore[union-attr]
+        logs = "".join(p.read_text() for p in log_dir.glob("*worker*"))
+        assert "KV cache int8+float16scales" in logs
+        url, _, _ = printed_examples(output)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        answer = client.completions.create(
+            model="tiny", prompt="hello", max_tokens=4, extra_body={"ignore_eos": True}
+        )
+        assert answer.usage is not None and answer.usage.completion_tokens == 4
+        stop_and_check_clean(proc)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvflow.cli.main", "up", "--simulate", "--kv-cache-dtype", "fp8"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "drop --kv-cache-dtype or --simulate" in done.stderr
+
+
 def test_kvflow_up_refuses_half_a_disaggregated_pool() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "kvflow.cli.main", "up", "--prefill-workers", "1"],

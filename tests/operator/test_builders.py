@@ -122,6 +122,7 @@ def test_worker_command_line_follows_the_worker_contract() -> None:
         "--max-num-batched-tokens", "2048",
         "--max-num-seqs", "64",
         "--max-model-len", "8192",
+        "--kv-cache-dtype", "auto",
         "--kv-cache-gib", "2.5",
         "--drain-timeout-s", "120",
         "--simulate",
@@ -210,6 +211,9 @@ def test_gpu_worker_requests_gpus_and_gets_shared_memory_and_the_model_volume() 
     assert args[args.index("--device") + 1] == "cuda"
     assert args[args.index("--tensor-parallel-size") + 1] == "2"  # the model over both GPUs
     assert args[args.index("--model") + 1] == "/models/llama"
+    # The cache is what the utilization leaves once the worker has measured itself.
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.9"
+    assert "--kv-cache-gib" not in args
     assert {v["name"]: v for v in pod["volumes"]}["model"] == {
         "name": "model",
         "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
@@ -217,6 +221,22 @@ def test_gpu_worker_requests_gpus_and_gets_shared_memory_and_the_model_volume() 
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+
+
+def test_memory_and_kv_dtype_flags_follow_the_engine_spec() -> None:
+    engine = {"kvCacheDtype": "int8", "gpuMemoryUtilization": 0.8}
+    gpu = worker_args(spec_of(engine=engine), "decode", gpus=1)
+    assert gpu[gpu.index("--kv-cache-dtype") + 1] == "int8"
+    assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.8"
+    assert "--kv-cache-gib" not in gpu
+    sized = worker_args(spec_of(engine={**engine, "kvCacheGiB": 30}), "decode", gpus=1)
+    assert sized[sized.index("--kv-cache-gib") + 1] == "30"  # the worker's override
+    # A CPU worker sizes by --kv-cache-gib alone (1 GiB unset); utilization is a GPU's.
+    cpu = worker_args(spec_of(engine=engine), "colocated", gpus=0)
+    assert "--gpu-memory-utilization" not in cpu and "--kv-cache-gib" not in cpu
+    assert cpu[cpu.index("--kv-cache-dtype") + 1] == "int8"
+    assert spec_of().engine.kv_cache_dtype == "auto"
+    assert spec_of().engine.kv_cache_gib is None
 
 
 def test_router_finds_workers_by_dns_and_reads_redis_from_a_secret() -> None:

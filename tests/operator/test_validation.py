@@ -50,6 +50,16 @@ def test_a_plain_spec_has_no_problems() -> None:
              "raise the limit or lower the cache"],
         ),
         (
+            {"colocated": {"resources": {"limits": {"memory": "768Mi"}}}},
+            ["engine.kvCacheGiB (unset: 1 GiB on CPU) does not fit in colocated.resources."
+             "limits.memory (768Mi); raise the limit or lower the cache"],
+        ),
+        (
+            {"engine": {"simulate": True, "kvCacheDtype": "int8"}},
+            ["engine.kvCacheDtype int8 needs a model: a simulated worker has no KV cache to "
+             "quantize (set it to auto or turn simulate off)"],
+        ),
+        (
             {"colocated": {"resources": {"limits": {"nvidia.com/gpu": 1}}}},
             ["colocated: request GPUs with gpusPerPod, not in resources"],
         ),

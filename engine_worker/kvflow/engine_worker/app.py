@@ -22,6 +22,7 @@ from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transpo
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import BlockIO
+from kvflow.engine_worker.memory.report import MemoryReport
 from kvflow.engine_worker.metrics import WorkerMetrics
 from kvflow.engine_worker.server import KV_TRANSPORTS, WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
@@ -53,6 +54,7 @@ class BuiltWorker:
     engine: Engine
     info: pb.WorkerInfo
     runner: BlockRunner
+    memory: MemoryReport
     ranks: TensorParallelRanks | None = None  # the ranks this worker leads (tp/leader.py)
 
     def problem(self) -> str | None:
@@ -80,11 +82,11 @@ class TensorParallelRanks(Protocol):
 def num_kv_blocks(settings: WorkerSettings, bytes_per_block: int) -> int:
     if settings.num_kv_blocks is not None:
         return settings.num_kv_blocks
-    num = int(settings.kv_cache_gib * GIB // bytes_per_block)
+    gib = settings.cpu_kv_cache_gib()
+    num = int(gib * GIB // bytes_per_block)
     if num < 1:
         raise SystemExit(
-            f"--kv-cache-gib {settings.kv_cache_gib} holds no block of {bytes_per_block} bytes; "
-            "raise it"
+            f"--kv-cache-gib {gib} holds no block of {bytes_per_block} bytes; raise it"
         )
     return num
 
@@ -150,6 +152,9 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
             kv_bytes_per_block=per_block,
             block_size=settings.block_size,
         )
+        how = "--num-kv-blocks" if settings.num_kv_blocks is not None else "simulated"
+        memory = MemoryReport({}, "simulated", num_blocks * per_block, num_blocks,
+                              settings.block_size, how)  # fmt: skip
     else:
         from kvflow.engine_worker.torch_worker import load_weights_for, make_runner
 
@@ -165,26 +170,18 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
                 config.eos_token_ids,
                 config.max_position_embeddings,
             )
-            local, per_block, num_blocks = make_runner(settings, model, config, dtype, rank=0)
-            runner = local
+            built = make_runner(settings, model, config, dtype, rank=0)
+            runner, num_blocks, memory = built.runner, built.num_blocks, built.memory
             if leader is not None:
                 from kvflow.engine_worker.tp.leader import LOAD_TIMEOUT_S, TensorParallelRunner
 
                 leader.group.wait_ready(leader.followers.problem, LOAD_TIMEOUT_S)
-                from kvflow.engine_worker.runner import kv_layout
-
-                whole = kv_layout(
-                    num_layers=config.num_hidden_layers,
-                    num_kv_heads=config.num_key_value_heads,
-                    head_dim=config.head_dim,
-                    block_size=settings.block_size,
-                    dtype=dtype,
-                )
-                runner = TensorParallelRunner(local, leader, whole)
+                runner = TensorParallelRunner(built.runner, leader, built.whole_kv_layout)
         except BaseException:
             if leader is not None:
                 leader.close()
             raise
+    log.info("%s", memory.log_line())
 
     max_model_len = min(settings.max_model_len or model_len, model_len)
     hash_seed = make_hash_seed(name, f"vocab={vocab}")
@@ -219,7 +216,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
         kv_transport=KV_TRANSPORTS[KvTransportKind(settings.resolved_kv_transport())],
         prefix_caching=settings.enable_prefix_caching,
     )
-    return BuiltWorker(engine, info, runner, leader)
+    return BuiltWorker(engine, info, runner, memory, leader)
 
 
 def advertised_host(settings: WorkerSettings) -> str:
@@ -247,6 +244,7 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
 async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
+    metrics.observe_memory(built.memory)
     kv = start_kv_agent(settings, built.info.instance_id)
     heartbeat = EngineHeartbeat(settings.engine_stall_timeout_s)
     heartbeat.also_check(built.problem)

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
 from kvflow.engine_worker.loop_records import TransferRecord
+from kvflow.engine_worker.memory.report import MemoryReport
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
@@ -109,10 +110,31 @@ class WorkerMetrics:
         )
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
+        # What the worker holds, set once at start (memory/report.py). Capacity in tokens is
+        # what routers and planners compare across workers of different KV dtypes.
+        self.weight_bytes = Gauge(
+            p + "weight_bytes", "Bytes of the model's weights, by tensor dtype", ["dtype"],
+            registry=r,
+        )  # fmt: skip
+        self.kv_cache_bytes = Gauge(
+            p + "kv_cache_bytes", "Bytes of the paged KV cache, by KV dtype", ["dtype"],
+            registry=r,
+        )  # fmt: skip
+        self.kv_cache_blocks = Gauge(p + "kv_cache_blocks", "Blocks of the KV cache", registry=r)
+        self.kv_cache_tokens = Gauge(
+            p + "kv_cache_tokens", "Tokens the KV cache holds (blocks x block size)", registry=r
+        )
         self._last_token_time_s: dict[str, float] = {}
         self._last_step_time_s: float | None = None
         self._seen_queried = 0
         self._seen_hits = 0
+
+    def observe_memory(self, memory: MemoryReport) -> None:
+        for dtype, num_bytes in memory.weight_bytes.items():
+            self.weight_bytes.labels(dtype).set(num_bytes)
+        self.kv_cache_bytes.labels(memory.kv_cache_dtype).set(memory.kv_cache_bytes)
+        self.kv_cache_blocks.set(memory.num_blocks)
+        self.kv_cache_tokens.set(memory.num_tokens)
 
     def observe_step(self, engine: Engine, outputs: list[RequestOutput], now_s: float) -> None:
         kv = engine.kv_cache

@@ -21,6 +21,7 @@ from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.model.attention import AttentionMetadata, compute_dtype, kv_cache_shape
 from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, GraphCaptureError
 from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
+from kvflow.engine_worker.model.kv_quant import layout_name, row_width
 from kvflow.engine_worker.sampler import Sampler
 from kvflow.engine_worker.step_inputs import StepInputs, step_inputs
 
@@ -42,18 +43,19 @@ class PagedModel(Protocol):
 def kv_bytes_per_block(
     *, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
 ) -> int:
-    """Keys and values of one block in every layer."""
+    """Keys and values of one block in every layer, in a cache of ``dtype`` (a quantized
+    one's per-row scales included: kv_quant.py)."""
     element_size = torch.tensor([], dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
+    width = row_width(head_dim, dtype)
+    return 2 * num_layers * block_size * num_kv_heads * width * element_size
 
 
 def kv_layout(
-    *, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+    *, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, kv_dtype: torch.dtype
 ) -> str:
     """What a block holds, as PD peers compare it: a transfer between layouts that differ is
-    refused by name at the handshake."""
-    dtype_name = str(dtype).removeprefix("torch.")
-    return f"L{num_layers}/H{num_kv_heads}/D{head_dim}/B{block_size}/{dtype_name}"
+    refused by name at the handshake. Its last field is the cache's dtype (kv_quant.py)."""
+    return f"L{num_layers}/H{num_kv_heads}/D{head_dim}/B{block_size}/{layout_name(kv_dtype)}"
 
 
 class TorchModelRunner:
@@ -72,8 +74,12 @@ class TorchModelRunner:
         decode_workspace_bytes: int = 0,
         decode_graph_batch: int = 0,
         max_model_len: int | None = None,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
-        """``decode_workspace_bytes``: memory for dense copies of the decoding sequences'
+        """``dtype`` is the model's; ``kv_cache_dtype`` the cache's (None: the model's; int8
+        or float8_e4m3fn: quantized, model/kv_quant.py).
+
+        ``decode_workspace_bytes``: memory for dense copies of the decoding sequences'
         K/V (model/decode_workspace.py), so decode attention reads no per-step gather; 0:
         none, every decode gathers from the paged cache.
 
@@ -89,14 +95,16 @@ class TorchModelRunner:
         self.sampler = sampler or Sampler(self.device)
         # Padded rows of a graphed step write their K/V into a block the pool never hands out.
         cache_blocks = num_blocks + 1 if decode_graph_batch else num_blocks
+        kv_dtype = dtype if kv_cache_dtype is None else kv_cache_dtype
         shape = kv_cache_shape(
             num_blocks=cache_blocks,
             block_size=block_size,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
+            dtype=kv_dtype,
         )
         self.kv_caches = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(num_layers)
         ]
         self.workspace: DecodeWorkspace | None = None
         if decode_workspace_bytes > 0:
@@ -105,7 +113,8 @@ class TorchModelRunner:
                 num_kv_heads=num_kv_heads,
                 head_dim=head_dim,
                 block_size=block_size,
-                # The attention's dtype, so that reading a slot converts nothing.
+                # The attention's dtype, so that reading a slot converts nothing (a quantized
+                # cache's slots hold its dequantized values).
                 dtype=compute_dtype(dtype, self.device),
                 device=self.device,
                 max_bytes=decode_workspace_bytes,
@@ -124,12 +133,14 @@ class TorchModelRunner:
                 device=self.device,
                 capture=self.device.type == "cuda",
             )
+        # The bytes of a block, as a PD peer must hold them: its last field is the KV dtype
+        # (server.py refuses a peer whose layout differs and names that field).
         self.kv_layout = kv_layout(
             num_layers=num_layers,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             block_size=block_size,
-            dtype=dtype,
+            kv_dtype=kv_dtype,
         )
 
     # -- whole blocks in and out (PD) ------------------------------------------------------

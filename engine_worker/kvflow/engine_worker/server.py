@@ -311,9 +311,18 @@ class WorkerService(pb_grpc.WorkerServicer):
                 "every worker of a pool the same --kv-transport"
             )
         if dest.kv_layout != self.kv_layout:
+            shape, _, theirs = dest.kv_layout.rpartition("/")
+            our_shape, _, ours = self.kv_layout.rpartition("/")
+            if shape == our_shape:  # the same model and blocks; the KV dtype (the last field)
+                return (
+                    f"KV dtypes differ: decode stores {theirs!r}, this worker {ours!r} "
+                    f"(layouts {dest.kv_layout!r}, {self.kv_layout!r}); give every worker of "
+                    "a pool the same --kv-cache-dtype and --dtype"
+                )
             return (
                 f"KV layouts differ: decode {dest.kv_layout!r}, this worker {self.kv_layout!r}; "
-                "prefill and decode workers must serve the same model, dtype and block size"
+                "prefill and decode workers must serve the same model, dtype, KV cache dtype "
+                "and block size"
             )
         if not dest.transfer_id or not dest.endpoint:
             return "the destination names no transfer: nothing to send"

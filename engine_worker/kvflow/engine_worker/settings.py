@@ -18,6 +18,13 @@ DTYPES = ("auto", "float32", "bfloat16")
 # kernels: model/quant/); none: widened to --dtype at load, as before; fp8: a float
 # checkpoint's projections quantized to e4m3 at load (GPUs with FP8 tensor cores).
 QUANTIZATIONS = ("auto", "none", "fp8")
+# auto: the model's dtype; int8 and fp8 (e4m3): one byte per value and a float16 scale per
+# token and head (model/kv_quant.py), 1.94x the tokens of a bf16 cache per byte.
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+# A CPU worker's KV cache without --kv-cache-gib; a CUDA one is sized by utilization.
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+# vLLM's default: the fraction of a GPU's memory a worker takes (weights, activations, cache).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
 # `kvflow worker`'s queue bound: a full default batch four deep (256 behind 64 running),
 # minutes of queue on a CPU, tens of seconds on a GPU. Past it a request is refused at once
@@ -46,8 +53,12 @@ class WorkerSettings:
     max_waiting_requests: int | None = None
     max_queue_time_s: float | None = None  # also refuse past this estimated wait
     max_model_len: int | None = None  # None: the model's own limit
-    kv_cache_gib: float = 1.0
+    # None: DEFAULT_CPU_KV_CACHE_GIB on the CPU; on CUDA what gpu_memory_utilization leaves
+    # once the weights and a peak forward are measured (memory/measure.py).
+    kv_cache_gib: float | None = None
     num_kv_blocks: int | None = None  # overrides kv_cache_gib
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     # Dense copies of decoding sequences' K/V so decode attention gathers nothing
     # (model/decode_workspace.py). None: kv_cache_gib on CPU, 0 (off) on CUDA, where the
     # memory is better spent on the cache.
@@ -77,7 +88,13 @@ class WorkerSettings:
     def resolved_decode_workspace_gib(self) -> float:
         if self.decode_workspace_gib is not None:
             return self.decode_workspace_gib
-        return 0.0 if self.device.startswith("cuda") or self.cuda_graphs else self.kv_cache_gib
+        if self.device.startswith("cuda") or self.cuda_graphs:
+            return 0.0
+        return self.cpu_kv_cache_gib()
+
+    def cpu_kv_cache_gib(self) -> float:
+        """The cache's size where it is not sized by utilization (the CPU, a simulator)."""
+        return DEFAULT_CPU_KV_CACHE_GIB if self.kv_cache_gib is None else self.kv_cache_gib
 
     def resolved_kv_transport(self) -> str:
         if self.kv_transport != "auto":
@@ -159,10 +176,29 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     )
     p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     p.add_argument(
-        "--kv-cache-gib", type=float, default=d.kv_cache_gib, help="memory for the KV cache"
+        "--kv-cache-gib",
+        type=float,
+        help="memory for the KV cache (default: 1 GiB on CPU; on CUDA what "
+        "--gpu-memory-utilization leaves)",
     )
     p.add_argument(
         "--num-kv-blocks", type=int, help="KV blocks to allocate (overrides --kv-cache-gib)"
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="on CUDA, the fraction of the device's memory this worker uses: weights, a "
+        "measured peak forward, CUDA graphs, and the KV cache in what is left "
+        f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}); --kv-cache-gib or --num-kv-blocks "
+        "size the cache instead",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=d.kv_cache_dtype,
+        help="auto: the model's dtype; int8 or fp8 (e4m3): one byte per value and a float16 "
+        "scale per token and KV head, 1.94x the tokens of a bf16 cache (3.9x float32's); "
+        "every worker of a disaggregated pool must use the same",
     )
     p.add_argument(
         "--decode-workspace-gib",
@@ -269,6 +305,9 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
                 "--cuda-graphs does not capture tensor-parallel steps yet: drop one of "
                 "--cuda-graphs and --tensor-parallel-size"
             )
+    problem = _memory_flags_problem(a)
+    if problem:
+        p.error(problem)
     if a.cuda_graphs and a.decode_workspace_gib:
         p.error(
             "--cuda-graphs replays decode steps without the decode workspace: drop "
@@ -293,6 +332,12 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         max_model_len=a.max_model_len,
         kv_cache_gib=a.kv_cache_gib,
         num_kv_blocks=a.num_kv_blocks,
+        gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION
+            if a.gpu_memory_utilization is None
+            else a.gpu_memory_utilization
+        ),
+        kv_cache_dtype=a.kv_cache_dtype,
         decode_workspace_gib=a.decode_workspace_gib,
         cuda_graphs=a.cuda_graphs,
         enable_prefix_caching=not a.no_prefix_caching,
@@ -310,3 +355,37 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
         tracing=traces,
     )
+
+
+def _memory_flags_problem(a: argparse.Namespace) -> str:
+    """What is wrong with the memory and KV-dtype flags together, or ""."""
+    utilization = a.gpu_memory_utilization
+    if utilization is not None and not 0.0 < utilization <= 1.0:
+        return f"--gpu-memory-utilization {utilization:g} must lie in (0, 1]"
+    if utilization is not None and (a.simulate or not a.device.startswith("cuda")):
+        return (
+            "--gpu-memory-utilization sizes a CUDA device's memory; on the CPU (or with "
+            "--simulate) size the KV cache with --kv-cache-gib or --num-kv-blocks"
+        )
+    if a.kv_cache_gib is not None and a.kv_cache_gib <= 0:
+        return f"--kv-cache-gib {a.kv_cache_gib:g} must be positive"
+    if a.kv_cache_dtype != "auto" and a.simulate:
+        return (
+            "--simulate models the KV bytes of its profile (or SmolLM2's float32): drop "
+            "--kv-cache-dtype, or give the block count with --num-kv-blocks"
+        )
+    if a.kv_cache_dtype == "fp8":
+        # Only here does the command line import torch: a worker that asks for fp8 runs it.
+        import torch
+
+        from kvflow.engine_worker.model.kv_quant import (
+            KvCacheDtypeError,
+            check_device_supports,
+            kv_cache_dtype,
+        )
+
+        try:
+            check_device_supports(kv_cache_dtype("fp8", torch.float32), a.device)
+        except KvCacheDtypeError as exc:
+            return str(exc)
+    return ""

@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from kvflow.engine_worker.auto_dtype import machine_dtype
+from kvflow.engine_worker.memory.budget import MemoryBudgetError
+from kvflow.engine_worker.memory.measure import KvSizing, size_kv_cache
+from kvflow.engine_worker.memory.report import MemoryReport
 from kvflow.engine_worker.model.config import ModelConfig
+from kvflow.engine_worker.model.kv_quant import (
+    KvCacheDtypeError,
+    check_device_supports,
+    kv_cache_dtype,
+)
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
 from kvflow.engine_worker.model.loader import load_model
 from kvflow.engine_worker.model.tensor_parallel import TensorParallel
-from kvflow.engine_worker.runner import TorchModelRunner, kv_bytes_per_block
+from kvflow.engine_worker.runner import TorchModelRunner, kv_bytes_per_block, kv_layout
 from kvflow.engine_worker.sampler import Sampler
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.engine_worker.tp.leader import rank_device
@@ -60,34 +69,70 @@ def load_weights_for(
             settings.model, dtype=dtype, device=device, quantization=settings.quantization, tp=tp
         )
     model, config = loaded
-    held = model.weight_bytes() if hasattr(model, "weight_bytes") else {}
-    log.info(
-        "model %s loaded in %.1f s; weights hold %s",
-        config.name,
-        time.monotonic() - started,
-        ", ".join(f"{n / 2**20:.1f} MiB {kind}" for kind, n in sorted(held.items())) or "?",
-    )
+    log.info("model %s loaded in %.1f s", config.name, time.monotonic() - started)
     return model, config, dtype
+
+
+@dataclass(frozen=True)
+class TorchRunner:
+    runner: TorchModelRunner
+    num_blocks: int  # the same on every rank
+    memory: MemoryReport  # this rank's
+    whole_kv_layout: str  # a block with every KV head: what PD peers exchange
 
 
 def make_runner(
     settings: WorkerSettings, model: Any, config: ModelConfig, dtype: torch.dtype, *, rank: int
-) -> tuple[TorchModelRunner, int, int]:
-    """The runner over ``model`` with its KV cache: (runner, KV bytes a block, blocks)."""
-    from kvflow.engine_worker.app import num_kv_blocks
-
-    size = settings.tensor_parallel_size if model.tp.size > 1 else 1
+) -> TorchRunner:
+    """The runner over ``model`` with its KV cache, sized as ``memory/`` says (this rank's
+    share of the KV heads, on its own device); ranks agree on the fewest blocks any fits."""
+    size = model.tp.size
+    device = rank_device(settings.device, rank)
+    try:
+        kv_dtype = kv_cache_dtype(settings.kv_cache_dtype, dtype)
+        check_device_supports(kv_dtype, device)
+    except KvCacheDtypeError as exc:
+        raise SystemExit(str(exc)) from None
     num_kv_heads = config.num_key_value_heads // size
     per_block = kv_bytes_per_block(
         num_layers=config.num_hidden_layers,
         num_kv_heads=num_kv_heads,
         head_dim=config.head_dim,
         block_size=settings.block_size,
-        dtype=dtype,
+        dtype=kv_dtype,
     )
-    num_blocks = num_kv_blocks(settings, per_block)
-    device = rank_device(settings.device, rank)
+    workspace_bytes = int(settings.resolved_decode_workspace_gib() * GIB)
     model_len = config.max_position_embeddings
+    max_len = min(settings.max_model_len or model_len, model_len)
+    sizing = KvSizing(
+        device=device,
+        model_dtype=dtype,
+        kv_dtype=kv_dtype,
+        num_kv_heads=num_kv_heads,
+        block_size=settings.block_size,
+        bytes_per_block=per_block,
+        kv_cache_gib=settings.kv_cache_gib,
+        num_kv_blocks=settings.num_kv_blocks,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=max_len,
+        decode_workspace_bytes=workspace_bytes,
+        cuda_graphs=settings.cuda_graphs,
+    )
+    try:
+        memory = size_kv_cache(model, config, sizing)  # every rank runs its peak forward
+    except MemoryBudgetError as exc:
+        raise SystemExit(str(exc)) from None
+    # Block ids index every rank's cache: all take the fewest that any rank's device holds.
+    num_blocks = model.tp.min_int(memory.num_blocks)
+    if num_blocks != memory.num_blocks:
+        memory = replace(
+            memory,
+            num_blocks=num_blocks,
+            kv_cache_bytes=num_blocks * per_block,
+            how=f"{memory.how}; the fewest blocks of {size} ranks",
+        )
     runner = TorchModelRunner(
         model,
         num_layers=config.num_hidden_layers,
@@ -98,15 +143,19 @@ def make_runner(
         dtype=dtype,
         device=device,
         sampler=Sampler(device, default_seed=settings.seed, eos_token_ids=config.eos_token_ids),
-        decode_workspace_bytes=int(settings.resolved_decode_workspace_gib() * GIB),
+        decode_workspace_bytes=workspace_bytes,
         decode_graph_batch=settings.max_num_seqs if settings.cuda_graphs else 0,
-        max_model_len=min(settings.max_model_len or model_len, model_len),
+        max_model_len=max_len,
+        kv_cache_dtype=kv_dtype,
     )
-    log.info(
-        "KV cache: %d blocks of %d tokens (%.2f GiB%s)",
-        num_blocks,
-        settings.block_size,
-        num_blocks * per_block / GIB,
-        f" of {num_kv_heads} KV heads a layer on rank {rank}" if size > 1 else "",
+    whole = kv_layout(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        block_size=settings.block_size,
+        kv_dtype=kv_dtype,
     )
-    return runner, per_block, num_blocks
+    if size > 1:
+        log.info("rank %d of %d holds %d of %d KV heads a layer", rank, size, num_kv_heads,
+                 config.num_key_value_heads)  # fmt: skip
+    return TorchRunner(runner, num_blocks, memory, whole)

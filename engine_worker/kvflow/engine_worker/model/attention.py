@@ -23,6 +23,11 @@ once, then one token appended per step, and one SDPA over all of them.
 
 On the CPU attention computes in float32 whatever the model's dtype (``compute_dtype``): the
 cache keeps the model's dtype, and a bf16 model's K/V are widened as they are read.
+
+A quantized cache (``--kv-cache-dtype int8|fp8``, kv_quant.py) stores one-byte values and a
+scale per token and head; ``write_kv`` quantizes, the gathers dequantize, and the step's own
+tokens are attended as the cache stores them (dequantized), so that every path, whichever
+copy of a token it reads, sees the same values.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
+from kvflow.engine_worker.model.kv_quant import (
+    gather_dequantized,
+    is_quantized,
+    row_width,
+    write_quantized,
+)
 
 MAX_DECODE_GROUPS = 4
 # Below 8 sequences a group's padding costs less than another SDPA call and gather.
@@ -193,27 +204,39 @@ def _first_if_consecutive(table: list[int]) -> int | None:
 
 
 def kv_cache_shape(
-    *, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    *,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype | None = None,
 ) -> tuple[int, int, int, int, int]:
     """The shape of one layer's cache: block-major, keys and values side by side per token.
 
     Tokens outside and K/V inside (rather than ``[num_blocks, 2, ...]``) is what lets a gather
     of whole blocks feed SDPA with no second copy: the gathered ``[blocks, block_size]``
-    merge into one token axis, and K and V are strided views of it.
+    merge into one token axis, and K and V are strided views of it. A quantized ``dtype``
+    widens each head's row by its scale (kv_quant.py): a block stays one contiguous run.
     """
-    return (num_blocks, block_size, 2, num_kv_heads, head_dim)
+    width = head_dim if dtype is None else row_width(head_dim, dtype)
+    return (num_blocks, block_size, 2, num_kv_heads, width)
 
 
-def write_kv(kv_cache: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store this step's keys and values ``[num_tokens, 2, num_kv_heads, head_dim]`` in their slots.
+def write_kv(kv_cache: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Store this step's keys and values ``[num_tokens, 2, num_kv_heads, head_dim]`` in their
+    slots; return them as attention must read them: ``kv`` itself, or for a quantized cache
+    what the cache now holds, dequantized to ``kv``'s dtype.
 
     A token's K and V of every head are one row of the cache, as they are of ``kv`` (the
     model hands over the tail of its fused QKV projection): one ``index_copy_`` of whole
     rows, not one for K and one for V."""
     num_blocks, block_size, _, num_kv_heads, head_dim = kv_cache.shape
+    if is_quantized(kv_cache.dtype):
+        return write_quantized(kv_cache, kv, slot_mapping)
     slots = kv_cache.view(num_blocks * block_size, 2 * num_kv_heads * head_dim)
     rows = kv.reshape(kv.shape[0], 2 * num_kv_heads * head_dim)
     slots.index_copy_(0, slot_mapping, rows.to(kv_cache.dtype))
+    return kv
 
 
 def _gather(
@@ -236,6 +259,8 @@ def _gather(
     of 128 ran slower on these strided views, 75 vs 40 ms: one reason the CPU attends in
     float32, ``compute_dtype``.)
     """
+    if is_quantized(kv_cache.dtype):
+        return gather_dequantized(kv_cache, block_ids, num_tokens, dtype, first_block)
     _, block_size, _, num_kv_heads, head_dim = kv_cache.shape
     if first_block is not None:
         # The views below, made in one call each: at batch 1 every view op costs a few us.
@@ -273,7 +298,7 @@ def paged_attention(
     wide = compute_dtype(q.dtype, q.device)
     if q.dtype != wide:
         return paged_attention(q.to(wide), kv.to(wide), kv_cache, meta, scale).to(q.dtype)
-    write_kv(kv_cache, kv, meta.slot_mapping)
+    kv = write_kv(kv_cache, kv, meta.slot_mapping)  # as the cache holds them
     k, v = kv[:, 0], kv[:, 1]
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]
     ws = meta.workspace

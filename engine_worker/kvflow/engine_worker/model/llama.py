@@ -22,8 +22,6 @@ from torch import nn
 from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.linear import Embedding, Linear, head_logits
-from kvflow.engine_worker.model.quant.fp8_weight import Fp8Weight
-from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 from kvflow.engine_worker.model.rope import RotaryEmbedding, Rotation
 from kvflow.engine_worker.model.shard import Shard
 from kvflow.engine_worker.model.tensor_parallel import SingleRank, TensorParallel
@@ -247,17 +245,3 @@ class LlamaForCausalLM(nn.Module):
         ranks get None."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         return self.tp.gather_last(head_logits(hidden, head))
-
-    def weight_bytes(self) -> dict[str, int]:
-        """Bytes the weights hold, by how they are stored: a dtype, or "int4" for packed
-        quantized planes with their scales."""
-        held: dict[str, int] = {}
-        for param in self.parameters():
-            kind = str(param.dtype).removeprefix("torch.")
-            held[kind] = held.get(kind, 0) + param.nbytes
-        for module in self.modules():
-            if isinstance(module, Int4Weight):
-                held["int4"] = held.get("int4", 0) + module.nbytes
-            elif isinstance(module, Fp8Weight):
-                held["fp8"] = held.get("fp8", 0) + module.nbytes
-        return held

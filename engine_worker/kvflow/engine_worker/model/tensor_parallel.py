@@ -32,6 +32,10 @@ class TensorParallel(Protocol):
         """Every rank's ``tensor`` side by side along ``dim``, on rank 0 (None elsewhere)."""
         ...
 
+    def min_int(self, value: int) -> int:
+        """The smallest of the ranks' ``value`` (every rank gets it)."""
+        ...
+
     def scatter(self, whole: torch.Tensor | None, part: torch.Tensor, dim: int) -> None:
         """Rank 0's ``whole`` cut into equal slices along ``dim``: slice r into rank r's
         ``part`` (``whole`` is None on the other ranks)."""
@@ -49,6 +53,9 @@ class SingleRank:
 
     def gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor | None:
         return tensor
+
+    def min_int(self, value: int) -> int:
+        return value
 
     def scatter(self, whole: torch.Tensor | None, part: torch.Tensor, dim: int) -> None:
         assert whole is not None
@@ -76,6 +83,16 @@ class GroupRanks:
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
         self.group.gather([parts], [tensor], _options("GatherOptions")).wait()
         return torch.cat(parts, dim=dim)
+
+    def min_int(self, value: int) -> int:
+        import torch.distributed as dist
+
+        options: Any = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MIN
+        device = "cuda" if self.group.name() == "nccl" else "cpu"
+        cell = torch.tensor([value], dtype=torch.int64, device=device)
+        self.group.allreduce([cell], options).wait()
+        return int(cell.item())
 
     def scatter(self, whole: torch.Tensor | None, part: torch.Tensor, dim: int) -> None:
         assert part.is_contiguous()

@@ -64,7 +64,7 @@ def main() -> int:
         store, rank, settings.tensor_parallel_size, cuda=settings.device.startswith("cuda")
     )
     model, config, dtype = load_weights_for(settings, None, tp=group.ranks)
-    runner, _, _ = make_runner(settings, model, config, dtype, rank=rank)
+    runner = make_runner(settings, model, config, dtype, rank=rank).runner
     group.mark_ready()
     log.info("ready: following rank 0's plans")
     while True:

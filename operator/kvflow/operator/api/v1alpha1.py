@@ -30,6 +30,7 @@ SINGULAR = "inferencepool"
 SHORT_NAMES = ("kvpool",)  # not "ipool": the Gateway API extension's InferencePool may own it
 
 Dtype = Literal["auto", "float32", "bfloat16"]
+KvCacheDtype = Literal["auto", "int8", "fp8"]
 Mode = Literal["colocated", "disaggregated"]
 KvTransport = Literal["auto", "nccl", "gloo", "tcp"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -135,13 +136,31 @@ class EngineSpec:
         maximum=1048576,
     )
     max_num_seqs: int = field("Most sequences in one batch.", 64, minimum=1, maximum=4096)
-    kv_cache_gib: float = field(
-        "Memory given to the paged KV cache per worker, in GiB.",
-        1.0,
+    kv_cache_gib: float | None = field(
+        """Memory given to the paged KV cache per worker, in GiB. Unset: 1 GiB on CPU
+        pods; on GPU pods what gpuMemoryUtilization leaves once the weights and a peak
+        forward are measured.""",
+        None,
         json_name="kvCacheGiB",
         minimum=0,
         exclusive_minimum=True,
         maximum=4096,
+    )
+    gpu_memory_utilization: float = field(
+        """On GPU pods, the fraction of each GPU's memory a worker uses: its weights, a
+        measured peak forward, CUDA graphs, and the KV cache in what is left (unless
+        kvCacheGiB sizes the cache). Ignored on CPU pods.""",
+        0.9,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1,
+    )
+    kv_cache_dtype: KvCacheDtype = field(
+        """How the KV cache stores keys and values. auto: the model's dtype. int8 or fp8
+        (e4m3): one byte per value and a float16 scale per token and KV head, 1.94x the
+        tokens of a bfloat16 cache in the same memory (3.9x a float32 one). Prefill and
+        decode workers of a pool share it.""",
+        "auto",
     )
     simulate: bool = field(
         "Run the scheduler and block accounting with a timing model instead of the model "

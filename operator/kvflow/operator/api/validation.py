@@ -12,6 +12,8 @@ from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.quantity import QuantityError, parse_quantity
 
 GIB = 2**30
+# What a CPU worker's cache is without kvCacheGiB (`kvflow worker`'s default).
+CPU_DEFAULT_KV_CACHE_GIB = 1.0
 
 # `kvflow worker` flags the operator sets itself; extraArgs may not override them.
 OWNED_WORKER_FLAGS = frozenset(
@@ -19,7 +21,8 @@ OWNED_WORKER_FLAGS = frozenset(
         "--model", "--served-model-name", "--host", "--port", "--metrics-port", "--role",
         "--device", "--dtype", "--block-size", "--max-num-batched-tokens", "--max-num-seqs",
         "--max-model-len", "--kv-cache-gib", "--simulate", "--drain-timeout-s",
-        "--kv-transport", "--kv-port", "--advertise-host", "--tensor-parallel-size", "-tp",
+        "--kv-transport", "--kv-port", "--advertise-host", "--kv-cache-dtype",
+        "--gpu-memory-utilization", "--tensor-parallel-size", "-tp",
     }
 )  # fmt: skip
 
@@ -30,6 +33,11 @@ def spec_problems(spec: v1alpha1.InferencePoolSpec) -> list[str]:
     if spec.mode == "disaggregated" and (spec.prefill is None or spec.decode is None):
         problems.append("mode disaggregated needs both prefill and decode")
     problems += _extra_args_problems(spec.engine.extra_args)
+    if spec.engine.simulate and spec.engine.kv_cache_dtype != "auto":
+        problems.append(
+            f"engine.kvCacheDtype {spec.engine.kv_cache_dtype} needs a model: a simulated "
+            "worker has no KV cache to quantize (set it to auto or turn simulate off)"
+        )
     for where, role in _roles(spec):
         problems += _resource_problems(f"{where}.resources", role.resources)
         if "nvidia.com/gpu" in {**role.resources.requests, **role.resources.limits}:
@@ -98,17 +106,25 @@ def _tensor_parallel_problems(
     return []
 
 
-def _kv_cache_problems(where: str, role: v1alpha1.RoleSpec, kv_cache_gib: float) -> list[str]:
-    """On CPU the KV cache lives in the container's memory, which the limit caps."""
+def _kv_cache_problems(
+    where: str, role: v1alpha1.RoleSpec, kv_cache_gib: float | None
+) -> list[str]:
+    """On CPU the KV cache lives in the container's memory, which the limit caps (a worker
+    also checks it at start, against the cgroup's limit, with its weights and activations)."""
     if role.gpus_per_pod > 0 or "memory" not in role.resources.limits:
         return []
+    if kv_cache_gib is None:
+        kv_cache_gib = CPU_DEFAULT_KV_CACHE_GIB
+        what = f"engine.kvCacheGiB (unset: {kv_cache_gib:g} GiB on CPU)"
+    else:
+        what = f"engine.kvCacheGiB ({kv_cache_gib:g})"
     try:
         limit_bytes = parse_quantity(role.resources.limits["memory"])
     except QuantityError:
         return []  # reported by _resource_problems
     if kv_cache_gib * GIB >= limit_bytes:
         return [
-            f"engine.kvCacheGiB ({kv_cache_gib:g}) does not fit in {where}.resources.limits."
+            f"{what} does not fit in {where}.resources.limits."
             f"memory ({role.resources.limits['memory']}); raise the limit or lower the cache"
         ]
     return []

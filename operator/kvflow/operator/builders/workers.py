@@ -51,9 +51,14 @@ def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--max-num-seqs", str(engine.max_num_seqs),
         "--max-model-len", str(model.max_model_len),
-        "--kv-cache-gib", f"{engine.kv_cache_gib:g}",
-        "--drain-timeout-s", str(engine.drain_timeout_seconds),
+        "--kv-cache-dtype", engine.kv_cache_dtype,
     ]  # fmt: skip
+    # Unset, a CPU worker's cache is 1 GiB and a GPU worker's what the utilization leaves.
+    if engine.kv_cache_gib is not None:
+        args += ["--kv-cache-gib", f"{engine.kv_cache_gib:g}"]
+    if gpus > 0 and not engine.simulate:
+        args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
+    args += ["--drain-timeout-s", str(engine.drain_timeout_seconds)]
     if gpus > 1:  # one worker over the pod's GPUs: the model split among them
         args += ["--tensor-parallel-size", str(gpus)]
     if role != "colocated":

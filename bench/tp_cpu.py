@@ -16,6 +16,7 @@ batch 1), and 16 concurrent requests of 64 tokens each (output tokens per second
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -57,7 +58,7 @@ def generate(address: str, rid: str, prompt: list[int], max_tokens: int) -> list
 def batch1_itl_ms(worker: WorkerProcess, round_: int) -> float:
     prompt = [(i * 7 + round_) % 31000 + 5 for i in range(64)]
     times = generate(worker.address, f"b1-{round_}", prompt, 128)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return 1000 * statistics.median(gaps)
 
 
@@ -80,9 +81,9 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model(Path(tmp))
+        common = ["--model", model, "--num-kv-blocks", "2048"]
         workers = {
-            arm: launch_worker(["--model", model, "--tensor-parallel-size", str(size),
-                                "--num-kv-blocks", "2048"], timeout_s=300)  # fmt: skip
+            arm: launch_worker([*common, "--tensor-parallel-size", str(size)], timeout_s=300)
             for arm, size in ARMS.items()
         }
         results: dict[str, dict[str, list[float]]] = {a: {"itl_ms": [], "tok_s": []} for a in ARMS}

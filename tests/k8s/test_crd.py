@@ -54,7 +54,10 @@ def test_defaults_are_filled_in_by_the_api_server(
         "resources": {},
     }
     assert spec["engine"]["blockSize"] == 16
-    assert spec["engine"]["kvCacheGiB"] == 1
+    # Unset: 1 GiB on a CPU worker, what --gpu-memory-utilization leaves on a GPU one.
+    assert "kvCacheGiB" not in spec["engine"]
+    assert spec["engine"]["gpuMemoryUtilization"] == 0.9
+    assert spec["engine"]["kvCacheDtype"] == "auto"
     assert spec["router"]["scorerWeights"] == {"prefixCache": 1, "queueDepth": 1, "kvCacheUsage": 0}
     assert spec["slo"] == {"ttftTargetMs": 1000, "tpotTargetMs": 100, "percentile": 90}
     assert "prefill" not in spec and "decode" not in spec

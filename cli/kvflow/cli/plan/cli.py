@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--step-overhead-ms", type=float, default=eff.step_overhead_s * 1e3)
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    d = p.add_argument_group("disaggregation")
+    d.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="also size a prefill pool by TTFT and a decode pool by TPOT (xPyD)",
+    )
+    d.add_argument(
+        "--kv-link-gb-s",
+        type=float,
+        default=25.0,
+        help="prefill -> decode KV bandwidth per replica, GB/s (default 25: a 200 Gb/s NIC)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p  # fmt: skip
 
@@ -160,6 +172,8 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         ttft_s=None if args.ttft_ms is None else args.ttft_ms * ms,
         tpot_s=None if args.tpot_ms is None else args.tpot_ms * ms,
     )
+    if args.kv_link_gb_s <= 0:
+        raise PlanError(f"--kv-link-gb-s must be > 0, got {args.kv_link_gb_s}")
     profile = None
     if args.profile is not None:
         try:
@@ -169,6 +183,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
     return PlanInputs(
         model=model, work=work, dep=dep, target=Target(args.concurrency, args.rate), slo=slo,
         profile=profile, profile_label=args.profile or "",
+        disaggregated=args.disaggregated, kv_link_bytes_per_s=args.kv_link_gb_s * 1e9,
     )  # fmt: skip
 
 

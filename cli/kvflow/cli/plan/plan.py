@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from kvflow.cli.plan.capacity import LoadModel, load_model
 from kvflow.cli.plan.deployment import Deployment
+from kvflow.cli.plan.disagg import DisaggPlan, decode_only_tpot, disagg_plan
 from kvflow.cli.plan.errors import PlanError
 from kvflow.cli.plan.fleet import FleetPlan, ReplicaPlan, fleet_plan, replica_plan
 from kvflow.cli.plan.memory import MemoryPlan, memory_plan
@@ -27,6 +28,18 @@ class PlanInputs:
     slo: Slo = field(default_factory=Slo)
     profile: SimProfile | None = None  # step times from a profile instead of the roofline
     profile_label: str = ""  # its name or path, for the report
+    disaggregated: bool = False  # also size separate prefill and decode pools
+    kv_link_bytes_per_s: float = 25e9  # prefill -> decode KV transfer, per replica
+
+
+@dataclass(frozen=True, slots=True)
+class Interference:
+    """When the TPOT SLO binds a colocated replica: what the prompts' prefill costs it."""
+
+    batch: int  # the colocated SLO batch
+    step_s: float  # a colocated step at that batch
+    prefill_share_s: float  # of which the prompts' prefill
+    decode_only_batch: int  # the largest batch whose prompt-free decode step meets TPOT
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +49,8 @@ class Plan:
     steps: StepModel
     replica: ReplicaPlan
     fleet: FleetPlan
+    interference: Interference | None = None  # the SLO binds and prefill is why
+    disagg: DisaggPlan | None = None  # with --disaggregated
 
 
 def step_model(inputs: PlanInputs) -> StepModel:
@@ -73,7 +88,42 @@ def make_plan(inputs: PlanInputs) -> Plan:
         mean_input_tokens=work.mean_input_tokens,
         price_per_gpu_hour=dep.gpu.price_per_gpu_hour,
     )
-    return Plan(inputs, memory, steps, replica, fleet)
+    disagg = None
+    if inputs.disaggregated:
+        disagg = disagg_plan(
+            steps,
+            work,
+            memory,
+            inputs.slo,
+            inputs.target,
+            tp=dep.tp,
+            max_num_seqs=dep.max_num_seqs,
+            kv_link_bytes_per_s=inputs.kv_link_bytes_per_s,
+            price_per_gpu_hour=dep.gpu.price_per_gpu_hour,
+        )
+    interference = _interference(inputs, steps, load, replica)
+    return Plan(inputs, memory, steps, replica, fleet, interference, disagg)
+
+
+def _interference(
+    inputs: PlanInputs, steps: StepModel, load: LoadModel, replica: ReplicaPlan
+) -> Interference | None:
+    """The TPOT SLO binds and a prompt-free decode step would allow a larger batch."""
+    tpot_slo = inputs.slo.tpot_s
+    if tpot_slo is None or replica.binding != "slo":
+        return None
+    decode_only = decode_only_tpot(steps, inputs.work)
+    batch = replica.max_batch
+    ttft_slo = inputs.slo.ttft_s
+    if ttft_slo is not None and load.tpot.max_batch_within(tpot_slo) > min(
+        t.max_batch_within(ttft_slo) for t in load.ttft_by_class
+    ):
+        return None  # TTFT binds, not TPOT: prefill sharing the steps is not the cause
+    decode_only_batch = math.floor(min(decode_only.max_batch_within(tpot_slo), 1e9))
+    if decode_only_batch <= batch:
+        return None
+    step_s = load.tpot.at(batch)
+    return Interference(batch, step_s, step_s - decode_only.at(batch), decode_only_batch)
 
 
 def _slo_unreachable(inputs: PlanInputs, load: LoadModel) -> str:

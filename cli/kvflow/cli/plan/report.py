@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from kvflow.cli.plan.plan import Plan
+from kvflow.cli.plan.steps import bandwidth_floor_step_s, compute_floor_prefill_s
 
 GB = 1e9
 
@@ -20,7 +21,21 @@ def notes(plan: Plan) -> list[str]:
         said.append("model from flags: every parameter counted as multiplied per token")
     if plan.fleet.cost_per_hour is None:
         said.append("no GPU price: pass --gpu-price-per-hour (or price_per_gpu_hour in --gpu-file)")
-    said.append("queueing before admission is not modelled; TTFT is for the longest prompt")
+    if plan.interference is not None:
+        x = plan.interference
+        said.append(
+            f"prefill interference binds: at batch {x.batch} the prompts' prefill adds "
+            f"{x.prefill_share_s * 1e3:.1f} ms to each {x.step_s * 1e3:.1f} ms step; a decode "
+            f"step with no prompts in it meets the TPOT SLO up to batch {x.decode_only_batch}"
+            + ("" if plan.disagg else ": --disaggregated sizes prefill and decode pools")
+        )
+    if plan.disagg is not None:
+        said.append(
+            "disaggregated: prefill queueing is M/D/1 at the pool's utilisation; the colocated "
+            "plan above models no queueing"
+        )
+    else:
+        said.append("queueing before admission is not modelled; TTFT is for the longest prompt")
     return said
 
 
@@ -96,12 +111,45 @@ def render_table(plan: Plan) -> str:
             ("per 1M tokens (in+out)", _usd(fleet.cost_per_million_tokens, "")),
         ]),
     ]  # fmt: skip
+    if plan.disagg is not None:
+        sections.append(("disaggregated (prefill and decode pools)", _disagg_rows(plan)))
     lines = [f"kvflow plan: {i.model.name} on {dep.tp} x {dep.gpu_name}"]
     for title, rows in sections:
         lines += ["", title]
         lines += [f"  {label:<26} {value}".rstrip() for label, value in rows]
     lines += ["", "notes"] + [f"  - {note}" for note in notes(plan)]
     return "\n".join(lines)
+
+
+def _disagg_rows(plan: Plan) -> list[tuple[str, str]]:
+    d, i, fleet = plan.disagg, plan.inputs, plan.fleet
+    assert d is not None
+    p, dec, work = d.prefill, d.decode, i.work
+    floor_s = bandwidth_floor_step_s(i.model, i.dep, dec.batch_per_replica, work.max_context_tokens)
+    eff = i.dep.eff
+    colocated_gpus = fleet.num_gpus - fleet.redundancy_replicas * i.dep.tp
+    prefill_floor_s = compute_floor_prefill_s(i.model, i.dep, work.max_input_tokens)
+    return [
+        ("replicas (xPyD)", f"{d.ratio}: {p.replicas} prefill + {dec.replicas} decode = "
+                            f"{d.num_gpus} GPUs (colocated: {colocated_gpus})"),
+        ("prefill replica", f"{p.requests_per_s_at_full:,.2f} requests/s when busy; "
+                            f"{p.max_utilization:.0%} busy at most (bound by {p.bound_by})"),
+        ("prefill at the target", f"{p.utilization:.0%} busy, TTFT {_ms(p.ttft_s)} "
+                                  f"(KV transfer {_ms(p.transfer_s)})"),
+        ("prefill, compute floor", f"{_ms(prefill_floor_s)} at {eff.compute:.0%} MFU "
+                                   "(matmuls only)"),
+        ("decode batch limits", ", ".join(f"{k} {v:,}" for k, v in dec.batch_limits.items())
+                                + f" (bound by {dec.bound_by})"),
+        ("decode at the target", f"batch {dec.batch_per_replica:,.1f} per replica, "
+                                 f"TPOT {_ms(dec.tpot_s)}"),
+        ("decode step, floor", f"{_ms(floor_s)} at full bandwidth, {_ms(floor_s / eff.memory)} at "
+                               f"{eff.memory:.0%} (weights + batch x {work.max_context_tokens:,} "
+                               "tokens of KV)"),
+        ("throughput", f"{d.output_tokens_per_s:,.0f} output tokens/s, "
+                       f"{d.requests_per_s:,.2f} requests/s"),
+        ("cost", _usd(d.cost_per_hour, "per hour")),
+        ("per 1M output tokens", _usd(d.cost_per_million_output_tokens, "")),
+    ]  # fmt: skip
 
 
 def to_json(plan: Plan) -> dict[str, Any]:
@@ -125,5 +173,9 @@ def to_json(plan: Plan) -> dict[str, Any]:
         },
         "replica": asdict(plan.replica),
         "fleet": asdict(plan.fleet),
+        "interference": None if plan.interference is None else asdict(plan.interference),
+        "disaggregated": None
+        if plan.disagg is None
+        else {**asdict(plan.disagg), "ratio": plan.disagg.ratio},
         "notes": notes(plan),
     }

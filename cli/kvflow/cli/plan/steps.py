@@ -106,3 +106,23 @@ def from_profile(profile: SimProfile, model: ModelSpec, dep: Deployment, label: 
         source=f"profile {label}: {profile.source}",
         is_measured=True,
     )
+
+
+def bandwidth_floor_step_s(
+    model: ModelSpec, dep: Deployment, batch: float, context_tokens: float
+) -> float:
+    """A decode step that only streams bytes at the datasheet's bandwidth: the weights once
+    and ``batch`` requests' whole context of KV. No engine beats it; the rule of thumb of the
+    sizing guides (divide by the bandwidth efficiency for what an engine reaches). Tensor
+    parallelism's all-reduces are not counted."""
+    read_bytes = model.num_matmul_params * dep.weight_bytes_per_param + (
+        batch * context_tokens * model.kv_bytes_per_token(dep.kv_bytes_per_value)
+    )
+    return read_bytes / (dep.tp * dep.gpu.spec.hbm_bytes_per_s)
+
+
+def compute_floor_prefill_s(model: ModelSpec, dep: Deployment, input_tokens: int) -> float:
+    """A prompt's matmul FLOPs (2 x params per token) at ``--mfu`` of the dense bf16 peak of
+    ``tp`` GPUs: the guides' prefill estimate (attention and all-reduces not counted)."""
+    flops = model.matmul_flops_per_token * input_tokens
+    return flops / (dep.tp * dep.gpu.spec.peak_bf16_flops * dep.eff.compute)

@@ -1,4 +1,4 @@
 """Text: tokenizer, chat template, incremental detokenization, stop strings.
 
-The router owns text; workers see token ids only (ARCHITECTURE.md).
+The router owns text; workers see token ids only (docs/architecture.md).
 """

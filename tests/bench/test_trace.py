@@ -11,8 +11,8 @@ import pytest
 
 from kvflow.cli.bench.trace import TraceError, TraceRecord, load_trace, parse_trace
 
-# The project's shared traces sit next to the repository (../shared/traces).
-TRACES = Path(os.environ.get("KVFLOW_TRACES_DIR", Path(__file__).parents[3] / "shared/traces"))
+# The Mooncake trace ships in the repository (traces/, Apache-2.0 with its licence).
+TRACES = Path(os.environ.get("KVFLOW_TRACES_DIR", Path(__file__).parents[2] / "traces"))
 MOONCAKE = TRACES / "mooncake-fast25/synthetic_trace.jsonl"
 GOOD = {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
 

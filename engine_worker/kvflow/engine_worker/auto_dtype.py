@@ -6,8 +6,9 @@ computes it natively; float32 otherwise.
   checkpoint runs in bfloat16 on a GPU that has it (compute capability 8.0 and up: A100,
   H100, L4...) and on a CPU with native bf16 dot products (x86 `avx512_bf16` or `amx_bf16`
   in /proc/cpuinfo), where torch's bf16 GEMMs run about 4x its float32 ones and the engine
-  serves 1.5x the tokens (docs/benchmarks.md, "Session 30"). Elsewhere bf16 would be
-  emulated (and float16 is not a dtype the engine runs), so it runs in float32.
+  serves 1.5x the tokens (docs/benchmarks.md, "bf16 by default for a bf16 checkpoint").
+  Elsewhere bf16 would be emulated (and float16 is not a dtype the engine runs), so it runs
+  in float32.
 - A **GGUF file** (the built-in model among them) runs in float32, as llama.cpp computes
   over its quantized weights; a GGUF says nothing about what its publisher ran it in. A
   small model's logits have near-ties that bf16 flips: SmolLM2-135M's first answer token

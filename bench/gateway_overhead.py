@@ -18,6 +18,13 @@ Three parts, one invocation, same seed:
   throughput the highest rate each arm holds with 1-token answers: closed loop at a fixed
              concurrency, and an open-loop check at --target-rate.
 
+--paired times the same request both ways, per request, while the gateway runs: for each
+gateway arm, first one pair at a time on an idle machine (direct, then through the
+gateway, the order alternating), then Poisson arrivals at --rate where each arrival sends
+both at once. Added latency per request = its gateway time - its direct time; the report
+gives that difference's percentiles (not a difference of percentiles). --paired-only
+skips the other parts.
+
 --stages re-runs tenants-redis with wall-clock timers around the request's stages
 (bench/gateway_instrumented.py): where the time goes.
 
@@ -317,6 +324,94 @@ async def gateway_arm(
     return result
 
 
+async def timed(send: Sender) -> float:
+    started = time.perf_counter()
+    await send()
+    return time.perf_counter() - started
+
+
+async def paired_run(
+    direct: Sender, gateway: Sender, *, num_idle: int, rate: float, duration_s: float
+) -> dict[str, Any]:
+    """The same request direct and through the gateway: per-request differences."""
+    for _ in range(20):  # warm-up: connections, caches
+        await direct()
+        await gateway()
+    idle: list[float] = []
+    for i in range(num_idle):
+        if i % 2:
+            g, d = await timed(gateway), await timed(direct)
+        else:
+            d, g = await timed(direct), await timed(gateway)
+        idle.append(g - d)
+    rng = random.Random(3)
+    loaded: list[float] = []
+    direct_s: list[float] = []
+    gateway_s: list[float] = []
+    errors = 0
+
+    async def pair() -> None:
+        nonlocal errors
+        try:
+            d, g = await asyncio.gather(timed(direct), timed(gateway))
+        except Exception:  # a benchmark counts failures, whatever they are
+            errors += 1
+            return
+        direct_s.append(d)
+        gateway_s.append(g)
+        loaded.append(g - d)
+
+    tasks: list[asyncio.Task[None]] = []
+    begin = time.perf_counter()
+    at = begin
+    while at - begin < duration_s:
+        at += rng.expovariate(rate)
+        sleep_s = at - time.perf_counter()
+        if sleep_s > 0:
+            await asyncio.sleep(sleep_s)
+        tasks.append(asyncio.create_task(pair()))
+    await asyncio.gather(*tasks)
+    return {
+        "idle_added": summary_ms(idle),
+        "loaded_rate_per_s": rate,
+        "loaded_added": summary_ms(loaded),
+        "loaded_direct": summary_ms(direct_s),
+        "loaded_gateway": summary_ms(gateway_s),
+        "loaded_errors": errors,
+    }
+
+
+async def paired_arm(
+    arm: GatewayArm, addresses: list[str], prompt_ids: list[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    http = HttpClient("127.0.0.1", int(arm.url.rsplit(":", 1)[1]))
+    channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    try:
+        direct = direct_sender([pb_grpc.WorkerStub(c) for c in channels], prompt_ids)(16)
+        gateway = gateway_sender(http, arm.headers)(16)
+        return await paired_run(
+            direct, gateway, num_idle=args.paired_idle, rate=args.rate,
+            duration_s=args.duration_s,
+        )  # fmt: skip
+    finally:
+        await http.close()
+        for c in channels:
+            await c.close()
+
+
+def run_paired(
+    name: str, addresses: list[str], prompt_ids: list[int], args: argparse.Namespace,
+    workdir: Path,
+) -> dict[str, Any]:  # fmt: skip
+    print(f"  {name} (paired: the same request direct and through the gateway)", flush=True)
+    arm = start_gateway_arm(name, addresses, workdir)
+    try:
+        wait_gateway(arm.url, len(addresses))
+        return asyncio.run(paired_arm(arm, addresses, prompt_ids, args))
+    finally:
+        arm.stop()
+
+
 def read_usage(arm: GatewayArm) -> dict[str, Any]:
     import urllib.request
 
@@ -372,12 +467,21 @@ def main() -> None:
         action="store_true",
         help="then re-run tenants-redis instrumented: wall time per request stage",
     )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="also time the same request direct and through each gateway arm, per request",
+    )
+    p.add_argument("--paired-only", action="store_true", help="only the paired part")
+    p.add_argument("--paired-idle", type=int, help="idle pairs per arm (400; quick 100)")
     p.add_argument("--duration-s", type=float, help="each latency run (30; quick 8)")
     p.add_argument("--throughput-s", type=float, help="each throughput run (15; quick 5)")
     args = p.parse_args()
     args.workers = args.workers or (4 if args.quick else 16)
     args.duration_s = args.duration_s or (8.0 if args.quick else 30.0)
     args.throughput_s = args.throughput_s or (5.0 if args.quick else 15.0)
+    args.paired_idle = args.paired_idle or (100 if args.quick else 400)
+    args.paired = args.paired or args.paired_only
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - set(GATEWAY_ARMS)
     if unknown:
@@ -385,8 +489,10 @@ def main() -> None:
     num_decisions = 300 if args.quick else 2000
     load_before = os.getloadavg()
 
-    print(f"decision time: 8192-token prompts, 16 workers, {num_decisions} decisions", flush=True)
-    decision = decision_benchmark(16, 8192, num_decisions)
+    decision = None
+    if not args.paired_only:
+        print(f"decision time: 8192-token prompts, 16 workers, {num_decisions} decisions")
+        decision = decision_benchmark(16, 8192, num_decisions)
     text = load_text_model(None)
     assert text.chat_template is not None
     prompt_ids = text.tokenizer.encode(
@@ -394,6 +500,7 @@ def main() -> None:
     )
     stubs: list[subprocess.Popen[str]] = []
     results: dict[str, Any] = {}
+    paired: dict[str, Any] = {}
     stages = None
     try:
         addresses = []
@@ -407,34 +514,40 @@ def main() -> None:
             return sum(cpu_s(s.pid) for s in stubs)
 
         print(f"{args.workers} stub workers up; arms (one process set at a time):", flush=True)
-        print("  direct (no gateway running)", flush=True)
-        results["direct"] = asyncio.run(
-            direct_arm(addresses, prompt_ids, stub_cpu, args, with_throughput=True)
-        )
+        if not args.paired_only:
+            print("  direct (no gateway running)", flush=True)
+            results["direct"] = asyncio.run(
+                direct_arm(addresses, prompt_ids, stub_cpu, args, with_throughput=True)
+            )
         with tempfile.TemporaryDirectory(prefix="kvflow-gw-bench-") as tmp:
             workdir = Path(tmp)
-            for name in arms:
+            for name in arms if not args.paired_only else []:
                 results[name] = run_gateway_arm(name, addresses, stub_cpu, args, workdir)
-            if args.stages:
+            for name in arms if args.paired else []:
+                paired[name] = run_paired(name, addresses, prompt_ids, args, workdir)
+            if args.stages and not args.paired_only:
                 path = workdir / "stages.json"
                 results["tenants-redis (instrumented)"] = run_gateway_arm(
                     "tenants-redis", addresses, stub_cpu, args, workdir,
                     stage_times=path, with_throughput=False,
                 )  # fmt: skip
                 stages = json.loads(path.read_text())
-        print("  direct again (drift check)", flush=True)
-        results["direct (again)"] = asyncio.run(
-            direct_arm(addresses, prompt_ids, stub_cpu, args, with_throughput=False)
-        )
+        if not args.paired_only:
+            print("  direct again (drift check)", flush=True)
+            results["direct (again)"] = asyncio.run(
+                direct_arm(addresses, prompt_ids, stub_cpu, args, with_throughput=False)
+            )
     finally:
         stop(stubs)
 
-    direct = results["direct"]["latency"]
-    added = {
-        arm: {q: r["latency"][q] - direct[q] for q in ("p50_ms", "p90_ms", "p99_ms")}
-        for arm, r in results.items()
-        if not arm.startswith("direct")
-    }
+    added = {}
+    if "direct" in results:
+        direct = results["direct"]["latency"]
+        added = {
+            arm: {q: r["latency"][q] - direct[q] for q in ("p50_ms", "p90_ms", "p99_ms")}
+            for arm, r in results.items()
+            if not arm.startswith("direct")
+        }
     report = {
         "benchmark": "gateway_overhead",
         "command": " ".join(sys.argv),
@@ -444,13 +557,29 @@ def main() -> None:
         "decision": decision,
         "arms": results,
         "added_ms": added,
+        "paired": paired,
         "stages": stages,
     }  # fmt: skip
-    print_report(report)
+    if results:
+        print_report(report)
+    print_paired(paired)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
+
+
+def print_paired(paired: dict[str, Any]) -> None:
+    if not paired:
+        return
+    print("\nadded latency per request (gateway time - direct time of the same request), ms")
+    print(f"{'arm':<26} {'idle P50':>9} {'P90':>7} {'P99':>7}   {'loaded P50':>10} {'P90':>7} "
+          f"{'P99':>7} {'errors':>6}")  # fmt: skip
+    for name, r in paired.items():
+        i, lo = r["idle_added"], r["loaded_added"]
+        print(f"{name:<26} {i['p50_ms']:>9.2f} {i['p90_ms']:>7.2f} {i['p99_ms']:>7.2f}   "
+              f"{lo['p50_ms']:>10.2f} {lo['p90_ms']:>7.2f} {lo['p99_ms']:>7.2f} "
+              f"{r['loaded_errors']:>6}")  # fmt: skip
 
 
 if __name__ == "__main__":

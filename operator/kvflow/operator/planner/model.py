@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from kvflow.operator.planner.forecast import Holt, sizing_load, start_or_update
-from kvflow.operator.planner.signals import Assessment, Loads, Want, assess, violation_share
+from kvflow.operator.planner.registry import Want
+from kvflow.operator.planner.signals import Assessment, Loads, assess, violation_share
 from kvflow.operator.planner.slo import judge_slo
 from kvflow.operator.planner.types import (
     Decision,

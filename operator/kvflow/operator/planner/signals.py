@@ -11,9 +11,9 @@ cooldowns and stabilization.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from kvflow.operator.planner.registry import SIGNALS, Reading, SignalContext, Want, scaled
 from kvflow.operator.planner.types import (
     DecisionReason,
     Observation,
@@ -38,17 +38,6 @@ class Loads:
     # The load fell at each of the last five intervals on every side the role serves
     # (forecast.Holt.is_falling): a decline, not noise around the band's edge.
     is_falling: bool = False
-
-
-@dataclass(frozen=True)
-class Want:
-    replicas: int
-    reason: DecisionReason
-    detail: str
-    is_reactive: bool  # measured latency/queue/KV (a cooldown applies) vs capacity sizing
-    # Replicas the stabilization window remembers for this ask (None: `replicas`). A
-    # backlog's extra replicas are for a drain, not for a load that may come back.
-    sustained: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,20 +111,11 @@ def _sides(role: WorkerRole) -> tuple[bool, bool]:
     return role in ("prefill", "colocated"), role in ("decode", "colocated")
 
 
-def _scaled(ready: int, factor: float, cap: float) -> int:
-    """Replicas for `factor` times the work of `ready`: always at least one more."""
-    return max(ready + 1, math.ceil(ready * min(factor, cap)))
-
-
 def _pooled(loads: Loads, t: Tuning) -> str:
     shares, pooled = loads.shares_sizing, t.pooled_from_shares
     if shares is None or pooled is None or shares <= pooled:
         return ""
     return f", the margin pooled over {shares:.1f} shares"
-
-
-def _is_low(latency_s: float | None, target_s: float, t: Tuning) -> bool:
-    return latency_s is not None and latency_s < t.scale_down_latency_ratio * target_s
 
 
 def assess(
@@ -153,12 +133,7 @@ def assess(
     t = config.tuning
     is_prefill, is_decode = _sides(role)
     ready = obs.ready_replicas
-    budget = 1 - config.percentile / 100  # the share of requests allowed over target
     is_idle = obs.request_rate_per_s == 0
-    wants: list[Want] = []
-    missing: list[str] = []
-    calm: list[str] = []  # what is not calm (blocks a scale-down)
-    is_blind = False
     # With a capacity profile, a latency or queue over its limit while the profile says the
     # replicas asked for carry the load is not a lack of replicas: mostly the tail of a
     # backlog that the replicas already added are draining (its requests queued before they
@@ -187,6 +162,7 @@ def assess(
         share is not None and last_violation_share is not None and share < last_violation_share
     )
     draining: list[str] = []
+    reading = Reading()
 
     def ask(factor: float, reason: DecisionReason, detail: str) -> None:
         if has_room and is_improving:
@@ -203,63 +179,17 @@ def assess(
             )
         elif has_room:
             detail = f"{detail}; the profile says {obs.desired_replicas} carry the load: one more"
-            wants.append(Want(ready + 1, reason, detail, is_reactive=True))
+            reading.wants.append(Want(ready + 1, reason, detail, is_reactive=True))
         else:
-            wants.append(Want(_scaled(ready, factor, t.max_scale_up_factor), reason, detail, True))
+            want = Want(scaled(ready, factor, t.max_scale_up_factor), reason, detail, True)
+            reading.wants.append(want)
 
-    def latency(name: str, value: float | None, frac: float | None, target: float) -> None:
-        nonlocal is_blind
-        reason: DecisionReason = "TtftViolation" if name == "TTFT" else "TpotViolation"
-        ratio = None if value is None else value / target
-        over_frac = frac is not None and frac > budget
-        if (ratio is not None and ratio > 1) or over_frac:
-            factor = ratio if ratio is not None and ratio > 1 else (frac or 0) / budget
-            shown = f"{value:.3g} s" if value is not None else "unmeasured"
-            frac_text = "" if frac is None else f", {frac:.0%} of requests over"
-            text = f"{name} p{config.percentile:g} {shown} vs target {target:.3g} s{frac_text}"
-            ask(factor, reason, text)
-        if value is None:
-            if not is_idle:
-                missing.append(f"{name.lower()}_s")
-                calm.append(f"{name} unmeasured")
-                is_blind = True
-        elif ratio is not None and ratio >= t.scale_down_latency_ratio:
-            calm.append(f"{name} {value:.3g} s is over {t.scale_down_latency_ratio:.0%} of target")
-
-    if is_prefill:
-        latency("TTFT", obs.ttft_s, obs.ttft_violation_fraction, config.ttft_target_s)
-        wait = obs.prefill_queue_wait_s
-        wait_limit_s = t.queue_wait_ratio * config.ttft_target_s
-        if wait is None:
-            if not is_idle:
-                missing.append("prefill_queue_wait_s")
-                calm.append("queue wait unmeasured")
-        elif wait > wait_limit_s and not _is_low(obs.ttft_s, config.ttft_target_s, t):
-            # A mean wait over the limit while TTFT at the percentile is low is the tail of
-            # a backlog that has drained (the last queued requests just started): the
-            # wait warns of TTFT trouble, and there is none.
-            text = f"prompts wait {wait:.3g} s before prefill (limit {wait_limit_s:.3g} s)"
-            ask(wait / wait_limit_s, "QueueWait", text)
-        elif wait > wait_limit_s / 2:
-            calm.append(f"queue wait {wait:.3g} s")
-    if is_decode:
-        latency("TPOT", obs.tpot_s, obs.tpot_violation_fraction, config.tpot_target_s)
-        kv = obs.kv_usage
-        if kv is None:
-            if not is_idle:
-                missing.append("kv_usage")
-                calm.append("KV usage unmeasured")
-        elif kv > t.kv_usage_high:
-            wants.append(
-                Want(
-                    _scaled(ready, kv / t.target_utilization, t.max_scale_up_factor),
-                    "KvPressure",
-                    f"KV cache {kv:.0%} full (limit {t.kv_usage_high:.0%})",
-                    is_reactive=True,
-                )
-            )
-        elif kv >= t.kv_usage_low:
-            calm.append(f"KV cache {kv:.0%} full")
+    ctx = SignalContext(obs, config, is_idle, ask)
+    sides = {"prefill": is_prefill, "decode": is_decode}
+    for signal in SIGNALS:
+        if sides[signal.side]:
+            signal.read(ctx, reading)
+    wants, missing, calm = reading.wants, reading.missing, reading.not_calm
     if obs.request_rate_per_s is None:
         missing.append("request_rate_per_s")
     if backlog is not None:
@@ -331,7 +261,7 @@ def assess(
         down_to=down_to,
         hold_note="; ".join(calm),
         missing=tuple(dict.fromkeys(missing)),
-        is_blind=is_blind,
+        is_blind=reading.is_blind,
         draining="; ".join(draining),
         sized=sized,
         settles_at=settles_at,

@@ -19,6 +19,8 @@ from typing import Any
 from kvflow.router.tenants.config import Tenant, TenantDirectory
 
 audit_log = logging.getLogger("kvflow.audit")
+# Kept under --log-level warning too: the trail is not chatter.
+audit_log.setLevel(logging.INFO)
 
 FINGERPRINT_HEX_DIGITS = 8
 # Compared to tell a changed tenant; the salt is left out (its value is a secret's output).

@@ -428,6 +428,11 @@ async def _serve(settings: RouterSettings) -> None:
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
     )
+    if settings.tls_cert_file is not None:
+        try:
+            config.load()  # builds the TLS context: a bad file is a clear error, not a bind one
+        except OSError as exc:  # ssl.SSLError is one
+            raise ConfigError(f"cannot use --tls-cert-file/--tls-key-file: {exc}") from exc
     metrics_field = ""
     if settings.metrics_port is not None:
         # prometheus_client's own small HTTP server, on a thread: scrapes never queue

@@ -119,3 +119,23 @@ def test_a_tenants_file_that_fails_to_reload_is_counted_shown_and_audited(
     # Never key material: neither a key nor a whole digest.
     for secret in (ALICE, BOB, hash_api_key(ALICE), hash_api_key(BOB)):
         assert secret not in log
+
+
+def test_ready_names_the_pools_models_only_to_a_caller_with_a_key(tmp_path: Path) -> None:
+    with running_fake_worker(FakeWorker(tokens=(1, 2))) as address:
+        config = tmp_path / "router.yaml"
+        config.write_text(yaml.safe_dump({
+            "tenants": [{"name": "alice", "api_key_sha256": hash_api_key(ALICE)}],
+            "pools": [{"name": "main", "served_model_name": "secret-model",
+                       "workers": [address]}],
+        }))  # fmt: skip
+        g = launch_gateway(["--config", str(config)])
+        try:
+            g.wait_ready(num_workers=1)
+            anonymous = httpx.get(f"{g.url}/ready")
+            assert anonymous.status_code == 200 and anonymous.json()["workers_healthy"] == 1
+            assert "pools" not in anonymous.json() and "secret-model" not in anonymous.text
+            with_key = httpx.get(f"{g.url}/ready", headers={"authorization": f"Bearer {ALICE}"})
+            assert with_key.json()["pools"]["main"]["served_model_name"] == "secret-model"
+        finally:
+            g.stop()

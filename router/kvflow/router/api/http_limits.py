@@ -42,7 +42,7 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 8192
 # A client (or proxy) that reads nothing of a response for this long is gone or hostile.
 DEFAULT_WRITE_TIMEOUT_S = 30.0
-# Below the usual proxy idle timeouts (60 s for nginx and AWS ALB, 15 s... 5 min elsewhere).
+# Well below the usual proxy idle timeouts (60 s for nginx and AWS ALB; Envoy: 1 h).
 DEFAULT_SSE_KEEPALIVE_INTERVAL_S = 15.0
 # After a refusal, how long what the client still sends is read and dropped.
 REFUSAL_LINGER_S = 2.0

@@ -16,7 +16,8 @@ import yaml
 from testkit.fake_worker import FakeWorker, running_fake_worker
 from testkit.gateway_process import GatewayProcess, running_gateway
 
-from kvflow.router.tenants.config import default_cache_salt, hash_api_key
+from kvflow.router.tenants.config import hash_api_key
+from kvflow.router.tenants.salts import tenant_salt
 from kvflow.router.text.model_files import load_text_model
 
 pytestmark = pytest.mark.integration
@@ -146,18 +147,19 @@ def test_tenant_salt_priority_and_public_prefix_reach_the_worker(tmp_path: Path)
     }
     config_path = tmp_path / "router.yaml"
     config_path.write_text(yaml.safe_dump(config))
+    secret_path = tmp_path / "salt-secret"
+    secret_path.write_text("s3cret-of-the-replicas\n")
     worker = FakeWorker(tokens=TOKENS)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "q"}]
-    with (
-        running_fake_worker(worker) as address,
-        gateway_for(address, extra=("--config", str(config_path))) as g,
-    ):
+    extra = ("--config", str(config_path), "--cache-salt-secret-file", str(secret_path))
+    with running_fake_worker(worker) as address, gateway_for(address, extra=extra) as g:
         for key in ("sk-alice", "sk-bob"):
             client_for(g, key).chat.completions.create(model="fake", messages=messages)
         client_for(g, "sk-alice").chat.completions.create(model="fake", messages=MESSAGES)
     alice, bob, alice_private = worker.requests
-    assert alice.cache_salt == default_cache_salt("alice") != bob.cache_salt
-    assert bob.cache_salt == default_cache_salt("bob")
+    # Derived under the replicas' shared secret: the same on each, unguessable without it.
+    assert alice.cache_salt == tenant_salt(b"s3cret-of-the-replicas", "alice") != bob.cache_salt
+    assert bob.cache_salt == tenant_salt(b"s3cret-of-the-replicas", "bob")
     assert (alice.priority, bob.priority) == (3, 0)
     template = load_text_model(None).chat_template
     assert template is not None

@@ -103,7 +103,7 @@ def test_daily_token_budget_refuses_until_the_next_utc_day(redis_server: RedisSe
                 assert refused.limit == "daily_token_budget"
                 assert after_s - 0.01 <= refused.retry_after_s <= before_s + 0.01
             # The counter is the UTC day's: it expires after the next day, not never.
-            ttl_s = await a.ttl(f"kvflow:{{daily}}:day:{int(time.time() // 86_400)}")
+            ttl_s = await a.ttl(f"kvflow:default:{{daily}}:day:{int(time.time() // 86_400)}")
             assert 86_400 < ttl_s <= 2 * 86_400
         finally:
             await a.aclose()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import getpass
+import ipaddress
 import logging
 import math
 import os
@@ -13,11 +14,13 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
 from kvflow.proto import otel
 from kvflow.router import tracing
+from kvflow.router.api.http_limits import HttpLimits
 from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.serving.admission import (
     ADMISSION_FLAGS,
@@ -27,6 +30,8 @@ from kvflow.router.serving.admission import (
 )
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key, hmac_api_key
+from kvflow.router.tenants.redis_store import QUOTA_SCOPE
+from kvflow.router.tenants.salts import CACHE_SALT_SECRET_ENV
 from kvflow.router.tenants.source import KEY_SECRET_ENV, key_secret_from_env
 from kvflow.router.text.tokenizer import TokenizerLoadError
 from kvflow.router.workers.deadlines import StreamDeadlines
@@ -118,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _admission_flags(p, d.admission)
     _tracing_flags(p)
+    _security_flags(p, d)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument(
         "--seed",
@@ -190,6 +196,97 @@ def _tracing_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+# --- exposure and security: the HTTP listener, the quota store, disclosure --------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _security_flags(p: argparse.ArgumentParser, d: RouterSettings) -> None:
+    g = p.add_argument_group("exposure and security (docs/router.md, Security)")
+    g.add_argument(
+        "--max-header-bytes",
+        type=_positive_int,
+        default=d.http.max_header_bytes,
+        help="a request line and headers past this get 431 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--header-timeout-s",
+        type=_seconds(allow_zero=False),
+        default=d.http.header_timeout_s,
+        help="headers not all in by then (from the connection or the request's "
+        "first byte) get 408 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=d.http.max_connections,
+        help="past this many open connections a request gets 503 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--write-timeout-s",
+        type=_seconds(allow_zero=False),
+        default=d.http.write_timeout_s,
+        help="a client that reads nothing of a response for this long is cut and "
+        "its request's slot and quota freed (default: %(default)s)",
+    )
+    g.add_argument(
+        "--sse-keepalive-interval-s",
+        type=_seconds(allow_zero=True),
+        default=d.sse_keepalive_interval_s,
+        help="a quiet stream gets a ': keep-alive' comment this often; 0: never "
+        "(default: %(default)s)",
+    )
+    g.add_argument("--tls-cert-file", help="serve HTTPS with this PEM certificate (chain)")
+    g.add_argument("--tls-key-file", help="... and this PEM private key")
+    g.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="without tenants, serve anonymous callers (as admins) on a "
+        "non-loopback --host too; without it such a router refuses to start",
+    )
+    g.add_argument(
+        "--quota-scope",
+        default=d.quota_scope,
+        help="namespaces quota keys in a shared Redis: routers with the same scope "
+        "share limits (e.g. NAMESPACE/POOL) (default: %(default)s)",
+    )
+    g.add_argument(
+        "--quota-on-store-failure",
+        choices=["memory", "deny"],
+        default=d.quota_on_store_failure,
+        help="when Redis fails: memory (limits per replica, counted in "
+        "kvflow_router_quota_store_fallbacks_total) or deny (503 with Retry-After) "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--cache-salt-secret-file",
+        help="secret that tenants' default cache salts are derived from; the same "
+        f"on every replica (default: ${CACHE_SALT_SECRET_ENV}, else random per "
+        "process: replicas then share no prefix cache)",
+    )
+
+
+def _read_secret_file(path: str | None, env: Mapping[str, str]) -> bytes | None:
+    if path is None:
+        value = env.get(CACHE_SALT_SECRET_ENV)
+        return value.encode() if value else None
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --cache-salt-secret-file {path}: {exc}") from exc
+    if not secret:
+        raise ConfigError(f"--cache-salt-secret-file {path} is empty")
+    return secret
+
+
 def _refuse_pool_flags(args: argparse.Namespace, config_path: str) -> None:
     """With `pools:` each pool names its model and workers in the config; a flag that
     would name them too is a mistake to point out, not a tie to break."""
@@ -246,6 +343,52 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         metrics_port=args.metrics_port,
         admission=admission,
         tracing=traces,
+        **_security_settings(args, env),
+    )
+
+
+def _security_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        raise ConfigError("--tls-cert-file and --tls-key-file go together: give both")
+    if not QUOTA_SCOPE.match(args.quota_scope):
+        raise ConfigError(
+            f"--quota-scope must be 1-128 letters, digits, '.', '_', '-' or '/', "
+            f"got {args.quota_scope!r}"
+        )
+    return {
+        "http": HttpLimits(
+            args.max_header_bytes, args.header_timeout_s, args.max_connections, args.write_timeout_s
+        ),
+        "sse_keepalive_interval_s": args.sse_keepalive_interval_s,
+        "tls_cert_file": Path(args.tls_cert_file) if args.tls_cert_file else None,
+        "tls_key_file": Path(args.tls_key_file) if args.tls_key_file else None,
+        "allow_unauthenticated": args.allow_unauthenticated,
+        "quota_scope": args.quota_scope,
+        "quota_on_store_failure": args.quota_on_store_failure,
+        "cache_salt_secret": _read_secret_file(args.cache_salt_secret_file, env),
+    }
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address or a name) is this machine's loopback only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def unauthenticated_problem(settings: RouterSettings) -> str | None:
+    """Why this router must not start: no tenants, a non-loopback address, no opt-in."""
+    is_open = settings.tenants_file is None and settings.config.tenants.is_open
+    if not is_open or settings.allow_unauthenticated or is_loopback(settings.host):
+        return None
+    return (
+        f"no tenants are configured and --host {settings.host} is not loopback: anyone who "
+        "reaches it would be an admin. Configure tenants (--config's tenants section or "
+        "--tenants-file), listen on 127.0.0.1, or pass --allow-unauthenticated to serve "
+        "anonymous callers anyway"
     )
 
 
@@ -255,6 +398,7 @@ async def _serve(settings: RouterSettings) -> None:
     from kvflow.router.api.app import create_app
     from kvflow.router.api.drain import DrainState
     from kvflow.router.api.gateway import build_gateway
+    from kvflow.router.api.http_limits import limited_protocol
     from kvflow.router.api.server import DrainingServer
 
     gateway = build_gateway(settings)
@@ -280,8 +424,15 @@ async def _serve(settings: RouterSettings) -> None:
         # the last bytes of responses, and for a stop forced by a second signal.
         timeout_graceful_shutdown=FINAL_CLOSE_S,
         loop="uvloop",
-        http="httptools",
+        http=limited_protocol(settings.http, gateway.metrics.http_refusals_for),
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
+    if settings.tls_cert_file is not None:
+        try:
+            config.load()  # builds the TLS context: a bad file is a clear error, not a bind one
+        except OSError as exc:  # ssl.SSLError is one
+            raise ConfigError(f"cannot use --tls-cert-file/--tls-key-file: {exc}") from exc
     metrics_field = ""
     if settings.metrics_port is not None:
         # prometheus_client's own small HTTP server, on a thread: scrapes never queue
@@ -310,6 +461,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if settings is None:
         return 0
+    problem = unauthenticated_problem(settings)
+    if problem is not None:
+        print(f"kvflow router: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -15,6 +15,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvflow.router.api.http_limits import REFUSAL_REASONS as HTTP_REFUSAL_REASONS
+
 # Routing decisions take tens of microseconds to a few milliseconds.
 _DECISION_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
@@ -242,6 +244,43 @@ class RouterMetrics:
         self._index_blocks = Gauge(
             "kvflow_router_index_blocks", "Distinct block hashes in the routing index", registry=r
         )
+        self._security_metrics(r)
+
+    # --- exposure and security (docs/router.md, Security) ----------------------------------
+
+    def _security_metrics(self, r: CollectorRegistry) -> None:
+        self.http_refusals = Counter(
+            "kvflow_router_http_refusals_total",
+            "Connections refused or cut by the HTTP listener's limits (api/http_limits.py), "
+            "by reason",
+            ["reason"],
+            registry=r,
+        )
+        for reason in HTTP_REFUSAL_REASONS:
+            self.http_refusals.labels(reason)
+        self.quota_store_fallbacks = Counter(
+            "kvflow_router_quota_store_fallbacks_total",
+            "Quota decisions taken without Redis (it failed), by what was done instead: "
+            "memory (limits of this replica only) or deny (503)",
+            ["action"],
+            registry=r,
+        )
+        for action in ("memory", "deny"):
+            self.quota_store_fallbacks.labels(action)
+        self.tenants_reload_failures = Counter(
+            "kvflow_router_tenants_reload_failures_total",
+            "Tenants file changes that could not be applied (the last good tenants stay)",
+            registry=r,
+        )
+        self.tenants_stale = Gauge(
+            "kvflow_router_tenants_stale",
+            "1 while the tenants file's latest content failed to load and older tenants "
+            "(keys) stay in force, else 0",
+            registry=r,
+        )
+
+    def http_refusals_for(self, reason: str) -> None:
+        self.http_refusals.labels(reason).inc()
 
     def admission_pool(self, pool: str) -> None:
         """Create the pool's refusal series at 0, so a pool that never refused reads 0."""

@@ -47,6 +47,7 @@ import yaml
 
 from kvflow.proto.otel import TracingConfig
 from kvflow.router.api.drain import DEFAULT_DRAIN_GRACE_S
+from kvflow.router.api.http_limits import DEFAULT_SSE_KEEPALIVE_INTERVAL_S, HttpLimits
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.models.pools import PoolSpec, parse_pools
@@ -61,6 +62,7 @@ from kvflow.router.tenants.config import (
     parse_max_tokens_limits,
     parse_tenants,
 )
+from kvflow.router.tenants.redis_store import DEFAULT_QUOTA_SCOPE
 from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
 from kvflow.router.workers.deadlines import StreamDeadlines
 
@@ -120,6 +122,22 @@ class RouterSettings:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     # OpenTelemetry traces (tracing.py): off unless an OTLP endpoint is given.
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # --- exposure: the HTTP listener, quota store, disclosure (docs/router.md, "Security") --
+    # Connection-level limits of the HTTP listener (api/http_limits.py).
+    http: HttpLimits = field(default_factory=HttpLimits)
+    # Between two SSE events, a `: keep-alive` comment after this long; 0: none.
+    sse_keepalive_interval_s: float = DEFAULT_SSE_KEEPALIVE_INTERVAL_S
+    # TLS on the gateway's own listener; both or neither.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # Without tenants, serve anonymous callers (as admins) on a non-loopback address too.
+    allow_unauthenticated: bool = False
+    # Namespaces the quota keys in a shared Redis (a namespace/pool or gateway name).
+    quota_scope: str = DEFAULT_QUOTA_SCOPE
+    # When Redis fails: "memory" (limits per replica) or "deny" (503 with Retry-After).
+    quota_on_store_failure: str = "memory"
+    # The secret default cache salts are derived with (tenants/salts.py); None: random.
+    cache_salt_secret: bytes | None = None
 
 
 def parse_config(raw: object) -> RouterConfig:

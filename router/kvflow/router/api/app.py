@@ -18,7 +18,11 @@ from kvflow.router import tracing
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.drain import DrainMiddleware, DrainState
 from kvflow.router.api.gateway import Gateway
-from kvflow.router.api.http import RequestIdMiddleware, TracingMiddleware
+from kvflow.router.api.http import (
+    RequestIdMiddleware,
+    SseKeepAliveMiddleware,
+    TracingMiddleware,
+)
 from kvflow.router.api.openapi import build_openapi
 from kvflow.router.protocol.errors import ApiError
 
@@ -59,16 +63,17 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
         finally:
             await gateway.stop()
 
+    # /openapi.json is served below, per caller: FastAPI's own route would list every model.
     app = FastAPI(
-        title="kvflow gateway", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+        title="kvflow gateway", docs_url=None, redoc_url=None, openapi_url=None,
         lifespan=lifespan,
     )  # fmt: skip
-    app.openapi = lambda: build_openapi(  # type: ignore[method-assign]
-        served_models=gateway.served_models(),
-        vocab_size=max(b.text.tokenizer.vocab_size for b in gateway.backends),
-    )
+    vocab_size = max(b.text.tokenizer.vocab_size for b in gateway.backends)
     app.state.gateway = gateway
     app.state.drain = drain
+    if gateway.settings.sse_keepalive_interval_s > 0:  # innermost: sees the stream's bytes
+        app.add_middleware(SseKeepAliveMiddleware,
+                           interval_s=gateway.settings.sse_keepalive_interval_s)  # fmt: skip
     # Added first, so it runs inside RequestIdMiddleware: its 503s get an id and a count.
     app.add_middleware(DrainMiddleware, state=drain)
     if tracing.is_enabled():  # between the two: its span knows the request id
@@ -131,9 +136,18 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/ready")
-    async def ready() -> JSONResponse:
-        is_ready, body = gateway.readiness(drain.is_draining)
+    async def ready(request: Request) -> JSONResponse:
+        caller = gateway.caller_or_none(request.headers)
+        is_ready, body = gateway.readiness(drain.is_draining, caller)
         return JSONResponse(body, status_code=200 if is_ready else 503)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> JSONResponse:
+        """The schema anyone may read; its model enum lists only the caller's models (none
+        for a caller without a valid key when tenants are configured)."""
+        caller = gateway.caller_or_none(request.headers)
+        names = [m for m in gateway.served_models() if caller is not None and caller.may_use(m)]
+        return JSONResponse(build_openapi(served_models=names, vocab_size=vocab_size))
 
     if gateway.settings.metrics_port is None:  # else on its own port (cli.py)
 

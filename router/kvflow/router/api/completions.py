@@ -46,6 +46,7 @@ from kvflow.router.serving.prompts import PreparedPrompt
 from kvflow.router.serving.token_budget import TokenBudget, plan_tokens
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
+from kvflow.router.tenants.prompt_cache import tenant_for_request
 from kvflow.router.tenants.service import Lease
 from kvflow.router.tools.extract import extractor_factory, with_tool_calls
 from kvflow.router.tools.prompt import prepare_tool_prompt
@@ -98,6 +99,7 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     trace = RequestTrace(request_id=request.state.request_id)
     tenant = gw.authenticate(request.headers)
     body = await read_json_body(request, gw.settings.config.max_body_bytes)
+    tenant = tenant_for_request(tenant, body)  # prompt_cache_key: a per-user cache salt
     parsed: ChatRequest | CompletionRequest = (
         parse_chat_request(body) if is_chat else parse_completion_request(body)
     )

@@ -22,6 +22,7 @@ from kvflow.router.api.backend import (
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
 from kvflow.router.protocol.errors import (
+    ApiError,
     invalid_api_key,
     model_not_allowed,
     model_not_found,
@@ -30,6 +31,7 @@ from kvflow.router.protocol.errors import (
 from kvflow.router.settings import RouterSettings
 from kvflow.router.tenants.config import ANONYMOUS, Tenant, parse_tenants
 from kvflow.router.tenants.redis_store import RedisQuotaStore
+from kvflow.router.tenants.salts import CACHE_SALT_SECRET_ENV
 from kvflow.router.tenants.service import QuotaService
 from kvflow.router.tenants.source import TenantSource, key_secret_from_env
 from kvflow.router.text.model_files import TextModel
@@ -116,6 +118,14 @@ class Gateway:
             raise invalid_api_key(f"Incorrect API key provided: {_mask(api_key)}.")
         return tenant
 
+    def caller_or_none(self, headers: Mapping[str, str]) -> Tenant | None:
+        """The caller's tenant, or None for a caller without a valid key (no 401): for
+        the endpoints anyone may reach, which then tell such a caller less."""
+        try:
+            return self.authenticate(headers)
+        except ApiError:
+            return None
+
     def check_model(self, model: str, tenant: Tenant) -> None:
         """404 for a model nobody serves, 403 for one this tenant may not use."""
         served = self.served_models()
@@ -155,14 +165,23 @@ class Gateway:
             )
         return Route(backend, served_name)
 
-    def readiness(self, is_draining: bool) -> tuple[bool, dict[str, Any]]:
-        """Ready when some pool has a healthy worker; the body counts them (per pool too)."""
+    def readiness(
+        self, is_draining: bool, caller: Tenant | None = ANONYMOUS
+    ) -> tuple[bool, dict[str, Any]]:
+        """Ready when some pool has a healthy worker; the body counts them. Per pool, with
+        their model names, only for a caller who may list models: with tenants configured
+        an anonymous probe learns counts, not what is served. A tenants file that failed to
+        load shows as ``tenants_stale`` (the older tenants stay in force): not a reason to
+        be unready, which would take every replica out at once over a typo."""
         num_healthy = sum(b.pool.num_healthy() for b in self.backends)
         is_ready = num_healthy > 0 and not is_draining
         body: dict[str, Any] = {"ready": is_ready, "workers_healthy": num_healthy,
                                 "workers": sum(len(b.pool) for b in self.backends),
                                 "draining": is_draining}  # fmt: skip
-        if self.has_pools:
+        _ = self.tenants.current  # the file's reload check rides on probes too
+        if self.tenants.path is not None:
+            body["tenants_stale"] = self.tenants.is_stale
+        if self.has_pools and caller is not None:
             body["pools"] = {
                 b.name: {"workers_healthy": b.pool.num_healthy(), "workers": len(b.pool),
                          "served_model_name": b.served_name()}
@@ -202,11 +221,24 @@ def build_gateway(settings: RouterSettings) -> Gateway:
             socket_timeout=REDIS_TIMEOUT_S,
             socket_connect_timeout=REDIS_TIMEOUT_S,
         )
-    quotas = QuotaService(RedisQuotaStore(redis) if redis is not None else None)
+    quotas = QuotaService(
+        RedisQuotaStore(redis, scope=settings.quota_scope) if redis is not None else None,
+        on_store_failure=settings.quota_on_store_failure,
+        on_fallback=lambda action: metrics.quota_store_fallbacks.labels(action).inc(),
+    )
     metrics.watch({b.name: b.pool for b in backends}, lambda: sum(len(b.index) for b in backends))
-    tenants = TenantSource(config.tenants, settings.tenants_file, key_secret_from_env())
+    tenants = TenantSource(config.tenants, settings.tenants_file, key_secret_from_env(),
+                           salt_secret=settings.cache_salt_secret,
+                           on_reload_failure=metrics.tenants_reload_failures.inc)  # fmt: skip
+    metrics.tenants_stale.set_function(lambda: float(tenants.is_stale))
     if tenants.current.is_open:
         log.warning("no tenants configured: the gateway accepts any API key (one shared cache)")
+    elif settings.cache_salt_secret is None:
+        log.warning(
+            "no cache salt secret (--cache-salt-secret-file or %s): tenants' cache salts are "
+            "random to this process, so router replicas share no prefix cache",
+            CACHE_SALT_SECRET_ENV,
+        )
     return Gateway(
         settings=settings,
         backends=backends,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import string
 from collections.abc import Iterable
@@ -139,3 +140,69 @@ class TracingMiddleware:
                 await send(message)
 
             await self.app(scope, receive, send_with_status)
+
+
+SSE_KEEPALIVE = b": keep-alive\n\n"
+
+
+class SseKeepAliveMiddleware:
+    """Sends an SSE comment (`: keep-alive`) on an event stream that has been quiet for
+    ``interval_s``: a long prefill or a slow model would otherwise leave a proxy's idle
+    timeout (often 60 s) to cut the stream, and a client gone away shows up only on a write.
+    Clients skip comments (the SSE spec; the openai client does). Only responses with
+    `content-type: text/event-stream` get them, once their headers are out."""
+
+    def __init__(self, app: ASGIApp, interval_s: float) -> None:
+        self.app = app
+        self.interval_s = interval_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        lock = asyncio.Lock()  # one message at a time: a comment never splits an event
+        last_sent_s = loop.time()
+        is_open = False  # an event stream's headers are out, its end is not
+        ticker: asyncio.Task[None] | None = None
+
+        async def tick() -> None:
+            nonlocal last_sent_s
+            while True:
+                await asyncio.sleep(max(0.0, last_sent_s + self.interval_s - loop.time()))
+                async with lock:
+                    if not is_open:
+                        return
+                    if loop.time() - last_sent_s >= self.interval_s:
+                        await send({"type": "http.response.body", "body": SSE_KEEPALIVE,
+                                    "more_body": True})  # fmt: skip
+                        last_sent_s = loop.time()
+
+        async def send_with_keepalive(message: Message) -> None:
+            nonlocal last_sent_s, is_open, ticker
+            if not is_open:
+                if message["type"] == "http.response.start" and _is_event_stream(message):
+                    is_open = True
+                    ticker = asyncio.create_task(tick())
+                await send(message)
+                return
+            async with lock:
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    is_open = False
+                await send(message)
+                last_sent_s = loop.time()
+
+        try:
+            await self.app(scope, receive, send_with_keepalive)
+        finally:
+            is_open = False
+            if ticker is not None:
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
+
+
+def _is_event_stream(message: Message) -> bool:
+    for name, value in message.get("headers", ()):
+        if name.lower() == b"content-type":
+            return bytes(value).startswith(b"text/event-stream")
+    return False

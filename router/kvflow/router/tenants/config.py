@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvflow.router.tenants.salts import random_secret, tenant_salt
+
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -36,9 +38,9 @@ def hmac_api_key(api_key: str, secret: bytes) -> str:
     return hmac.new(secret, api_key.encode(), hashlib.sha256).hexdigest()
 
 
-def default_cache_salt(tenant_name: str) -> str:
-    """Different for every tenant and the same on every router replica."""
-    return hashlib.blake2b(b"kvflow-tenant:" + tenant_name.encode(), digest_size=16).hexdigest()
+# Default salts are derived under this until a directory is given the configured secret
+# (`with_salt_secret`): unguessable either way (tenants/salts.py).
+_PROCESS_SALT_SECRET = random_secret()
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Tenant:
     max_tokens: MaxTokensLimits = MaxTokensLimits()
     # May ask for route explanations (x-kvflow-route: worker addresses, scores).
     is_admin: bool = False
+    # The salt is derived from the name under the server's secret (no cache_salt given).
+    is_salt_derived: bool = False
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -122,7 +126,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     priority = raw.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TenantConfigError(f"{where}.priority must be an integer")
-    salt = raw.get("cache_salt", default_cache_salt(name))
+    salt = raw.get("cache_salt", tenant_salt(_PROCESS_SALT_SECRET, name))
     if not isinstance(salt, str) or not salt:
         raise TenantConfigError(f"{where}.cache_salt must be a non-empty string")
     quotas = Quotas(
@@ -136,7 +140,8 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     is_admin = raw.get("admin", False)
     if not isinstance(is_admin, bool):
         raise TenantConfigError(f"{where}.admin must be true or false")
-    tenant = Tenant(name, models_set, priority, quotas, salt, max_tokens, is_admin)
+    tenant = Tenant(name, models_set, priority, quotas, salt, max_tokens, is_admin,
+                    is_salt_derived="cache_salt" not in raw)  # fmt: skip
     return tenant, hashes, macs
 
 
@@ -194,6 +199,16 @@ class TenantDirectory:
                 "the secret they were made with"
             )
         return replace(self, key_secret=secret or None)
+
+    def key_digests(self) -> list[tuple[str, str]]:
+        """(digest, tenant name) of every configured key, both kinds."""
+        return [*self._by_key_hash.items(), *self._by_key_hmac.items()]
+
+    def with_salt_secret(self, secret: bytes) -> TenantDirectory:
+        """This directory with every derived cache salt derived under ``secret``."""
+        tenants = {name: replace(t, cache_salt=tenant_salt(secret, name))
+                   if t.is_salt_derived else t for name, t in self.tenants.items()}  # fmt: skip
+        return replace(self, tenants=tenants)
 
     def lookup(self, api_key: str) -> Tenant | None:
         name = self._by_key_hash.get(hash_api_key(api_key))

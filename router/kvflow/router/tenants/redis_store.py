@@ -11,6 +11,7 @@ leases of its long streams every LEASE_REFRESH_S.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 
@@ -19,6 +20,11 @@ from redis.asyncio import Redis
 from kvflow.router.tenants.buckets import SECONDS_PER_DAY, utc_day
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.store import ADMITTED, Admission, UsageTotals
+
+# Quota keys are namespaced by a scope (`--quota-scope`): routers of two pools sharing one
+# Redis keep their tenants' counters apart, even for tenants of the same name.
+DEFAULT_QUOTA_SCOPE = "default"
+QUOTA_SCOPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 
 # A lease outlives a dead replica by at most 60 s; refreshing every 20 s survives two
 # missed refreshes (a slow event loop) before a live stream's lease could lapse.
@@ -128,15 +134,16 @@ _USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_token
 
 
 class RedisQuotaStore:
-    def __init__(self, redis: Redis, *, key_prefix: str = "kvflow") -> None:
+    def __init__(self, redis: Redis, *, scope: str = DEFAULT_QUOTA_SCOPE) -> None:
         self._redis = redis
-        self._prefix = key_prefix
+        self._prefix = f"kvflow:{scope}"
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._refresh = redis.register_script(_REFRESH)
 
     def _key(self, tenant: Tenant, what: str) -> str:
-        # The tenant name in braces: one hash slot per tenant if this ever meets Redis Cluster.
+        # kvflow:SCOPE:{TENANT}:WHAT. The tenant name in braces: one hash slot per tenant if
+        # this ever meets Redis Cluster.
         return f"{self._prefix}:{{{tenant.name}}}:{what}"
 
     def _daily_key(self, tenant: Tenant) -> str:

@@ -1,8 +1,16 @@
 """Quotas for the gateway: Redis when configured and reachable, this process otherwise.
 
-Redis going away must never fail a request by itself: the first failure logs a warning
-and switches to the in-process store (limits then hold per replica); Redis is tried again
-after RETRY_REDIS_AFTER_S, and its return is logged too.
+When Redis fails, `on_store_failure` says what happens to the requests meanwhile:
+"memory" (the default) admits them against the in-process store: nothing fails, but the
+limits hold per replica, and the in-process daily budget starts from zero (what Redis
+counted today is not known here); "deny" answers 503 with Retry-After instead, for
+operators whose limits are a contract (or a bill). Either way the first failure logs a
+warning, each decision taken without Redis counts in
+kvflow_router_quota_store_fallbacks_total, Redis is tried again after RETRY_REDIS_AFTER_S,
+and its return is logged too.
+
+The daily budget is counted per UTC day in Redis (redis_store.py), so it survives a router
+restart; without Redis it lives in this process and a restart starts it from zero.
 """
 
 from __future__ import annotations
@@ -11,10 +19,12 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
+from kvflow.router.protocol.errors import ApiError
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.redis_store import LEASE_REFRESH_S, RedisQuotaStore
 from kvflow.router.tenants.store import Admission, MemoryQuotaStore, UsageTotals
@@ -39,9 +49,33 @@ class Lease:
     reserved_tokens: int | None = None
 
 
+STORE_FAILURE_MODES = ("memory", "deny")
+
+
+def quota_store_unavailable() -> ApiError:
+    return ApiError(
+        503,
+        "The gateway cannot reach its quota store (Redis) and is configured to refuse "
+        "requests meanwhile (--quota-on-store-failure deny); retry shortly.",
+        type="server_error",
+        code="quota_store_unavailable",
+        retry_after_s=RETRY_REDIS_AFTER_S,
+    )
+
+
 class QuotaService:
-    def __init__(self, redis_store: RedisQuotaStore | None) -> None:
+    def __init__(
+        self,
+        redis_store: RedisQuotaStore | None,
+        *,
+        on_store_failure: str = "memory",
+        on_fallback: Callable[[str], None] = lambda action: None,
+    ) -> None:
+        """``on_fallback(action)``: called for each decision taken without Redis."""
+        assert on_store_failure in STORE_FAILURE_MODES, on_store_failure
         self._redis = redis_store
+        self._is_deny = on_store_failure == "deny"
+        self._on_fallback = on_fallback
         self._memory = MemoryQuotaStore()
         self._redis_down_until_s = 0.0
         self._active: dict[str, Lease] = {}
@@ -89,6 +123,10 @@ class QuotaService:
                 if admission.is_admitted:
                     self._active[lease.lease_id] = lease
                 return admission, lease
+        if self._redis is not None:
+            self._on_fallback("deny" if self._is_deny else "memory")
+            if self._is_deny:
+                raise quota_store_unavailable()
         admission = await self._memory.admit(
             tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens,
             reserved_tokens=reserved_tokens,

@@ -220,3 +220,40 @@ def test_kvflow_up_refuses_models_that_do_not_pair() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "as many --served-model-name" in done.stderr
+
+
+def test_kvflow_up_off_loopback_needs_tenants_or_an_explicit_opt_in() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "kvflow.cli.main", "up", "--simulate", "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--tenants-file" in done.stderr and "--allow-unauthenticated" in done.stderr
+    assert time.monotonic() - started < 30  # refused before any worker starts
+    # Opting in serves anonymous callers on every address.
+    with kvflow_up("--simulate", "--host", "0.0.0.0", "--allow-unauthenticated") as (proc, out):
+        url, _, _ = printed_examples(out)
+        models = openai.OpenAI(base_url=f"{url}/v1", api_key="x").models.list()
+        assert [m.id for m in models.data] == ["smollm2"]
+        stop_and_check_clean(proc)
+
+
+def test_kvflow_up_with_a_tenants_file_asks_for_a_key(tmp_path: Path) -> None:
+    from kvflow.router.tenants.config import hash_api_key
+
+    key = "sk-up-0123456789abcdef"
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(f"- {{name: team-a, api_key_sha256: [{hash_api_key(key)}]}}\n")
+    with kvflow_up("--simulate", "--host", "0.0.0.0", "--tenants-file", str(tenants)) as (
+        proc,
+        out,
+    ):
+        url, _, _ = printed_examples(out)
+        assert "Tenants are on" in out and "Authorization: Bearer YOUR_KEY" in out
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        reply = client.completions.create(model="smollm2", prompt="Hello", max_tokens=2)
+        assert reply.choices[0].text is not None
+        stop_and_check_clean(proc)

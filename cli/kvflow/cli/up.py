@@ -10,6 +10,7 @@ shutdown happens in that order; their logs go to files named at startup.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import signal
 import subprocess
@@ -223,8 +224,28 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="simulated workers (no model, random tokens): try the API without torch",
     )
+    p.add_argument(
+        "--tenants-file",
+        type=Path,
+        help="the gateway's tenants (API keys, quotas; docs/router.md): required to serve "
+        "off loopback unless --allow-unauthenticated",
+    )
+    p.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="with no tenants, serve anonymous callers (as admins) on a non-loopback --host",
+    )
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     return p
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _start_workers(
@@ -273,6 +294,15 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     if args.workers < 1:
         print("kvflow up: --workers must be at least 1", file=sys.stderr)
         return 2
+    if args.tenants_file is None and not args.allow_unauthenticated and not _is_loopback(args.host):
+        # Refused before any worker loads: the gateway would refuse to start anyway.
+        print(
+            f"kvflow up: --host {args.host} is not loopback and no tenants are configured: "
+            "anyone who reaches it would be an admin. Pass --tenants-file, keep the default "
+            "--host 127.0.0.1, or pass --allow-unauthenticated",
+            file=sys.stderr,
+        )
+        return 2
     if args.simulate and args.kv_cache_dtype != "auto":
         print(
             "kvflow up: simulated workers have no KV cache to quantize: drop --kv-cache-dtype "
@@ -310,6 +340,10 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
             config_path.write_text(yaml.safe_dump(router_config(models, addresses)))
             launcher.say(f"gateway: {len(models)} pools, config in {config_path}")
             router_args = ["--config", str(config_path)]
+        if args.tenants_file is not None:
+            router_args += ["--tenants-file", str(args.tenants_file.resolve())]
+        if args.allow_unauthenticated:
+            router_args.append("--allow-unauthenticated")
         gateway = launcher.start(
             "gateway",
             ["router", "--host", args.host, "--port", str(args.port), *router_args],
@@ -322,6 +356,12 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         launcher.say(f"gateway: ready on {url}")
         names = [m.served_model_name for m in models]
         text = examples(url, names[0]) if len(names) == 1 else examples_many(url, names)
+        if args.tenants_file is not None:
+            note = (
+                f"Tenants are on ({args.tenants_file}): add -H 'Authorization: Bearer "
+                'YOUR_KEY\' to curl, and api_key="YOUR_KEY" to OpenAI(...).'
+            )
+            text = text.replace("\n\nPress Ctrl-C to stop.", f"\n\n{note}\n\nPress Ctrl-C to stop.")
         print(text, file=out, flush=True)
         while (exited := launcher.first_exited()) is None:
             time.sleep(0.5)

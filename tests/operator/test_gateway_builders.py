@@ -199,12 +199,19 @@ def test_no_servable_model_runs_no_router() -> None:
 
 def test_one_worker_token_reaches_the_gateway_and_two_are_a_problem() -> None:
     secret = {"name": "tok", "key": "t"}
-    pools = {"a": pool("a", workerTokenSecret=secret), "b": pool("b")}
+    pools = {"a": pool("a", workerTokenSecret=secret), "b": pool("b", workerTokenSecret=secret)}
     ref, problems = worker_token(["a", "b"], pools)
     assert ref is not None and (ref.name, ref.key) == ("tok", "t") and problems == []
     pools["b"] = pool("b", workerTokenSecret={"name": "other", "key": "t"})
     _, problems = worker_token(["a", "b"], pools)
     assert len(problems) == 1 and "a (tok/t), b (other/t)" in problems[0]
+    # A pool without one has its own generated token: another token again.
+    pools["b"] = pool("b")
+    _, problems = worker_token(["a", "b"], pools)
+    assert len(problems) == 1 and "b (b-worker-token/token)" in problems[0]
+    # One pool alone: its generated token is the gateway's.
+    ref, problems = worker_token(["b"], pools)
+    assert ref is not None and (ref.name, ref.key) == ("b-worker-token", "token") and not problems
     resolution = resolve([model("m", ("a", 1))], pools)
     children = desired_gateway_children(GATEWAY, gateway_spec(), IMAGES, resolution, pools)
     env = children[2]["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -306,24 +306,25 @@ class DisaggregationSpec:
 
 
 # Secure by default: a gateway without tenants lets every caller in as an administrator with
-# no quota, so it takes a named opt-in, and never on a Service reachable from outside.
+# no quota, so it takes a named opt-in, and never on a Service reachable from outside. On
+# the spec that holds `router` (a pool's or a gateway's), not on RouterSpec: the API server
+# checks a field's default against its own rules, and the default router has no tenants.
 ROUTER_AUTH_RULES = (
     CelRule(
-        "has(self.tenantsSecret) || self.allowUnauthenticated",
+        "has(self.router.tenantsSecret) || self.router.allowUnauthenticated",
         "router.tenantsSecret is required (the gateway's tenants and API keys); set "
         "router.allowUnauthenticated: true to serve without authentication",
-        ".tenantsSecret",
+        ".router",
     ),
     CelRule(
-        "!self.allowUnauthenticated || self.serviceType == 'ClusterIP'",
+        "!self.router.allowUnauthenticated || self.router.serviceType == 'ClusterIP'",
         "router.allowUnauthenticated needs serviceType ClusterIP: an unauthenticated "
         "gateway is never exposed outside the cluster",
-        ".allowUnauthenticated",
+        ".router",
     ),
 )
 
 
-@cel(*ROUTER_AUTH_RULES)
 @dataclass(frozen=True)
 class RouterSpec:
     """The OpenAI-compatible gateway in front of the workers."""
@@ -384,6 +385,7 @@ class RouterSpec:
         "(it picks nccl on GPUs, tcp on CPUs)",
         ".kvTransport",
     ),
+    *ROUTER_AUTH_RULES,
 )
 @dataclass(frozen=True)
 class InferencePoolSpec:

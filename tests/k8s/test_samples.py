@@ -80,7 +80,9 @@ def pv_and_claim(namespace: str) -> list[dict[str, Any]]:
 def test_sample_pool_is_valid_and_becomes_ready(
     cluster: ControlPlane, operator: OperatorProcess, namespace: str, sample: Any
 ) -> None:
-    pool = yaml.safe_load(sample.read_text())
+    (pool,) = [
+        d for d in yaml.safe_load_all(sample.read_text()) if d and d["kind"] == "InferencePool"
+    ]
     name = pool["metadata"]["name"]
     for obj in pv_and_claim(namespace):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s.controlplane import ControlPlane
+from k8s.controlplane import CHART, SYSTEM_NAMESPACE, ControlPlane
 from k8s.operator_process import DRIFT_INTERVAL_S, OperatorProcess
 from k8s.pools import CONVERGE_S, SMALL_SPEC, apply_pool, condition, get_pool, wait_ready
-from k8s.support import wait_for
+from k8s.support import wait_for, write_kubeconfig
 
 TENANTS = {"tenantsSecret": {"name": "tenants", "key": "tenants.yaml"}}
 
@@ -182,3 +182,52 @@ def test_a_host_path_under_an_allowed_folder_is_mounted(
     got = cluster.kubectl_json("get", "deployment", "nodefs-colocated", "-n", namespace)
     volumes = got["spec"]["template"]["spec"]["volumes"]
     assert {"name": "model", "hostPath": {"path": "/models/llama", "type": "Directory"}} in volumes
+
+
+def test_an_operator_with_only_namespaced_roles_reconciles_its_namespace(
+    cluster: ControlPlane, chart_release: str, namespace: str, tmp_path: Path
+) -> None:
+    """A second release of the chart with operator.watchNamespaces (no operator pods):
+    the operator run with its ServiceAccount's token, which holds a Role in `namespace` and
+    a ClusterRole for CRDs only, serves a pool there and can do nothing elsewhere."""
+    release = "kvflow-ns"  # fullname kvflow-ns: ServiceAccount kvflow-ns-operator
+    cluster.helm(
+        "install", release, str(CHART), "--namespace", SYSTEM_NAMESPACE,
+        "--set", f"operator.watchNamespaces={{{namespace}}}", "--set", "operator.replicas=0",
+    )  # fmt: skip
+    try:
+        account = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{release}-operator"
+        for verb, resource, where, allowed in (
+            ("patch", "deployments", ["-n", namespace], "yes"),
+            ("create", "secrets", ["-n", namespace], "yes"),
+            ("get", "secrets", ["-n", namespace], "no"),
+            ("patch", "deployments", ["-n", "default"], "no"),
+            ("list", "inferencepools", ["-A"], "no"),
+            ("watch", "customresourcedefinitions", [], "yes"),
+        ):
+            out = cluster.kubectl(
+                "auth", "can-i", verb, resource, "--as", account, *where, check=False
+            )
+            assert out.stdout.strip() == allowed, (verb, resource, where, out.stdout)
+        token = cluster.kubectl(
+            "create", "token", f"{release}-operator", "-n", SYSTEM_NAMESPACE
+        ).stdout.strip()
+        kubeconfig = write_kubeconfig(
+            tmp_path / "ns.kubeconfig", cluster.server, cluster.workdir / "pki" / "ca.crt",
+            token, f"{release}-operator",
+        )  # fmt: skip
+        proc = OperatorProcess(
+            cluster, kubeconfig, tmp_path, identity="op-ns",
+            lease_name=f"{release}-operator",
+            extra_args=("--namespace", namespace),
+        )  # fmt: skip
+        proc.start()
+        try:
+            apply_pool(cluster, namespace, "smol", {**SMALL_SPEC, "router": TENANTS})
+            wait_ready(cluster, namespace, "smol")
+            assert secret(cluster, namespace, "smol-worker-token") is not None
+            assert "Forbidden" not in proc.log(), proc.log()[-3000:]
+        finally:
+            proc.stop()
+    finally:
+        cluster.helm("uninstall", release, "--namespace", SYSTEM_NAMESPACE, check=False)

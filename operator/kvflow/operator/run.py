@@ -118,7 +118,7 @@ async def _lead_and_run(
         tasks.append(asyncio.create_task(elector.keep(lost)))
     try:
         await kopf.operator(
-            registry=build_registry(reconciler, gateways),
+            registry=build_registry(reconciler, gateways, namespaced=bool(cfg.namespaces)),
             standalone=True,  # leadership is ours (the Lease), not kopf's peering
             clusterwide=not cfg.namespaces,
             namespaces=cfg.namespaces,

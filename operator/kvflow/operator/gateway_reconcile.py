@@ -50,6 +50,7 @@ GATEWAY_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 _REJECTED = (400, 422)  # the API server refused the object itself: report, do not retry
 # Problems that keep a gateway's children from being applied at all: an open gateway, a

@@ -29,6 +29,7 @@ from kvflow.operator.builders.names import (
     PoolRef,
     fronts_label,
 )
+from kvflow.operator.builders.network import router_ingress_policy
 from kvflow.operator.builders.router import (
     CONFIG_KEY,
     RouterPod,
@@ -257,6 +258,13 @@ def gateway_budget(gateway: GatewayRef) -> dict[str, Json]:
     }
 
 
+def gateway_network_policy(gateway: GatewayRef) -> dict[str, Json]:
+    """Its routers take requests (8000) and scrapes (9401) only, as a pool's do."""
+    return router_ingress_policy(
+        metadata(gateway, gateway_workload_name(gateway)), selector_labels(gateway)
+    )
+
+
 def desired_gateway_children(
     gateway: GatewayRef,
     spec: gw.InferenceGatewaySpec,
@@ -271,4 +279,5 @@ def desired_gateway_children(
         gateway_service(gateway, spec.router),
         gateway_deployment(gateway, spec, images, text, resolution.pools, pools),
         gateway_budget(gateway),
+        gateway_network_policy(gateway),
     ]

@@ -71,12 +71,20 @@ def workers_network_policy(pool: PoolRef) -> dict[str, Json]:
 
 
 def router_network_policy(pool: PoolRef) -> dict[str, Json]:
+    return router_ingress_policy(
+        metadata(pool, router_network_policy_name(pool), "router", "router"),
+        {LABEL_POOL: pool.name, LABEL_COMPONENT: "router"},
+    )
+
+
+def router_ingress_policy(meta: dict[str, Json], select: dict[str, str]) -> dict[str, Json]:
+    """Routers (a pool's or an InferenceGateway's) take requests and scrapes only."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata(pool, router_network_policy_name(pool), "router", "router"),
+        "metadata": meta,
         "spec": {
-            "podSelector": {"matchLabels": {LABEL_POOL: pool.name, LABEL_COMPONENT: "router"}},
+            "podSelector": {"matchLabels": dict(select)},
             "policyTypes": ["Ingress"],
             "ingress": [
                 {

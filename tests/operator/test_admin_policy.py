@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvflow.operator.admin_policy import host_path_allowed, prometheus_url_allowed
+from kvflow.operator.cli import parse_args
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,20 @@ def test_prometheus_urls_only_at_or_below_an_allowed_base(url: str, allowed: boo
 
 def test_no_allowed_base_allows_no_prometheus() -> None:
     assert not prometheus_url_allowed("http://prometheus-operated.monitoring:9090", [])
+
+
+def test_settings_that_could_never_match_stop_the_operator_at_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = parse_args(
+        ["--allowed-host-path-prefix", "/models", "--allowed-prometheus-url", "http://p:9090"]
+    )
+    assert args.allowed_host_path_prefixes == ["/models"]
+    for bad in (
+        ["--allowed-host-path-prefix", "models"],
+        ["--allowed-prometheus-url", "http://user@p:9090"],
+        ["--allowed-prometheus-url", "prometheus:9090"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+        assert bad[1] in capsys.readouterr().err

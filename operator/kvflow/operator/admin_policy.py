@@ -72,6 +72,22 @@ def prometheus_url_allowed(url: str, allowed: Sequence[str]) -> bool:
     return False
 
 
+def setting_problems(policy: AdminPolicy) -> list[str]:
+    """Entries of the administrator's settings that could never match (checked at start)."""
+    problems = [
+        f"--allowed-host-path-prefix {p!r} is not an absolute folder"
+        for p in policy.allowed_host_path_prefixes
+        if not p.startswith("/")
+    ]
+    problems += [
+        f"--allowed-prometheus-url {u!r} is not an http(s) base URL without user info, "
+        "query or fragment"
+        for u in policy.allowed_prometheus_urls
+        if _parse(u) is None
+    ]
+    return problems
+
+
 def _parse(url: str) -> tuple[str, str, int, str] | None:
     try:
         parts = urlsplit(url)

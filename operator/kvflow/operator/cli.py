@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 
-from kvflow.operator.admin_policy import AdminPolicy
+from kvflow.operator.admin_policy import AdminPolicy, setting_problems
 from kvflow.operator.builders.names import Images
 from kvflow.operator.kube import Kube, load_config
 from kvflow.operator.run import OperatorConfig, run_operator
@@ -73,7 +73,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--kubeconfig", default=None, help="default: in-cluster, then $KUBECONFIG")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    problems = setting_problems(_policy(args))
+    if problems:
+        p.error("; ".join(problems))
+    return args
+
+
+def _policy(args: argparse.Namespace) -> AdminPolicy:
+    return AdminPolicy(
+        allowed_host_path_prefixes=tuple(args.allowed_host_path_prefixes),
+        allowed_prometheus_urls=tuple(args.allowed_prometheus_urls),
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -93,10 +104,7 @@ def main(argv: list[str]) -> int:
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,
         identity=args.identity,
-        policy=AdminPolicy(
-            allowed_host_path_prefixes=tuple(args.allowed_host_path_prefixes),
-            allowed_prometheus_urls=tuple(args.allowed_prometheus_urls),
-        ),
+        policy=_policy(args),
     )
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads the same file

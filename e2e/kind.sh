@@ -57,19 +57,20 @@ trap 'kill $forward 2>/dev/null || true' EXIT
 for _ in $(seq 30); do curl -fs "localhost:$LOCAL_PORT/health" >/dev/null && break; sleep 1; done
 base="http://localhost:$LOCAL_PORT/v1"
 model=smollm2-135m-instruct
+auth="authorization: Bearer demo-key-change-me"   # the sample's tenant (its tenants Secret)
 
 echo "--- GET /v1/models"
-curl -fsS "$base/models"; echo
+curl -fsS "$base/models" -H "$auth"; echo
 for prompt in "What is the capital of France?" "Name three primary colors." \
               "What is the capital of France? Answer in one word."; do
   echo "--- chat: $prompt"
-  curl -fsS "$base/chat/completions" -H 'content-type: application/json' -d "{
+  curl -fsS "$base/chat/completions" -H "$auth" -H 'content-type: application/json' -d "{
     \"model\": \"$model\", \"max_tokens\": 48, \"temperature\": 0,
     \"messages\": [{\"role\": \"user\", \"content\": \"$prompt\"}]}"
   echo
 done
 echo "--- streaming completion"
-curl -fsSN "$base/completions" -H 'content-type: application/json' -d "{
+curl -fsSN "$base/completions" -H "$auth" -H 'content-type: application/json' -d "{
   \"model\": \"$model\", \"prompt\": \"The capital of France is\", \"max_tokens\": 16,
   \"stream\": true}"
 echo

@@ -66,7 +66,7 @@ def test_the_router_reads_the_gateways_pools_and_models(tmp_path: Path) -> None:
         POOLS,
     )
     spec = from_json(gw.InferenceGatewaySpec, {"router": {"redis": {"url": "redis://r:6379"}}})
-    configmap, _, deployment, _ = desired_gateway_children(
+    configmap, _, deployment, *_ = desired_gateway_children(
         GATEWAY, spec, Images(worker="w", router="r"), resolution, POOLS
     )
     config = parse_config(yaml.safe_load(configmap["data"][CONFIG_KEY]))

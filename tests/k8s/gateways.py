@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from k8s.controlplane import ControlPlane
-from k8s.pools import CONVERGE_S
+from k8s.pools import CONVERGE_S, open_router
 from k8s.support import wait_for
 
 HASH = "kvflow.io/router-config-sha256"
@@ -18,7 +18,7 @@ def manifest(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> str:
             "apiVersion": "kvflow.io/v1alpha1",
             "kind": kind,
             "metadata": {"name": name, "namespace": namespace},
-            "spec": spec,
+            "spec": open_router(spec) if kind in ("InferencePool", "InferenceGateway") else spec,
         }
     )
 
@@ -35,8 +35,16 @@ def model_spec(gateway: str, **weights: int) -> dict[str, Any]:
     }
 
 
+# Pools behind one gateway share a worker token: the gateway presents one.
+SHARED_TOKEN = {"name": "shared-worker-token", "key": "token"}
+
+
 def pool_spec(served: str) -> dict[str, Any]:
-    return {"model": {"servedName": served}, "engine": {"simulate": True}}
+    return {
+        "model": {"servedName": served},
+        "engine": {"simulate": True},
+        "workerTokenSecret": SHARED_TOKEN,
+    }
 
 
 def get(cluster: ControlPlane, kind: str, namespace: str, name: str) -> dict[str, Any]:

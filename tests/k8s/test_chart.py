@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import Any
 
 import yaml
 from k8s.controlplane import CHART, RELEASE, REPO, SYSTEM_NAMESPACE, Binaries, ControlPlane
 
-from kvflow.operator.kube import LEASE_RULES, RBAC_RULES
+from kvflow.operator.kube import CLUSTER_RULES, LEASE_RULES, NAMESPACED_RULES, RBAC_RULES
 
 
 def render(cluster: ControlPlane, *args: str) -> list[dict[str, Any]]:
@@ -61,6 +62,128 @@ def test_template_renders_the_operator_and_least_privilege_rbac(cluster: Control
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def test_watched_namespaces_get_roles_and_the_cluster_role_only_what_is_cluster_wide(
+    cluster: ControlPlane,
+) -> None:
+    docs = render(cluster, "--set", "operator.watchNamespaces={team-a,team-b}")
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert cluster_role["rules"] == CLUSTER_RULES  # reading CRDs, nothing namespaced
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(docs, "Role")}
+    assert sorted(roles) == [
+        ("kvflow-system", "kvflow-operator-leader"),
+        ("team-a", "kvflow-operator"),
+        ("team-b", "kvflow-operator"),
+    ]
+    for namespace in ("team-a", "team-b"):
+        assert roles[(namespace, "kvflow-operator")]["rules"] == NAMESPACED_RULES
+    bindings = {
+        (b["metadata"]["namespace"], b["metadata"]["name"]): b for b in by_kind(docs, "RoleBinding")
+    }
+    for namespace in ("team-a", "team-b"):
+        binding = bindings[(namespace, "kvflow-operator")]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kvflow-operator",
+        }  # fmt: skip
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "kvflow-operator", "namespace": SYSTEM_NAMESPACE}
+        ]
+    # Cluster-wide (the default): one ClusterRole with everything, no namespaced Roles.
+    docs = render(cluster)
+    assert by_kind(docs, "ClusterRole")[0]["rules"] == NAMESPACED_RULES + CLUSTER_RULES
+    assert [r["metadata"]["name"] for r in by_kind(docs, "Role")] == ["kvflow-operator-leader"]
+    # The operator may create Secrets (a pool's worker token), never read one.
+    secrets = [r for r in NAMESPACED_RULES if "secrets" in r["resources"]]
+    assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+
+
+def test_admin_settings_become_operator_flags(cluster: ControlPlane) -> None:
+    docs = render(
+        cluster,
+        "--set", "operator.allowedHostPathPrefixes={/models,/data/llm}",
+        "--set", "operator.allowedPrometheusUrls={http://prometheus-operated.monitoring:9090}",
+    )  # fmt: skip
+    (deployment,) = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--allowed-host-path-prefix=/models" in args
+    assert "--allowed-host-path-prefix=/data/llm" in args
+    assert "--allowed-prometheus-url=http://prometheus-operated.monitoring:9090" in args
+    # None by default: no hostPath volume, no Prometheus.
+    (deployment,) = by_kind(render(cluster), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--allowed-")]
+    for bad in (
+        ["--set", "operator.allowedHostPathPrefixes={models}"],
+        ["--set", "operator.allowedPrometheusUrls={http://user@prom:9090}"],
+    ):
+        out = cluster.helm("template", RELEASE, str(CHART), *bad, check=False)
+        assert out.returncode != 0, bad
+
+
+def test_redis_admits_only_kvflow_routers(cluster: ControlPlane) -> None:
+    for watched, selector in (
+        ([], {}),
+        (
+            ["--set", "operator.watchNamespaces={team-a}"],
+            {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+                ]
+            },
+        ),
+    ):
+        docs = render(cluster, "--set", "redis.enabled=true", *watched)
+        (policy,) = by_kind(docs, "NetworkPolicy")
+        assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == (
+            "kvflow-redis"
+        )
+        assert policy["spec"]["ingress"] == [
+            {
+                "from": [
+                    {
+                        "podSelector": {
+                            "matchLabels": {
+                                "app.kubernetes.io/component": "router",
+                                "app.kubernetes.io/managed-by": "kvflow-operator",
+                            }
+                        },
+                        "namespaceSelector": selector,
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": 6379}],
+            }
+        ]
+
+
+def test_example_pool_and_gateway_get_tenants(cluster: ControlPlane) -> None:
+    docs = render(
+        cluster, "--set", "examplePool.enabled=true", "--set", "exampleGateway.enabled=true"
+    )
+    (pool,) = by_kind(docs, "InferencePool")
+    (gateway,) = by_kind(docs, "InferenceGateway")
+    ref = {"name": "kvflow-example-tenants", "key": "tenants.yaml"}
+    assert pool["spec"]["router"]["tenantsSecret"] == ref
+    assert gateway["spec"]["router"]["tenantsSecret"] == ref
+    (secret,) = by_kind(docs, "Secret")
+    key = base64.b64decode(secret["data"]["api-key"]).decode()
+    tenants = yaml.safe_load(base64.b64decode(secret["data"]["tenants.yaml"]))
+    assert tenants == {
+        "tenants": [
+            {"name": "example", "api_key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}
+        ]
+    }
+    assert len(key) > 40
+    # A Secret of the user's own: the chart makes none.
+    mine = "examplePool.spec.router.tenantsSecret"
+    docs = render(
+        cluster, "--set", "examplePool.enabled=true", "--set", f"{mine}.name=mine",
+        "--set", f"{mine}.key=t",
+    )  # fmt: skip
+    assert by_kind(docs, "Secret") == []
+    assert by_kind(docs, "InferencePool")[0]["spec"]["router"]["tenantsSecret"] == {
+        "name": "mine", "key": "t",
+    }  # fmt: skip
+
+
 def test_template_with_redis_and_example_pool(cluster: ControlPlane) -> None:
     docs = render(
         cluster, "--set", "redis.enabled=true", "--set", "examplePool.enabled=true",
@@ -70,7 +193,7 @@ def test_template_with_redis_and_example_pool(cluster: ControlPlane) -> None:
     assert pool["metadata"]["namespace"] == SYSTEM_NAMESPACE
     # The pool reads the URL, password included, from the chart's Secret.
     assert pool["spec"]["router"]["redis"] == {"urlSecret": {"name": "kvflow-redis", "key": "url"}}
-    (secret,) = by_kind(docs, "Secret")
+    (secret,) = [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] == "kvflow-redis"]
     password = base64.b64decode(secret["data"]["password"]).decode()
     assert len(password) == 32 and password.isalnum()
     assert base64.b64decode(secret["data"]["url"]).decode() == (

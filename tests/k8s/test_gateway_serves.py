@@ -11,6 +11,7 @@ pool's `--worker-dns` flag.
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.request
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ import openai
 import pytest
 import yaml
 from k8s.controlplane import ControlPlane
-from k8s.gateways import apply, model_spec, pool_spec, resolved, wait_gateway
+from k8s.gateways import SHARED_TOKEN, apply, model_spec, pool_spec, resolved, wait_gateway
 from k8s.operator_process import OperatorProcess
 from k8s.pod_processes import LoopbackNetwork, PodProcess, pod_process
 from k8s.pools import wait_ready
@@ -48,6 +49,10 @@ def pools_healthy(url: str) -> dict[str, int]:
 def test_gateway_serves_both_pools_through_its_service(
     cluster: ControlPlane, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
+    cluster.kubectl(
+        "create", "secret", "generic", SHARED_TOKEN["name"], "-n", namespace,
+        f"--from-literal={SHARED_TOKEN['key']}=shared-token-of-both-pools",
+    )  # fmt: skip
     for name, served in POOLS.items():
         apply(cluster, "InferencePool", namespace, name, pool_spec(served))
     apply(cluster, "InferenceGateway", namespace, "front", {})
@@ -65,6 +70,10 @@ def test_gateway_serves_both_pools_through_its_service(
         ]
         return data
 
+    def read_secret(name: str) -> dict[str, str]:
+        data = cluster.kubectl_json("get", "secret", name, "-n", namespace)["data"]
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
     def gateway_config(name: str) -> Mapping[str, str]:
         """The gateway's ConfigMap with each pool's DNS name answered as DNS would."""
         data = read_configmap(name)
@@ -79,13 +88,19 @@ def test_gateway_serves_both_pools_through_its_service(
             for pod in current_pods(cluster, namespace, name):
                 if pod["metadata"]["labels"]["app.kubernetes.io/component"] == "worker":
                     address = network.address(pod["metadata"]["name"])
-                    running.append(pod_process(pod, address, tmp_path, read_configmap))
+                    running.append(
+                        pod_process(pod, address, tmp_path, read_configmap, read_secret=read_secret)
+                    )
                     running[-1].start()
         for proc in running:
             proc.wait_ready(WORKER_READY_S)
         (router_pod,) = gateway_pods(cluster, namespace)
         router = pod_process(
-            router_pod, network.address(router_pod["metadata"]["name"]), tmp_path, gateway_config
+            router_pod,
+            network.address(router_pod["metadata"]["name"]),
+            tmp_path,
+            gateway_config,
+            read_secret=read_secret,
         )
         running.append(router)
         router.start()

@@ -39,7 +39,7 @@ COLOCATED_CHILDREN = {
     "services": ["smol-gateway", "smol-workers"],
     "configmaps": ["smol-router"],
     "poddisruptionbudgets": ["smol-colocated", "smol-router"],
-    "networkpolicies": ["smol-workers"],
+    "networkpolicies": ["smol-router", "smol-workers"],
 }
 
 
@@ -81,7 +81,8 @@ def test_valid_pool_gets_children_and_a_ready_status(
     assert [p["status"]["phase"] for p in pods["items"]] == ["Running", "Running"]
 
     reasons = event_reasons(cluster, namespace, "smol")
-    assert reasons.count("Created") == 8 and "Ready" in reasons
+    # 9 children and the generated worker token Secret.
+    assert reasons.count("Created") == 10 and "Ready" in reasons
     printed = cluster.kubectl("get", "kvpool", "smol", "-n", namespace).stdout
     assert "Ready" in printed and "colocated" in printed
 
@@ -141,7 +142,7 @@ def test_spec_change_rolls_out_and_mode_switch_replaces_roles(
         "services": ["smol-gateway", "smol-workers"],
         "configmaps": ["smol-router"],
         "poddisruptionbudgets": ["smol-decode", "smol-prefill", "smol-router"],
-        "networkpolicies": ["smol-workers"],
+        "networkpolicies": ["smol-router", "smol-workers"],
     }
     assert pool["status"]["readyReplicas"] == 3
     decode = cluster.kubectl_json("get", "deployment", "smol-decode", "-n", namespace)

@@ -60,7 +60,7 @@ def test_operator_killed_at_random_duplicates_nothing(
         names = sorted(d["metadata"]["name"] for d in deployments)
         assert names == [f"{pool}-colocated", f"{pool}-router"], names
         for kind, count in (("services", 2), ("configmaps", 1), ("poddisruptionbudgets", 2),
-                            ("networkpolicies", 1)):  # fmt: skip
+                            ("networkpolicies", 2)):  # fmt: skip
             assert len(children(cluster, namespace, pool, kind)) == count, (pool, kind)
         colocated = next(d for d in deployments if d["metadata"]["name"] == f"{pool}-colocated")
         assert colocated["spec"]["replicas"] == replicas[pool]

@@ -28,7 +28,10 @@ def micro_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-CHILD_KINDS = ("deployments", "services", "configmaps", "poddisruptionbudgets", "networkpolicies")
+# With the pool's generated worker token Secret (created, not applied, but a child alike).
+CHILD_KINDS = (
+    "deployments", "services", "configmaps", "poddisruptionbudgets", "networkpolicies", "secrets",
+)  # fmt: skip
 
 
 def child_uids(cluster: ControlPlane, namespace: str, pool: str) -> dict[str, str]:
@@ -60,7 +63,7 @@ def test_operator_killed_mid_way_creates_no_duplicates(
     deployments = children(cluster, namespace, "smol", "deployments")
     assert sorted(d["metadata"]["name"] for d in deployments) == ["smol-colocated", "smol-router"]
     for kind, count in (
-        ("services", 2), ("configmaps", 1), ("poddisruptionbudgets", 2), ("networkpolicies", 1),
+        ("services", 2), ("configmaps", 1), ("poddisruptionbudgets", 2), ("networkpolicies", 2),
     ):  # fmt: skip
         assert len(children(cluster, namespace, "smol", kind)) == count, kind
     replica_sets = children(cluster, namespace, "smol", "replicasets")
@@ -70,7 +73,7 @@ def test_operator_killed_mid_way_creates_no_duplicates(
     # No child was created twice across both processes: every child the first process
     # made is still the same object (same uid, not deleted and made again) ...
     after = child_uids(cluster, namespace, "smol")
-    assert len(after) == 8, sorted(after)
+    assert len(after) == 10, sorted(after)
     assert {key: after[key] for key in at_kill} == at_kill
     # ... every Created event names a child, once; the restarted process posted one for each
     # child it made. (The first may have died between applying a child and posting its event.)

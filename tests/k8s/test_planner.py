@@ -11,6 +11,7 @@ streams put TPOT near 50 ms, over the 30 ms target, and an idle worker is far be
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import threading
@@ -95,6 +96,11 @@ def deployment_replicas(cluster: ControlPlane, namespace: str, name: str) -> int
     return int(got["spec"].get("replicas", 0))
 
 
+def read_secret(cluster: ControlPlane, namespace: str, name: str) -> dict[str, str]:
+    data = cluster.kubectl_json("get", "secret", name, "-n", namespace)["data"]
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
 def start_workers(
     cluster: ControlPlane, namespace: str, pool: str, workdir: Path, running: dict[str, PodProcess]
 ) -> None:
@@ -105,7 +111,13 @@ def start_workers(
         is_worker = pod["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
         if not is_worker or name in running or not ip.startswith("127."):
             continue
-        proc = pod_process(pod, ip, workdir, lambda cm: {})
+        proc = pod_process(
+            pod,
+            ip,
+            workdir,
+            lambda cm: {},
+            read_secret=lambda s: read_secret(cluster, namespace, s),
+        )
         running[name] = proc
         proc.start()
         proc.wait_ready(120)
@@ -114,8 +126,11 @@ def start_workers(
 class Load:
     """`streams` concurrent Generate calls to one worker, each 40 tokens, until stopped."""
 
-    def __init__(self, address: str, streams: int) -> None:
+    def __init__(self, address: str, streams: int, token: str) -> None:
         self.address, self.streams = address, streams
+        # The pool's worker token (the Secret the operator generated): workers refuse
+        # calls without it.
+        self.metadata = (("authorization", f"Bearer {token}"),)
         self.stop_flag = threading.Event()
         self.completed = 0
         self.errors: list[str] = []
@@ -143,7 +158,7 @@ class Load:
                     sampling=pb.SamplingParams(max_tokens=40, ignore_eos=True, temperature=0),
                 )
                 try:
-                    for _ in stub.Generate(request, timeout=60):
+                    for _ in stub.Generate(request, timeout=60, metadata=self.metadata):
                         pass
                     self.completed += 1
                 except grpc.RpcError as exc:
@@ -166,7 +181,8 @@ def test_planner_scales_a_role_up_under_load_and_down_when_idle(
         (first,) = running.values()
         assert deployment_replicas(cluster, namespace, "plan-colocated") == 1
 
-        with Load(f"{first.address}:50051", streams=24) as load:
+        token = read_secret(cluster, namespace, "plan-worker-token")["token"]
+        with Load(f"{first.address}:50051", streams=24, token=token) as load:
 
             def scaled_up() -> bool:
                 return deployment_replicas(cluster, namespace, "plan-colocated") >= 2

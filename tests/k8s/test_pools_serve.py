@@ -126,7 +126,9 @@ def colocated(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningPool]:
     workdir = tmp_path_factory.mktemp("colocated-pods")
-    with _served(cluster, "t-serve-colocated", COLOCATED_SAMPLE, network, workdir) as pool:
+    # No worker token given: the workers and the router use the one the operator generated.
+    with _served(cluster, "t-serve-colocated", COLOCATED_SAMPLE, network, workdir,
+                 tenant_api_key=TENANT_API_KEY) as pool:  # fmt: skip
         yield pool
 
 
@@ -151,7 +153,7 @@ class Answer:
     num_prompt_tokens: int
 
 
-def complete(pool: RunningPool, prompt: str, api_key: str = "unused") -> Answer:
+def complete(pool: RunningPool, prompt: str, api_key: str = TENANT_API_KEY) -> Answer:
     """A greedy completion through the pool's gateway, asking for the route header."""
     client = openai.OpenAI(
         base_url=f"{pool.gateway_url}/v1", api_key=api_key, max_retries=0, timeout=180
@@ -180,7 +182,7 @@ def test_colocated_sample_serves(colocated: RunningPool) -> None:
     assert "Paris" in answer.text
     assert any(w in answer.route for w in workers), answer.route
 
-    client = openai.OpenAI(base_url=f"{colocated.gateway_url}/v1", api_key="unused")
+    client = openai.OpenAI(base_url=f"{colocated.gateway_url}/v1", api_key=TENANT_API_KEY)
     chat = client.chat.completions.create(
         model=colocated.spec["model"]["servedName"],
         messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -188,6 +190,13 @@ def test_colocated_sample_serves(colocated: RunningPool) -> None:
         temperature=0,
     )
     assert "Paris" in (chat.choices[0].message.content or "")
+
+    # No workerTokenSecret: the operator generated the pool's token, and the workers
+    # refuse callers that do not present it (the router above did).
+    for address in workers:
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.WorkerStub(channel).Health(pb.HealthRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_disaggregated_sample_serves_like_the_colocated_one(

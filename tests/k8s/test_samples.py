@@ -11,12 +11,38 @@ from k8s.controlplane import REPO, ControlPlane
 from k8s.operator_process import OperatorProcess
 from k8s.pools import child_names, wait_ready
 
-# One InferencePool each; the gateway sample (several objects) is tests/k8s/test_gateway.py's.
+from kvflow.router.tenants.config import parse_tenants
+
+ALL_SAMPLES = sorted((REPO / "samples").glob("*.yaml"))
+# One InferencePool each (its tenants Secret beside it); the gateway sample (several
+# pools) is tests/k8s/test_gateway.py's.
 SAMPLES = [
     path
-    for path in sorted((REPO / "samples").glob("*.yaml"))
-    if [d.get("kind") for d in yaml.safe_load_all(path.read_text()) if d] == ["InferencePool"]
+    for path in ALL_SAMPLES
+    if [d.get("kind") for d in yaml.safe_load_all(path.read_text()) if d]
+    in (["InferencePool"], ["Secret", "InferencePool"])
 ]
+
+
+@pytest.mark.parametrize("sample", ALL_SAMPLES, ids=[s.stem for s in ALL_SAMPLES])
+def test_every_sample_gateway_has_tenants_the_router_reads(sample: Any) -> None:
+    """Secure by default: no sample opens a gateway; the tenants it ships parse."""
+    docs = [d for d in yaml.safe_load_all(sample.read_text()) if d]
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    routers = [
+        d["spec"]["router"] for d in docs if d["kind"] in ("InferencePool", "InferenceGateway")
+    ]
+    assert routers
+    for router in routers:
+        assert "allowUnauthenticated" not in router
+        ref = router["tenantsSecret"]
+        if ref["name"] in secrets:  # shipped beside it (else a prerequisite it names)
+            text = secrets[ref["name"]]["stringData"][ref["key"]]
+            directory = parse_tenants(yaml.safe_load(text)["tenants"])
+            assert not directory.is_open
+            assert directory.lookup("demo-key-change-me") is not None  # as its comment says
+        else:
+            assert ref["name"] in sample.read_text().split("apiVersion")[0], ref
 
 
 def pv_and_claim(namespace: str) -> list[dict[str, Any]]:
@@ -54,7 +80,9 @@ def pv_and_claim(namespace: str) -> list[dict[str, Any]]:
 def test_sample_pool_is_valid_and_becomes_ready(
     cluster: ControlPlane, operator: OperatorProcess, namespace: str, sample: Any
 ) -> None:
-    pool = yaml.safe_load(sample.read_text())
+    (pool,) = [
+        d for d in yaml.safe_load_all(sample.read_text()) if d and d["kind"] == "InferencePool"
+    ]
     name = pool["metadata"]["name"]
     for obj in pv_and_claim(namespace):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))

@@ -42,10 +42,11 @@ def test_colocated_pool_children_in_apply_order() -> None:
         "PodDisruptionBudget p-colocated",
         "PodDisruptionBudget p-router",
         "NetworkPolicy p-workers",
+        "NetworkPolicy p-router",
     ]
 
 
-def test_only_the_pools_own_pods_reach_worker_grpc_and_kv_ports() -> None:
+def test_only_the_pools_own_pods_reach_worker_ports_and_workers_reach_each_other_on_all() -> None:
     children = build(spec_of(mode="disaggregated", prefill={}, decode={}))
     policy = children[ChildKey("networking.k8s.io/v1", "NetworkPolicy", "p-workers")]
     spec = policy["spec"]
@@ -55,12 +56,25 @@ def test_only_the_pools_own_pods_reach_worker_grpc_and_kv_ports() -> None:
         "app.kubernetes.io/component": "worker",
     }
     assert spec["policyTypes"] == ["Ingress"]
-    restricted, gateways, metrics = spec["ingress"]
-    assert restricted["from"] == [{"podSelector": {"matchLabels": {"kvflow.io/pool": "p"}}}]
-    assert sorted(p["port"] for p in restricted["ports"]) == [50051, 50052]
-    # An InferenceGateway's routers that front this pool: worker gRPC, not the KV port.
-    assert gateways["from"] == [{"podSelector": {"matchLabels": {"fronts.kvflow.io/p": "true"}}}]
-    assert gateways["ports"] == [{"protocol": "TCP", "port": 50051}]
+    workers, routers, metrics = spec["ingress"]
+    # The pool's own workers, on every port: the KV port and the ports gloo and NCCL pick.
+    assert workers == {
+        "from": [
+            {
+                "podSelector": {
+                    "matchLabels": {"kvflow.io/pool": "p", "app.kubernetes.io/component": "worker"}
+                }
+            }
+        ]
+    }
+    # The pool's router and the routers of InferenceGateways that front this pool: worker
+    # gRPC only, not the KV port.
+    own_router = {"kvflow.io/pool": "p", "app.kubernetes.io/component": "router"}
+    assert routers["from"] == [
+        {"podSelector": {"matchLabels": own_router}},
+        {"podSelector": {"matchLabels": {"fronts.kvflow.io/p": "true"}}},
+    ]
+    assert routers["ports"] == [{"protocol": "TCP", "port": 50051}]
     assert "from" not in metrics and metrics["ports"] == [{"protocol": "TCP", "port": 9400}]
     # The pods it lets in carry that label: the router's and the workers'.
     for name in ("p-router", "p-prefill", "p-decode"):
@@ -361,5 +375,26 @@ def test_a_worker_token_secret_reaches_workers_and_routers_and_nothing_else() ->
     for name in ("p-prefill", "p-decode", "p-router"):
         (container,) = pod_of(children, name)["containers"]
         assert want in container["env"], name
-    # Only by reference: the token itself is in no object the operator writes.
-    assert "KVFLOW_WORKER_TOKEN" not in str(build(spec_of()))
+    # Without one, the Secret the operator generates for the pool, wired alike.
+    generated = {"name": "p-worker-token", "key": "token"}
+    plain = build(spec_of())
+    for name in ("p-colocated", "p-router"):
+        (container,) = pod_of(plain, name)["containers"]
+        want = {"name": "KVFLOW_WORKER_TOKEN", "valueFrom": {"secretKeyRef": generated}}
+        assert want in container["env"], name
+
+
+def test_routers_take_requests_and_scrapes_on_their_two_ports_only() -> None:
+    children = build(spec_of())
+    policy = children[ChildKey("networking.k8s.io/v1", "NetworkPolicy", "p-router")]
+    assert policy["spec"] == {
+        "podSelector": {
+            "matchLabels": {"kvflow.io/pool": "p", "app.kubernetes.io/component": "router"}
+        },
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"ports": [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 9401}]}
+        ],
+    }
+    (container,) = pod_of(children, "p-router")["containers"]
+    assert sorted(p["containerPort"] for p in container["ports"]) == [8000, 9401]

@@ -53,6 +53,10 @@ def test_every_field_is_described_and_the_crd_is_wired() -> None:
         "kvTransport nccl needs gpusPerPod > 0 on both prefill and decode",
         "kvTransport auto needs prefill and decode both on GPUs or both on CPUs "
         "(it picks nccl on GPUs, tcp on CPUs)",
+        "router.tenantsSecret is required (the gateway's tenants and API keys); set "
+        "router.allowUnauthenticated: true to serve without authentication",
+        "router.allowUnauthenticated needs serviceType ClusterIP: an unauthenticated "
+        "gateway is never exposed outside the cluster",
     ]
     role = spec["properties"]["colocated"]
     assert role["default"] == {

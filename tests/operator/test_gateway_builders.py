@@ -143,6 +143,7 @@ def test_children_are_owned_by_the_gateway_and_named_apart_from_pools() -> None:
         ("Service", "front"),
         ("Deployment", "front-gateway"),
         ("PodDisruptionBudget", "front-gateway"),
+        ("NetworkPolicy", "front-gateway"),
     ]
     for child in children:
         (owner,) = child["metadata"]["ownerReferences"]
@@ -153,7 +154,13 @@ def test_children_are_owned_by_the_gateway_and_named_apart_from_pools() -> None:
         )
         assert child["metadata"]["labels"]["kvflow.io/gateway"] == "front"
         assert "kvflow.io/pool" not in child["metadata"]["labels"]  # a pool's handler ignores it
-    configmap, service, deployment, _ = children
+    configmap, service, deployment, _, policy = children
+    # Its routers take requests and scrapes only (8000, 9401), as a pool's do.
+    assert policy["spec"]["podSelector"] == {
+        "matchLabels": {"kvflow.io/gateway": "front", "kvflow.io/role": "router"}
+    }
+    assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [8000, 9401]
+    assert deployment["spec"]["template"]["metadata"]["labels"]["kvflow.io/gateway"] == "front"
     assert service["spec"]["selector"] == {"kvflow.io/gateway": "front", "kvflow.io/role": "router"}
     assert deployment["spec"]["replicas"] == 2
     template = deployment["spec"]["template"]
@@ -199,12 +206,19 @@ def test_no_servable_model_runs_no_router() -> None:
 
 def test_one_worker_token_reaches_the_gateway_and_two_are_a_problem() -> None:
     secret = {"name": "tok", "key": "t"}
-    pools = {"a": pool("a", workerTokenSecret=secret), "b": pool("b")}
+    pools = {"a": pool("a", workerTokenSecret=secret), "b": pool("b", workerTokenSecret=secret)}
     ref, problems = worker_token(["a", "b"], pools)
     assert ref is not None and (ref.name, ref.key) == ("tok", "t") and problems == []
     pools["b"] = pool("b", workerTokenSecret={"name": "other", "key": "t"})
     _, problems = worker_token(["a", "b"], pools)
     assert len(problems) == 1 and "a (tok/t), b (other/t)" in problems[0]
+    # A pool without one has its own generated token: another token again.
+    pools["b"] = pool("b")
+    _, problems = worker_token(["a", "b"], pools)
+    assert len(problems) == 1 and "b (b-worker-token/token)" in problems[0]
+    # One pool alone: its generated token is the gateway's.
+    ref, problems = worker_token(["b"], pools)
+    assert ref is not None and (ref.name, ref.key) == ("b-worker-token", "token") and not problems
     resolution = resolve([model("m", ("a", 1))], pools)
     children = desired_gateway_children(GATEWAY, gateway_spec(), IMAGES, resolution, pools)
     env = children[2]["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -84,6 +84,16 @@ def reconciler(kube: FakeKube) -> GatewayReconciler:
     )
 
 
+# A gateway needs tenants (or allowUnauthenticated), and the pools behind one gateway a
+# shared worker token (each would otherwise have its own generated one).
+GATEWAY = {"router": {"tenantsSecret": {"name": "tenants", "key": "tenants.yaml"}}}
+SHARED_TOKEN = {"name": "token", "key": "token"}
+
+
+def pool_spec(served: str) -> dict[str, Any]:
+    return {"model": {"servedName": served}, "workerTokenSecret": SHARED_TOKEN}
+
+
 def model(gateway: str, *pools: str) -> dict[str, Any]:
     return {
         "gatewayRef": {"name": gateway},
@@ -93,8 +103,8 @@ def model(gateway: str, *pools: str) -> dict[str, Any]:
 
 def test_gateway_serves_its_models_and_reports_a_missing_pool() -> None:
     kube = FakeKube()
-    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
-    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    kube.add("inferencepools", obj("InferencePool", "v1", pool_spec("m-v1")))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
     kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1", "v2")))
     reconciler(kube).reconcile_namespace("ns")
 
@@ -116,7 +126,7 @@ def test_gateway_serves_its_models_and_reports_a_missing_pool() -> None:
     assert [p["name"] for p in config["pools"]] == ["v1"]
 
     # The missing pool appears: the next reconcile serves both and the gateway is Ready.
-    kube.add("inferencepools", obj("InferencePool", "v2", {"model": {"servedName": "m-v2"}}))
+    kube.add("inferencepools", obj("InferencePool", "v2", pool_spec("m-v2")))
     reconciler(kube).reconcile_namespace("ns")
     assert kube.status("inferencegateways", "front")["phase"] == "Ready"
     config = yaml.safe_load(kube.children[("ConfigMap", "front-gateway")]["data"]["router.yaml"])
@@ -126,7 +136,7 @@ def test_gateway_serves_its_models_and_reports_a_missing_pool() -> None:
 
 def test_a_model_whose_gateway_does_not_exist_says_so() -> None:
     kube = FakeKube()
-    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
+    kube.add("inferencepools", obj("InferencePool", "v1", pool_spec("m-v1")))
     kube.add("inferencemodels", obj("InferenceModel", "chat", model("nowhere", "v1")))
     reconciler(kube).reconcile_namespace("ns")
     assert conditions(kube.status("inferencemodels", "chat"))["Accepted"] == (
@@ -138,7 +148,7 @@ def test_a_model_whose_gateway_does_not_exist_says_so() -> None:
 
 def test_a_gateway_without_models_runs_no_router_and_is_pending() -> None:
     kube = FakeKube()
-    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
     reconciler(kube).reconcile_namespace("ns")
     status = kube.status("inferencegateways", "front")
     assert status["phase"] == "Pending"
@@ -148,8 +158,8 @@ def test_a_gateway_without_models_runs_no_router_and_is_pending() -> None:
 
 def test_the_older_model_keeps_its_name() -> None:
     kube = FakeKube()
-    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
-    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    kube.add("inferencepools", obj("InferencePool", "v1", pool_spec("m-v1")))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
     late = obj("InferenceModel", "a-late", {**model("front", "v1"), "modelName": "chat"},
                created="2026-01-02T00:00:00Z")  # fmt: skip
     kube.add("inferencemodels", late)
@@ -164,13 +174,13 @@ def test_the_older_model_keeps_its_name() -> None:
 
 def test_a_gateway_status_refresh_claims_no_generation_it_did_not_apply() -> None:
     kube = FakeKube()
-    kube.add("inferencepools", obj("InferencePool", "v1", {"model": {"servedName": "m-v1"}}))
-    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    kube.add("inferencepools", obj("InferencePool", "v1", pool_spec("m-v1")))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
     kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1")))
     reconciler(kube).reconcile_namespace("ns")
     assert kube.status("inferencegateways", "front")["observedGeneration"] == 1
     front = kube.custom["inferencegateways"]["front"]
-    front["spec"] = {"router": {"replicas": 3}}
+    front["spec"] = {"router": {**GATEWAY["router"], "replicas": 3}}
     front["metadata"]["generation"] = 2
     reconciler(kube).reconcile_namespace("ns", apply=False)  # its Deployment moved first
     assert kube.children[("Deployment", "front-gateway")]["spec"]["replicas"] != 3
@@ -178,3 +188,28 @@ def test_a_gateway_status_refresh_claims_no_generation_it_did_not_apply() -> Non
     reconciler(kube).reconcile_namespace("ns")
     assert kube.children[("Deployment", "front-gateway")]["spec"]["replicas"] == 3
     assert kube.status("inferencegateways", "front")["observedGeneration"] == 2
+
+
+def test_an_unauthenticated_gateway_is_not_deployed() -> None:
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", pool_spec("m-v1")))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", {}))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1")))
+    reconciler(kube).reconcile_namespace("ns")
+    gateway = kube.status("inferencegateways", "front")
+    assert gateway["phase"] == "Degraded"
+    assert conditions(gateway)["Degraded"] == ("True", "Unauthenticated")
+    assert kube.children == {}
+
+
+def test_a_gateway_mounts_no_host_path_the_operator_does_not_allow() -> None:
+    kube = FakeKube()
+    volume = {"hostPath": {"path": "/var/lib"}}
+    spec = {**pool_spec("m-v1"), "model": {"servedName": "m", "path": "x", "volume": volume}}
+    kube.add("inferencepools", obj("InferencePool", "v1", spec))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1")))
+    reconciler(kube).reconcile_namespace("ns")
+    gateway = kube.status("inferencegateways", "front")
+    assert conditions(gateway)["Degraded"] == ("True", "HostPathNotAllowed")
+    assert kube.children == {}

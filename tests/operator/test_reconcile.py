@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kvflow.operator.admin_policy import AdminPolicy
 from kvflow.operator.builders.desired import ChildKey
 from kvflow.operator.builders.names import Images
 from kvflow.operator.kube import FIELD_MANAGER, KubeError
@@ -29,6 +30,17 @@ class FakeKube:
         self.reject: dict[str, KubeError] = {}  # "Kind name" -> the error apply raises
         self.replica_owners: dict[tuple[str, str], set[str]] = {}
         self.after_list: Callable[[str], None] | None = None
+        self.secrets: dict[str, dict[str, Any]] = {}  # created Secrets by name
+        self.secret_creates = 0
+
+    def create_secret(self, secret: dict[str, Any]) -> bool:
+        """Create, never update: an existing Secret is left as it is (HTTP 409)."""
+        self.secret_creates += 1
+        name = secret["metadata"]["name"]
+        if name in self.secrets:
+            return False
+        self.secrets[name] = copy.deepcopy(secret)
+        return True
 
     def scale(self, name: str, replicas: int, manager: str = "hpa") -> None:
         """What an HPA does: an update of the scale subresource takes the field over."""
@@ -128,23 +140,29 @@ def events() -> list[tuple[str, str, str]]:
     return []
 
 
-def reconciler(kube: FakeKube, events: list[tuple[str, str, str]]) -> Reconciler:
+def reconciler(
+    kube: FakeKube, events: list[tuple[str, str, str]], policy: AdminPolicy | None = None
+) -> Reconciler:
     return Reconciler(
         kube=kube,
         images=Images("w", "r"),
         post_event=lambda body, type_, reason, message: events.append((type_, reason, message)),
         now=lambda: NOW,
+        policy=policy or AdminPolicy(),
     )
 
 
-SPEC = {"model": {"servedName": "m"}}
+TENANTS = {"tenantsSecret": {"name": "tenants", "key": "tenants.yaml"}}
+SPEC = {"model": {"servedName": "m"}, "router": TENANTS}
 
 
 def test_first_reconcile_creates_everything_and_writes_status(events: list[Any]) -> None:
     kube = FakeKube(pool_body(SPEC))
     reconciler(kube, events).reconcile("ns", "p")
-    assert len(kube.objects) == 8  # 7 + the workers NetworkPolicy
-    assert [e[1] for e in events] == ["Created"] * 8 + ["Ready"]
+    assert len(kube.objects) == 9  # 7 + the workers' and the router's NetworkPolicies
+    # ... and the pool's worker token Secret, created beside them (not applied).
+    assert list(kube.secrets) == ["p-worker-token"]
+    assert [e[1] for e in events] == ["Created"] * 10 + ["Ready"]
     assert kube.pool is not None and kube.pool["status"]["phase"] == "Ready"
 
 
@@ -224,7 +242,7 @@ def test_children_of_another_pool_with_the_same_name_are_not_adopted(events: lis
         obj["metadata"]["ownerReferences"][0]["uid"] = "old-uid"
     events.clear()
     r.reconcile("ns", "p")
-    assert [e[1] for e in events].count("Created") == 8  # treated as missing, not as ours
+    assert [e[1] for e in events].count("Created") == 9  # treated as missing, not as ours
     assert kube.deleted == []  # and never deleted by us
 
 
@@ -353,3 +371,111 @@ def test_a_plan_is_written_to_status_then_applied(events: list[Any]) -> None:
     patches = len(kube.status_patches)
     assert r.record_plan("ns", "p", lambda body: None) is None
     assert len(kube.status_patches) == patches
+
+
+def degraded(kube: FakeKube) -> dict[str, Any]:
+    assert kube.pool is not None and kube.pool["status"]["phase"] == "Degraded"
+    found: dict[str, Any] = next(
+        c for c in kube.pool["status"]["conditions"] if c["type"] == "Degraded"
+    )
+    return found
+
+
+def test_a_pool_without_tenants_stored_before_the_crd_rule_is_not_deployed(
+    events: list[Any],
+) -> None:
+    """The CRD refuses it; one stored earlier (or under an older CRD) is refused here."""
+    kube = FakeKube(pool_body({"model": {"servedName": "m"}}))
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.applied == [] and kube.secrets == {}
+    condition = degraded(kube)
+    assert condition["reason"] == "Unauthenticated"
+    assert "router.tenantsSecret is not set" in condition["message"]
+
+
+def test_an_unauthenticated_pool_is_deployed_only_when_it_says_so(events: list[Any]) -> None:
+    open_spec = {"model": {"servedName": "m"}, "router": {"allowUnauthenticated": True}}
+    kube = FakeKube(pool_body(open_spec))
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.pool is not None and kube.pool["status"]["phase"] == "Ready"
+    exposed = {**open_spec, "router": {"allowUnauthenticated": True, "serviceType": "NodePort"}}
+    kube = FakeKube(pool_body(exposed))
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.applied == []
+    assert degraded(kube)["reason"] == "Unauthenticated"
+    assert "serviceType NodePort" in degraded(kube)["message"]
+
+
+def token_env(kube: FakeKube, deployment: str) -> Any:
+    (container,) = kube.objects[("Deployment", deployment)]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    return next(e for e in container["env"] if e["name"] == "KVFLOW_WORKER_TOKEN")
+
+
+def test_the_generated_worker_token_is_created_once_and_wired_like_a_users(
+    events: list[Any],
+) -> None:
+    kube = FakeKube(pool_body(SPEC))
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    secret = kube.secrets["p-worker-token"]
+    owner = secret["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("InferencePool", "u1", True)
+    token = secret["data"]["token"]
+    assert len(token) >= 40  # 32 random bytes, base64 twice over
+    wired = {"valueFrom": {"secretKeyRef": {"name": "p-worker-token", "key": "token"}}}
+    for deployment in ("p-colocated", "p-router"):
+        assert token_env(kube, deployment) == {"name": "KVFLOW_WORKER_TOKEN", **wired}
+    # Never rotated: later reconciles only ask to create it, which finds it there.
+    r.reconcile("ns", "p")
+    r.reconcile("ns", "p")
+    assert kube.secrets["p-worker-token"]["data"]["token"] == token
+    assert kube.secret_creates == 3
+    # Never in an Event (nor anywhere the operator writes).
+    assert not any(token in message for _, _, message in events)
+
+
+def test_a_users_worker_token_secret_is_used_and_none_is_generated(events: list[Any]) -> None:
+    spec = {**SPEC, "workerTokenSecret": {"name": "mine", "key": "k"}}
+    kube = FakeKube(pool_body(spec))
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.secrets == {} and kube.secret_creates == 0
+    ref = {"valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}}}
+    assert token_env(kube, "p-colocated") == {"name": "KVFLOW_WORKER_TOKEN", **ref}
+
+
+def test_a_host_path_outside_the_allowed_folders_is_refused(events: list[Any]) -> None:
+    spec = {
+        **SPEC,
+        "model": {"servedName": "m", "path": "m", "volume": {"hostPath": {"path": "/"}}},
+    }
+    kube = FakeKube(pool_body(spec))
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.applied == []
+    condition = degraded(kube)
+    assert condition["reason"] == "HostPathNotAllowed"
+    assert "--allowed-host-path-prefix" in condition["message"]
+    assert "operator.allowedHostPathPrefixes" in condition["message"]
+    # Allowed under /models: /models/../etc is /etc, not under it.
+    policy = AdminPolicy(allowed_host_path_prefixes=("/models",))
+    for path, allowed in (("/models/llama", True), ("/models/../etc", False), ("/", False)):
+        volume = {"hostPath": {"path": path}}
+        kube = FakeKube(pool_body({**spec, "model": {**spec["model"], "volume": volume}}))
+        reconciler(kube, events, policy).reconcile("ns", "p")
+        assert kube.pool is not None
+        assert (kube.pool["status"]["phase"] == "Ready") is allowed, path
+
+
+def test_a_prometheus_url_outside_the_allowed_ones_is_refused(events: list[Any]) -> None:
+    source = {"url": "http://169.254.169.254/latest"}
+    spec = {**SPEC, "autoscaling": {"prometheus": source}}
+    kube = FakeKube(pool_body(spec))
+    reconciler(kube, events).reconcile("ns", "p")
+    condition = degraded(kube)
+    assert condition["reason"] == "PrometheusNotAllowed"
+    assert "--allowed-prometheus-url" in condition["message"]
+    policy = AdminPolicy(allowed_prometheus_urls=("http://169.254.169.254",))
+    kube = FakeKube(pool_body(spec))
+    reconciler(kube, events, policy).reconcile("ns", "p")
+    assert kube.pool is not None and kube.pool["status"]["phase"] == "Ready"

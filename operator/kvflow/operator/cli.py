@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 
+from kvflow.operator.admin_policy import AdminPolicy, setting_problems
 from kvflow.operator.builders.names import Images
 from kvflow.operator.kube import Kube, load_config
 from kvflow.operator.run import OperatorConfig, run_operator
@@ -51,9 +52,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         help="this replica's name in the Lease (default: $POD_NAME)",
     )
+    p.add_argument(
+        "--allowed-host-path-prefix",
+        action="append",
+        default=[],
+        dest="allowed_host_path_prefixes",
+        metavar="FOLDER",
+        help="node folder under which a pool's model.volume.hostPath may lie (repeatable); "
+        "default: none, every hostPath volume is refused",
+    )
+    p.add_argument(
+        "--allowed-prometheus-url",
+        action="append",
+        default=[],
+        dest="allowed_prometheus_urls",
+        metavar="URL",
+        help="base URL (scheme, host, port, path) of a Prometheus the planner may query for "
+        "a pool's autoscaling.prometheus.url, that URL or below it (repeatable); default: "
+        "none, the planner scrapes the pods itself",
+    )
     p.add_argument("--kubeconfig", default=None, help="default: in-cluster, then $KUBECONFIG")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    problems = setting_problems(_policy(args))
+    if problems:
+        p.error("; ".join(problems))
+    return args
+
+
+def _policy(args: argparse.Namespace) -> AdminPolicy:
+    return AdminPolicy(
+        allowed_host_path_prefixes=tuple(args.allowed_host_path_prefixes),
+        allowed_prometheus_urls=tuple(args.allowed_prometheus_urls),
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -73,6 +104,7 @@ def main(argv: list[str]) -> int:
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,
         identity=args.identity,
+        policy=_policy(args),
     )
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads the same file

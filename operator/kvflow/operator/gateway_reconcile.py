@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
+from kvflow.operator.admin_policy import AdminPolicy, host_path_problems
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json, SchemaError, from_json, to_json
-from kvflow.operator.api.validation import router_problems
+from kvflow.operator.api.validation import auth_problems, router_problems
 from kvflow.operator.builders.desired import ChildKey
 from kvflow.operator.builders.gateway import (
     GatewayRef,
@@ -49,8 +50,12 @@ GATEWAY_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 _REJECTED = (400, 422)  # the API server refused the object itself: report, do not retry
+# Problems that keep a gateway's children from being applied at all: an open gateway, a
+# node folder the administrator does not allow, a spec the router would refuse.
+_BLOCKING = ("Unauthenticated", "HostPathNotAllowed", "InvalidSpec")
 
 
 class GatewayKubeApi(Protocol):
@@ -70,6 +75,7 @@ class GatewayReconciler:
     images: Images
     post_event: EventSink
     now: Callable[[], str]  # RFC 3339, UTC
+    policy: AdminPolicy = field(default_factory=AdminPolicy)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -125,12 +131,19 @@ class GatewayReconciler:
                                 [GatewayProblem("InvalidSpec", str(exc))])  # fmt: skip
             return
         resolution = resolve([m for _, m in models], pools)
-        problems = list(resolution.problems)
+        problems = [GatewayProblem("Unauthenticated", p) for p in auth_problems(spec.router)]
+        problems += list(resolution.problems)
+        # The gateway mounts the model volume of every pool it fronts.
+        problems += [
+            GatewayProblem(p.reason, p.message)
+            for name in resolution.pools
+            for p in host_path_problems(f"pool {name}: ", pools[name].model, self.policy)
+        ]
         problems += [GatewayProblem("InvalidSpec", p) for p in router_problems(spec.router)]
         _, token_problems = worker_token(resolution.pools, pools)
         problems += [GatewayProblem("WorkerTokenMismatch", p) for p in token_problems]
         observed = self._observe(ref)
-        if apply and not any(p.reason == "InvalidSpec" for p in problems):
+        if apply and not any(p.reason in _BLOCKING for p in problems):
             desired = desired_gateway_children(ref, spec, self.images, resolution, pools)
             problems += self._apply(body, ref, desired, observed)
         deployment = observed.get(ChildKey("apps/v1", "Deployment", gateway_workload_name(ref)))

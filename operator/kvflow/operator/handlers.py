@@ -38,7 +38,10 @@ def changes_serving(*, type: str | None, meta: kopf.Meta, status: kopf.Status, *
     return bool(meta.get("generation") != status.get("observedGeneration"))
 
 
-def build_registry(reconciler: Reconciler, gateways: GatewayReconciler) -> kopf.OperatorRegistry:
+def build_registry(
+    reconciler: Reconciler, gateways: GatewayReconciler, *, namespaced: bool = False
+) -> kopf.OperatorRegistry:
+    """`namespaced`: the operator watches only the namespaces it was given (exact names)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -56,6 +59,11 @@ def build_registry(reconciler: Reconciler, gateways: GatewayReconciler) -> kopf.
         # Re-establish watches every 5 minutes even if the connection looks alive.
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # Watching named namespaces, kopf would still list and watch every namespace (to
+        # match patterns) and CRDs; the operator's namespaced Roles grant neither (the
+        # chart's operator.watchNamespaces). Its --namespace values are exact names, so
+        # nothing needs scanning: the InferencePool API is found once, at start.
+        settings.scanning.disabled = namespaced
 
     @kopf.on.event(
         v1alpha1.GROUP, v1alpha1.VERSION, v1alpha1.PLURAL, when=needs_reconcile, registry=registry

@@ -7,8 +7,9 @@ manager: applying the same object twice is a no-op, a missing object is created,
 fields are put back, and fields other managers own (an HPA's replicas, say) are left alone
 unless they conflict with ours.
 
-Every call here is listed in the chart's ClusterRole (`RBAC_RULES` below is the source the
-chart's test compares against): least privilege means exactly these verbs.
+Every call here is listed in the chart's RBAC (`NAMESPACED_RULES` and `CLUSTER_RULES` below
+are the source the chart's test compares against): least privilege means exactly these
+verbs, and with watched namespaces only in them.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ FIELD_MANAGER = "kvflow-operator"
 APPLY = "application/apply-patch+yaml"  # JSON is YAML, so the JSON body is sent as is
 MERGE = "application/merge-patch+json"
 
-# What the operator does, resource by resource; the chart's ClusterRole must say the same.
-RBAC_RULES: list[dict[str, list[str]]] = [
+# What the operator does, resource by resource, in the namespaces it watches: with the
+# chart's operator.watchNamespaces a Role in each of them, else part of the ClusterRole.
+NAMESPACED_RULES: list[dict[str, list[str]]] = [
     {
         "apiGroups": [v1alpha1.GROUP],
         "resources": [v1alpha1.PLURAL],
@@ -73,9 +75,15 @@ RBAC_RULES: list[dict[str, list[str]]] = [
         "resources": ["networkpolicies"],
         "verbs": ["list", "create", "patch", "delete"],
     },
+    # A pool's generated worker token (builders/worker_token.py): created once, never read
+    # (no get, list or watch: the operator cannot read any Secret).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # The planner counts a pool's ready and unschedulable pods and reads their /metrics.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+]
+# What only a ClusterRole can grant, whatever the operator watches.
+CLUSTER_RULES: list[dict[str, list[str]]] = [
     {
         # kopf watches CRDs to notice the InferencePool API appearing or going away.
         "apiGroups": ["apiextensions.k8s.io"],
@@ -83,6 +91,8 @@ RBAC_RULES: list[dict[str, list[str]]] = [
         "verbs": ["list", "watch"],
     },
 ]
+# The chart's ClusterRole when the operator watches every namespace.
+RBAC_RULES = NAMESPACED_RULES + CLUSTER_RULES
 # Leader election, in the operator's own namespace only (a Role, not the ClusterRole).
 LEASE_RULES: list[dict[str, list[str]]] = [
     {
@@ -345,6 +355,22 @@ class Kube:
             force=force,
             _content_type=APPLY,
         )
+
+    def create_secret(self, secret: Json) -> bool:
+        """Create `secret` unless one of its name exists: True when created. Never an
+        update, so an existing Secret (a token the pods already use) is left as it is."""
+        try:
+            _call(
+                self._core.create_namespaced_secret,
+                secret["metadata"]["namespace"],
+                secret,
+                field_manager=FIELD_MANAGER,
+            )
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
     def delete(self, key: ChildKey, namespace: str) -> None:
         try:

@@ -26,7 +26,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
+from kvflow.operator.admin_policy import AdminPolicy, prometheus_refusal, prometheus_url_allowed
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import Json, SchemaError, from_json
 from kvflow.operator.builders.names import (
@@ -71,9 +73,10 @@ log = logging.getLogger(__name__)
 TICK_S = 2.0
 # Decisions that hold replicas although more are wanted, or with nothing to decide from: a
 # Warning Event when one starts.
-BLOCKED = ("PendingPods", "AtMaxReplicas", "PrometheusUnavailable")
+BLOCKED = ("PendingPods", "AtMaxReplicas", "PrometheusUnavailable", "PrometheusNotAllowed")
 
 PoolKey = tuple[str, str]
+HoldReason = Literal["PrometheusUnavailable", "PrometheusNotAllowed"]
 
 
 @dataclass
@@ -94,8 +97,10 @@ class PlanningLoop:
         namespaces: list[str],
         clock: Callable[[], float] = time.monotonic,
         tick_s: float = TICK_S,
+        policy: AdminPolicy | None = None,
     ) -> None:
         self.kube, self.reconciler, self.metrics = kube, reconciler, metrics
+        self.policy = policy if policy is not None else reconciler.policy
         self.namespaces, self.clock, self.tick_s = namespaces, clock, tick_s
         self._memory: dict[PoolKey, _Memory] = {}
 
@@ -149,7 +154,15 @@ class PlanningLoop:
         }
         source = spec.autoscaling.prometheus
         unavailable = ""  # why Prometheus gave no inputs: hold replicas, say so
-        if source is not None:
+        hold_reason: HoldReason = "PrometheusUnavailable"
+        if source is not None and not prometheus_url_allowed(
+            source.url, self.policy.allowed_prometheus_urls
+        ):
+            # Never sent: the operator queries only the Prometheus its administrator allows.
+            unavailable = prometheus_refusal(source.url, self.policy)
+            hold_reason = "PrometheusNotAllowed"
+            targets, window_s = {}, float(spec.autoscaling.interval_seconds)
+        elif source is not None:
             # Prometheus keeps the history: no first read to wait for. Going back to direct
             # scrapes later starts from a fresh first read.
             memory.reads, memory.read_at_s = {}, None
@@ -182,7 +195,7 @@ class PlanningLoop:
                 return None
             config = _config(current_spec)
             if unavailable:
-                return _hold(config, observations, unavailable)
+                return _hold(config, observations, unavailable, hold_reason)
             result = plan(config, observations, memory.state)
             memory.state = result.state
             roles = tuple(role for role, rc in config.roles.items() if rc.is_autoscaled)
@@ -302,7 +315,10 @@ async def query_targets(
 
 
 def _hold(
-    config: PlannerConfig, observations: dict[WorkerRole, Observation], why: str
+    config: PlannerConfig,
+    observations: dict[WorkerRole, Observation],
+    why: str,
+    reason: HoldReason = "PrometheusUnavailable",
 ) -> PlanOutcome:
     """No inputs this interval (Prometheus did not answer): every role the planner moves
     keeps the replicas its Deployment asks for, and status says why."""
@@ -313,13 +329,13 @@ def _hold(
             role=role,
             replicas=obs.desired_replicas,
             previous_replicas=obs.desired_replicas,
-            reason="PrometheusUnavailable",
+            reason=reason,
             message=message,
         )
         for role, obs in observations.items()
         if role in roles
     )
-    verdict = SloVerdict("Unknown", "PrometheusUnavailable", message[:1024])
+    verdict = SloVerdict("Unknown", reason, message[:1024])
     return PlanOutcome(decisions=decisions, scaled_roles=roles, slo=verdict)
 
 

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from kvflow.operator.admin_policy import AdminPolicy, pool_policy_problems
 from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import Json, SchemaError, from_json, to_json
-from kvflow.operator.api.validation import spec_problems
+from kvflow.operator.api.validation import auth_problems, spec_problems
 from kvflow.operator.builders.desired import OWNED_KINDS, ChildKey, desired_children
 from kvflow.operator.builders.names import (
     Images,
@@ -33,6 +34,10 @@ from kvflow.operator.builders.replicas import (
     handover_patch,
     needs_handover,
     planned_replicas,
+)
+from kvflow.operator.builders.worker_token import (
+    generated_token_secret,
+    generated_token_secret_name,
 )
 from kvflow.operator.kube import FIELD_MANAGER, KubeError
 from kvflow.operator.planner.types import Decision, SloVerdict
@@ -60,6 +65,7 @@ class KubeApi(Protocol):
         self, obj: Json, field_manager: str = FIELD_MANAGER, *, force: bool = True
     ) -> Json: ...
     def delete(self, key: ChildKey, namespace: str) -> None: ...
+    def create_secret(self, secret: Json) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class Reconciler:
     images: Images
     post_event: EventSink
     now: Callable[[], str]  # RFC 3339, UTC
+    policy: AdminPolicy = field(default_factory=AdminPolicy)
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -144,7 +151,10 @@ class Reconciler:
                 body, pool, unreadable_status(problem, previous, pool.generation, self.now())
             )
             return
-        problems = [Problem("InvalidSpec", p) for p in spec_problems(spec)]
+        # Authentication first: its reason is the one the conditions show.
+        problems = [Problem("Unauthenticated", p) for p in auth_problems(spec.router)]
+        problems += [Problem(p.reason, p.message) for p in pool_policy_problems(spec, self.policy)]
+        problems += [Problem("InvalidSpec", p) for p in spec_problems(spec)]
         observed = self._observe(pool)
         replicas = applied_replicas(spec, planned_replicas(_previous_status(body)))
         if not problems and apply:
@@ -180,6 +190,15 @@ class Reconciler:
         replicas: dict[WorkerRole, int | None],
     ) -> list[Problem]:
         problems: list[Problem] = []
+        if spec.worker_token_secret is None and self.kube.create_secret(
+            generated_token_secret(pool)
+        ):
+            self.post_event(
+                body,
+                "Normal",
+                "Created",
+                f"Created Secret {generated_token_secret_name(pool.name)}",
+            )
         desired = desired_children(pool, spec, self.images, replicas)
         seeds = {worker_deployment_name(pool, role): rs.replicas for role, rs in worker_roles(spec)}
         for obj in desired:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import kopf
 
+from kvflow.operator.admin_policy import AdminPolicy
 from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import Images
@@ -35,6 +36,8 @@ class OperatorConfig:
     lease_namespace: str
     lease_name: str
     identity: str
+    # What pool authors may ask for (admin_policy); frozen, so one shared default is safe.
+    policy: AdminPolicy = AdminPolicy()  # noqa: RUF009
 
 
 @dataclass
@@ -99,9 +102,11 @@ async def _lead_and_run(
         except KubeError as exc:  # Events are best effort; the status says the same
             log.warning("could not post event %s on %s: %s", reason, body["metadata"]["name"], exc)
 
-    reconciler = Reconciler(kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339)
+    reconciler = Reconciler(
+        kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339, policy=cfg.policy
+    )
     gateways = GatewayReconciler(
-        kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339
+        kube=kube, images=cfg.images, post_event=post_event, now=now_rfc3339, policy=cfg.policy
     )
     planning = PlanningLoop(kube, reconciler, metrics, cfg.namespaces)
     tasks = [
@@ -113,7 +118,7 @@ async def _lead_and_run(
         tasks.append(asyncio.create_task(elector.keep(lost)))
     try:
         await kopf.operator(
-            registry=build_registry(reconciler, gateways),
+            registry=build_registry(reconciler, gateways, namespaced=bool(cfg.namespaces)),
             standalone=True,  # leadership is ours (the Lease), not kopf's peering
             clusterwide=not cfg.namespaces,
             namespaces=cfg.namespaces,

@@ -31,7 +31,9 @@ from kvflow.operator.builders.names import (
 )
 from kvflow.operator.planner.types import Decision, SloVerdict
 
-ProblemReason = Literal["InvalidSpec", "ApplyRejected"]
+ProblemReason = Literal[
+    "Unauthenticated", "HostPathNotAllowed", "PrometheusNotAllowed", "InvalidSpec", "ApplyRejected"
+]
 
 
 @dataclass(frozen=True)

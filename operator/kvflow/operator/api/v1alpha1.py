@@ -305,6 +305,26 @@ class DisaggregationSpec:
     )
 
 
+# Secure by default: a gateway without tenants lets every caller in as an administrator with
+# no quota, so it takes a named opt-in, and never on a Service reachable from outside. On
+# the spec that holds `router` (a pool's or a gateway's), not on RouterSpec: the API server
+# checks a field's default against its own rules, and the default router has no tenants.
+ROUTER_AUTH_RULES = (
+    CelRule(
+        "has(self.router.tenantsSecret) || self.router.allowUnauthenticated",
+        "router.tenantsSecret is required (the gateway's tenants and API keys); set "
+        "router.allowUnauthenticated: true to serve without authentication",
+        ".router",
+    ),
+    CelRule(
+        "!self.router.allowUnauthenticated || self.router.serviceType == 'ClusterIP'",
+        "router.allowUnauthenticated needs serviceType ClusterIP: an unauthenticated "
+        "gateway is never exposed outside the cluster",
+        ".router",
+    ),
+)
+
+
 @dataclass(frozen=True)
 class RouterSpec:
     """The OpenAI-compatible gateway in front of the workers."""
@@ -320,9 +340,15 @@ class RouterSpec:
     tenants_secret: SecretKeyRef | None = field(
         """A Secret key holding the gateway's tenants: the `tenants:` list of docs/router.md
         (names, API key digests, models, quotas, priorities). Mounted into the router pods
-        and re-read when the Secret changes, without a restart. Unset: the gateway accepts
-        any API key.""",
+        and re-read when the Secret changes, without a restart. Required unless
+        allowUnauthenticated is true.""",
         None,
+    )
+    allow_unauthenticated: bool = field(
+        """Serve without tenants: every caller is an administrator with no quota, all share
+        one prefix cache and may ask for route explanations. Only with serviceType
+        ClusterIP; for demos and tests. Ignored when tenantsSecret is set.""",
+        False,
     )
     tenant_key_secret: SecretKeyRef | None = field(
         """A Secret key holding the server-side secret that the tenants'
@@ -359,6 +385,7 @@ class RouterSpec:
         "(it picks nccl on GPUs, tcp on CPUs)",
         ".kvTransport",
     ),
+    *ROUTER_AUTH_RULES,
 )
 @dataclass(frozen=True)
 class InferencePoolSpec:
@@ -393,6 +420,7 @@ class InferencePoolSpec:
     worker_token_secret: SecretKeyRef | None = field(
         """A Secret key in the pool's namespace holding a token: the pool's workers refuse
         gRPC calls that do not present it and its routers present it (KVFLOW_WORKER_TOKEN).
-        Unset: worker gRPC answers any caller that the pool's NetworkPolicy lets in.""",
+        Unset: the operator creates a Secret <pool>-worker-token (key `token`, random,
+        owned by the pool, never rotated) and uses that.""",
         None,
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, cel, field
-from kvflow.operator.api.v1alpha1 import RouterSpec
+from kvflow.operator.api.v1alpha1 import ROUTER_AUTH_RULES, RouterSpec
 from kvflow.operator.api.v1alpha1_status import Condition
 
 GATEWAY_KIND = "InferenceGateway"
@@ -113,6 +113,7 @@ class InferenceModelSpec:
     )
 
 
+@cel(*ROUTER_AUTH_RULES)
 @dataclass(frozen=True)
 class InferenceGatewaySpec:
     """An OpenAI-compatible gateway in front of the InferencePools its InferenceModels

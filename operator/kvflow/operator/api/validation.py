@@ -48,6 +48,23 @@ def spec_problems(spec: v1alpha1.InferencePoolSpec) -> list[str]:
     return problems
 
 
+def auth_problems(router: v1alpha1.RouterSpec) -> list[str]:
+    """The CRD's rules on authentication (v1alpha1.ROUTER_AUTH_RULES), checked again: a pool
+    stored before the CRD had them, or under an older CRD, is not deployed open either."""
+    if router.tenants_secret is None and not router.allow_unauthenticated:
+        return [
+            "router.tenantsSecret is not set: the gateway would let every caller in as an "
+            "administrator with no quota; set tenantsSecret, or router.allowUnauthenticated: "
+            "true (ClusterIP Services only)"
+        ]
+    if router.allow_unauthenticated and router.service_type != "ClusterIP":
+        return [
+            f"router.allowUnauthenticated with serviceType {router.service_type}: an "
+            "unauthenticated gateway is never exposed outside the cluster"
+        ]
+    return []
+
+
 def router_problems(router: v1alpha1.RouterSpec) -> list[str]:
     """What is wrong with an InferenceGateway's router that its schema let through."""
     return _resource_problems("router.resources", router.resources)

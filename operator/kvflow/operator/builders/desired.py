@@ -15,7 +15,7 @@ from kvflow.operator.builders.names import (
     worker_deployment_name,
     worker_roles,
 )
-from kvflow.operator.builders.network import workers_network_policy
+from kvflow.operator.builders.network import router_network_policy, workers_network_policy
 from kvflow.operator.builders.replicas import applied_replicas
 from kvflow.operator.builders.router import router_configmap, router_deployment
 from kvflow.operator.builders.services import disruption_budget, gateway_service, workers_service
@@ -76,6 +76,7 @@ def desired_children(
     ]
     children.append(disruption_budget(pool, router_name(pool), "router"))
     children.append(workers_network_policy(pool))
+    children.append(router_network_policy(pool))
     return children
 
 

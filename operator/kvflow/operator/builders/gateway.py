@@ -29,6 +29,7 @@ from kvflow.operator.builders.names import (
     PoolRef,
     fronts_label,
 )
+from kvflow.operator.builders.network import router_ingress_policy
 from kvflow.operator.builders.router import (
     CONFIG_KEY,
     RouterPod,
@@ -39,6 +40,7 @@ from kvflow.operator.builders.router import (
     shared_args,
     worker_dns,
 )
+from kvflow.operator.builders.worker_token import effective_worker_token
 
 LABEL_GATEWAY = "kvflow.io/gateway"
 # Each pool's model volume, read-only, in a folder of its own: /models/<pool>.
@@ -171,18 +173,16 @@ def worker_token(
     used: Sequence[str], pools: Mapping[str, v1alpha1.InferencePoolSpec]
 ) -> tuple[v1alpha1.SecretKeyRef | None, list[str]]:
     """The worker token the gateway presents (a router has one), and the problem when the
-    pools it fronts ask for different ones."""
-    refs = {name: pools[name].worker_token_secret for name in used}
-    distinct = sorted({(r.name, r.key) for r in refs.values() if r is not None})
+    pools it fronts use different ones (each pool without a workerTokenSecret has its own
+    generated one, so pools behind one gateway name a shared Secret key)."""
+    refs = {name: effective_worker_token(name, pools[name]) for name in used}
+    distinct = sorted({(r.name, r.key) for r in refs.values()})
     if len(distinct) <= 1:
-        ref = next((r for r in refs.values() if r is not None), None)
-        return ref, []
-    holders = ", ".join(
-        f"{name} ({r.name}/{r.key})" for name, r in sorted(refs.items()) if r is not None
-    )
-    return next(r for r in refs.values() if r is not None), [
-        f"pools use different workerTokenSecrets ({holders}); a gateway presents one token, "
-        "so give them the same Secret key"
+        return next(iter(refs.values()), None), []
+    holders = ", ".join(f"{name} ({r.name}/{r.key})" for name, r in sorted(refs.items()))
+    return next(iter(refs.values())), [
+        f"pools use different worker tokens ({holders}); a gateway presents one token, "
+        "so give them the same workerTokenSecret"
     ]
 
 
@@ -206,10 +206,7 @@ def gateway_deployment(
                 )
             )
     token, _ = worker_token(used, pools)
-    env: list[dict[str, Json]] = []
-    if token is not None:
-        ref: Json = {"secretKeyRef": {"name": token.name, "key": token.key}}
-        env.append({"name": pods.WORKER_TOKEN_ENV, "valueFrom": ref})
+    env = [] if token is None else pods.worker_token_env(token)
     deployment = router_workload(
         RouterPod(
             meta=metadata(gateway, gateway_workload_name(gateway)),
@@ -261,6 +258,13 @@ def gateway_budget(gateway: GatewayRef) -> dict[str, Json]:
     }
 
 
+def gateway_network_policy(gateway: GatewayRef) -> dict[str, Json]:
+    """Its routers take requests (8000) and scrapes (9401) only, as a pool's do."""
+    return router_ingress_policy(
+        metadata(gateway, gateway_workload_name(gateway)), selector_labels(gateway)
+    )
+
+
 def desired_gateway_children(
     gateway: GatewayRef,
     spec: gw.InferenceGatewaySpec,
@@ -275,4 +279,5 @@ def desired_gateway_children(
         gateway_service(gateway, spec.router),
         gateway_deployment(gateway, spec, images, text, resolution.pools, pools),
         gateway_budget(gateway),
+        gateway_network_policy(gateway),
     ]

@@ -112,11 +112,9 @@ def common_env() -> list[dict[str, Json]]:
 WORKER_TOKEN_ENV = "KVFLOW_WORKER_TOKEN"  # engine_worker/auth.py reads it, the router too
 
 
-def worker_token_env(spec: v1alpha1.InferencePoolSpec) -> list[dict[str, Json]]:
-    """The pool's worker token from the user's Secret, for workers and routers alike."""
-    ref = spec.worker_token_secret
-    if ref is None:
-        return []
+def worker_token_env(ref: v1alpha1.SecretKeyRef) -> list[dict[str, Json]]:
+    """The worker token from its Secret key (`worker_token.effective_worker_token`), for
+    workers and routers alike."""
     secret_ref: Json = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
     return [{"name": WORKER_TOKEN_ENV, "valueFrom": secret_ref}]
 

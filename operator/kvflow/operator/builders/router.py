@@ -22,6 +22,7 @@ from kvflow.operator.builders.names import (
     selector_labels,
     workers_service_name,
 )
+from kvflow.operator.builders.worker_token import effective_worker_token
 
 CONFIG_MOUNT = "/etc/kvflow"
 CONFIG_KEY = "router.yaml"
@@ -142,7 +143,10 @@ def router_deployment(
             config_map=router_name(pool),
             config_text=router_configmap(pool, spec)["data"][CONFIG_KEY],
             args=router_args(pool, spec),
-            env=[*pods.worker_token_env(spec), *pods.tracing_env(pool.name, spec)],
+            env=[
+                *pods.worker_token_env(effective_worker_token(pool.name, spec)),
+                *pods.tracing_env(pool.name, spec),
+            ],
             volumes=[] if model_volume is None else [model_volume],
         ),
         spec.router,

@@ -17,6 +17,7 @@ from kvflow.operator.builders.names import (
     selector_labels,
     worker_deployment_name,
 )
+from kvflow.operator.builders.worker_token import effective_worker_token
 
 # Loading a 70B model from a network volume can take several minutes: the startup probe
 # allows 10 minutes (120 x 5 s) before liveness starts to count.
@@ -117,7 +118,7 @@ def worker_deployment(
         "env": [
             *pods.common_env(),
             {"name": "KVFLOW_POOL", "value": pool.name},
-            *pods.worker_token_env(spec),
+            *pods.worker_token_env(effective_worker_token(pool.name, spec)),
             *pods.tracing_env(pool.name, spec),
         ],
         "resources": pods.resources(role_spec.resources, gpus),

@@ -17,6 +17,12 @@ QUERY_TIMEOUT_S = 5.0
 MAX_BODY_BYTES = 16 << 20
 
 
+# The errorType values of the Prometheus HTTP API.
+ERROR_TYPES = frozenset(
+    {"bad_data", "timeout", "canceled", "execution", "internal", "unavailable", "not_found"}
+)
+
+
 class PrometheusError(Exception):
     """The query got no usable answer; str() is for the pool's status."""
 
@@ -35,7 +41,8 @@ async def instant_query(base_url: str, query: str, timeout_s: float = QUERY_TIME
     except TimeoutError as exc:
         raise PrometheusError(f"{url}: no answer within {timeout_s:g} s") from exc
     except aiohttp.ClientError as exc:
-        raise PrometheusError(f"{url}: {exc or type(exc).__name__}") from exc
+        # The client's text (refused, DNS, TLS); its class name when it has none.
+        raise PrometheusError(f"{url}: {str(exc)[:200] or type(exc).__name__}") from exc
     try:
         answer = json.loads(body)
     except ValueError as exc:
@@ -43,6 +50,9 @@ async def instant_query(base_url: str, query: str, timeout_s: float = QUERY_TIME
     if not isinstance(answer, dict):
         raise PrometheusError(f"{url}: HTTP {status}, not a Prometheus API answer")
     if answer.get("status") != "success":
-        kind, error = answer.get("errorType", "error"), answer.get("error", "")
-        raise PrometheusError(f"{url}: HTTP {status}, {kind}: {str(error)[:300]}")
+        # Only Prometheus' own error types are named: the rest of the answer is the
+        # address's text, which never goes into status (it may be anything it serves).
+        kind = answer.get("errorType")
+        known = kind if kind in ERROR_TYPES else "an error"
+        raise PrometheusError(f"{url}: HTTP {status}, {known} (see the Prometheus logs)")
     return answer.get("data")

@@ -54,7 +54,9 @@ class PoolSeries:
 
 
 class AnswerError(ValueError):
-    """Prometheus answered something that is not an instant vector."""
+    """Prometheus answered something that is not an instant vector. The message says what
+    was wrong, never what was answered: it goes into the pool's status, and the answer is
+    whatever the address replied."""
 
 
 def _quote(value: str) -> str:
@@ -83,20 +85,20 @@ def pool_query(namespace: str, pool: str, window_s: float) -> str:
 
 def _value(sample: object) -> float:
     if not isinstance(sample, Mapping):
-        raise AnswerError(f"not a sample: {sample!r:.200}")
+        raise AnswerError(f"not a sample (a {type(sample).__name__})")
     value = sample.get("value")
     if not isinstance(value, Sequence) or len(value) != 2:
-        raise AnswerError(f"sample without [time, value]: {sample!r:.200}")
+        raise AnswerError("a sample without [time, value]")
     try:
         return float(value[1])
     except (TypeError, ValueError) as exc:
-        raise AnswerError(f"not a number: {value[1]!r:.50}") from exc
+        raise AnswerError("a sample value that is not a number") from exc
 
 
 def fold(data: object) -> PoolSeries:
     """The `data` of a successful /api/v1/query answer to `pool_query`, per target."""
     if not isinstance(data, Mapping) or data.get("resultType") != "vector":
-        raise AnswerError(f"expected an instant vector, got {data!r:.200}")
+        raise AnswerError("the answer is not an instant vector")
     result = data.get("result")
     if not isinstance(result, list):
         raise AnswerError("the answer has no result list")
@@ -109,7 +111,7 @@ def fold(data: object) -> PoolSeries:
         assert isinstance(sample, Mapping)  # _value checked
         labels = sample.get("metric") or {}
         if not isinstance(labels, Mapping):
-            raise AnswerError(f"sample labels are not an object: {labels!r:.200}")
+            raise AnswerError("sample labels that are not an object")
         series = str(labels.get(SERIES_LABEL, ""))
         target = str(labels.get("instance") or labels.get("pod") or "")
         is_router = series.startswith(ROUTER_PREFIX)

@@ -242,6 +242,7 @@ DecisionReason = Literal[
     "ManualOverride",  # spec replicas: the role is pinned in autoscaling.manualRoles
     "MetricsMissing",  # no usable input: replicas held
     "PrometheusUnavailable",  # autoscaling.prometheus gave no answer: replicas held
+    "PrometheusNotAllowed",  # autoscaling.prometheus.url not allowed by the operator: held
     "TtftViolation",  # up: TTFT at the percentile over target
     "TpotViolation",  # up: TPOT at the percentile over target
     "QueueWait",  # up: prompts wait too long before prefill
@@ -267,6 +268,7 @@ SloReason = Literal[
     "TtftAndTpotAboveTarget",
     "AwaitingMetrics",  # no latency measured yet (no traffic, or not scraped)
     "PrometheusUnavailable",  # autoscaling.prometheus gave no answer: nothing measured
+    "PrometheusNotAllowed",  # autoscaling.prometheus.url not allowed: nothing measured
     "AutoscalingDisabled",
 ]
 

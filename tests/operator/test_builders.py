@@ -259,12 +259,29 @@ def test_router_finds_workers_by_dns_and_reads_redis_from_a_secret() -> None:
         "router", "--host", "0.0.0.0", "--port", "8000", "--metrics-port", "9401",
         "--served-model-name", "m",
         "--worker-dns", "p-workers.ns.svc:50051",
+        "--quota-scope", "ns/p",
         "--config", "/etc/kvflow/router.yaml",
         "--redis-url", "$(KVFLOW_REDIS_URL)",
     ]  # fmt: skip
     pod = pod_of(build(spec), "p-router")
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["KVFLOW_REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis", "key": "url"}}
+
+
+def test_router_flags_for_secure_defaults() -> None:
+    # No tenants: the router listens off loopback only when the pool opted in.
+    assert "--allow-unauthenticated" not in router_args(POOL, spec_of())
+    opted = spec_of(router={"allowUnauthenticated": True})
+    assert "--allow-unauthenticated" in router_args(POOL, opted)
+    tenants = {"tenantsSecret": {"name": "t", "key": "tenants.yaml"}, "allowUnauthenticated": True}
+    assert "--allow-unauthenticated" not in router_args(POOL, spec_of(router=tenants))
+    # Every router replica derives cache salts from the same secret: the pool's worker token.
+    pod = pod_of(build(spec_of()), "p-router")
+    env = {e["name"]: e["valueFrom"] for e in pod["containers"][0]["env"] if "valueFrom" in e}
+    assert env["KVFLOW_CACHE_SALT_SECRET"] == env["KVFLOW_WORKER_TOKEN"]
+    assert env["KVFLOW_WORKER_TOKEN"] == {
+        "secretKeyRef": {"name": "p-worker-token", "key": "token"}
+    }
 
 
 def test_router_reads_tenants_from_the_users_secret_without_rolling_on_a_change() -> None:

@@ -206,14 +206,16 @@ def gateway_deployment(
                 )
             )
     token, _ = worker_token(used, pools)
-    env = [] if token is None else pods.worker_token_env(token)
+    env = [] if token is None else pods.router_secret_env(token)
+    gateway_scope = ["--quota-scope", f"{gateway.namespace}/gateway/{gateway.name}"]
     deployment = router_workload(
         RouterPod(
             meta=metadata(gateway, gateway_workload_name(gateway)),
             select=selector_labels(gateway),
             config_map=gateway_workload_name(gateway),
             config_text=text,
-            args=listen_args() + shared_args(spec.router),
+            # Quota keys per gateway (its tenants are its own, not its pools').
+            args=[*listen_args(), *gateway_scope, *shared_args(spec.router)],
             env=env,
             volumes=volumes,
             pod_labels={fronts_label(name): "true" for name in used},

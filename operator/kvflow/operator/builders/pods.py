@@ -110,6 +110,11 @@ def common_env() -> list[dict[str, Json]]:
 
 
 WORKER_TOKEN_ENV = "KVFLOW_WORKER_TOKEN"  # engine_worker/auth.py reads it, the router too
+# The router derives tenants' default cache salts from this secret (router/.../tenants/
+# salts.py); every replica of a pool's or gateway's router must hold the same one, or
+# they share no prefix cache. The pool's worker token is such a secret already: whoever
+# holds it can call the workers directly, and reads nothing more through a salt.
+CACHE_SALT_SECRET_ENV = "KVFLOW_CACHE_SALT_SECRET"
 
 
 def worker_token_env(ref: v1alpha1.SecretKeyRef) -> list[dict[str, Json]]:
@@ -117,6 +122,12 @@ def worker_token_env(ref: v1alpha1.SecretKeyRef) -> list[dict[str, Json]]:
     workers and routers alike."""
     secret_ref: Json = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
     return [{"name": WORKER_TOKEN_ENV, "valueFrom": secret_ref}]
+
+
+def router_secret_env(ref: v1alpha1.SecretKeyRef) -> list[dict[str, Json]]:
+    """A router's secrets: the worker token, and the cache-salt secret derived from it."""
+    secret_ref: Json = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
+    return [*worker_token_env(ref), {"name": CACHE_SALT_SECRET_ENV, "valueFrom": secret_ref}]
 
 
 def tracing_env(pool_name: str, spec: v1alpha1.InferencePoolSpec) -> list[dict[str, Json]]:

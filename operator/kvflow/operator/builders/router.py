@@ -96,6 +96,8 @@ def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
     args += [
         "--served-model-name", spec.model.served_name,
         "--worker-dns", worker_dns(pool),
+        # Quota keys per pool: two pools sharing a Redis never share a tenant's counters.
+        "--quota-scope", f"{pool.namespace}/{pool.name}",
     ]  # fmt: skip
     return args + shared_args(spec.router)
 
@@ -116,6 +118,9 @@ def shared_args(router: v1alpha1.RouterSpec) -> list[str]:
         args += ["--redis-url", redis.url]
     if router.tenants_secret is not None:
         args += ["--tenants-file", f"{TENANTS_MOUNT}/{TENANTS_FILE}"]
+    elif router.allow_unauthenticated:
+        # The router refuses to listen off loopback with no tenants unless told to.
+        args.append("--allow-unauthenticated")
     return args + admission_args(router.admission)
 
 
@@ -144,7 +149,7 @@ def router_deployment(
             config_text=router_configmap(pool, spec)["data"][CONFIG_KEY],
             args=router_args(pool, spec),
             env=[
-                *pods.worker_token_env(effective_worker_token(pool.name, spec)),
+                *pods.router_secret_env(effective_worker_token(pool.name, spec)),
                 *pods.tracing_env(pool.name, spec),
             ],
             volumes=[] if model_volume is None else [model_volume],

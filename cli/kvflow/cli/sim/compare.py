@@ -47,12 +47,17 @@ from kvflow.cli.sim.targets import (
     parity_target,
     ttft_targets,
 )
+from kvflow.cli.sim.trace_families import FAMILIES, family
 
 ARMS = ("kvflow", "round-robin", "least-loaded", "random", "session", "ideal", "kvflow:gate=off")
 SHARED_PREFIX_RATES: tuple[float, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90)
 HOT_PREFIX_RATES: tuple[float, ...] = (20, 40, 60)
 NO_REUSE_RATES: tuple[float, ...] = (5, 10, 15, 20, 25, 30)
 TRACE_SPEEDUPS: tuple[float, ...] = (1, 2, 4)
+# A generated family's trace under --quick (the full one has 1,000 requests), and the
+# schedule left unmeasured at 1x (divided by the speed-up): the first sessions' turns.
+QUICK_FAMILY_REQUESTS = 500
+FAMILY_WARMUP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,12 @@ def ladders(config: ComparisonConfig) -> list[SimLadder]:
             out.append(SimLadder(name, NoReuseWorkload(7200, 100), poisson(rates), config.slo,
                                  config.seed, warmup_requests=n // 6,
                                  measured_requests=2 * n // 3))  # fmt: skip
+        elif name in FAMILIES:
+            records = family(name, num_requests=QUICK_FAMILY_REQUESTS if quick else None,
+                             seed=config.seed)  # fmt: skip
+            speeds = [LoadPoint(ArrivalKind.TRACE, s) for s in TRACE_SPEEDUPS]
+            out.append(SimLadder(name, TraceWorkload(records, name=name), speeds, config.slo,
+                                 config.seed, trace_warmup_s=FAMILY_WARMUP_S))  # fmt: skip
         elif name == "mooncake":
             records = load_trace(config.trace_path)
             if quick:
@@ -101,7 +112,8 @@ def ladders(config: ComparisonConfig) -> list[SimLadder]:
             out.append(SimLadder(name, TraceWorkload(records), speeds, config.slo, config.seed))
         else:
             raise ValueError(
-                f"unknown workload {name!r}: shared-prefix, mooncake, no-reuse or hot-prefix"
+                f"unknown workload {name!r}: shared-prefix, mooncake, no-reuse, hot-prefix "
+                f"or a trace family ({', '.join(FAMILIES)})"
             )
     return out
 

@@ -31,6 +31,13 @@ class LoadReport:
     num_running: int = 0
     kv_usage: float = 0.0
     queue_drain_rate_per_s: float = 0.0  # admissions per second while backlogged; 0: unknown
+    # The load in tokens (the time-based router's view, types.WorkerView): prompt tokens
+    # not computed yet, requests past their prompt, the KV tokens those hold, the capacity.
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+    num_kv_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    at_s: float = 0.0  # when the worker took this report (the end of its last step)
 
 
 StepDone = Callable[["SimWorker", list[RequestOutput], list[KvEvent]], None]
@@ -60,7 +67,8 @@ class SimWorker:
             block_size=config.scheduler.block_size,
         )
         self.engine = Engine(config, self.runner, clock=lambda: self._local_s)
-        self.load = LoadReport()  # as of the last finished step
+        self._kv_capacity_tokens = config.num_kv_blocks * config.scheduler.block_size
+        self.load = LoadReport(kv_capacity_tokens=self._kv_capacity_tokens)  # last step's
         self._is_stepping = False
         self.num_steps = 0
         self.busy_s = 0.0
@@ -137,11 +145,24 @@ class SimWorker:
     def _finish(self, outputs: list[RequestOutput], kv_events: list[KvEvent]) -> None:
         self._is_stepping = False
         scheduler = self.engine.scheduler
+        num_prefill = num_decode = num_kv = 0
+        for request in self.engine.requests.values():
+            left = request.num_prompt_tokens - request.num_computed_tokens
+            if left > 0:
+                num_prefill += left
+            else:
+                num_decode += 1
+                num_kv += request.num_computed_tokens
         self.load = LoadReport(
             scheduler.num_waiting,
             scheduler.num_running,
             self.engine.kv_cache.pool.usage,
             self.engine.queue_stats.drain_rate_per_s,
+            num_prefill,
+            num_decode,
+            num_kv,
+            self._kv_capacity_tokens,
+            self._local_s,
         )
         self._on_step_done(self, outputs, kv_events)
         self.kick()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from kvflow.proto.block_hash import BlockHash
 from kvflow.router.routing.block_hasher import PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.cost import DEFAULT_STEP_COSTS, PlacedWork, StepCosts
 from kvflow.router.routing.pipeline import SERVING_ROLES, RoutingPipeline, build_pipeline
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import (
@@ -192,6 +193,7 @@ class Placement:
         self._index = index
         self.config = config
         self.in_flight_ttl_s = in_flight_ttl_s  # 0: remember nothing
+        self._placed = PlacedWork()
 
     def plan(
         self,
@@ -207,11 +209,25 @@ class Placement:
         """
         if now_s is not None:
             self._index.expire_in_flight(now_s)
+            workers = [self._placed.correct(w) for w in workers]
         plan = self._plan(request, workers)
-        if plan is not None and now_s is not None and self.in_flight_ttl_s > 0:
-            caching = {w.worker_id for w in workers if w.caches_prefixes}
-            self._remember(plan, request, now_s + self.in_flight_ttl_s, caching)
+        if plan is not None and now_s is not None:
+            self._add_placed(plan, request, now_s)
+            if self.in_flight_ttl_s > 0:
+                caching = {w.worker_id for w in workers if w.caches_prefixes}
+                self._remember(plan, request, now_s + self.in_flight_ttl_s, caching)
         return plan
+
+    def _add_placed(self, plan: ExecutionPlan, request: PlacementRequest, now_s: float) -> None:
+        """The prompt tokens the plan's prefilling worker will compute, until that worker's
+        next load report counts them (the time scorer's queued prefill)."""
+        if isinstance(plan, Disaggregated):
+            prefill_id, num_tokens = plan.prefill.worker_id, plan.num_missing_tokens
+        else:
+            prefill_id = plan.worker.worker_id
+            num_cached = self._num_cached_blocks(plan.worker, request) * request.block_size
+            num_tokens = max(1, request.num_prompt_tokens - num_cached)
+        self._placed.add(prefill_id, now_s, num_tokens, request.num_prompt_tokens)
 
     def forget(
         self, plan: ExecutionPlan, request: PlacementRequest, failed: Iterable[WorkerId]
@@ -244,8 +260,9 @@ class Placement:
         self, request: PlacementRequest, workers: Sequence[WorkerView]
     ) -> ExecutionPlan | None:
         route = RouteRequest(
-            request.model, request.block_hashes, request.session_id, request.excluded
-        )
+            request.model, request.block_hashes, request.session_id, request.excluded,
+            num_prompt_tokens=request.num_prompt_tokens, block_size=request.block_size,
+        )  # fmt: skip
         decode = self._decode.route(route, workers)
         if decode is None:
             return None
@@ -301,11 +318,14 @@ def build_placement(
     sessions: SessionTable,
     rng: random.Random,
     in_flight_ttl_s: float = DEFAULT_IN_FLIGHT_TTL_S,
+    costs: StepCosts = DEFAULT_STEP_COSTS,
 ) -> Placement:
     """The decode profile with every configured scorer; the prefill profile without
-    session affinity (a conversation returns to its decode worker, where its KV lives)."""
-    decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng, roles=SERVING_ROLES)
+    session affinity (a conversation returns to its decode worker, where its KV lives).
+    ``costs``: the workers' step-time model (the time scorer's)."""
+    decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng,
+                            roles=SERVING_ROLES, costs=costs)  # fmt: skip
     prefill_weights = {name: w for name, w in weights.items() if name != "session"}
     prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
-                             roles=PREFILL_ROLES)  # fmt: skip
+                             roles=PREFILL_ROLES, costs=costs)  # fmt: skip
     return Placement(decode, prefill, index, config, in_flight_ttl_s)

@@ -88,15 +88,20 @@ def test_the_scorer_counts_blocks_past_the_skip_only() -> None:
     assert scores[WorkerId("a")] == scores[WorkerId("b")]
 
 
-def test_work_placed_since_the_report_counts_until_the_next_report() -> None:
-    placed = PlacedWork()
-    placed.add(WorkerId("a"), 10.0, 5000, 7000)
+def test_work_placed_since_the_report_counts_until_done_or_reported() -> None:
+    per_token_s = 1e-3  # drained at half that rate: 500 tokens a second
+    placed = PlacedWork(per_token_s)
+    placed.add(WorkerId("a"), 10.0, 1000)
     reported = view("a", load_at_s=9.0, num_prefill_tokens=100)
-    assert placed.correct(reported).num_prefill_tokens == 5100
+    # At 10 s the report's 100 tokens are worked off; the 1,000 placed then are not.
+    assert placed.correct(reported, 10.0).num_prefill_tokens == 1000
+    # A second later half of them are.
+    assert placed.correct(reported, 11.0).num_prefill_tokens == 500
+    assert placed.correct(reported, 13.0).num_prefill_tokens == 0
     # A report taken after the placement counts it itself: the correction is dropped.
-    later = view("a", load_at_s=10.5, num_prefill_tokens=5100)
-    assert placed.correct(later).num_prefill_tokens == 5100
-    assert placed.correct(reported).num_prefill_tokens == 100
+    later = view("a", load_at_s=10.5, num_prefill_tokens=800)
+    assert placed.correct(later, 10.5).num_prefill_tokens == 800
+    assert placed.correct(reported, 9.0).num_prefill_tokens == 100
 
 
 def test_placement_spreads_a_burst_of_cold_prompts() -> None:
@@ -128,3 +133,17 @@ def test_the_wait_gate_drops_a_backed_up_worker() -> None:
 def test_step_costs_are_checked() -> None:
     with pytest.raises(ValueError):
         StepCosts(-1.0, 0.0, 0.0, 0.0, 8192)
+
+
+def test_weights_written_for_the_block_policy_keep_it() -> None:
+    from kvflow.router.settings import parse_config
+
+    assert parse_config(None).weights == DEFAULT_WEIGHTS
+    # What the operator renders from a CRD: the block policy's scorers, by name.
+    crd = {"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 0.0, "session": 8.0}
+    assert parse_config({"routing": {"weights": crd}}).weights == crd
+    # Session alone tunes the time-based default.
+    assert parse_config({"routing": {"weights": {"session": 0.05}}}).weights == {
+        "time_cost": 1.0,
+        "session": 0.05,
+    }

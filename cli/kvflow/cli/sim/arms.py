@@ -154,7 +154,7 @@ def _placement(
         prefill_weights = {name: w for name, w in weights.items() if name != "session"}
         prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
                                  roles=PREFILL_ROLES, gate=gate(costs), costs=costs)  # fmt: skip
-        return Placement(decode, prefill, index, DisaggregationConfig(), in_flight_ttl_s)
+        return Placement(decode, prefill, index, DisaggregationConfig(), in_flight_ttl_s, costs)
 
     return build
 

@@ -113,6 +113,7 @@ class RouterSide:
                 num_decode_seqs=w.load.num_decode_seqs if w.load else 0,
                 num_kv_tokens=w.load.num_kv_tokens if w.load else 0,
                 kv_capacity_tokens=w.load.kv_capacity_tokens if w.load else 0,
+                num_cached_tokens=w.load.num_cached_tokens if w.load else 0,
                 load_at_s=w.load.at_s if w.load else None,
             )
             for worker_id, w in self._workers.items()

@@ -37,6 +37,7 @@ class LoadReport:
     num_decode_seqs: int = 0
     num_kv_tokens: int = 0
     kv_capacity_tokens: int = 0
+    num_cached_tokens: int = 0
     at_s: float = 0.0  # when the worker took this report (the end of its last step)
 
 
@@ -183,7 +184,8 @@ class SimWorker:
             num_decode,
             num_kv,
             self._kv_capacity_tokens,
-            self._local_s,
+            self.engine.kv_cache.pool.num_cached_blocks * self.engine.kv_cache.block_size,
+            self._events.now_s,
         )
         self._on_step_done(self, outputs, kv_events)
         self.kick()

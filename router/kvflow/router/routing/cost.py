@@ -5,7 +5,7 @@ worker's step-time model (``StepCosts``: the simulator's linear step model, the 
 coefficients) and its load in tokens (``WorkerView``: prompt tokens still to prefill,
 decoding sequences, the KV tokens they read):
 
-    cost = own_ttft_s + own_decode_s + stall_s + evict_s
+    cost = own_ttft_s + own_decode_s + stall_s + evict_s + backlog_s
 
 - ``own_ttft_s``: the prompt tokens queued ahead of it plus its own uncached tokens, at
   ``per_prefill_token_s``, and the step overhead of the steps that takes (each step also
@@ -18,8 +18,18 @@ decoding sequences, the KV tokens they read):
   they wait through too: charging that as well made the cache hit worth its prefill time
   once per decoding neighbour, and on the agent family that piled sessions onto their
   workers and put TTFT P90 behind least-loaded's.)
-- ``evict_s``: the tokens its prompt and horizon need past the worker's free KV, which a
-  running request gives up (preempted) and recomputes: at ``per_prefill_token_s``.
+- ``evict_s``: the tokens its prompt and horizon need past the worker's empty KV: cached
+  prefixes pushed out (a later prompt prefills them again) or, on a full cache, a running
+  request preempted and recomputed: at ``per_prefill_token_s``. With caches full of
+  prefixes this makes a hit worth its prefill twice, once for this prompt and once for
+  the prefix it does not push out; without it, on the shared-prefix comparison (prefixes
+  3x one worker's KV) spreading groups by load thrashed every cache.
+- ``backlog_s``: on a worker with requests waiting to prefill, its own prefill delays the
+  requests that will queue behind it; as many as wait now (Little's law: a backlog keeps
+  its length), at ``BACKLOG_WEIGHT``. Zero on a worker that keeps up, so there a cache
+  hit is worth exactly its prefill time; past saturation a miss costs the capacity it
+  takes, and hits are kept (on the shared-prefix comparison's overloaded rung, without
+  it the hit rate fell to 0.6 of the ideal's).
 
 Constant terms (the base step time every worker pays alike) are left out: only
 differences between workers decide. Why a time and not "cached blocks minus queued
@@ -71,6 +81,16 @@ DEFAULT_STEP_COSTS = StepCosts(6.6e-3, 27.1e-6, 30.3e-6, 48.9e-9, 8192)
 # looked cheaper than one more decoding neighbour) and 32 was ahead on every family,
 # with TPOT P50 no worse; 64 in between.
 DEFAULT_DECODE_HORIZON_TOKENS = 32
+# The share of a backlog's requests charged for a miss's prefill (``backlog_s``): 1 put
+# the no-reuse control's TTFT P90 19 % behind least-loaded's at 60 req/s on 4 small
+# workers (tests/sim/test_comparison_quick.py), 0.5 within 2 %; 0 lost the hit rate
+# past saturation.
+BACKLOG_WEIGHT = 0.5
+# The rate a worker is assumed to work off its prompt tokens between load reports: half
+# its prefill rate (steps also carry their base time and decodes). At the full rate the
+# no-reuse control's TTFT P90 was 54 % behind least-loaded's (a worker just sent a prompt
+# looked free before it was); at half, 17 % ahead.
+PREFILL_DRAIN_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -81,11 +101,12 @@ class WorkerCost:
     own_decode_s: float
     stall_s: float
     evict_s: float
+    backlog_s: float
     num_uncached_tokens: int
 
     @property
     def total_s(self) -> float:
-        return self.own_ttft_s + self.own_decode_s + self.stall_s + self.evict_s
+        return self.own_ttft_s + self.own_decode_s + self.stall_s + self.evict_s + self.backlog_s
 
 
 def worker_cost(
@@ -104,15 +125,22 @@ def worker_cost(
     num_steps = math.ceil(prefill / per_step_tokens)
     decode_step_s = decodes * costs.per_decode_seq_s + kv * costs.per_kv_token_s
     own_ttft_s = prefill * costs.per_prefill_token_s + num_steps * decode_step_s
+    num_waiting = max(0, worker.queue_depth - decodes)
+    backlog_s = BACKLOG_WEIGHT * num_waiting * uncached * costs.per_prefill_token_s
     own_decode_s = decode_horizon_tokens * decode_step_s
     mine_s = costs.per_decode_seq_s + num_prompt_tokens * costs.per_kv_token_s
     stall_s = decodes * decode_horizon_tokens * mine_s
     evict_s = 0.0
     if worker.kv_capacity_tokens > 0:
-        free = worker.kv_capacity_tokens - kv - worker.num_prefill_tokens
-        shortfall = uncached + decode_horizon_tokens - max(0, free)
-        evict_s = max(0, shortfall) * costs.per_prefill_token_s
-    return WorkerCost(own_ttft_s, own_decode_s, stall_s, evict_s, uncached)
+        # Blocks are empty, cached (reusable by later prompts) or held by requests. Past
+        # the empty ones, a prompt evicts cached blocks, and past those, running requests
+        # (preempted, recomputed); either way that many tokens are prefilled again later.
+        held = worker.num_kv_tokens + worker.num_prefill_tokens
+        empty = worker.kv_capacity_tokens - max(held, worker.num_cached_tokens)
+        evict_s = max(0, uncached + decode_horizon_tokens - max(0, empty)) * (
+            costs.per_prefill_token_s
+        )
+    return WorkerCost(own_ttft_s, own_decode_s, stall_s, evict_s, backlog_s, uncached)
 
 
 class TimeCostScorer:
@@ -133,9 +161,18 @@ class TimeCostScorer:
         self._index = index
         self.costs = costs
         self.decode_horizon_tokens = decode_horizon_tokens
+        self.matched_blocks: dict[WorkerId, float] = {}  # of the last ``score`` call
+
+    def details(self, worker_id: WorkerId) -> dict[str, float]:
+        """The chosen worker's cached prefix blocks past the skip, as ``prefix_blocks``
+        (the block scorer's unit), from the last ``score`` call."""
+        return {"prefix_blocks": self.matched_blocks.get(worker_id, 0.0)}
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
         matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))
+        skip = request.num_skip_blocks
+        # Reported beside the time (``details``): the route header and placement read it.
+        self.matched_blocks = {k: float(max(0, n - skip)) for k, n in matched.items()}
         size = request.block_size
         out: dict[WorkerId, float] = {}
         for w in workers:
@@ -182,33 +219,43 @@ MAX_PLACED_PER_WORKER = 1024
 
 
 class PlacedWork:
-    """The work this router sent to each worker after that worker's last load report
-    (``WorkerView.load_at_s``): the report does not count it yet, so the views are
-    corrected by it, as ``estimate_queue_depth`` corrects the queue depth. Pure: the
-    caller passes the times (the clock of ``load_at_s``)."""
+    """A worker's prompt tokens still to prefill, now: its last load report's, plus what
+    this router sent it since (the report does not count that yet), drained at the
+    worker's prefill rate (``PREFILL_DRAIN_FRACTION / per_prefill_token_s`` tokens a
+    second, first come first served) from the report's time to now. Reports come every
+    250 ms and a prompt of a few thousand tokens prefills in tens of ms, so without the
+    drain a worker that was just sent work looks busy long after it is done (on the
+    no-reuse control that put TTFT P50 70 % behind least-loaded's, which counts finished
+    requests exactly).
+    Pure: the caller passes the times (the clock of ``WorkerView.load_at_s``)."""
 
-    def __init__(self) -> None:
-        # worker -> (placed at, prompt tokens to prefill, prompt tokens of context)
-        self._placed: dict[WorkerId, deque[tuple[float, int, int]]] = {}
+    def __init__(self, per_prefill_token_s: float) -> None:
+        assert per_prefill_token_s > 0
+        self._per_token_s = per_prefill_token_s / PREFILL_DRAIN_FRACTION
+        # worker -> (placed at, prompt tokens to prefill there)
+        self._placed: dict[WorkerId, deque[tuple[float, int]]] = {}
 
-    def add(self, worker_id: WorkerId, now_s: float, num_uncached: int, num_prompt: int) -> None:
+    def add(self, worker_id: WorkerId, now_s: float, num_tokens: int) -> None:
         placed = self._placed.setdefault(worker_id, deque(maxlen=MAX_PLACED_PER_WORKER))
-        placed.append((now_s, num_uncached, num_prompt))
+        placed.append((now_s, num_tokens))
 
-    def correct(self, worker: WorkerView) -> WorkerView:
-        """``worker`` with the work placed since its report added (a placement counts as
-        a prompt still to prefill: it may have started, which the next report says)."""
+    def correct(self, worker: WorkerView, now_s: float) -> WorkerView:
+        """``worker`` with ``num_prefill_tokens`` as of ``now_s``."""
+        if worker.load_at_s is None:
+            return worker  # no time to drain from: the report as it is
         placed = self._placed.get(worker.worker_id)
-        if not placed:
+        while placed and placed[0][0] < worker.load_at_s:
+            placed.popleft()  # the report counts it
+        queued = float(worker.num_prefill_tokens)
+        at_s = worker.load_at_s
+        for placed_s, num_tokens in placed or ():
+            queued = max(0.0, queued - (placed_s - at_s) / self._per_token_s) + num_tokens
+            at_s = placed_s
+        queued = max(0.0, queued - max(0.0, now_s - at_s) / self._per_token_s)
+        tokens = math.ceil(queued)
+        if tokens == worker.num_prefill_tokens:
             return worker
-        if worker.load_at_s is not None:
-            while placed and placed[0][0] < worker.load_at_s:
-                placed.popleft()
-        if not placed:
-            return worker
-        tokens = sum(p[1] for p in placed)
-        return replace(worker, num_prefill_tokens=worker.num_prefill_tokens + tokens,
-                       queue_depth=worker.queue_depth)  # fmt: skip
+        return replace(worker, num_prefill_tokens=tokens)
 
     def forget(self, worker_id: WorkerId) -> None:
         self._placed.pop(worker_id, None)

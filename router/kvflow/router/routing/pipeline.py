@@ -55,6 +55,11 @@ BLOCK_WEIGHTS: Mapping[str, float] = {
     "session": 8.0,
 }
 
+# The block policy's own scorers: weights that name one of them (and not time_cost) start
+# from BLOCK_WEIGHTS (settings.py), so that a configuration written for that policy, as
+# the operator's CRD renders one, keeps meaning what it meant.
+BLOCK_SCORERS = frozenset({"prefix_blocks", "queue_depth", "kv_usage"})
+
 # Totals within this many seconds tie (the time scorer's picker): below what the model
 # can tell apart, so equal workers take turns (plugins.MaxScorePicker).
 TIME_TIE_S = 1e-3
@@ -127,10 +132,15 @@ class RoutingPipeline:
             for worker_id, value in values.items():
                 totals[worker_id] += weighted.weight * value
         chosen = self._picker.pick([(w, totals[w.worker_id]) for w in candidates])
+        scores = {name: values[chosen.worker_id] for name, values in per_scorer.items()}
+        for weighted in self._scorers:  # what a scorer reports beside its value
+            details = getattr(weighted.scorer, "details", None)
+            if details is not None:
+                scores.update(details(chosen.worker_id))
         return RouteDecision(
             worker_id=chosen.worker_id,
             score=totals[chosen.worker_id],
-            scores={name: values[chosen.worker_id] for name, values in per_scorer.items()},
+            scores=scores,
             num_candidates=len(candidates),
             role=chosen.role,
         )

@@ -186,6 +186,7 @@ class Placement:
         index: BlockIndex,
         config: DisaggregationConfig,
         in_flight_ttl_s: float = DEFAULT_IN_FLIGHT_TTL_S,
+        costs: StepCosts = DEFAULT_STEP_COSTS,
     ) -> None:
         assert in_flight_ttl_s >= 0
         self._decode = decode
@@ -193,7 +194,7 @@ class Placement:
         self._index = index
         self.config = config
         self.in_flight_ttl_s = in_flight_ttl_s  # 0: remember nothing
-        self._placed = PlacedWork()
+        self._placed = PlacedWork(costs.per_prefill_token_s)
 
     def plan(
         self,
@@ -209,7 +210,7 @@ class Placement:
         """
         if now_s is not None:
             self._index.expire_in_flight(now_s)
-            workers = [self._placed.correct(w) for w in workers]
+            workers = [self._placed.correct(w, now_s) for w in workers]
         plan = self._plan(request, workers)
         if plan is not None and now_s is not None:
             self._add_placed(plan, request, now_s)
@@ -227,7 +228,7 @@ class Placement:
             prefill_id = plan.worker.worker_id
             num_cached = self._num_cached_blocks(plan.worker, request) * request.block_size
             num_tokens = max(1, request.num_prompt_tokens - num_cached)
-        self._placed.add(prefill_id, now_s, num_tokens, request.num_prompt_tokens)
+        self._placed.add(prefill_id, now_s, num_tokens)
 
     def forget(
         self, plan: ExecutionPlan, request: PlacementRequest, failed: Iterable[WorkerId]
@@ -328,4 +329,4 @@ def build_placement(
     prefill_weights = {name: w for name, w in weights.items() if name != "session"}
     prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
                              roles=PREFILL_ROLES, costs=costs)  # fmt: skip
-    return Placement(decode, prefill, index, config, in_flight_ttl_s)
+    return Placement(decode, prefill, index, config, in_flight_ttl_s, costs)

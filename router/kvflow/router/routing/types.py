@@ -42,6 +42,7 @@ class WorkerView:
     num_decode_seqs: int = 0
     num_kv_tokens: int = 0
     kv_capacity_tokens: int = 0
+    num_cached_tokens: int = 0  # in the prefix cache (LoadResponse.num_cached_blocks x size)
     # When that report was taken, on the clock placement is given (None: unknown): work
     # placed after it is added by the router (routing/cost.py, PlacedWork).
     load_at_s: float | None = None

@@ -17,6 +17,10 @@ every arm). Workloads:
   its first 60 s (divided by the speed-up) unmeasured.
 - ``no-reuse``: 7,200-token prompts of fresh text and 100 output tokens; nothing to warm,
   so 100 warm-up requests then 400 measured.
+- the generated trace families (``trace_families.FAMILIES``: ``conv-7k``,
+  ``conv-7k-turns``, ``conv-2k-turns``, ``agent``): conversations with a shared system
+  prompt and growing histories, and agents with long shared tool preambles, each 1,000
+  requests (500 with ``--quick``) at 1x, 2x, 4x, their first 30 s / speed unmeasured.
 
 ``--quick`` keeps the shapes and cuts the rungs and requests (a few minutes).
 """
@@ -42,6 +46,7 @@ from kvflow.cli.sim.ladders import SimLadder, run_ladder
 from kvflow.cli.sim.targets import (
     Verdict,
     balance_target,
+    family_targets,
     hit_rate_target,
     knee_target,
     parity_target,
@@ -176,11 +181,15 @@ def verdicts(result: ComparisonResult) -> list[Verdict]:
     if {"kvflow", "round-robin", "least-loaded"} <= set(sp):
         out.append(knee_target(sp, ["round-robin", "least-loaded"]))
         out += ttft_targets(sp, "round-robin", slo)
-    for workload in ("shared-prefix", "mooncake", "hot-prefix"):
+    for workload in ("shared-prefix", "mooncake", "hot-prefix", *FAMILIES):
         ladders_ = result.by_workload(workload)
         if {"kvflow", "ideal"} <= set(ladders_):
             out.append(hit_rate_target(workload, ladders_, slo))
-    for workload in ("shared-prefix", "mooncake", "no-reuse", "hot-prefix"):
+    for workload in FAMILIES:
+        ladders_ = result.by_workload(workload)
+        if {"kvflow", "least-loaded"} <= set(ladders_):
+            out += family_targets(workload, ladders_, slo)
+    for workload in ("shared-prefix", "mooncake", "no-reuse", "hot-prefix", *FAMILIES):
         ladders_ = result.by_workload(workload)
         if "kvflow" in ladders_:
             out.append(balance_target(workload, ladders_))

@@ -147,3 +147,19 @@ def test_weights_written_for_the_block_policy_keep_it() -> None:
         "time_cost": 1.0,
         "session": 0.05,
     }
+
+
+def test_the_pool_passes_the_workers_load_in_tokens_to_routing() -> None:
+    from kvflow.proto import worker_pb2 as pb
+    from kvflow.router.workers.pool import _with_token_load, _Worker
+
+    worker = _Worker(WorkerId("a"), client=None)  # type: ignore[arg-type]
+    base = view("a")
+    assert _with_token_load(base, worker) is base  # no Load answer yet
+    worker.info = pb.WorkerInfo(block_size=16)
+    worker.load = pb.LoadResponse(num_prefill_tokens=7000, num_decode_seqs=3, num_kv_tokens=9000,
+                                  num_total_blocks=100, num_cached_blocks=40)  # fmt: skip
+    worker.load_at_s = 12.5
+    got = _with_token_load(base, worker)
+    assert (got.num_prefill_tokens, got.num_decode_seqs, got.num_kv_tokens) == (7000, 3, 9000)
+    assert (got.kv_capacity_tokens, got.num_cached_tokens, got.load_at_s) == (1600, 640, 12.5)

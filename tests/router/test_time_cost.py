@@ -163,3 +163,20 @@ def test_the_pool_passes_the_workers_load_in_tokens_to_routing() -> None:
     got = _with_token_load(base, worker)
     assert (got.num_prefill_tokens, got.num_decode_seqs, got.num_kv_tokens) == (7000, 3, 9000)
     assert (got.kv_capacity_tokens, got.num_cached_tokens, got.load_at_s) == (1600, 640, 12.5)
+
+
+def test_no_handoff_to_a_prefill_worker_whose_queue_outlasts_a_local_prefill() -> None:
+    from kvflow.router.routing.placement import Colocated, Disaggregated, PlanReason
+
+    def plan(prefill_tokens: int) -> object:
+        placement = build_placement(DEFAULT_WEIGHTS, DisaggregationConfig(), index=BlockIndex(),
+                                    sessions=SessionTable(), rng=random.Random(0))  # fmt: skip
+        decode = WorkerView(WorkerId("d"), "m", WorkerRole.DECODE, True, 0, 0.0)
+        prefill = WorkerView(WorkerId("p"), "m", WorkerRole.PREFILL, True, 1, 0.0,
+                             num_prefill_tokens=prefill_tokens)  # fmt: skip
+        return placement.plan(PlacementRequest("m", PROMPT, PROMPT_TOKENS, 16), [decode, prefill])
+
+    assert isinstance(plan(0), Disaggregated)
+    # One queued request, but 20,000 prompt tokens: longer than prefilling 7,000 locally.
+    busy = plan(20_000)
+    assert isinstance(busy, Colocated) and busy.reason is PlanReason.PREFILL_BUSY

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -103,13 +104,26 @@ def missing_prompt_tokens(num_prompt_tokens: int, block_size: int, num_cached_bl
 
 
 def decide(
-    num_missing_tokens: int, min_prefill_queue_depth: int, config: DisaggregationConfig
+    num_missing_tokens: int,
+    min_prefill_queue_depth: int,
+    config: DisaggregationConfig,
+    *,
+    prefill_wait_s: float = 0.0,
+    local_prefill_s: float = math.inf,
 ) -> PlanReason:
     """Whether a decode worker that lacks ``num_missing_tokens`` gets a prefill worker, when
-    the least-loaded prefill worker has ``min_prefill_queue_depth`` requests."""
+    the least-loaded prefill worker has ``min_prefill_queue_depth`` requests.
+
+    With the time model (routing/cost.py): also not when the least-busy prefill worker's
+    queued prefill (``prefill_wait_s``) takes longer than the decode worker would take to
+    prefill the prompt itself, its own queue included (``local_prefill_s``): the handoff
+    would only add that wait. Workers that report no load in tokens have no wait, so
+    there the request count alone decides, as before."""
     if num_missing_tokens == 0 or num_missing_tokens < config.min_remote_prefill_tokens:
         return PlanReason.FEW_MISSING_TOKENS  # (nothing to send is never worth a handoff)
     if min_prefill_queue_depth >= config.max_prefill_queue_depth:
+        return PlanReason.PREFILL_BUSY
+    if prefill_wait_s > local_prefill_s:
         return PlanReason.PREFILL_BUSY
     return PlanReason.MANY_MISSING_TOKENS
 
@@ -194,6 +208,7 @@ class Placement:
         self._index = index
         self.config = config
         self.in_flight_ttl_s = in_flight_ttl_s  # 0: remember nothing
+        self._costs = costs
         self._placed = PlacedWork(costs.per_prefill_token_s)
 
     def plan(
@@ -279,7 +294,12 @@ class Placement:
             request.num_prompt_tokens, request.block_size, num_cached_blocks
         )
         min_queue_depth = min(w.queue_depth for w in prefill_candidates)
-        reason = decide(num_missing, min_queue_depth, self.config)
+        per_token_s = self._costs.per_prefill_token_s
+        prefill_wait_s = min(w.num_prefill_tokens for w in prefill_candidates) * per_token_s
+        decode_view = next(w for w in workers if w.worker_id == decode.worker_id)
+        local_prefill_s = (decode_view.num_prefill_tokens + num_missing) * per_token_s
+        reason = decide(num_missing, min_queue_depth, self.config,
+                        prefill_wait_s=prefill_wait_s, local_prefill_s=local_prefill_s)  # fmt: skip
         if reason is not PlanReason.MANY_MISSING_TOKENS:
             return Colocated(decode, reason)
         prefill = self._prefill.route(

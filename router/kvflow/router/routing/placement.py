@@ -1,13 +1,16 @@
 """Placement: where one choice of a request runs, as an execution plan. Pure: no I/O.
 
-1. The decode profile (`both` and `decode` workers, scored as configured: cached prefix
-   blocks minus queue depth by default) picks the worker that streams tokens.
+1. The decode profile (`both` and `decode` workers, scored as configured: by default the
+   seconds the request would cost there, routing/cost.py) picks the worker that streams
+   tokens. The views are first corrected by the prompt tokens placed since each worker's
+   last load report (`PlacedWork`).
 2. A `both` worker serves colocated. A `decode` worker gets a prefill worker only when that
-   pays (`decide`): it lacks at least `min_remote_prefill_tokens` of the prompt, and the
-   least-loaded prefill worker has fewer than `max_prefill_queue_depth` requests. Otherwise
-   it prefills itself.
-3. The prefill profile (`prefill` workers) scores each by its own cached blocks of what the
-   decode worker lacks, minus its queue.
+   pays (`decide`): it lacks at least `min_remote_prefill_tokens` of the prompt, the
+   least-loaded prefill worker has fewer than `max_prefill_queue_depth` requests, and its
+   queued prefill takes no longer than the decode worker's own prefill of the prompt.
+   Otherwise it prefills itself.
+3. The prefill profile (`prefill` workers) scores each by the same scorers, crediting its
+   cached blocks only past what the decode worker holds.
 
 A plan names its workers and why; serving/ carries it out. A retry asks for a new plan with
 the failed workers excluded; a plan is never patched.

@@ -178,3 +178,24 @@ def test_a_failing_step_aborts_in_flight_requests_and_keeps_serving() -> None:
             loop.stop()
 
     asyncio.run(main())
+
+
+def test_the_load_report_counts_prompt_tokens_to_prefill_and_decoding_kv() -> None:
+    config = EngineConfig(
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512, block_size=BS
+        ),
+        num_kv_blocks=64,
+        vocab_size=1000,
+        eos_token_ids=(999,),
+        hash_seed=b"s",
+    )
+    engine = Engine(config, FakeRunner(block_size=BS, vocab_size=1000, eos_token_id=999))
+    loop = EngineLoop(engine)  # not started: the load is computed on this thread
+    engine.add_request("a", [1] * 30, SamplingParams(max_tokens=5, ignore_eos=True))
+    loop._update_load()
+    assert (loop.load.num_prefill_tokens, loop.load.num_decode_seqs) == (30, 0)
+    engine.step()  # the whole prompt in one step: the request decodes from now on
+    loop._update_load()
+    assert (loop.load.num_prefill_tokens, loop.load.num_decode_seqs) == (0, 1)
+    assert loop.load.num_kv_tokens == 30

@@ -22,7 +22,7 @@ from kvflow.router.workers.discovery import (
 
 def test_config_defaults_and_overrides() -> None:
     default = parse_config(None)
-    assert default.weights == {"prefix_blocks": 1.0, "queue_depth": 1.0, "session": 8.0}
+    assert default.weights == {"time_cost": 1.0, "session": 0.01}
     assert default.tenants.is_open and default.max_body_bytes == 8 * 1024 * 1024
     config = parse_config(
         {

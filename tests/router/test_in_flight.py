@@ -10,7 +10,7 @@ from kvflow.proto.block_hash import BlockHash, block_hashes, make_hash_seed
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.in_flight import InFlightBlocks
-from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
+from kvflow.router.routing.pipeline import BLOCK_WEIGHTS
 from kvflow.router.routing.placement import (
     MAX_IN_FLIGHT_BLOCKS,
     DisaggregationConfig,
@@ -129,7 +129,7 @@ def view(name: str, queue: int = 0) -> WorkerView:
 
 
 def placement(index: BlockIndex, ttl_s: float = 5.0) -> Placement:
-    return build_placement(DEFAULT_WEIGHTS, DisaggregationConfig(), index=index,
+    return build_placement(BLOCK_WEIGHTS, DisaggregationConfig(), index=index,
                            sessions=SessionTable(), rng=random.Random(0),
                            in_flight_ttl_s=ttl_s)  # fmt: skip
 

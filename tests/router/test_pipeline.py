@@ -10,7 +10,7 @@ import pytest
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import (
-    DEFAULT_WEIGHTS,
+    BLOCK_WEIGHTS,
     SERVING_ROLES,
     RoutingConfigError,
     build_pipeline,
@@ -34,7 +34,7 @@ def worker(
     return WorkerView(WorkerId(name), model, role, healthy, queue, kv)
 
 
-def make(weights=DEFAULT_WEIGHTS, seed: int = 0, roles=SERVING_ROLES):  # type: ignore[no-untyped-def]
+def make(weights=BLOCK_WEIGHTS, seed: int = 0, roles=SERVING_ROLES):  # type: ignore[no-untyped-def]
     index, sessions = BlockIndex(), SessionTable()
     pipeline = build_pipeline(
         weights, index=index, sessions=sessions, rng=random.Random(seed), roles=roles
@@ -103,7 +103,7 @@ def test_skipped_blocks_do_not_count_for_the_prefix_scorer() -> None:
 
 
 # The KV-usage scorer is off by default; the gateway's configuration can weigh it in.
-WITH_KV_USAGE = {**DEFAULT_WEIGHTS, "kv_usage": 2.0}
+WITH_KV_USAGE = {**BLOCK_WEIGHTS, "kv_usage": 2.0}
 
 
 def test_kv_usage_scorer_prefers_the_emptier_cache() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
 from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
+from kvflow.router.routing.pipeline import BLOCK_WEIGHTS
 from kvflow.router.routing.placement import (
     Colocated,
     Disaggregated,
@@ -73,7 +73,7 @@ def plan_for(
     workers: list[WorkerView],
     cached: dict[str, int] | None = None,
     config: DisaggregationConfig = CONFIG,
-    weights=DEFAULT_WEIGHTS,  # type: ignore[no-untyped-def]
+    weights=BLOCK_WEIGHTS,  # type: ignore[no-untyped-def]
     excluded: frozenset[str] = frozenset(),
 ):  # type: ignore[no-untyped-def]
     index = BlockIndex()

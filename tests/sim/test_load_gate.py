@@ -1,5 +1,6 @@
-"""The default router's load gate: a cached prefix wins only among workers that are not
-much busier than average (plugins.LoadGate, wired by build_pipeline)."""
+"""The block policy's load gate (BLOCK_WEIGHTS, the default before the time-based scorer):
+a cached prefix wins only among workers that are not much busier than average
+(plugins.LoadGate, wired by build_pipeline)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
 from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS, build_pipeline
+from kvflow.router.routing.pipeline import BLOCK_WEIGHTS, build_pipeline
 from kvflow.router.routing.plugins import LoadGate
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
@@ -22,7 +23,7 @@ def view(name: str, queue: int) -> WorkerView:
 def route(queues: dict[str, int], gate: LoadGate | None) -> str:
     index = BlockIndex()
     index.add(WorkerId("hot"), PROMPT)  # a 6,000-token prefix: 375 blocks
-    pipeline = build_pipeline(DEFAULT_WEIGHTS, index=index, sessions=SessionTable(),
+    pipeline = build_pipeline(BLOCK_WEIGHTS, index=index, sessions=SessionTable(),
                               rng=random.Random(0), gate=gate)  # fmt: skip
     decision = pipeline.route(RouteRequest("m", PROMPT), [view(n, q) for n, q in queues.items()])
     assert decision is not None

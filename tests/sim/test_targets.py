@@ -105,3 +105,22 @@ def test_numbers_without_a_target_are_reported_as_info_never_met() -> None:
     [info] = [v for v in verdicts(result) if v.name.startswith("mooncake 10 req/s")]
     assert not info.is_target and info.value == pytest.approx(0.8)
     assert f"info {info.name}" in render(result) and "met  mooncake 10" not in render(result)
+
+
+def test_family_targets_judge_up_to_least_loadeds_knee_and_round_robin_past_it() -> None:
+    from kvflow.cli.sim.targets import family_targets
+
+    ladders = {
+        "kvflow": ladder([0.20, 0.30, 2.0]),
+        "least-loaded": ladder([0.25, 0.30, 5.0]),  # knee: the first two rungs
+        "ideal": ladder([0.19, 0.28, 1.5]),
+        "round-robin": ladder([0.25, 0.35, 6.0]),
+    }
+    p90_ll, p90_ideal, p50, past = family_targets("conv", ladders, SLO)
+    assert p90_ll.is_met and p90_ll.value == pytest.approx(1.0)
+    assert p90_ideal.is_met and p90_ideal.value == pytest.approx(0.30 / 0.28)
+    assert p50.is_met
+    assert past.is_met and past.value == pytest.approx(2.0 / 6.0)
+    ladders["kvflow"] = ladder([0.20, 0.32, 4.0])
+    p90_ll, p90_ideal, _, past = family_targets("conv", ladders, SLO)
+    assert not p90_ll.is_met and not p90_ideal.is_met and not past.is_met

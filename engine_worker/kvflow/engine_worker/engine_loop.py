@@ -359,6 +359,14 @@ class EngineLoop:
 
     def _update_load(self) -> None:
         kv = self.engine.kv_cache
+        num_prefill = num_decode = num_kv = 0
+        for request in self.engine.requests.values():  # one pass over the open requests
+            left = request.num_prompt_tokens - request.num_computed_tokens
+            if left > 0:
+                num_prefill += left
+            else:
+                num_decode += 1
+                num_kv += request.num_computed_tokens
         self.load = LoadSnapshot(
             num_waiting=self.engine.scheduler.num_waiting,
             num_running=self.engine.scheduler.num_running,
@@ -368,4 +376,7 @@ class EngineLoop:
             num_total_blocks=kv.num_total_blocks,
             prefix_hit_rate=kv.stats.hit_rate,
             num_kv_transfers=self.engine.scheduler.num_kv_transfers,
+            num_prefill_tokens=num_prefill,
+            num_decode_seqs=num_decode,
+            num_kv_tokens=num_kv,
         )

@@ -55,6 +55,11 @@ class LoadSnapshot:
     num_total_blocks: int = 0
     prefix_hit_rate: float = 0.0
     num_kv_transfers: int = 0
+    # The load in tokens (LoadResponse): prompt tokens not computed yet, requests past
+    # their prompt, the KV tokens those hold.
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+    num_kv_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -363,6 +363,9 @@ class WorkerService(pb_grpc.WorkerServicer):
             num_free_blocks=load.num_free_blocks,
             num_total_blocks=load.num_total_blocks,
             num_kv_transfers=load.num_kv_transfers,
+            num_prefill_tokens=load.num_prefill_tokens,
+            num_decode_seqs=load.num_decode_seqs,
+            num_kv_tokens=load.num_kv_tokens,
         )
 
     async def SubscribeKvEvents(  # noqa: N802

@@ -324,7 +324,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "kv_usage", "num_cached_blocks", "num_free_blocks", "num_total_blocks", "num_kv_transfers", "max_waiting_requests", "queue_drain_rate_per_s")
+    __slots__ = ("num_waiting", "num_running", "kv_usage", "num_cached_blocks", "num_free_blocks", "num_total_blocks", "num_kv_transfers", "max_waiting_requests", "queue_drain_rate_per_s", "num_prefill_tokens", "num_decode_seqs", "num_kv_tokens")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +334,9 @@ class LoadResponse(_message.Message):
     NUM_KV_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DRAIN_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DECODE_SEQS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     kv_usage: float
@@ -343,7 +346,10 @@ class LoadResponse(_message.Message):
     num_kv_transfers: int
     max_waiting_requests: int
     queue_drain_rate_per_s: float
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_cached_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_kv_transfers: _Optional[int] = ..., max_waiting_requests: _Optional[int] = ..., queue_drain_rate_per_s: _Optional[float] = ...) -> None: ...
+    num_prefill_tokens: int
+    num_decode_seqs: int
+    num_kv_tokens: int
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_cached_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_kv_transfers: _Optional[int] = ..., max_waiting_requests: _Optional[int] = ..., queue_drain_rate_per_s: _Optional[float] = ..., num_prefill_tokens: _Optional[int] = ..., num_decode_seqs: _Optional[int] = ..., num_kv_tokens: _Optional[int] = ...) -> None: ...
 
 class SubscribeKvEventsRequest(_message.Message):
     __slots__ = ()

@@ -2,7 +2,7 @@
 
 ```yaml
 routing:
-  weights: {prefix_blocks: 1.0, queue_depth: 1.0, kv_usage: 0.0, session: 8.0}
+  weights: {time_cost: 1.0, session: 0.01}   # prefix_blocks, queue_depth, kv_usage: block policy
   session_header: x-session-id
   max_blocks_per_worker: 262144
 tenants:
@@ -53,7 +53,7 @@ from kvflow.router.config_fields import check_keys, parse_disaggregation, sectio
 from kvflow.router.models.pools import PoolSpec, parse_pools
 from kvflow.router.models.routes import ModelRoutes, parse_models
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
-from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS
+from kvflow.router.routing.pipeline import BLOCK_SCORERS, BLOCK_WEIGHTS, DEFAULT_WEIGHTS
 from kvflow.router.routing.placement import DisaggregationConfig
 from kvflow.router.serving.admission import AdmissionConfig
 from kvflow.router.tenants.config import (
@@ -161,8 +161,12 @@ def parse_config(raw: object) -> RouterConfig:
     )
     routing = section(raw, "routing")
     check_keys(routing, {"weights", "session_header", "max_blocks_per_worker"}, "routing")
-    weights = dict(DEFAULT_WEIGHTS)
-    weights.update(section(routing, "weights"))
+    configured = section(routing, "weights")
+    # Weights naming the block policy's scorers (blocks, requests, a fraction) and not the
+    # time scorer extend that policy: its units do not mix with seconds.
+    is_block_policy = "time_cost" not in configured and bool(set(configured) & BLOCK_SCORERS)
+    weights = dict(BLOCK_WEIGHTS if is_block_policy else DEFAULT_WEIGHTS)
+    weights.update(configured)
     limits = section(raw, "limits")
     check_keys(limits, {"max_body_bytes", "default_max_tokens", "max_tokens_limit"}, "limits")
     prefixes = []

@@ -1,6 +1,9 @@
 """The routing policies a comparison runs side by side, each built on the real pipeline.
 
-- ``kvflow``: the gateway's placement with its default weights and load gate (what ships).
+- ``kvflow``: the gateway's placement with its default weights and load gate (what ships:
+  the time-based scorer, routing/cost.py), given the cluster profile's step model.
+- ``kvflow-blocks``: the previous default (cached prefix blocks - queue depth + 8 x
+  session, the load gate in requests), for comparison.
 - ``round-robin``: the default filters and a picker that takes the next worker in turn.
 - ``random``: the default filters and a picker that draws any worker at random.
 - ``least-loaded``: the queue-depth scorer alone.
@@ -20,8 +23,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.cost import StepCosts, WaitGate
 from kvflow.router.routing.pipeline import (
+    BLOCK_WEIGHTS,
     DEFAULT_LOAD_GATE,
+    DEFAULT_WAIT_GATE_FRACTION,
+    DEFAULT_WAIT_GATE_SLACK_S,
     DEFAULT_WEIGHTS,
     SERVING_ROLES,
     RoutingPipeline,
@@ -90,7 +97,8 @@ def _filters() -> list[HealthyFilter | ModelFilter | RoleFilter | ExcludedFilter
     return [HealthyFilter(), ModelFilter(), RoleFilter(SERVING_ROLES), ExcludedFilter()]
 
 
-Builder = Callable[[BlockIndex, SessionTable, random.Random], Planner]
+# The router's index and sessions, the run's random stream, and the workers' step model.
+Builder = Callable[[BlockIndex, SessionTable, random.Random, StepCosts], Planner]
 
 
 @dataclass(frozen=True)
@@ -103,41 +111,63 @@ class Arm:
 def _weights(weights: dict[str, float]) -> Builder:
     """One pipeline, no load gate: the baselines are the plain policies users know."""
 
-    def build(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+    def build(
+        index: BlockIndex, sessions: SessionTable, rng: random.Random, costs: StepCosts
+    ) -> Planner:
         pipeline = build_pipeline(weights, index=index, sessions=sessions, rng=rng, gate=None)
         return ColocatedPlanner(pipeline)
 
     return build
 
 
-def _default(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
-    """Exactly what the gateway builds from a configuration without a routing section."""
-    return build_placement(
-        DEFAULT_WEIGHTS, DisaggregationConfig(), index=index, sessions=sessions, rng=rng
-    )
+def _default(
+    index: BlockIndex, sessions: SessionTable, rng: random.Random, costs: StepCosts
+) -> Planner:
+    """What the gateway builds from a configuration without a routing section, given the
+    workers' step model."""
+    return build_placement(DEFAULT_WEIGHTS, DisaggregationConfig(), index=index,
+                           sessions=sessions, rng=rng, costs=costs)  # fmt: skip
+
+
+def _blocks(
+    index: BlockIndex, sessions: SessionTable, rng: random.Random, costs: StepCosts
+) -> Planner:
+    """The previous default: blocks, requests and its gate in requests."""
+    return build_placement(BLOCK_WEIGHTS, DisaggregationConfig(), index=index,
+                           sessions=sessions, rng=rng)  # fmt: skip
+
+
+Gate = LoadGate | WaitGate | None
 
 
 def _placement(
-    weights: Mapping[str, float], gate: LoadGate | None, in_flight_ttl_s: float
+    weights: Mapping[str, float], gate: Callable[[StepCosts], Gate], in_flight_ttl_s: float
 ) -> Builder:
     """The gateway's placement with other weights, another gate or another in-flight TTL
     (build_placement's two profiles: the prefill one without session affinity)."""
 
-    def build(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
-        decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng, gate=gate)
+    def build(
+        index: BlockIndex, sessions: SessionTable, rng: random.Random, costs: StepCosts
+    ) -> Planner:
+        decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng,
+                                gate=gate(costs), costs=costs)  # fmt: skip
         prefill_weights = {name: w for name, w in weights.items() if name != "session"}
         prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
-                                 roles=PREFILL_ROLES, gate=gate)  # fmt: skip
-        return Placement(decode, prefill, index, DisaggregationConfig(), in_flight_ttl_s)
+                                 roles=PREFILL_ROLES, gate=gate(costs), costs=costs)  # fmt: skip
+        return Placement(decode, prefill, index, DisaggregationConfig(), in_flight_ttl_s, costs)
 
     return build
 
 
-def _round_robin(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+def _round_robin(
+    index: BlockIndex, sessions: SessionTable, rng: random.Random, costs: StepCosts
+) -> Planner:
     return ColocatedPlanner(RoutingPipeline(_filters(), [], RoundRobinPicker()))
 
 
-def _random(index: BlockIndex, sessions: SessionTable, rng: random.Random) -> Planner:
+def _random(
+    index: BlockIndex, sessions: SessionTable, rng: random.Random, costs: StepCosts
+) -> Planner:
     return ColocatedPlanner(RoutingPipeline(_filters(), [], RandomPicker(rng)))
 
 
@@ -145,6 +175,7 @@ ARMS: dict[str, Arm] = {
     arm.name: arm
     for arm in (
         Arm("kvflow", _default),
+        Arm("kvflow-blocks", _blocks),
         Arm("round-robin", _round_robin),
         Arm("least-loaded", _weights({"queue_depth": 1.0})),
         Arm("random", _random),
@@ -155,25 +186,28 @@ ARMS: dict[str, Arm] = {
 
 
 def resolve_arm(spec: str) -> Arm:
-    """An arm by name, or ``kvflow:<key>=<value>,...``: the gateway's placement with other
-    routing weights (scorer names), load gate (``gate=off``, ``gate_fraction=``,
-    ``gate_requests=``) or memory of its placements (``in_flight_ttl=<s>``, 0: none), the
-    rest at their defaults."""
+    """An arm by name, or ``kvflow:<key>=<value>,...`` (``kvflow-blocks:...``): the
+    gateway's placement with other routing weights (scorer names), load gate (``gate=off``,
+    ``gate_fraction=``, and ``gate_s=`` for the time-based default's gate in seconds,
+    ``gate_requests=`` for the block default's in requests) or memory of its placements
+    (``in_flight_ttl=<s>``, 0: none), the rest at their defaults."""
     if spec in ARMS:
         return ARMS[spec]
     name, _, settings = spec.partition(":")
-    if name != "kvflow" or not settings:
+    if name not in ("kvflow", "kvflow-blocks") or not settings:
         raise ValueError(
             f"unknown arm {spec!r}: use one of {', '.join(ARMS)} or kvflow:key=value,..."
         )
-    weights = dict(DEFAULT_WEIGHTS)
-    gate: LoadGate | None = DEFAULT_LOAD_GATE
-    fraction, requests = DEFAULT_LOAD_GATE.slack_fraction, DEFAULT_LOAD_GATE.slack_requests
+    is_timed = name == "kvflow"
+    weights = dict(DEFAULT_WEIGHTS if is_timed else BLOCK_WEIGHTS)
+    is_gated = True
+    fraction = DEFAULT_WAIT_GATE_FRACTION if is_timed else DEFAULT_LOAD_GATE.slack_fraction
+    slack = DEFAULT_WAIT_GATE_SLACK_S if is_timed else DEFAULT_LOAD_GATE.slack_requests
     in_flight_ttl_s = DEFAULT_IN_FLIGHT_TTL_S
     for item in settings.split(","):
         key, _, value = item.partition("=")
         if key == "gate" and value == "off":
-            gate = None
+            is_gated = False
             continue
         try:
             number = float(value)
@@ -181,14 +215,18 @@ def resolve_arm(spec: str) -> Arm:
             raise ValueError(f"arm {spec!r}: {item!r} is not <key>=<number>") from None
         if key == "gate_fraction":
             fraction = number
-        elif key == "gate_requests":
-            requests = number
+        elif key == ("gate_s" if is_timed else "gate_requests"):
+            slack = number
         elif key == "in_flight_ttl":
             if number < 0:
                 raise ValueError(f"arm {spec!r}: in_flight_ttl must be >= 0")
             in_flight_ttl_s = number
         else:
             weights[key] = number
-    if gate is not None:
-        gate = LoadGate(fraction, requests)
+
+    def gate(costs: StepCosts) -> Gate:
+        if not is_gated:
+            return None
+        return WaitGate(costs, fraction, slack) if is_timed else LoadGate(fraction, slack)
+
     return Arm(spec, _placement(weights, gate, in_flight_ttl_s))

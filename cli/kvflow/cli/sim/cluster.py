@@ -32,6 +32,7 @@ from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.engine_worker.sim.timing import StepTimer
 from kvflow.proto.block_hash import make_hash_seed
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
+from kvflow.router.routing.cost import StepCosts
 from kvflow.router.routing.placement import Colocated, PlacementRequest
 from kvflow.router.routing.types import WorkerId, WorkerRole
 from kvflow.router.serving.admission import AdmissionConfig, Verdict
@@ -40,6 +41,15 @@ from kvflow.router.serving.admission import AdmissionConfig, Verdict
 # are its token ids.
 VOCAB_SIZE = 49152
 EOS_TOKEN_IDS = (2,)
+
+
+def step_costs(profile: SimProfile) -> StepCosts:
+    """The router's view of the workers' step model: the profile's own coefficients (the
+    simulated workers' timing, less its per-prefill-sequence term, which the router's
+    model leaves out: a fitted profile's is a few ms per prompt, alike on every worker)."""
+    t = profile.timing
+    return StepCosts(t.base_step_s, t.per_prefill_token_s, t.per_decode_seq_s,
+                     t.per_kv_token_s, profile.max_num_batched_tokens)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,8 @@ class VirtualCluster:
         # their policies', not their draws' (a single TTFT P90 of a few hundred requests
         # moved by 18 % with the draws alone).
         rng = random.Random(f"{seed}/router")
-        self._planner = arm.build(self.router.index, self.router.sessions, rng)
+        self._planner = arm.build(self.router.index, self.router.sessions, rng,
+                                  step_costs(spec.profile))  # fmt: skip
         self._inflight: dict[str, _InFlight] = {}
         self._num_pending = 0  # submitted, not yet arrived
         self.records: list[RequestRecord] = []

@@ -17,6 +17,10 @@ every arm). Workloads:
   its first 60 s (divided by the speed-up) unmeasured.
 - ``no-reuse``: 7,200-token prompts of fresh text and 100 output tokens; nothing to warm,
   so 100 warm-up requests then 400 measured.
+- the generated trace families (``trace_families.FAMILIES``: ``conv-7k``,
+  ``conv-7k-turns``, ``conv-2k-turns``, ``agent``): conversations with a shared system
+  prompt and growing histories, and agents with long shared tool preambles, each 1,000
+  requests (500 with ``--quick``) at 1x, 2x, 4x, their first 30 s / speed unmeasured.
 
 ``--quick`` keeps the shapes and cuts the rungs and requests (a few minutes).
 """
@@ -42,17 +46,23 @@ from kvflow.cli.sim.ladders import SimLadder, run_ladder
 from kvflow.cli.sim.targets import (
     Verdict,
     balance_target,
+    family_targets,
     hit_rate_target,
     knee_target,
     parity_target,
     ttft_targets,
 )
+from kvflow.cli.sim.trace_families import FAMILIES, family
 
 ARMS = ("kvflow", "round-robin", "least-loaded", "random", "session", "ideal", "kvflow:gate=off")
 SHARED_PREFIX_RATES: tuple[float, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90)
 HOT_PREFIX_RATES: tuple[float, ...] = (20, 40, 60)
 NO_REUSE_RATES: tuple[float, ...] = (5, 10, 15, 20, 25, 30)
 TRACE_SPEEDUPS: tuple[float, ...] = (1, 2, 4)
+# A generated family's trace under --quick (the full one has 1,000 requests), and the
+# schedule left unmeasured at 1x (divided by the speed-up): the first sessions' turns.
+QUICK_FAMILY_REQUESTS = 500
+FAMILY_WARMUP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,12 @@ def ladders(config: ComparisonConfig) -> list[SimLadder]:
             out.append(SimLadder(name, NoReuseWorkload(7200, 100), poisson(rates), config.slo,
                                  config.seed, warmup_requests=n // 6,
                                  measured_requests=2 * n // 3))  # fmt: skip
+        elif name in FAMILIES:
+            records = family(name, num_requests=QUICK_FAMILY_REQUESTS if quick else None,
+                             seed=config.seed)  # fmt: skip
+            speeds = [LoadPoint(ArrivalKind.TRACE, s) for s in TRACE_SPEEDUPS]
+            out.append(SimLadder(name, TraceWorkload(records, name=name), speeds, config.slo,
+                                 config.seed, trace_warmup_s=FAMILY_WARMUP_S))  # fmt: skip
         elif name == "mooncake":
             records = load_trace(config.trace_path)
             if quick:
@@ -101,7 +117,8 @@ def ladders(config: ComparisonConfig) -> list[SimLadder]:
             out.append(SimLadder(name, TraceWorkload(records), speeds, config.slo, config.seed))
         else:
             raise ValueError(
-                f"unknown workload {name!r}: shared-prefix, mooncake, no-reuse or hot-prefix"
+                f"unknown workload {name!r}: shared-prefix, mooncake, no-reuse, hot-prefix "
+                f"or a trace family ({', '.join(FAMILIES)})"
             )
     return out
 
@@ -164,11 +181,15 @@ def verdicts(result: ComparisonResult) -> list[Verdict]:
     if {"kvflow", "round-robin", "least-loaded"} <= set(sp):
         out.append(knee_target(sp, ["round-robin", "least-loaded"]))
         out += ttft_targets(sp, "round-robin", slo)
-    for workload in ("shared-prefix", "mooncake", "hot-prefix"):
+    for workload in ("shared-prefix", "mooncake", "hot-prefix", *FAMILIES):
         ladders_ = result.by_workload(workload)
         if {"kvflow", "ideal"} <= set(ladders_):
             out.append(hit_rate_target(workload, ladders_, slo))
-    for workload in ("shared-prefix", "mooncake", "no-reuse", "hot-prefix"):
+    for workload in FAMILIES:
+        ladders_ = result.by_workload(workload)
+        if {"kvflow", "least-loaded"} <= set(ladders_):
+            out += family_targets(workload, ladders_, slo)
+    for workload in ("shared-prefix", "mooncake", "no-reuse", "hot-prefix", *FAMILIES):
         ladders_ = result.by_workload(workload)
         if "kvflow" in ladders_:
             out.append(balance_target(workload, ladders_))

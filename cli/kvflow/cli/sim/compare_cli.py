@@ -29,7 +29,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", nargs="+", default=list(ARMS),
                    help="routing arms; kvflow:<scorer>=<weight>,... runs the gateway's "
                    "placement with other weights")  # fmt: skip
-    p.add_argument("--workloads", default="shared-prefix,mooncake,no-reuse")
+    p.add_argument("--workloads", default="shared-prefix,mooncake,no-reuse",
+                   help="comma-separated: shared-prefix, mooncake, no-reuse, hot-prefix, and "
+                   "the generated trace families conv-7k, conv-7k-turns, conv-2k-turns, "
+                   "agent")  # fmt: skip
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="fewer rungs and requests")

@@ -43,6 +43,7 @@ class _Counters:
     num_waiting: int = 0  # at the last poll
     drain_rate_per_s: float = 0.0
     num_dispatched_since_report: int = 0
+    load: LoadReport | None = None  # the last poll's, for the token fields
 
 
 class RouterSide:
@@ -61,6 +62,7 @@ class RouterSide:
         w.num_waiting = load.num_waiting
         w.drain_rate_per_s = load.queue_drain_rate_per_s
         w.num_dispatched_since_report = 0
+        w.load = load
 
     def apply_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent]) -> None:
         """A batch of the worker's KV events (KvEventFollower._apply)."""
@@ -107,6 +109,12 @@ class RouterSide:
                     w.num_reported, w.num_local, w.num_local_at_report
                 ),
                 kv_usage=w.kv_usage,
+                num_prefill_tokens=w.load.num_prefill_tokens if w.load else 0,
+                num_decode_seqs=w.load.num_decode_seqs if w.load else 0,
+                num_kv_tokens=w.load.num_kv_tokens if w.load else 0,
+                kv_capacity_tokens=w.load.kv_capacity_tokens if w.load else 0,
+                num_cached_tokens=w.load.num_cached_tokens if w.load else 0,
+                load_at_s=w.load.at_s if w.load else None,
             )
             for worker_id, w in self._workers.items()
         ]

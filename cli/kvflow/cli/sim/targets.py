@@ -130,3 +130,44 @@ def parity_target(ladders: Ladders, slo: Slo, baseline: str = "least-loaded") ->
     detail = f"knee ratio {knee_ratio:.2f}; P90 ratios {_listing(ratios, '{:.3f}')}"
     name = f"no-reuse: TTFT P90 and knee vs {baseline}"
     return Verdict(name, worst <= 1.05, worst, "<= 1.05x", detail)
+
+
+def family_targets(workload: str, ladders: Ladders, slo: Slo) -> list[Verdict]:
+    """A generated trace family's targets (issue 39), at every rung where least-loaded
+    meets the SLO ("up to the knee"): TTFT P90 at most least-loaded's and within 10 % of
+    the ideal's; TTFT P50 and TPOT P50 within 5 % of least-loaded's. Past it: TTFT P90 at
+    most half of round-robin's (listed as info when no rung is past it)."""
+    ours, ll = ladders[DEFAULT_ARM], ladders["least-loaded"]
+    ideal, rr = ladders.get("ideal"), ladders.get("round-robin")
+    judged = [i for i, t in enumerate(ll) if _p90(t) <= slo.ttft_s]
+    past = [i for i in range(len(ll)) if i not in judged]
+
+    def worst(pairs: list[tuple[str, float]], name: str, limit: float, fmt: str) -> Verdict:
+        if not pairs:
+            return Verdict(f"{workload}: {name}", False, math.nan, f"<= {limit:g}x",
+                           "no rung to judge")  # fmt: skip
+        value = max(v for _, v in pairs)
+        return Verdict(f"{workload}: {name}", value <= limit, value, f"<= {limit:g}x",
+                       _listing(pairs, fmt))  # fmt: skip
+
+    def ratio(a: float | None, b: float | None) -> float:
+        return (a or 0.0) / b if b else math.inf
+
+    out = [worst([(ours[i].label, _p90(ours[i]) / _p90(ll[i])) for i in judged],
+                 "TTFT P90 vs least-loaded", 1.0, "{:.3f}")]  # fmt: skip
+    if ideal is not None:
+        out.append(worst([(ours[i].label, _p90(ours[i]) / _p90(ideal[i])) for i in judged],
+                         "TTFT P90 vs ideal", 1.10, "{:.3f}"))  # fmt: skip
+    p50 = [(ours[i].label, max(ratio(ours[i].latency.ttft_s.p50, ll[i].latency.ttft_s.p50),
+                               ratio(ours[i].latency.tpot_s.p50, ll[i].latency.tpot_s.p50)))
+           for i in judged]  # fmt: skip
+    out.append(worst(p50, "TTFT P50 and TPOT P50 vs least-loaded", 1.05, "{:.3f}"))
+    if rr is not None:
+        pairs = [(ours[i].label, _p90(ours[i]) / _p90(rr[i])) for i in past]
+        if pairs:
+            out.append(worst(pairs, "TTFT P90 past the knee vs round-robin", 0.5, "{:.2f}"))
+        else:
+            out.append(Verdict(f"{workload}: TTFT P90 past the knee vs round-robin", True,
+                               math.nan, "<= 0.5x", "no rung past least-loaded's knee",
+                               is_target=False))  # fmt: skip
+    return out

@@ -31,6 +31,14 @@ class LoadReport:
     num_running: int = 0
     kv_usage: float = 0.0
     queue_drain_rate_per_s: float = 0.0  # admissions per second while backlogged; 0: unknown
+    # The load in tokens (the time-based router's view, types.WorkerView): prompt tokens
+    # not computed yet, requests past their prompt, the KV tokens those hold, the capacity.
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+    num_kv_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    num_cached_tokens: int = 0
+    at_s: float = 0.0  # when the worker took this report (the end of its last step)
 
 
 StepDone = Callable[["SimWorker", list[RequestOutput], list[KvEvent]], None]
@@ -60,7 +68,9 @@ class SimWorker:
             block_size=config.scheduler.block_size,
         )
         self.engine = Engine(config, self.runner, clock=lambda: self._local_s)
-        self.load = LoadReport()  # as of the last finished step
+        self._kv_capacity_tokens = config.num_kv_blocks * config.scheduler.block_size
+        self._cached_at_add: dict[str, int] = {}  # request -> cached prompt tokens, until it runs
+        self.load = LoadReport(kv_capacity_tokens=self._kv_capacity_tokens)  # last step's
         self._is_stepping = False
         self.num_steps = 0
         self.busy_s = 0.0
@@ -85,8 +95,24 @@ class SimWorker:
         request = self.engine.add_request(
             request_id, prompt_token_ids, sampling, wants_remote_kv=wants_remote_kv
         )
+        self._cached_at_add[request_id] = self._num_cached_tokens(request)
         self.kick()
         return request
+
+    def _num_cached_tokens(self, request: Request) -> int:
+        """The prompt's leading tokens the prefix cache holds now (the load report counts a
+        waiting prompt less these, as its prefill will). The hashes are the ones the
+        scheduler computes for the request anyway (incrementally, once)."""
+        kv_cache = self.engine.kv_cache
+        if not kv_cache.enable_prefix_caching:
+            return 0
+        kv_cache._update_hashes(request)  # the same hashes the scheduler computes, once
+        num = 0
+        for block_hash in request.block_hashes:
+            if kv_cache.pool.get_cached_block(block_hash) is None:
+                break
+            num += 1
+        return min(num * kv_cache.block_size, request.num_prompt_tokens - 1)
 
     def add_prefill_request(
         self, request_id: str, prompt_token_ids: Sequence[int], first_token: int, end_token: int
@@ -137,11 +163,29 @@ class SimWorker:
     def _finish(self, outputs: list[RequestOutput], kv_events: list[KvEvent]) -> None:
         self._is_stepping = False
         scheduler = self.engine.scheduler
+        num_prefill = num_decode = num_kv = 0
+        cached_at_add = self._cached_at_add
+        for request in self.engine.requests.values():
+            computed = request.num_computed_tokens or cached_at_add.get(request.request_id, 0)
+            left = request.num_prompt_tokens - computed
+            if request.num_computed_tokens:
+                cached_at_add.pop(request.request_id, None)
+            if left > 0:
+                num_prefill += left
+            else:
+                num_decode += 1
+                num_kv += request.num_computed_tokens
         self.load = LoadReport(
             scheduler.num_waiting,
             scheduler.num_running,
             self.engine.kv_cache.pool.usage,
             self.engine.queue_stats.drain_rate_per_s,
+            num_prefill,
+            num_decode,
+            num_kv,
+            self._kv_capacity_tokens,
+            self.engine.kv_cache.pool.num_cached_blocks * self.engine.kv_cache.block_size,
+            self._events.now_s,
         )
         self._on_step_done(self, outputs, kv_events)
         self.kick()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.cost import DEFAULT_STEP_COSTS, StepCosts, TimeCostScorer, WaitGate
 from kvflow.router.routing.plugins import (
     ExcludedFilter,
     Filter,
@@ -31,23 +33,52 @@ from kvflow.router.routing.types import (
     WorkerView,
 )
 
-# score = 1 x cached prefix blocks - 1 x queue depth + 8 x same session.
-# One cached block (16 tokens of prefill saved) weighs as much as one queued request;
-# returning to a session's worker as eight, enough to keep a conversation in place against
-# small load differences but not against a real backlog. The KV-usage scorer is off by
-# default (weight 0, as the operator's CRD has it): its reading is up to 250 ms old, so a
-# worker just sent a long prompt still looks empty and draws the next one too; on the
-# routing comparison's no-reuse control a weight of 2 put the default 6-33 % behind
-# least-loaded at TTFT P90 (docs/benchmarks.md, "No-reuse control").
+# score = - the seconds the request would cost on the worker (routing/cost.py: its queued
+# and own prefill, its decode beside the worker's decodes, the stall it puts on those, the
+# KV it would evict) + 0.01 s for the session's last worker (a tie-break between workers
+# within 10 ms of each other: the session's history is already in the time, as cached
+# blocks). Why time and not blocks and requests: docs/router.md, "Routing".
 DEFAULT_WEIGHTS: Mapping[str, float] = {
+    "time_cost": 1.0,
+    "session": 0.01,
+}
+
+# The previous default, selectable by these weights (`routing.weights`) and as the
+# comparison's `kvflow-blocks` arm: 1 x cached prefix blocks - 1 x queue depth + 8 x same
+# session. One cached block (16 tokens of prefill saved) weighs as much as one queued
+# request; returning to a session's worker as eight. The KV-usage scorer is off (weight
+# 0): its reading is up to 250 ms old, so a worker just sent a long prompt still looks
+# empty and draws the next one too (docs/benchmarks.md, "No-reuse control").
+BLOCK_WEIGHTS: Mapping[str, float] = {
     "prefix_blocks": 1.0,
     "queue_depth": 1.0,
     "session": 8.0,
 }
 
+# The block policy's own scorers: weights that name one of them (and not time_cost) start
+# from BLOCK_WEIGHTS (settings.py), so that a configuration written for that policy, as
+# the operator's CRD renders one, keeps meaning what it meant.
+BLOCK_SCORERS = frozenset({"prefix_blocks", "queue_depth", "kv_usage"})
+
+# Totals within this many seconds tie (the time scorer's picker): below what the model
+# can tell apart, so equal workers take turns (plugins.MaxScorePicker).
+TIME_TIE_S = 1e-3
+
 # A worker whose queue is over 1.5 x the pool's mean + 4 gets nothing while another is
 # under that line (plugins.LoadGate; why these numbers: docs/router.md, "Routing").
 DEFAULT_LOAD_GATE = LoadGate(slack_fraction=0.5, slack_requests=4.0)
+# With the time scorer, the same gate in seconds of queued prefill: over 1.5 x the mean + 1 s
+# (a few long prompts' prefill) gets nothing while another worker is under it.
+DEFAULT_WAIT_GATE_FRACTION = 0.5
+DEFAULT_WAIT_GATE_SLACK_S = 1.0
+
+
+class AutoGate(enum.Enum):
+    """``build_pipeline``'s default gate: in seconds with the time scorer, else in
+    requests."""
+
+    AUTO = "auto"
+
 
 # Workers that stream tokens to clients: `both` workers serve colocated, `decode` workers
 # prefill locally or receive a prefill worker's blocks (placement.py).
@@ -70,7 +101,7 @@ class RoutingPipeline:
         filters: Sequence[Filter],
         scorers: Sequence[WeightedScorer],
         picker: Picker,
-        gate: LoadGate | None = None,
+        gate: LoadGate | WaitGate | None = None,
     ) -> None:
         self._filters = tuple(filters)
         self._scorers = tuple(scorers)
@@ -101,10 +132,15 @@ class RoutingPipeline:
             for worker_id, value in values.items():
                 totals[worker_id] += weighted.weight * value
         chosen = self._picker.pick([(w, totals[w.worker_id]) for w in candidates])
+        scores = {name: values[chosen.worker_id] for name, values in per_scorer.items()}
+        for weighted in self._scorers:  # what a scorer reports beside its value
+            details = getattr(weighted.scorer, "details", None)
+            if details is not None:
+                scores.update(details(chosen.worker_id))
         return RouteDecision(
             worker_id=chosen.worker_id,
             score=totals[chosen.worker_id],
-            scores={name: values[chosen.worker_id] for name, values in per_scorer.items()},
+            scores=scores,
             num_candidates=len(candidates),
             role=chosen.role,
         )
@@ -117,11 +153,14 @@ def build_pipeline(
     sessions: SessionTable,
     rng: random.Random,
     roles: Iterable[WorkerRole] = SERVING_ROLES,
-    gate: LoadGate | None = DEFAULT_LOAD_GATE,
+    gate: LoadGate | WaitGate | AutoGate | None = AutoGate.AUTO,
+    costs: StepCosts = DEFAULT_STEP_COSTS,
 ) -> RoutingPipeline:
     """The default filters, workers of ``roles`` only, the load gate, and the scorers named
-    in ``weights`` (weight 0 drops a scorer)."""
+    in ``weights`` (weight 0 drops a scorer). ``costs``: the workers' step-time model, for
+    the time scorer and its gate."""
     available: dict[str, Scorer] = {
+        "time_cost": TimeCostScorer(index, costs),
         "prefix_blocks": PrefixBlocksScorer(index),
         "queue_depth": QueueDepthScorer(),
         "kv_usage": KvUsageScorer(),
@@ -140,4 +179,10 @@ def build_pipeline(
         if weight > 0:
             scorers.append(WeightedScorer(available[name], float(weight)))
     filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(roles), ExcludedFilter()]
-    return RoutingPipeline(filters, scorers, MaxScorePicker(rng), gate)
+    is_timed = any(w.scorer.name == "time_cost" for w in scorers)
+    if gate is AutoGate.AUTO:
+        gate = DEFAULT_LOAD_GATE
+        if is_timed:
+            gate = WaitGate(costs, DEFAULT_WAIT_GATE_FRACTION, DEFAULT_WAIT_GATE_SLACK_S)
+    picker = MaxScorePicker(rng, TIME_TIE_S) if is_timed else MaxScorePicker(rng)
+    return RoutingPipeline(filters, scorers, picker, gate)

@@ -1,13 +1,16 @@
 """Placement: where one choice of a request runs, as an execution plan. Pure: no I/O.
 
-1. The decode profile (`both` and `decode` workers, scored as configured: cached prefix
-   blocks minus queue depth by default) picks the worker that streams tokens.
+1. The decode profile (`both` and `decode` workers, scored as configured: by default the
+   seconds the request would cost there, routing/cost.py) picks the worker that streams
+   tokens. The views are first corrected by the prompt tokens placed since each worker's
+   last load report (`PlacedWork`).
 2. A `both` worker serves colocated. A `decode` worker gets a prefill worker only when that
-   pays (`decide`): it lacks at least `min_remote_prefill_tokens` of the prompt, and the
-   least-loaded prefill worker has fewer than `max_prefill_queue_depth` requests. Otherwise
-   it prefills itself.
-3. The prefill profile (`prefill` workers) scores each by its own cached blocks of what the
-   decode worker lacks, minus its queue.
+   pays (`decide`): it lacks at least `min_remote_prefill_tokens` of the prompt, the
+   least-loaded prefill worker has fewer than `max_prefill_queue_depth` requests, and its
+   queued prefill takes no longer than the decode worker's own prefill of the prompt.
+   Otherwise it prefills itself.
+3. The prefill profile (`prefill` workers) scores each by the same scorers, crediting its
+   cached blocks only past what the decode worker holds.
 
 A plan names its workers and why; serving/ carries it out. A retry asks for a new plan with
 the failed workers excluded; a plan is never patched.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from kvflow.proto.block_hash import BlockHash
 from kvflow.router.routing.block_hasher import PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.cost import DEFAULT_STEP_COSTS, PlacedWork, StepCosts
 from kvflow.router.routing.pipeline import SERVING_ROLES, RoutingPipeline, build_pipeline
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import (
@@ -102,13 +107,26 @@ def missing_prompt_tokens(num_prompt_tokens: int, block_size: int, num_cached_bl
 
 
 def decide(
-    num_missing_tokens: int, min_prefill_queue_depth: int, config: DisaggregationConfig
+    num_missing_tokens: int,
+    min_prefill_queue_depth: int,
+    config: DisaggregationConfig,
+    *,
+    prefill_wait_s: float = 0.0,
+    local_prefill_s: float = math.inf,
 ) -> PlanReason:
     """Whether a decode worker that lacks ``num_missing_tokens`` gets a prefill worker, when
-    the least-loaded prefill worker has ``min_prefill_queue_depth`` requests."""
+    the least-loaded prefill worker has ``min_prefill_queue_depth`` requests.
+
+    With the time model (routing/cost.py): also not when the least-busy prefill worker's
+    queued prefill (``prefill_wait_s``) takes longer than the decode worker would take to
+    prefill the prompt itself, its own queue included (``local_prefill_s``): the handoff
+    would only add that wait. Workers that report no load in tokens have no wait, so
+    there the request count alone decides, as before."""
     if num_missing_tokens == 0 or num_missing_tokens < config.min_remote_prefill_tokens:
         return PlanReason.FEW_MISSING_TOKENS  # (nothing to send is never worth a handoff)
     if min_prefill_queue_depth >= config.max_prefill_queue_depth:
+        return PlanReason.PREFILL_BUSY
+    if prefill_wait_s > local_prefill_s:
         return PlanReason.PREFILL_BUSY
     return PlanReason.MANY_MISSING_TOKENS
 
@@ -185,6 +203,7 @@ class Placement:
         index: BlockIndex,
         config: DisaggregationConfig,
         in_flight_ttl_s: float = DEFAULT_IN_FLIGHT_TTL_S,
+        costs: StepCosts = DEFAULT_STEP_COSTS,
     ) -> None:
         assert in_flight_ttl_s >= 0
         self._decode = decode
@@ -192,6 +211,8 @@ class Placement:
         self._index = index
         self.config = config
         self.in_flight_ttl_s = in_flight_ttl_s  # 0: remember nothing
+        self._costs = costs
+        self._placed = PlacedWork(costs.per_prefill_token_s)
 
     def plan(
         self,
@@ -207,11 +228,25 @@ class Placement:
         """
         if now_s is not None:
             self._index.expire_in_flight(now_s)
+            workers = [self._placed.correct(w, now_s) for w in workers]
         plan = self._plan(request, workers)
-        if plan is not None and now_s is not None and self.in_flight_ttl_s > 0:
-            caching = {w.worker_id for w in workers if w.caches_prefixes}
-            self._remember(plan, request, now_s + self.in_flight_ttl_s, caching)
+        if plan is not None and now_s is not None:
+            self._add_placed(plan, request, now_s)
+            if self.in_flight_ttl_s > 0:
+                caching = {w.worker_id for w in workers if w.caches_prefixes}
+                self._remember(plan, request, now_s + self.in_flight_ttl_s, caching)
         return plan
+
+    def _add_placed(self, plan: ExecutionPlan, request: PlacementRequest, now_s: float) -> None:
+        """The prompt tokens the plan's prefilling worker will compute, until that worker's
+        next load report counts them (the time scorer's queued prefill)."""
+        if isinstance(plan, Disaggregated):
+            prefill_id, num_tokens = plan.prefill.worker_id, plan.num_missing_tokens
+        else:
+            prefill_id = plan.worker.worker_id
+            num_cached = self._num_cached_blocks(plan.worker, request) * request.block_size
+            num_tokens = max(1, request.num_prompt_tokens - num_cached)
+        self._placed.add(prefill_id, now_s, num_tokens)
 
     def forget(
         self, plan: ExecutionPlan, request: PlacementRequest, failed: Iterable[WorkerId]
@@ -244,8 +279,9 @@ class Placement:
         self, request: PlacementRequest, workers: Sequence[WorkerView]
     ) -> ExecutionPlan | None:
         route = RouteRequest(
-            request.model, request.block_hashes, request.session_id, request.excluded
-        )
+            request.model, request.block_hashes, request.session_id, request.excluded,
+            num_prompt_tokens=request.num_prompt_tokens, block_size=request.block_size,
+        )  # fmt: skip
         decode = self._decode.route(route, workers)
         if decode is None:
             return None
@@ -261,7 +297,12 @@ class Placement:
             request.num_prompt_tokens, request.block_size, num_cached_blocks
         )
         min_queue_depth = min(w.queue_depth for w in prefill_candidates)
-        reason = decide(num_missing, min_queue_depth, self.config)
+        per_token_s = self._costs.per_prefill_token_s
+        prefill_wait_s = min(w.num_prefill_tokens for w in prefill_candidates) * per_token_s
+        decode_view = next(w for w in workers if w.worker_id == decode.worker_id)
+        local_prefill_s = (decode_view.num_prefill_tokens + num_missing) * per_token_s
+        reason = decide(num_missing, min_queue_depth, self.config,
+                        prefill_wait_s=prefill_wait_s, local_prefill_s=local_prefill_s)  # fmt: skip
         if reason is not PlanReason.MANY_MISSING_TOKENS:
             return Colocated(decode, reason)
         prefill = self._prefill.route(
@@ -301,11 +342,14 @@ def build_placement(
     sessions: SessionTable,
     rng: random.Random,
     in_flight_ttl_s: float = DEFAULT_IN_FLIGHT_TTL_S,
+    costs: StepCosts = DEFAULT_STEP_COSTS,
 ) -> Placement:
     """The decode profile with every configured scorer; the prefill profile without
-    session affinity (a conversation returns to its decode worker, where its KV lives)."""
-    decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng, roles=SERVING_ROLES)
+    session affinity (a conversation returns to its decode worker, where its KV lives).
+    ``costs``: the workers' step-time model (the time scorer's)."""
+    decode = build_pipeline(weights, index=index, sessions=sessions, rng=rng,
+                            roles=SERVING_ROLES, costs=costs)  # fmt: skip
     prefill_weights = {name: w for name, w in weights.items() if name != "session"}
     prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
-                             roles=PREFILL_ROLES)  # fmt: skip
-    return Placement(decode, prefill, index, config, in_flight_ttl_s)
+                             roles=PREFILL_ROLES, costs=costs)  # fmt: skip
+    return Placement(decode, prefill, index, config, in_flight_ttl_s, costs)

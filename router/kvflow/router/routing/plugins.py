@@ -173,7 +173,7 @@ class MaxScorePicker:
     half a cached block: the integer scorers never tie by accident, while the KV-usage
     term, a fraction read up to 250 ms ago, no longer decides between workers that differ
     by less than a quarter of their cache). Ties go to the worker chosen least recently,
-    then at random.
+    then at random. (The time-based default, in seconds, ties within 1 ms: ``tie_points``.)
 
     Why least recently and not at random: on the routing comparison's no-reuse control
     (docs/benchmarks.md) the queue depth of a worker that was just sent a long prompt
@@ -185,8 +185,10 @@ class MaxScorePicker:
 
     TIE_POINTS = 0.5
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, tie_points: float = TIE_POINTS) -> None:
+        assert tie_points >= 0
         self._rng = rng
+        self._tie_points = tie_points
         self._num_picks = 0
         # Worker -> the pick number that chose it last. Bounded by the workers this pool
         # has ever had (ids of workers that left stay: a few dozen bytes each).
@@ -195,7 +197,7 @@ class MaxScorePicker:
     def pick(self, scored: Sequence[tuple[WorkerView, float]]) -> WorkerView:
         assert scored, "the pipeline never calls the picker without candidates"
         best = max(score for _, score in scored)
-        tied = [w for w, score in scored if score >= best - self.TIE_POINTS]
+        tied = [w for w, score in scored if score >= best - self._tie_points]
         if len(tied) > 1:
             oldest = min(self._last_pick.get(w.worker_id, -1) for w in tied)
             tied = [w for w in tied if self._last_pick.get(w.worker_id, -1) == oldest]

@@ -34,6 +34,18 @@ class WorkerView:
     # It keeps prompts' blocks and publishes them as KV events (WorkerInfo.prefix_caching):
     # only then does placement count a prompt it just sent as held there.
     caches_prefixes: bool = True
+    # The load in tokens, for the time-based scorer (routing/cost.py), from the worker's
+    # last load report; 0 where the worker does not report it. Prompt tokens waiting or
+    # running that are not computed yet; requests past their prompt; the KV tokens those
+    # hold and read each step; the worker's KV capacity (0: unknown, no memory term).
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+    num_kv_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    num_cached_tokens: int = 0  # in the prefix cache (LoadResponse.num_cached_blocks x size)
+    # When that report was taken, on the clock placement is given (None: unknown): work
+    # placed after it is added by the router (routing/cost.py, PlacedWork).
+    load_at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,9 @@ class RouteRequest:
     # Leading blocks that need no computing wherever this request lands (the decode worker
     # of a disaggregated plan holds them): the prefix scorer counts only blocks past them.
     num_skip_blocks: int = 0
+    # The prompt's length and block size (the time-based scorer's uncached tokens).
+    num_prompt_tokens: int = 0
+    block_size: int = 16
 
 
 @dataclass(frozen=True)

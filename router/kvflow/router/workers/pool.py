@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -54,11 +55,29 @@ class _Worker:
     kv_usage: float = 0.0
     num_local: int = 0  # this router's open requests there
     num_local_at_report: int = 0
+    load: pb.LoadResponse | None = None  # the last Load answer (the load in tokens)
+    load_at_s: float | None = None  # time.monotonic() when it was asked for
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     follower: asyncio.Task[None] | None = None
     # After a missed deadline: not probed, so not routed to, before this (loop time).
     held_until_s: float = 0.0
     num_misses: int = 0  # deadline misses in a row (a finished stream resets it)
+
+
+def _with_token_load(view: WorkerView, worker: _Worker) -> WorkerView:
+    """The view with its load in tokens from the last Load answer (routing/cost.py)."""
+    load, info = worker.load, worker.info
+    if load is None or info is None:
+        return view
+    return replace(
+        view,
+        num_prefill_tokens=load.num_prefill_tokens,
+        num_decode_seqs=load.num_decode_seqs,
+        num_kv_tokens=load.num_kv_tokens,
+        kv_capacity_tokens=load.num_total_blocks * info.block_size,
+        num_cached_tokens=load.num_cached_blocks * info.block_size,
+        load_at_s=worker.load_at_s,
+    )
 
 
 class WorkerPool:
@@ -145,7 +164,9 @@ class WorkerPool:
                     await self._probe_health(worker)
                 if worker.is_healthy:
                     local_before = worker.num_local
+                    asked_s = time.monotonic()
                     load = await worker.client.load(PROBE_TIMEOUT_S)
+                    worker.load, worker.load_at_s = load, asked_s
                     worker.num_reported = load.num_waiting + load.num_running
                     worker.kv_usage = load.kv_usage
                     worker.num_local_at_report = local_before
@@ -162,16 +183,19 @@ class WorkerPool:
 
     def views(self) -> list[WorkerView]:
         return [
-            WorkerView(
-                worker_id=w.worker_id,
-                model=w.info.model if w.info is not None else "",
-                role=_ROLES.get(w.info.role, WorkerRole.BOTH) if w.info else WorkerRole.BOTH,
-                is_healthy=w.is_healthy,
-                queue_depth=estimate_queue_depth(
-                    w.num_reported, w.num_local, w.num_local_at_report
+            _with_token_load(
+                WorkerView(
+                    worker_id=w.worker_id,
+                    model=w.info.model if w.info is not None else "",
+                    role=_ROLES.get(w.info.role, WorkerRole.BOTH) if w.info else WorkerRole.BOTH,
+                    is_healthy=w.is_healthy,
+                    queue_depth=estimate_queue_depth(
+                        w.num_reported, w.num_local, w.num_local_at_report
+                    ),
+                    kv_usage=w.kv_usage,
+                    caches_prefixes=w.info is not None and w.info.prefix_caching,
                 ),
-                kv_usage=w.kv_usage,
-                caches_prefixes=w.info is not None and w.info.prefix_caching,
+                w,
             )
             for w in self._workers.values()
         ]

@@ -1,0 +1,182 @@
+"""The time-based scorer (routing/cost.py): a worker's score is the seconds the request
+would cost there, and a cached block is worth the prefill time it saves, nothing more."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvflow.proto.block_hash import block_hashes, make_hash_seed
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.cost import (
+    DEFAULT_STEP_COSTS,
+    PlacedWork,
+    StepCosts,
+    TimeCostScorer,
+    WaitGate,
+    worker_cost,
+)
+from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS, build_pipeline
+from kvflow.router.routing.placement import DisaggregationConfig, PlacementRequest, build_placement
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
+
+COSTS = DEFAULT_STEP_COSTS
+SEED = make_hash_seed("m")
+PROMPT_TOKENS = 7000
+PROMPT = block_hashes(list(range(PROMPT_TOKENS)), block_size=16, seed=SEED)  # 437 blocks
+
+
+def view(name: str, **kw: object) -> WorkerView:
+    return WorkerView(WorkerId(name), "m", WorkerRole.BOTH, True, 0, 0.0, **kw)  # type: ignore[arg-type]
+
+
+def route(workers: list[WorkerView], index: BlockIndex) -> str:
+    pipeline = build_pipeline(DEFAULT_WEIGHTS, index=index, sessions=SessionTable(),
+                              rng=random.Random(0))  # fmt: skip
+    request = RouteRequest("m", PROMPT, num_prompt_tokens=PROMPT_TOKENS, block_size=16)
+    decision = pipeline.route(request, workers)
+    assert decision is not None
+    return decision.worker_id
+
+
+def test_a_cached_prefix_is_worth_the_prefill_time_it_saves() -> None:
+    idle = view("idle")
+    cold = worker_cost(idle, PROMPT_TOKENS, 0, COSTS)
+    warm = worker_cost(idle, PROMPT_TOKENS, 4096, COSTS)
+    assert cold.total_s - warm.total_s == pytest.approx(4096 * COSTS.per_prefill_token_s)
+    # Queued prompt tokens cost the same per token as the request's own.
+    queued = worker_cost(view("q", num_prefill_tokens=4096), PROMPT_TOKENS, 4096, COSTS)
+    assert queued.total_s == pytest.approx(cold.total_s)
+
+
+def test_decoding_neighbours_and_their_kv_cost_time() -> None:
+    idle = worker_cost(view("a"), PROMPT_TOKENS, 0, COSTS)
+    busy = worker_cost(view("b", num_decode_seqs=10, num_kv_tokens=70_000), PROMPT_TOKENS, 0,
+                       COSTS)  # fmt: skip
+    assert busy.own_decode_s > idle.own_decode_s == 0.0
+    assert busy.stall_s > idle.stall_s == 0.0
+    assert busy.own_ttft_s > idle.own_ttft_s
+
+
+def test_a_prompt_past_the_free_kv_pays_for_what_it_evicts() -> None:
+    roomy = worker_cost(view("a", kv_capacity_tokens=100_000), PROMPT_TOKENS, 0, COSTS)
+    assert roomy.evict_s == 0.0
+    full = worker_cost(view("b", kv_capacity_tokens=100_000, num_kv_tokens=96_000,
+                            num_decode_seqs=1), PROMPT_TOKENS, 0, COSTS)  # fmt: skip
+    short = PROMPT_TOKENS + 32 - 4000
+    assert full.evict_s == pytest.approx(short * COSTS.per_prefill_token_s)
+
+
+def test_the_hit_wins_until_the_queue_there_costs_more_than_it_saves() -> None:
+    index = BlockIndex()
+    index.add(WorkerId("warm"), PROMPT[:256])  # 4,096 tokens: 0.11 s of prefill saved
+    assert route([view("warm"), view("cold")], index) == "warm"
+    # 2,000 tokens queued on the warm worker cost less than the 4,096 it saves...
+    assert route([view("warm", num_prefill_tokens=2000), view("cold")], index) == "warm"
+    # ... 6,000 cost more: the request goes where it starts sooner.
+    assert route([view("warm", num_prefill_tokens=6000), view("cold")], index) == "cold"
+
+
+def test_the_scorer_counts_blocks_past_the_skip_only() -> None:
+    index = BlockIndex()
+    index.add(WorkerId("a"), PROMPT[:100])
+    scorer = TimeCostScorer(index, COSTS)
+    skip = RouteRequest("m", PROMPT, num_skip_blocks=100, num_prompt_tokens=PROMPT_TOKENS)
+    scores = scorer.score(skip, [view("a"), view("b")])
+    assert scores[WorkerId("a")] == scores[WorkerId("b")]
+
+
+def test_work_placed_since_the_report_counts_until_done_or_reported() -> None:
+    per_token_s = 1e-3  # drained at half that rate: 500 tokens a second
+    placed = PlacedWork(per_token_s)
+    placed.add(WorkerId("a"), 10.0, 1000)
+    reported = view("a", load_at_s=9.0, num_prefill_tokens=100)
+    # At 10 s the report's 100 tokens are worked off; the 1,000 placed then are not.
+    assert placed.correct(reported, 10.0).num_prefill_tokens == 1000
+    # A second later half of them are.
+    assert placed.correct(reported, 11.0).num_prefill_tokens == 500
+    assert placed.correct(reported, 13.0).num_prefill_tokens == 0
+    # A report taken after the placement counts it itself: the correction is dropped.
+    later = view("a", load_at_s=10.5, num_prefill_tokens=800)
+    assert placed.correct(later, 10.5).num_prefill_tokens == 800
+    assert placed.correct(reported, 9.0).num_prefill_tokens == 100
+
+
+def test_placement_spreads_a_burst_of_cold_prompts() -> None:
+    """Without the correction the idlest worker by its last report stays the idlest until
+    it reports again, and the whole burst would queue there."""
+    index = BlockIndex()
+    placement = build_placement(DEFAULT_WEIGHTS, DisaggregationConfig(), index=index,
+                                sessions=SessionTable(), rng=random.Random(0))  # fmt: skip
+    busy = {"num_decode_seqs": 1, "num_kv_tokens": 1000}  # a few ms more per step
+    workers = [view("a", load_at_s=0.0)] + [view(n, load_at_s=0.0, **busy) for n in "bcd"]
+    chosen = []
+    for i in range(4):
+        prompt = block_hashes([i + 1000] * PROMPT_TOKENS, block_size=16, seed=SEED)
+        request = PlacementRequest("m", prompt, PROMPT_TOKENS, 16)
+        plan = placement.plan(request, workers, now_s=1.0 + i * 0.01)
+        assert plan is not None
+        chosen.append(plan.stream_worker)
+    assert sorted(chosen) == ["a", "b", "c", "d"]
+
+
+def test_the_wait_gate_drops_a_backed_up_worker() -> None:
+    gate = WaitGate(COSTS, slack_fraction=0.5, slack_s=1.0)
+    tokens_3s = int(3.0 / COSTS.per_prefill_token_s)  # mean 1 s: the line is 2.5 s
+    kept = gate.keep([view("a", num_prefill_tokens=tokens_3s), view("b"), view("c")])
+    assert [w.worker_id for w in kept] == ["b", "c"]
+    assert len(gate.keep([view("a", num_prefill_tokens=tokens_3s)])) == 1
+
+
+def test_step_costs_are_checked() -> None:
+    with pytest.raises(ValueError):
+        StepCosts(-1.0, 0.0, 0.0, 0.0, 8192)
+
+
+def test_weights_written_for_the_block_policy_keep_it() -> None:
+    from kvflow.router.settings import parse_config
+
+    assert parse_config(None).weights == DEFAULT_WEIGHTS
+    # What the operator renders from a CRD: the block policy's scorers, by name.
+    crd = {"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 0.0, "session": 8.0}
+    assert parse_config({"routing": {"weights": crd}}).weights == crd
+    # Session alone tunes the time-based default.
+    assert parse_config({"routing": {"weights": {"session": 0.05}}}).weights == {
+        "time_cost": 1.0,
+        "session": 0.05,
+    }
+
+
+def test_the_pool_passes_the_workers_load_in_tokens_to_routing() -> None:
+    from kvflow.proto import worker_pb2 as pb
+    from kvflow.router.workers.pool import _with_token_load, _Worker
+
+    worker = _Worker(WorkerId("a"), client=None)  # type: ignore[arg-type]
+    base = view("a")
+    assert _with_token_load(base, worker) is base  # no Load answer yet
+    worker.info = pb.WorkerInfo(block_size=16)
+    worker.load = pb.LoadResponse(num_prefill_tokens=7000, num_decode_seqs=3, num_kv_tokens=9000,
+                                  num_total_blocks=100, num_cached_blocks=40)  # fmt: skip
+    worker.load_at_s = 12.5
+    got = _with_token_load(base, worker)
+    assert (got.num_prefill_tokens, got.num_decode_seqs, got.num_kv_tokens) == (7000, 3, 9000)
+    assert (got.kv_capacity_tokens, got.num_cached_tokens, got.load_at_s) == (1600, 640, 12.5)
+
+
+def test_no_handoff_to_a_prefill_worker_whose_queue_outlasts_a_local_prefill() -> None:
+    from kvflow.router.routing.placement import Colocated, Disaggregated, PlanReason
+
+    def plan(prefill_tokens: int) -> object:
+        placement = build_placement(DEFAULT_WEIGHTS, DisaggregationConfig(), index=BlockIndex(),
+                                    sessions=SessionTable(), rng=random.Random(0))  # fmt: skip
+        decode = WorkerView(WorkerId("d"), "m", WorkerRole.DECODE, True, 0, 0.0)
+        prefill = WorkerView(WorkerId("p"), "m", WorkerRole.PREFILL, True, 1, 0.0,
+                             num_prefill_tokens=prefill_tokens)  # fmt: skip
+        return placement.plan(PlacementRequest("m", PROMPT, PROMPT_TOKENS, 16), [decode, prefill])
+
+    assert isinstance(plan(0), Disaggregated)
+    # One queued request, but 20,000 prompt tokens: longer than prefilling 7,000 locally.
+    busy = plan(20_000)
+    assert isinstance(busy, Colocated) and busy.reason is PlanReason.PREFILL_BUSY

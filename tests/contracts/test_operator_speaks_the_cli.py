@@ -127,6 +127,18 @@ def test_router_config_weights_reach_the_router() -> None:
     assert config.weights["kv_usage"] == 3.0
 
 
+def test_unset_weights_leave_the_routers_time_based_default() -> None:
+    from kvflow.router.routing.pipeline import BLOCK_WEIGHTS, DEFAULT_WEIGHTS
+
+    config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(spec_of({
+        "model": {"servedName": "m"}})))))  # fmt: skip
+    assert dict(config.weights) == dict(DEFAULT_WEIGHTS)
+    # One block weight selects the block policy, the rest at its defaults.
+    one = spec_of({"model": {"servedName": "m"}, "router": {"scorerWeights": {"kvCacheUsage": 1}}})
+    config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(one))))
+    assert dict(config.weights) == {**BLOCK_WEIGHTS, "kv_usage": 1.0}
+
+
 def test_router_accepts_the_disaggregation_policy() -> None:
     spec = spec_of(
         {

@@ -58,7 +58,7 @@ def test_defaults_are_filled_in_by_the_api_server(
     assert "kvCacheGiB" not in spec["engine"]
     assert spec["engine"]["gpuMemoryUtilization"] == 0.9
     assert spec["engine"]["kvCacheDtype"] == "auto"
-    assert spec["router"]["scorerWeights"] == {"prefixCache": 1, "queueDepth": 1, "kvCacheUsage": 0}
+    assert spec["router"]["scorerWeights"] == {}  # unset: the router's time-based scorer
     assert spec["slo"] == {"ttftTargetMs": 1000, "tpotTargetMs": 100, "percentile": 90}
     assert "prefill" not in spec and "decode" not in spec
 

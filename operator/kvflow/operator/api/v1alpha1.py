@@ -237,13 +237,15 @@ class RoleSpec:
 
 @dataclass(frozen=True)
 class ScorerWeights:
-    """Weights of the router's scorers; a worker's score is their weighted sum."""
+    """The block policy's scorer weights. Unset (all three): the router's default, which
+    scores a worker by the seconds the request would cost there (docs/router.md,
+    "Routing"). Any one set: the block policy, a weighted sum of these scorers."""
 
-    prefix_cache: float = field(
-        "Weight of the share of the prompt's blocks a worker already caches.", 1.0, minimum=0
+    prefix_cache: float | None = field(
+        "Weight of the share of the prompt's blocks a worker already caches.", None, minimum=0
     )
-    queue_depth: float = field("Weight of the (negated) queue length.", 1.0, minimum=0)
-    kv_cache_usage: float = field("Weight of the (negated) KV-cache fill.", 0.0, minimum=0)
+    queue_depth: float | None = field("Weight of the (negated) queue length.", None, minimum=0)
+    kv_cache_usage: float | None = field("Weight of the (negated) KV-cache fill.", None, minimum=0)
 
 
 @dataclass(frozen=True)

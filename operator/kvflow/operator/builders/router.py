@@ -51,13 +51,15 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
 def routing_section(router: v1alpha1.RouterSpec) -> dict[str, Json]:
     """The router config's `routing:` section: the scorer weights (a pool's or a gateway's)."""
     weights = router.scorer_weights
-    return {
-        "weights": {
-            "prefix_blocks": weights.prefix_cache,
-            "queue_depth": weights.queue_depth,
-            "kv_usage": weights.kv_cache_usage,
-        },
+    named = {
+        "prefix_blocks": weights.prefix_cache,
+        "queue_depth": weights.queue_depth,
+        "kv_usage": weights.kv_cache_usage,
     }
+    if all(value is None for value in named.values()):
+        return {}  # the router's default: the time-based scorer
+    # Any block weight set: the block policy, its unset weights at the router's values.
+    return {"weights": {name: value for name, value in named.items() if value is not None}}
 
 
 def disaggregation_config(policy: v1alpha1.DisaggregationSpec) -> dict[str, Json]:

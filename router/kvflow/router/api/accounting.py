@@ -99,6 +99,8 @@ class Accounting:
         ttft_ms = "none" if ttft is None else f"{(ttft - trace.arrival_s) * 1e3:.1f}"
         fields = [
             ("request_id", trace.request_id),
+            # The workers' id, when the caller brought its own (serving/types.py).
+            *([("server_id", trace.server_id)] if trace.server_id != trace.request_id else []),
             ("tenant", self.tenant.name),
             ("model", self.model),
             *([("pool", self.pool)] if self.pool is not None else []),

@@ -178,7 +178,8 @@ class AdmittedGenerationService(GenerationService):
     async def run(
         self, caller: Caller, specs: Sequence[ChoiceSpec], trace: RequestTrace, *, buffered: bool
     ) -> AsyncGenerator[ChoiceDelta | ChoiceUsage]:
-        self.admission.check(caller.tenant, caller.model)
+        if not trace.is_admitted:
+            self.admission.check(caller.tenant, caller.model)
         with self.admission.in_flight(caller.tenant):
             stream = super().run(caller, specs, trace, buffered=buffered)
             async with contextlib.aclosing(stream):

@@ -216,8 +216,7 @@ def test_stop_matching_is_linear_in_the_text_and_the_stop_strings_length() -> No
 
 def test_a_template_render_stops_at_its_deadline() -> None:
     template = ChatTemplate(
-        "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}"
-        "{% endfor %}"
+        "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
     )
     messages = [{"role": "user", "content": "x"}] * 100
     started_s = time.monotonic()

@@ -12,12 +12,17 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from testkit.fake_worker import FakeWorker, running_fake_worker
 from testkit.gateway_process import GatewayProcess, running_gateway
 
+from kvflow.router.tenants.config import hash_api_key
 from kvflow.router.text.model_files import load_text_model
 
 pytestmark = pytest.mark.integration
@@ -32,6 +37,7 @@ def worker() -> Iterator[tuple[FakeWorker, str]]:
         yield w, address
 
 
+@contextmanager
 def gateway(address: str, *extra: str) -> Iterator[GatewayProcess]:
     with running_gateway(["--workers", address, *extra]) as g:
         g.wait_ready()
@@ -40,7 +46,8 @@ def gateway(address: str, *extra: str) -> Iterator[GatewayProcess]:
 
 @pytest.fixture(scope="module")
 def default_gateway(worker: tuple[FakeWorker, str]) -> Iterator[GatewayProcess]:
-    yield from gateway(worker[1])
+    with gateway(worker[1]) as g:
+        yield g
 
 
 def chat(content: str, **extra: object) -> dict[str, object]:
@@ -112,7 +119,7 @@ def test_a_users_control_token_text_reaches_the_worker_as_text_tokens(
 
 
 def test_a_body_past_max_body_bytes_is_a_413(worker: tuple[FakeWorker, str]) -> None:
-    for g in gateway(worker[1], "--max-body-bytes", "2000"):
+    with gateway(worker[1], "--max-body-bytes", "2000") as g:
         r = httpx.post(f"{g.base_url}/chat/completions", json=chat("x" * 3000), timeout=30)
         assert r.status_code == 413, r.text
         assert "2000 bytes" in r.json()["error"]["message"]
@@ -152,27 +159,59 @@ def test_a_grammar_too_costly_to_compile_times_out_while_health_stays_fast(
     regex = "|".join(f"w{i}x" for i in range(400_000))
     body = json.dumps(chat("hi", structured_outputs={"regex": regex})).encode()
     headers = {"content-type": "application/json"}
-    for g in gateway(worker[1], "--max-schema-bytes", "8000000", "--prepare-timeout-s", "0.2"):
-        with httpx.Client(base_url=g.base_url, timeout=60) as client:
-            assert client.post("/chat/completions", json=chat("warm up")).is_success
-            with HealthProbe(f"{g.url}/health") as probe:
-                time.sleep(0.2)
-                started_s = time.perf_counter()
-                r = client.post("/chat/completions", content=body, headers=headers)
-                elapsed_s = time.perf_counter() - started_s
-                time.sleep(0.5)  # the compile goes on for a moment on its thread
-            assert len(probe.latencies_s) >= 20
-            # Under 50 ms: all of them but one, for the test machine's own scheduling
-            # hiccups (its cores are shared); the event loop blocked shows as seconds.
-            slowest = sorted(probe.latencies_s)[-3:]
-            assert slowest[-2] < 0.05 and slowest[-1] < 0.15, slowest
-            assert r.status_code == 400, r.text
-            assert "prepare_timeout_s = 0.2 s" in r.json()["error"]["message"]
-            assert elapsed_s < 1.0
-            # The gateway serves on.
-            assert client.post("/chat/completions", json=chat("after")).is_success
+    flags = ("--max-schema-bytes", "8000000", "--prepare-timeout-s", "0.2")
+    with gateway(worker[1], *flags) as g, httpx.Client(base_url=g.base_url, timeout=60) as client:
+        assert client.post("/chat/completions", json=chat("warm up")).is_success
+        with HealthProbe(f"{g.url}/health") as probe:
+            time.sleep(0.2)
+            started_s = time.perf_counter()
+            r = client.post("/chat/completions", content=body, headers=headers)
+            elapsed_s = time.perf_counter() - started_s
+            time.sleep(0.5)  # the compile goes on for a moment on its thread
+        assert len(probe.latencies_s) >= 20
+        # Under 50 ms: all of them but one, for the test machine's own scheduling
+        # hiccups (its cores are shared); the event loop blocked shows as seconds.
+        slowest = sorted(probe.latencies_s)[-3:]
+        assert slowest[-2] < 0.05 and slowest[-1] < 0.15, slowest
+        assert r.status_code == 400, r.text
+        assert "prepare_timeout_s = 0.2 s" in r.json()["error"]["message"]
+        assert elapsed_s < 1.0
+        # The gateway serves on.
+        assert client.post("/chat/completions", json=chat("after")).is_success
     # Under the default limits the same grammar is refused for its size, before any work.
-    for g in gateway(worker[1]):
+    with gateway(worker[1]) as g:
         r = httpx.post(f"{g.base_url}/chat/completions", content=body, headers=headers,
                        timeout=60)  # fmt: skip
         assert r.status_code == 400 and "max_schema_bytes = 131072" in r.text
+
+
+def test_a_tenant_at_its_concurrency_limit_is_refused_before_its_prompt_is_prepared(
+    tmp_path: Path,
+) -> None:
+    slow = FakeWorker(tokens=TOKENIZER.encode(" a b c d", add_special_tokens=False),
+                      token_delay_s=0.4)  # fmt: skip
+    config = {"tenants": [{"name": "solo", "api_key_sha256": [hash_api_key("solo-key")],
+                           "models": ["*"], "max_concurrent_requests": 1}]}  # fmt: skip
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # A grammar that would run past the prepare time limit (a 400) if it were prepared.
+    costly = chat("hi", structured_outputs={"regex": "|".join(f"w{i}x" for i in range(400_000))})
+    headers = {"authorization": "Bearer solo-key"}
+    flags = ("--config", str(path), "--max-schema-bytes", "8000000", "--prepare-timeout-s", "0.2")
+    with running_fake_worker(slow) as address, gateway(address, *flags) as g:
+        url = f"{g.base_url}/chat/completions"
+        pool = ThreadPoolExecutor(1)
+        first = pool.submit(httpx.post, url, json=chat("one"), headers=headers, timeout=30)
+        deadline_s = time.monotonic() + 10
+        while not slow.requests and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        started_s = time.perf_counter()
+        r = httpx.post(url, json=costly, headers=headers, timeout=30)
+        assert r.status_code == 429, r.text
+        assert time.perf_counter() - started_s < 1.0
+        assert "max concurrent requests" in r.json()["error"]["message"]
+        assert r.headers["retry-after"] == "1"
+        assert first.result().status_code == 200, first.result().text
+        pool.shutdown()
+        # Once the first has ended, the tenant gets in again.
+        assert httpx.post(url, json=chat("two"), headers=headers, timeout=30).is_success

@@ -1,13 +1,14 @@
 """`/v1/chat/completions` and `/v1/completions`: one flow, two wire formats.
 
 authenticate (401) -> parse, every request limit checked (400/413) -> model (404/403),
-resolved to a pool -> a worker of that pool is up (503) -> admission control (503/429) ->
-prepare on the prepare threads: schemas compiled, template rendered, prompts tokenized
-(400, 503 when busy) -> prompt fits the context (400) -> quotas (429) -> generate, stream
-or collect. The response's `model` is the answering pool's served name.
+resolved to a pool -> a worker of that pool is up (503) -> the tenant's concurrency at this
+replica (429) -> admission control (503/429) -> prepare on the prepare threads: schemas
+compiled, template rendered, prompts tokenized (400; 503 when busy) -> prompt fits the
+context (400) -> quotas (429) -> generate, stream or collect. The response's `model` is
+the answering pool's served name.
 
 The cheap refusals come first: nothing is rendered, tokenized or compiled for a request
-the limits or the cluster's queues turn away.
+that the limits, the tenant's concurrency or the cluster's queues turn away.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from kvflow.router.protocol.responses import (
 from kvflow.router.serving.defaults import apply_sampling_defaults
 from kvflow.router.serving.prepare import PreparePool
 from kvflow.router.serving.prompts import PreparedPrompt
+from kvflow.router.serving.tenant_gate import TenantGate
 from kvflow.router.serving.token_budget import TokenBudget, plan_tokens
 from kvflow.router.serving.types import (
     Caller,
@@ -123,6 +125,14 @@ def _prepare_pool(request: Request, gw: Gateway) -> PreparePool:
     return pool
 
 
+def _tenant_gate(request: Request) -> TenantGate:
+    """The app's count of requests in flight per tenant, made on its first request."""
+    gate: TenantGate | None = getattr(request.app.state, "tenant_gate", None)
+    if gate is None:
+        gate = request.app.state.tenant_gate = TenantGate()
+    return gate
+
+
 def _prepare(
     backend: PoolBackend, parsed: ChatRequest | CompletionRequest, template_source: str | None
 ) -> list[PreparedPrompt]:
@@ -161,22 +171,28 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     check_logit_bias(parsed.sampling, info.vocab_size)
     template = backend.text.chat_template
     template_source = template.source if template is not None else None
-    if backend.admission is not None:  # a full cluster refuses before any work (503/429)
-        backend.admission.check(tenant, served_name)
-        trace.is_admitted = True
-    prompts = await _prepare_pool(request, gw).run(
-        lambda: _prepare(backend, parsed, template_source)
-    )
-    sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
-    prompt_lens = [len(p.token_ids) for p in prompts]
-    budget = plan_tokens(prompt_lens, sampling,
-                         max_len=backend.max_model_len(info.max_model_len),
-                         policy=backend.token_policy(tenant, parsed.model),
-                         is_chat=is_chat)  # fmt: skip
-    lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+    # The cheap refusals before any work: the tenant's concurrency here, a full cluster.
+    leave = _tenant_gate(request).enter(tenant)
+    try:
+        if backend.admission is not None:  # 503/429 from the workers' queues
+            backend.admission.check(tenant, served_name)
+            trace.is_admitted = True
+        prompts = await _prepare_pool(request, gw).run(
+            lambda: _prepare(backend, parsed, template_source)
+        )
+        sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
+        prompt_lens = [len(p.token_ids) for p in prompts]
+        budget = plan_tokens(prompt_lens, sampling,
+                             max_len=backend.max_model_len(info.max_model_len),
+                             policy=backend.token_policy(tenant, parsed.model),
+                             is_chat=is_chat)  # fmt: skip
+        lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+    except BaseException:
+        leave()
+        raise
     accounting = Accounting(gw, tenant, lease, trace, parsed.model, sampling.n * len(prompts),
                             pool=backend.name if gw.has_pools else None,
-                            served_model=served_name)  # fmt: skip
+                            served_model=served_name, on_finish=leave)  # fmt: skip
     caller = Caller(tenant, served_name, session_id)
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = backend.service.run(
         caller, _build_specs(prompts, sampling, budget), trace, buffered=not parsed.stream

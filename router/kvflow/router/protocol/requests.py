@@ -250,6 +250,8 @@ def parse_chat_request(body: object, limits: RequestLimits = DEFAULT_LIMITS) -> 
         fields, logprobs=logprobs, top_logprobs=top_logprobs, max_tokens_default=None,
         limits=limits,
     )  # fmt: skip
+    # One prompt: its n choices are the request's (a cap below max_n still holds).
+    check_count("n", "choices", sampling.n, "max_choices_per_request", limits)
     stream = fields.boolean("stream")
     stream_options = _stream_options(fields, stream)
     for name in ("functions", "audio", "prediction", "web_search_options"):

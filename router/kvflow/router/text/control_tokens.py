@@ -52,6 +52,7 @@ class ControlTokenGuard:
         # Longest first: one special token's text may start with another's.
         alternatives = sorted(names, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, alternatives))) if names else None
+        tokenizer.encode_plain("")  # builds its copy now, not on a request's thread
 
     def escape(self, value: Any, escaped: Escaped) -> Any:
         """``value`` (messages, template variables) with special-token text in its strings

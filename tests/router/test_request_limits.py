@@ -116,6 +116,11 @@ def test_defaults_follow_openai_where_it_has_a_limit() -> None:
     parse_completion_request({"model": "m", "prompt": ["a"] * 1024})
 
 
+def test_empty_lists_are_within_every_limit() -> None:
+    parsed = parse_chat_request({**CHAT, "stop": [], "stop_token_ids": [], "logit_bias": {}})
+    assert parsed.sampling.stop_strings == () and parsed.sampling.stop_token_ids == ()
+
+
 def test_100000_one_token_prompts_with_n_128_are_refused_before_anything_is_converted() -> None:
     body = {"model": "m", "prompt": [[1]] * 100_000, "n": 128}
     started_s = time.perf_counter()

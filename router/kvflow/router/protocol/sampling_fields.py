@@ -39,7 +39,7 @@ def stop_strings(fields: Fields, limits: RequestLimits = DEFAULT_LIMITS) -> tupl
         raise invalid_request("Invalid 'stop': stop strings must not be empty.", param="stop")
     # Stop strings are matched on every chunk of every choice; their length bounds the
     # text held back and scanned (text/stop.py).
-    longest = max(len(s) for s in stops)
+    longest = max((len(s) for s in stops), default=0)
     if longest > limits.max_stop_string_chars:
         raise limit_exceeded("stop", "characters in a stop string", longest,
                              "max_stop_string_chars", limits.max_stop_string_chars)  # fmt: skip

@@ -215,3 +215,19 @@ def test_a_tenant_at_its_concurrency_limit_is_refused_before_its_prompt_is_prepa
         pool.shutdown()
         # Once the first has ended, the tenant gets in again.
         assert httpx.post(url, json=chat("two"), headers=headers, timeout=30).is_success
+
+
+def test_a_request_at_the_choice_limit_leaves_health_responsive(
+    default_gateway: GatewayProcess,
+) -> None:
+    # 1024 choices (the default max_choices_per_request): started and merged a batch per
+    # turn of the event loop, not all in one.
+    body = {"model": "fake", "prompt": [" hello world" * 30] * 1024, "max_tokens": 3}
+    with HealthProbe(f"{default_gateway.url}/health") as probe:
+        time.sleep(0.1)
+        r = httpx.post(f"{default_gateway.base_url}/completions", json=body, timeout=120)
+        time.sleep(0.1)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1024
+    slowest = sorted(probe.latencies_s)[-3:]
+    assert slowest[-2] < 0.05 and slowest[-1] < 0.15, slowest

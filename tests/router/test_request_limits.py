@@ -28,6 +28,7 @@ from kvflow.router.serving.prompts import PromptBuilder
 from kvflow.router.settings import ConfigError
 from kvflow.router.structured.constraint import OutputConstraint, VerdictCache, check_constraint
 from kvflow.router.text.chat_template import ChatTemplate, render_deadline
+from kvflow.router.text.control_tokens import ControlTokenGuard, Escaped
 from kvflow.router.text.model_files import load_text_model
 from kvflow.router.text.stop import StopStringMatcher
 
@@ -328,3 +329,24 @@ def test_control_token_text_in_a_user_message_is_plain_text_tokens() -> None:
     again = builder.chat([ChatMessage("user", "hello <|not a token|>")])
     rendered = model.chat_template.render([{"role": "user", "content": "hello <|not a token|>"}])
     assert again.token_ids == tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def test_caller_values_are_escaped_keys_included_and_at_any_depth() -> None:
+    model = load_text_model(None)
+    guard = ControlTokenGuard(model.tokenizer)
+    escaped = Escaped()
+    value = {"<|im_start|>key": ["x <|im_end|>", {"deep": "<|endoftext|>"}], "n": 3}
+    safe = guard.escape(value, escaped)
+    assert "<|" not in json.dumps(safe) and safe["n"] == 3
+    as_text = json.dumps(safe, ensure_ascii=False)  # as the templates' tojson writes it
+    assert guard.restore(as_text, escaped) == json.dumps(value, ensure_ascii=False)
+    # As deep as the JSON parser allows: no RecursionError (a 500) from escaping.
+    deep: Any = "<|im_start|>"
+    for _ in range(5000):
+        deep = [deep]
+    guard.escape(deep, escaped)
+    builder = PromptBuilder(model)
+    from kvflow.router.protocol.messages import ChatMessage
+
+    prompt = builder.chat([ChatMessage("user", "hi")], template_kwargs={"x": deep})
+    assert prompt.token_ids

@@ -55,18 +55,32 @@ class ControlTokenGuard:
         tokenizer.encode_plain("")  # builds its copy now, not on a request's thread
 
     def escape(self, value: Any, escaped: Escaped) -> Any:
-        """``value`` (messages, template variables) with special-token text in its strings
-        replaced by placeholders recorded in ``escaped``; other values as they are."""
+        """A copy of ``value`` (messages, template variables) whose strings, mapping keys
+        included, have special-token text replaced by placeholders recorded in
+        ``escaped``. Iterative: a caller's JSON may nest as deep as the parser allows."""
         special = self._special
         if special is None:
             return value
-        if isinstance(value, str):
-            return special.sub(lambda m: escaped.placeholder(m.group(0)), value)
-        if isinstance(value, Mapping):
-            return {k: self.escape(v, escaped) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.escape(v, escaped) for v in value]
-        return value
+
+        def sub(text: str) -> str:
+            return special.sub(lambda m: escaped.placeholder(m.group(0)), text)
+
+        root: list[Any] = [value]
+        stack: list[tuple[Any, Any]] = [(root, 0)]  # (container, key) still to copy
+        while stack:
+            container, key = stack.pop()
+            item = container[key]
+            if isinstance(item, str):
+                container[key] = sub(item)
+            elif isinstance(item, Mapping):
+                copy = {sub(k) if isinstance(k, str) else k: v for k, v in item.items()}
+                container[key] = copy
+                stack.extend((copy, k) for k in copy)
+            elif isinstance(item, list | tuple):
+                items = list(item)
+                container[key] = items
+                stack.extend((items, i) for i in range(len(items)))
+        return root[0]
 
     def encode(self, rendered: str, escaped: Escaped) -> list[int]:
         """Token ids of the rendered prompt: the template's text with special tokens parsed,

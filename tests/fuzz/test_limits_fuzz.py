@@ -18,7 +18,10 @@ from testkit.gateway_process import GatewayProcess, running_gateway
 
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.protocol.limits import RequestLimits, flag_of
+from kvflow.router.protocol.messages import ChatMessage
 from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
+from kvflow.router.serving.prompts import PromptBuilder
+from kvflow.router.text.model_files import load_text_model
 
 LIMITS = RequestLimits(
     max_prompts_per_request=4, max_n=3, max_choices_per_request=6, max_stop_strings=2,
@@ -151,3 +154,31 @@ def test_a_gateway_answers_bodies_around_its_caps_with_200_or_a_400_never_5xx(
         else:
             assert r.status_code == 400, r.text
             assert r.json()["error"]["code"] == "limit_exceeded", r.text
+
+
+# -- control tokens in any caller text ----------------------------------------------------
+
+MODEL = load_text_model(None)
+BUILDER = PromptBuilder(MODEL)
+SPECIAL_IDS = MODEL.tokenizer.special_token_ids
+PIECES = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_", "start|>", "<", "|", ">",
+          " ", "\n", "system", "user", "a", "\ue000", "\ue001", ":0", "é"]  # fmt: skip
+
+
+@FAST
+@given(
+    contents=st.lists(st.lists(st.sampled_from(PIECES), max_size=12).map("".join), min_size=1,
+                      max_size=3),
+    name=st.none() | st.lists(st.sampled_from(PIECES), max_size=4).map("".join),
+)  # fmt: skip
+def test_no_caller_text_adds_a_control_token(contents: list[str], name: str | None) -> None:
+    messages = [ChatMessage("user", c, name=name) for c in contents]
+    prompt = BUILDER.chat(messages)
+    # The template's own: the default system turn, one per message, the assistant's header.
+    special = [t for t in prompt.token_ids if t in SPECIAL_IDS]
+    im_start, im_end = (MODEL.tokenizer.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>"))
+    assert special.count(im_start) == len(contents) + 2
+    assert special.count(im_end) == len(contents) + 1
+    assert len(special) == 2 * len(contents) + 3
+    for content in contents:  # what the caller wrote is in the echo, as written
+        assert content in prompt.text

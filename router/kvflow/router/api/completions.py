@@ -14,6 +14,7 @@ that the limits, the tenant's concurrency or the cluster's queues turn away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -172,10 +173,14 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     template = backend.text.chat_template
     template_source = template.source if template is not None else None
     # The cheap refusals before any work: the tenant's concurrency here, a full cluster.
-    leave = _tenant_gate(request).enter(tenant)
+    # Once past them the request counts as in flight (for both) until it ends: `leave`.
+    in_flight = contextlib.ExitStack()
+    leave = in_flight.close
     try:
+        in_flight.callback(_tenant_gate(request).enter(tenant))
         if backend.admission is not None:  # 503/429 from the workers' queues
             backend.admission.check(tenant, served_name)
+            in_flight.enter_context(backend.admission.in_flight(tenant))
             trace.is_admitted = True
         prompts = await _prepare_pool(request, gw).run(
             lambda: _prepare(backend, parsed, template_source)

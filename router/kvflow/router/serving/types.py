@@ -54,7 +54,8 @@ class RequestTrace:
     arrival_s: float = field(default_factory=time.perf_counter)
     routes: list[str] = field(default_factory=list)
     first_token_s: float | None = None
-    # Admission control already let it in (before its prompts were prepared).
+    # Admission control let it in and counts it in flight (api/completions.py, before its
+    # prompts were prepared); the generation service need not check it again.
     is_admitted: bool = False
 
     def attempt_id(self, choice: int, attempt: int) -> str:

@@ -13,8 +13,9 @@ request and /health with it. So they run on a few threads (``PreparePool``):
   (text/chat_template.py), grammars compile under llguidance's limits
   (structured/constraint.py), and tokenizing is bounded by the body size.
 
-Tokenizers and llguidance release the GIL while they work, and the interpreter hands it
-back to the event loop every few milliseconds otherwise, so the loop stays responsive.
+Tokenizers and llguidance release the GIL for most of their work (the loop waited at
+most 20-40 ms while 2.4 MB of text tokenized or a 3.5 MB regex compiled for 3.5 s), and
+the interpreter hands it back every few milliseconds otherwise: the loop stays responsive.
 """
 
 from __future__ import annotations

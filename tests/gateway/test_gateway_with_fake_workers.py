@@ -4,6 +4,7 @@ priority, public prefix blocks)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,16 @@ def gateway_for(*addresses: str, extra: tuple[str, ...] = ()) -> Iterator[Gatewa
 
 def client_for(g: GatewayProcess, api_key: str = "x") -> openai.OpenAI:
     return openai.OpenAI(base_url=g.base_url, api_key=api_key, max_retries=0, timeout=30)
+
+
+def wait_for_log(g: GatewayProcess, fragment: str, timeout_s: float = 10.0) -> bool:
+    """The gateway's output arrives on a thread: wait for ``fragment`` to show up."""
+    deadline_s = time.monotonic() + timeout_s
+    while fragment not in g.log:
+        if time.monotonic() > deadline_s:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def failovers(g: GatewayProcess) -> float:
@@ -172,7 +183,9 @@ def test_tenant_salt_priority_and_public_prefix_reach_the_worker(tmp_path: Path)
     assert Counter(r.prompt_token_ids[0] for r in worker.requests) == Counter({1: 3})
 
 
-def test_one_request_id_reaches_the_response_every_worker_and_the_log(two_workers) -> None:
+def test_the_callers_request_id_stays_in_the_response_and_log_never_on_a_worker(
+    two_workers,
+) -> None:
     a, b, address_a, address_b = two_workers
     a.mode = "unavailable"
     with gateway_for(address_a, address_b) as g:
@@ -181,10 +194,23 @@ def test_one_request_id_reaches_the_response_every_worker_and_the_log(two_worker
                        headers={"x-request-id": "trace-7f3a"})  # fmt: skip
         assert r.status_code == 200, r.text
         assert r.headers["x-request-id"] == "trace-7f3a"
-        # One id, suffixed per choice and attempt: unique on each worker.
-        assert [q.request_id for q in a.requests] == ["trace-7f3a-c0-a0"]
-        assert [q.request_id for q in b.requests] == ["trace-7f3a-c0-a1"]
-        assert "trace-7f3a-c0-a0: failing over" in g.log
+        # The workers get the gateway's own id, suffixed per choice and attempt: a caller
+        # reusing an id (or guessing another's) cannot collide with a request on a worker.
+        (sent_a,) = [q.request_id for q in a.requests]
+        (sent_b,) = [q.request_id for q in b.requests]
+        assert "trace-7f3a" not in sent_a + sent_b
+        server_id = sent_a.removesuffix("-c0-a0")
+        assert server_id.startswith("req_") and sent_b == f"{server_id}-c0-a1"
+        assert f"{sent_a}: failing over" in g.log
+        # The request's log line ties the two together.
+        assert wait_for_log(g, f"request_id=trace-7f3a server_id={server_id} ")
+        # The same id again: again a fresh one on the worker.
+        b.requests.clear()
+        r = httpx.post(f"{g.base_url}/chat/completions", json=body,
+                       headers={"x-request-id": "trace-7f3a"})  # fmt: skip
+        assert r.status_code == 200 and r.headers["x-request-id"] == "trace-7f3a"
+        (again,) = [q.request_id for q in b.requests]
+        assert again.startswith("req_") and not again.startswith(server_id)
         a.mode = "ok"
         a.requests.clear()
         r = httpx.post(f"{g.base_url}/chat/completions", json={**body, "n": 2},

@@ -87,6 +87,12 @@ def complete(pool: Pool, prompt: list[int], request_id: str) -> httpx.Response:
     return r
 
 
+def server_id(worker: FakeWorker) -> str:
+    """The id the gateway gave the worker's last request, without its choice and attempt
+    suffix: its own, never the caller's x-request-id."""
+    return worker.requests[-1].request_id.rsplit("-c", 1)[0]
+
+
 def metric(pool: Pool, name: str, labels: str = "") -> float:
     wanted = f"{name}{{{labels}}}" if labels else name
     for line in httpx.get(f"{pool.gateway.url}/metrics").text.splitlines():
@@ -114,11 +120,12 @@ def test_a_long_prompt_is_prefilled_remotely_and_streamed_by_decode(pd: Pool) ->
     assert route.startswith(f"choice=0; prefill={pd.addresses['p']} decode={pd.addresses['d']}")
     assert "reason=many_missing_tokens; missing_tokens=192" in route
     generate = pd.decode.requests[-1]
-    assert generate.request_id == "pd-long-c0-a0"
+    rid = server_id(pd.decode)
+    assert generate.request_id == f"{rid}-c0-a0" and "pd-long" not in rid
     assert generate.remote_prefill.version == pb.KV_HANDOFF_VERSION_1
     assert generate.remote_prefill.timeout_s == TRANSFER_TIMEOUT_S
     prefill = pd.prefill.prefill_requests[-1]
-    assert prefill.request_id == "pd-long-c0-a0"  # one id on both workers
+    assert prefill.request_id == f"{rid}-c0-a0"  # one id on both workers
     assert prefill.destination == pd.decode.reservations[-1]  # handed on verbatim
     assert list(prefill.prompt_token_ids) == LONG
     assert (prefill.cache_salt, prefill.priority) == (generate.cache_salt, generate.priority)
@@ -195,15 +202,16 @@ def test_a_failed_prefill_falls_back_to_a_local_prefill(pd: Pool, mode: str, kin
     started_s = time.monotonic()
     complete(pd, LONG, f"pd-{mode}")
     elapsed_s = time.monotonic() - started_s
+    rid = server_id(pd.decode)
     if mode == "hang":
         # Both waits end together: the decode worker's own (from reserving) and the Prefill
         # call's deadline (from a moment later); either way decode prefilled locally.
         assert TRANSFER_TIMEOUT_S <= elapsed_s < TRANSFER_TIMEOUT_S + 3
         assert pd.decode.transfer_outcomes[-1] in ("cancelled", "deadline")
-        assert pd.prefill.cancelled[-1] == "pd-hang-c0-a0"
+        assert pd.prefill.cancelled[-1] == f"{rid}-c0-a0"
     else:
         # The decode worker was told at once to prefill itself, not left to its deadline.
-        assert pd.decode.cancel_transfer_requests[-1] == f"pd-{mode}-c0-a0"
+        assert pd.decode.cancel_transfer_requests[-1] == f"{rid}-c0-a0"
         assert pd.decode.transfer_outcomes[-1] == "cancelled"
         assert elapsed_s < TRANSFER_TIMEOUT_S
     assert metric(pd, "kvflow_router_pd_failures_total", f'kind="{kind}"') == failures_before + 1
@@ -218,15 +226,15 @@ def test_decode_dying_after_reserving_frees_prefill_and_retries(pd: Pool) -> Non
     pd.decode.reserve_mode, pd.decode.die_delay_s = "die", 0.3
     pd.prefill.prefill_script = ["hang"]  # still prefilling when decode dies
     r = complete(pd, LONG, "pd-die")
+    rid = server_id(pd.decode)
     route = r.headers["x-kvflow-route"]
     assert route.index(f"decode={pd.addresses['d']}") < route.index(f"decode={pd.addresses['d2']}")
     # Its Prefill call was cancelled when decode died (0.3 s in), not left to its deadline.
-    assert pd.prefill.cancelled[-1] == "pd-die-c0-a0"
-    assert pd.prefill.prefill_held_s["pd-die-c0-a0"] < TRANSFER_TIMEOUT_S - 1
-    assert pd.decode.requests[-1].request_id == "pd-die-c0-a0"
-    assert pd.decode2.requests[-1].request_id == "pd-die-c0-a1"  # a new plan, without it
+    assert pd.prefill.cancelled[-1] == f"{rid}-c0-a0"
+    assert pd.prefill.prefill_held_s[f"{rid}-c0-a0"] < TRANSFER_TIMEOUT_S - 1
+    assert pd.decode2.requests[-1].request_id == f"{rid}-c0-a1"  # a new plan, without it
     assert [p.request_id for p in pd.prefill.prefill_requests[-2:]] == [
-        "pd-die-c0-a0", "pd-die-c0-a1",
+        f"{rid}-c0-a0", f"{rid}-c0-a1",
     ]  # fmt: skip
     assert metric(pd, "kvflow_router_pd_failures_total", 'kind="decode_failed"') == (
         decode_failed_before + 1
@@ -247,10 +255,11 @@ def test_a_decode_worker_that_never_reserves_is_given_up_in_time(pd: Pool) -> No
     pd.decode.reserve_delay_s = 30
     started_s = time.monotonic()
     r = complete(pd, LONG, "pd-slow")
+    rid = server_id(pd.decode)
     assert time.monotonic() - started_s < TRANSFER_TIMEOUT_S + 3
     assert f"decode={pd.addresses['d2']}" in r.headers["x-kvflow-route"].split(", ")[-1]
-    assert pd.decode.cancelled[-1] == "pd-slow-c0-a0"
-    assert pd.decode2.requests[-1].request_id == "pd-slow-c0-a1"
+    assert pd.decode.cancelled[-1] == f"{rid}-c0-a0"
+    assert pd.decode2.requests[-1].request_id == f"{rid}-c0-a1"
     assert pd.decode2.transfer_outcomes[-1] == "landed"  # the new plan disaggregated too
     assert metric(pd, "kvflow_router_pd_failures_total", 'kind="reservation_timeout"') == (
         timeouts_before + 1
@@ -282,8 +291,10 @@ def test_a_client_leaving_during_the_transfer_cancels_both_calls(pd: Pool, strea
             time.sleep(0.01)
     # The connection closed mid-transfer, well before the transfer timeout.
     everything_freed(pd.prefill, pd.decode)
-    assert pd.prefill.cancelled[-1] == request_id + "-c0-a0"
-    assert pd.prefill.prefill_held_s[request_id + "-c0-a0"] < TRANSFER_TIMEOUT_S - 1
-    assert pd.decode.cancelled[-1] == request_id + "-c0-a0"
+    sent = server_id(pd.decode) + "-c0-a0"
+    assert request_id not in sent
+    assert pd.prefill.cancelled[-1] == sent
+    assert pd.prefill.prefill_held_s[sent] < TRANSFER_TIMEOUT_S - 1
+    assert pd.decode.cancelled[-1] == sent
     # Cancelled, not a prefill failure handed back to the decode worker.
-    assert request_id + "-c0-a0" not in pd.decode.cancel_transfer_requests
+    assert sent not in pd.decode.cancel_transfer_requests

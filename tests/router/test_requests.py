@@ -122,7 +122,7 @@ def test_chat_all_supported_parameters() -> None:
         ({"temperature": "hot"}, "temperature", "expected a decimal"),
         ({"top_p": -0.1}, "top_p", ">= 0"),
         ({"n": 0}, "n", ">= 1"),
-        ({"n": 129}, "n", "<= 128"),
+        ({"n": 129}, "n", "max_n = 128"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"stop": [""]}, "stop", "must not be empty"),
         ({"stop": [1]}, "stop", "array of strings"),

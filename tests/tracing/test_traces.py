@@ -98,8 +98,10 @@ def test_one_trace_spans_gateway_and_worker(receiver: OtlpReceiver) -> None:
     assert request.attributes["gen_ai.usage.output_tokens"] == 7
     assert request.attributes["gen_ai.usage.input_tokens"] == completion.usage.prompt_tokens
     assert route.attributes["kvflow.route.worker"] == worker.address
-    assert attempt.attributes["kvflow.worker_request_id"] == "trace-me-1-c0-a0"
-    assert generate.attributes["kvflow.worker_request_id"] == "trace-me-1-c0-a0"
+    # The worker sees the gateway's own id, never the caller's; the trace ties them.
+    worker_request_id = attempt.attributes["kvflow.worker_request_id"]
+    assert worker_request_id.startswith("req_") and worker_request_id.endswith("-c0-a0")
+    assert generate.attributes["kvflow.worker_request_id"] == worker_request_id
     assert generate.attributes["gen_ai.request.model"] == MODEL
     assert generate.attributes["kvflow.tenant"] == "anonymous"
     assert generate.attributes["gen_ai.usage.output_tokens"] == 7

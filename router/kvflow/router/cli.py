@@ -13,6 +13,8 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields as dataclass_fields
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import uvloop
 from kvflow.proto import otel
 from kvflow.router import tracing
 from kvflow.router.api.http_limits import HttpLimits
+from kvflow.router.protocol.limits import RequestLimits, flag_of
 from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.serving.admission import (
     ADMISSION_FLAGS,
@@ -28,6 +31,7 @@ from kvflow.router.serving.admission import (
     AdmissionConfigError,
     removed_env_problem,
 )
+from kvflow.router.serving.prepare import PREPARE_FLAGS, PrepareConfig
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key, hmac_api_key
 from kvflow.router.tenants.redis_store import QUOTA_SCOPE
@@ -123,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _admission_flags(p, d.admission)
     _tracing_flags(p)
+    _request_limit_flags(p, d.request_limits, d.prepare)
     _security_flags(p, d)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument(
@@ -196,7 +201,21 @@ def _tracing_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# --- exposure and security: the HTTP listener, the quota store, disclosure --------------------
+# -- Request limits and preparation --------------------------------------------------------
+
+_LIMIT_HELP = {
+    "max_prompts_per_request": "prompts in one /v1/completions request",
+    "max_n": "choices per prompt (n)",
+    "max_choices_per_request": "prompts x n of one request",
+    "max_stop_strings": "stop strings of one request",
+    "max_stop_string_chars": "characters in one stop string",
+    "max_stop_token_ids": "entries of stop_token_ids",
+    "max_logit_bias_entries": "entries of logit_bias",
+    "max_schema_bytes": "bytes of one JSON schema, regex or grammar (response_format, "
+    "structured_outputs, each tool's parameters)",
+    "max_schema_depth": "nesting levels of one JSON schema's text",
+    "max_messages": "messages of one chat request",
+}
 
 
 def _positive_int(text: str) -> int:
@@ -204,9 +223,68 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
+
+
+def _request_limit_flags(
+    p: argparse.ArgumentParser, limits: RequestLimits, prepare: PrepareConfig
+) -> None:
+    g = p.add_argument_group(
+        "request limits",
+        "what one request may ask for; past a limit it is a 400 naming it "
+        '(docs/router.md, "Request limits")',
+    )
+    for f in dataclass_fields(limits):
+        g.add_argument(flag_of(f.name), type=_positive_int, default=getattr(limits, f.name),
+                       metavar="N",
+                       help=f"most {_LIMIT_HELP[f.name]} (default: %(default)s)")  # fmt: skip
+    g.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        metavar="BYTES",
+        help="largest request body; larger is a 413 (default: the config's "
+        "limits.max_body_bytes, else 8 MiB)",
+    )
+    g.add_argument(
+        PREPARE_FLAGS["threads"],
+        type=_positive_int,
+        default=prepare.threads,
+        metavar="N",
+        help="threads that render chat templates, tokenize and compile grammars, off the "
+        "event loop (default: %(default)s)",
+    )
+    g.add_argument(
+        PREPARE_FLAGS["max_waiting"],
+        type=int,
+        default=prepare.max_waiting,
+        metavar="N",
+        help="requests waiting for a prepare thread; past that 503 (default: %(default)s)",
+    )
+    g.add_argument(
+        PREPARE_FLAGS["timeout_s"],
+        type=_seconds(allow_zero=False),
+        default=prepare.timeout_s,
+        metavar="S",
+        help="a request's preparation past this is a 400 (503 if it was still waiting for "
+        "a thread) (default: %(default)s)",
+    )
+
+
+def _request_limits(args: argparse.Namespace) -> tuple[RequestLimits, PrepareConfig]:
+    try:
+        limits = RequestLimits(
+            **{f.name: getattr(args, f.name) for f in dataclass_fields(RequestLimits)}
+        )
+        prepare = PrepareConfig(args.prepare_threads, args.prepare_max_waiting,
+                                args.prepare_timeout_s)  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return limits, prepare
+
+
+# --- exposure and security: the HTTP listener, the quota store, disclosure --------------------
 
 
 def _security_flags(p: argparse.ArgumentParser, d: RouterSettings) -> None:
@@ -318,6 +396,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
     except (AdmissionConfigError, otel.TracingConfigError) as exc:
         raise ConfigError(str(exc)) from exc
     config = load_config(args.config)
+    if args.max_body_bytes is not None:
+        config = replace(config, max_body_bytes=args.max_body_bytes)
+    request_limits, prepare = _request_limits(args)
     if config.pools:
         _refuse_pool_flags(args, args.config)
     if args.hash_api_key:
@@ -343,6 +424,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         metrics_port=args.metrics_port,
         admission=admission,
         tracing=traces,
+        request_limits=request_limits,
+        prepare=prepare,
         **_security_settings(args, env),
     )
 

@@ -52,10 +52,12 @@ from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.models.pools import PoolSpec, parse_pools
 from kvflow.router.models.routes import ModelRoutes, parse_models
+from kvflow.router.protocol.limits import RequestLimits
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
 from kvflow.router.routing.pipeline import BLOCK_SCORERS, BLOCK_WEIGHTS, DEFAULT_WEIGHTS
 from kvflow.router.routing.placement import DisaggregationConfig
 from kvflow.router.serving.admission import AdmissionConfig
+from kvflow.router.serving.prepare import PrepareConfig
 from kvflow.router.tenants.config import (
     MaxTokensLimits,
     TenantDirectory,
@@ -122,6 +124,11 @@ class RouterSettings:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     # OpenTelemetry traces (tracing.py): off unless an OTLP endpoint is given.
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # -- What one request may ask for, and the work before generation ------------------
+    # Caps checked while parsing (protocol/limits.py): the --max-* request flags.
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    # Templates, tokenizing, grammar compiles off the event loop (serving/prepare.py).
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
     # --- exposure: the HTTP listener, quota store, disclosure (docs/router.md, "Security") --
     # Connection-level limits of the HTTP listener (api/http_limits.py).
     http: HttpLimits = field(default_factory=HttpLimits)

@@ -48,6 +48,20 @@ JSON_OPTIONS: JsonCompileOptions = {
     "key_separator": ": ",
 }
 
+#: llguidance's limits, explicit rather than the library's defaults (which may move between
+#: releases), and the same as the gateway's check (router structured/constraint.py). Fuel
+#: is lexer work (~50k per ms building, ~14k per ms per step): a compile's lexer work
+#: stays near 20 ms and a mask step's near 15 ms; lexer states cost 1-2 kB each, so
+#: 100,000 bound one grammar's lexer near 200 MB (the library's 250,000: 500 MB).
+COMPILE_LIMITS = llguidance.LLParserLimits(
+    max_items_in_row=2000,
+    initial_lexer_fuel=1_000_000,
+    step_lexer_fuel=200_000,
+    step_max_items=50_000,
+    max_lexer_states=100_000,
+    max_grammar_size=500_000,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
@@ -139,10 +153,11 @@ class GrammarCompiler:
 
     def _compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         text = grammar_text(spec)
-        problem = llguidance.LLMatcher.validate_grammar(text, self._tokenizer)
+        limits = COMPILE_LIMITS
+        problem = llguidance.LLMatcher.validate_grammar(text, self._tokenizer, limits=limits)
         if problem and not problem.startswith("WARNING"):
             raise InvalidRequestError(f"invalid {spec.kind}: {problem}")
-        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0)
+        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
         if matcher.is_error():
             raise InvalidRequestError(f"invalid {spec.kind}: {matcher.get_error()}")
         return matcher

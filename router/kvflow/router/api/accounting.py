@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvflow.router.api.gateway import Gateway
@@ -38,6 +39,8 @@ class Accounting:
     # The answering pool's served name (the response's `model`): the latency label, bounded
     # by the pools, where `model` is whatever the client sent.
     served_model: str = ""
+    # Called once when the request ends (the tenant's in-flight count, serving/tenant_gate.py).
+    on_finish: Callable[[], None] | None = None
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -67,6 +70,8 @@ class Accounting:
         if self._is_finished:
             return
         self._is_finished = True
+        if self.on_finish is not None:
+            self.on_finish()
         usage = self.usage
         name, metrics = self.tenant.name, self.gateway.metrics
         metrics.tenant_requests.labels(name).inc()
@@ -99,6 +104,8 @@ class Accounting:
         ttft_ms = "none" if ttft is None else f"{(ttft - trace.arrival_s) * 1e3:.1f}"
         fields = [
             ("request_id", trace.request_id),
+            # The workers' id, when the caller brought its own (serving/types.py).
+            *([("server_id", trace.server_id)] if trace.server_id != trace.request_id else []),
             ("tenant", self.tenant.name),
             ("model", self.model),
             *([("pool", self.pool)] if self.pool is not None else []),

@@ -1,13 +1,20 @@
 """`/v1/chat/completions` and `/v1/completions`: one flow, two wire formats.
 
-authenticate (401) -> parse (400/413) -> model (404/403), resolved to a pool -> a worker
-of that pool is up (503) -> prompt fits the context (400) -> quotas (429) -> generate,
-stream or collect. The response's `model` is the answering pool's served name.
+authenticate (401) -> parse, every request limit checked (400/413) -> model (404/403),
+resolved to a pool -> a worker of that pool is up (503) -> the tenant's concurrency at this
+replica (429) -> admission control (503/429) -> prepare on the prepare threads: schemas
+compiled, template rendered, prompts tokenized (400; 503 when busy) -> prompt fits the
+context (400) -> quotas (429) -> generate, stream or collect. The response's `model` is
+the answering pool's served name.
+
+The cheap refusals come first: nothing is rendered, tokenized or compiled for a request
+that the limits, the tenant's concurrency or the cluster's queues turn away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -17,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kvflow.router.api.accounting import Accounting
+from kvflow.router.api.backend import PoolBackend
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import (
     SERVED_MODEL_STATE,
@@ -31,6 +39,7 @@ from kvflow.router.protocol.requests import (
     CompletionRequest,
     SamplingOptions,
     check_logit_bias,
+    constraints_to_compile,
     parse_chat_request,
     parse_completion_request,
 )
@@ -42,9 +51,18 @@ from kvflow.router.protocol.responses import (
     text_completion,
 )
 from kvflow.router.serving.defaults import apply_sampling_defaults
+from kvflow.router.serving.prepare import PreparePool
 from kvflow.router.serving.prompts import PreparedPrompt
+from kvflow.router.serving.tenant_gate import TenantGate
 from kvflow.router.serving.token_budget import TokenBudget, plan_tokens
-from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
+from kvflow.router.serving.types import (
+    Caller,
+    ChoiceSpec,
+    ChoiceUsage,
+    RequestTrace,
+    new_request_id,
+)
+from kvflow.router.structured.constraint import check_constraint
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.prompt_cache import tenant_for_request
 from kvflow.router.tenants.service import Lease
@@ -94,14 +112,58 @@ async def _admit(gw: Gateway, tenant: Tenant, prompt_tokens: int, reserved_token
     return lease
 
 
+def _trace(request: Request) -> RequestTrace:
+    """The caller's id for logs and the response; the workers get one made here."""
+    request_id: str = request.state.request_id
+    from_caller = request.headers.get("x-request-id") == request_id
+    return RequestTrace(request_id, new_request_id() if from_caller else request_id)
+
+
+def _prepare_pool(request: Request, gw: Gateway) -> PreparePool:
+    """The app's prepare threads, made on its first request."""
+    pool: PreparePool | None = getattr(request.app.state, "prepare_pool", None)
+    if pool is None:
+        pool = request.app.state.prepare_pool = PreparePool(gw.settings.prepare)
+    return pool
+
+
+def _tenant_gate(request: Request) -> TenantGate:
+    """The app's count of requests in flight per tenant, made on its first request."""
+    gate: TenantGate | None = getattr(request.app.state, "tenant_gate", None)
+    if gate is None:
+        gate = request.app.state.tenant_gate = TenantGate()
+    return gate
+
+
+def _prepare(
+    backend: PoolBackend, parsed: ChatRequest | CompletionRequest, template_source: str | None
+) -> list[PreparedPrompt]:
+    """On a prepare thread: compile the schemas and grammars, render, tokenize."""
+    for constraint in constraints_to_compile(parsed):
+        check_constraint(constraint)
+    if isinstance(parsed, ChatRequest):
+        messages, tool_variables = prepare_tool_prompt(
+            parsed.messages, parsed.tools, parsed.tool_choice, template_source
+        )
+        return [
+            backend.prompts.chat(
+                messages,
+                add_generation_prompt=parsed.add_generation_prompt,
+                template_kwargs={**parsed.chat_template_kwargs, **tool_variables},
+            )
+        ]
+    return [backend.prompts.completion(p) for p in parsed.prompts]
+
+
 async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     gw: Gateway = request.app.state.gateway
-    trace = RequestTrace(request_id=request.state.request_id)
+    trace = _trace(request)
     tenant = gw.authenticate(request.headers)
     body = await read_json_body(request, gw.settings.config.max_body_bytes)
     tenant = tenant_for_request(tenant, body)  # prompt_cache_key: a per-user cache salt
+    limits = gw.settings.request_limits
     parsed: ChatRequest | CompletionRequest = (
-        parse_chat_request(body) if is_chat else parse_completion_request(body)
+        parse_chat_request(body, limits) if is_chat else parse_completion_request(body, limits)
     )
     session_id = request.headers.get(gw.session_header)
     route = gw.route(parsed.model, tenant, session_id)
@@ -112,29 +174,32 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     check_logit_bias(parsed.sampling, info.vocab_size)
     template = backend.text.chat_template
     template_source = template.source if template is not None else None
-    if isinstance(parsed, ChatRequest):
-        messages, tool_variables = prepare_tool_prompt(
-            parsed.messages, parsed.tools, parsed.tool_choice, template_source
+    # The cheap refusals before any work: the tenant's concurrency here, a full cluster.
+    # Once past them the request counts as in flight (for both) until it ends: `leave`.
+    in_flight = contextlib.ExitStack()
+    leave = in_flight.close
+    try:
+        in_flight.callback(_tenant_gate(request).enter(tenant))
+        if backend.admission is not None:  # 503/429 from the workers' queues
+            backend.admission.check(tenant, served_name)
+            in_flight.enter_context(backend.admission.in_flight(tenant))
+            trace.is_admitted = True
+        prompts = await _prepare_pool(request, gw).run(
+            lambda: _prepare(backend, parsed, template_source)
         )
-        prompts = [
-            backend.prompts.chat(
-                messages,
-                add_generation_prompt=parsed.add_generation_prompt,
-                template_kwargs={**parsed.chat_template_kwargs, **tool_variables},
-            )
-        ]
-    else:
-        prompts = [backend.prompts.completion(p) for p in parsed.prompts]
-    sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
-    prompt_lens = [len(p.token_ids) for p in prompts]
-    budget = plan_tokens(prompt_lens, sampling,
-                         max_len=backend.max_model_len(info.max_model_len),
-                         policy=backend.token_policy(tenant, parsed.model),
-                         is_chat=is_chat)  # fmt: skip
-    lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+        sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
+        prompt_lens = [len(p.token_ids) for p in prompts]
+        budget = plan_tokens(prompt_lens, sampling,
+                             max_len=backend.max_model_len(info.max_model_len),
+                             policy=backend.token_policy(tenant, parsed.model),
+                             is_chat=is_chat)  # fmt: skip
+        lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+    except BaseException:
+        leave()
+        raise
     accounting = Accounting(gw, tenant, lease, trace, parsed.model, sampling.n * len(prompts),
                             pool=backend.name if gw.has_pools else None,
-                            served_model=served_name)  # fmt: skip
+                            served_model=served_name, on_finish=leave)  # fmt: skip
     caller = Caller(tenant, served_name, session_id)
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = backend.service.run(
         caller, _build_specs(prompts, sampling, budget), trace, buffered=not parsed.stream

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
+from kvflow.router.protocol.limits import DEFAULT_LIMITS, RequestLimits, check_count
 
 _CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -110,7 +111,9 @@ def _tool_calls(value: object, index: int) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
+def parse_messages(
+    fields: Fields, limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[ChatMessage, ...]:
     value = fields.required("messages")
     if not isinstance(value, list):
         raise invalid_type("messages", "an array", value)
@@ -119,6 +122,8 @@ def parse_messages(fields: Fields) -> tuple[ChatMessage, ...]:
             "Invalid 'messages': empty array. Expected an array with minimum length 1.",
             param="messages",
         )
+    # Each message is rendered by the chat template and tokenized: the count bounds that.
+    check_count("messages", "messages", len(value), "max_messages", limits)
     messages = []
     for i, raw in enumerate(value):
         message = as_mapping(raw, f"messages[{i}]")

@@ -13,6 +13,13 @@ from typing import Any
 from kvflow.router.protocol import sampling_fields
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
+from kvflow.router.protocol.limits import (
+    DEFAULT_LIMITS,
+    DEFAULT_MAX_N,
+    RequestLimits,
+    check_count,
+    check_schema_size,
+)
 from kvflow.router.protocol.messages import ChatMessage, parse_messages
 from kvflow.router.protocol.sampling_fields import MAX_INT32, MAX_PENALTY
 from kvflow.router.structured.constraint import OutputConstraint
@@ -20,7 +27,7 @@ from kvflow.router.structured.formats import parse_response_format, parse_struct
 from kvflow.router.tools.constrain import forced_call_constraint
 from kvflow.router.tools.spec import ToolChoice, ToolSpec, parse_tool_choice, parse_tools
 
-MAX_N = 128  # OpenAI's limit for `n`
+MAX_N = DEFAULT_MAX_N  # the default; the gateway's own is in RequestLimits
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
 # The fields a model or an operator may give a default to.
@@ -148,7 +155,12 @@ def check_logit_bias(sampling: SamplingOptions, vocab_size: int) -> None:
 
 
 def _common_sampling(
-    fields: Fields, *, logprobs: bool, top_logprobs: int, max_tokens_default: int | None
+    fields: Fields,
+    *,
+    logprobs: bool,
+    top_logprobs: int,
+    max_tokens_default: int | None,
+    limits: RequestLimits,
 ) -> SamplingOptions:
     seed = fields.integer("seed", low=-(2**63), high=2**64 - 1)
     unset = frozenset(
@@ -166,9 +178,9 @@ def _common_sampling(
         min_p=fields.number("min_p", low=0, high=1) or 0.0,
         # The worker's seed is unsigned 64-bit: wrap negative seeds instead of refusing them.
         seed=None if seed is None else seed % 2**64,
-        stop_strings=sampling_fields.stop_strings(fields),
-        stop_token_ids=sampling_fields.stop_token_ids(fields),
-        n=fields.integer("n", low=1, high=MAX_N) or 1,
+        stop_strings=sampling_fields.stop_strings(fields, limits),
+        stop_token_ids=sampling_fields.stop_token_ids(fields, limits),
+        n=_n(fields, limits),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=fields.boolean("ignore_eos"),
@@ -178,7 +190,7 @@ def _common_sampling(
         or 0.0,
         frequency_penalty=fields.number("frequency_penalty", low=-MAX_PENALTY, high=MAX_PENALTY)
         or 0.0,
-        logit_bias=sampling_fields.logit_bias(fields),
+        logit_bias=sampling_fields.logit_bias(fields, limits),
         repetition_penalty=sampling_fields.repetition_penalty(fields),
         min_tokens=sampling_fields.min_tokens(
             fields, None if "max_tokens" in unset else max_tokens
@@ -187,11 +199,47 @@ def _common_sampling(
     )
 
 
-def parse_chat_request(body: object) -> ChatRequest:
+def _n(fields: Fields, limits: RequestLimits) -> int:
+    n = fields.integer("n", low=1, high=MAX_INT32) or 1
+    check_count("n", "choices per prompt", n, "max_n", limits)
+    return n
+
+
+def _check_schema_sizes(
+    constraint: OutputConstraint | None, tools: tuple[ToolSpec, ...], limits: RequestLimits
+) -> None:
+    """The caller's schemas and grammars within max_schema_bytes and max_schema_depth; they
+    are compiled later, off the event loop (serving/prepare.py). A forced tool call's
+    grammar is built from the tools, each checked here."""
+    for i, tool in enumerate(tools):
+        check_schema_size(f"tools[{i}].function.parameters", tool.parameters_json, limits,
+                          is_json=True)  # fmt: skip
+    if constraint is not None and constraint.param != "tool_choice":
+        check_schema_size(constraint.param or "response_format", constraint.source, limits,
+                          is_json=constraint.kind == "json_schema")  # fmt: skip
+
+
+def constraints_to_compile(request: ChatRequest | CompletionRequest) -> list[OutputConstraint]:
+    """Every schema and grammar of ``request``, each naming its parameter: the tools'
+    argument schemas, then the output's format (serving/prepare.py compiles them)."""
+    constraints = []
+    if isinstance(request, ChatRequest):
+        constraints = [
+            OutputConstraint("json_schema", tool.parameters_json, f"tools[{i}].function.parameters")
+            for i, tool in enumerate(request.tools)
+        ]
+    if request.sampling.constraint is not None:
+        constraints.append(request.sampling.constraint)
+    return constraints
+
+
+def parse_chat_request(body: object, limits: RequestLimits = DEFAULT_LIMITS) -> ChatRequest:
+    """The request, every cap of ``limits`` checked. Its schemas and grammars are checked
+    for size here and compiled by serving/prepare.py."""
     fields = Fields(body)
     model = fields.string("model", required=True)
     assert model is not None
-    messages = parse_messages(fields)
+    messages = parse_messages(fields, limits)
     logprobs = fields.boolean("logprobs")
     top_logprobs = fields.integer("top_logprobs", low=0, high=MAX_TOP_LOGPROBS_CHAT) or 0
     if top_logprobs and not logprobs:
@@ -199,8 +247,11 @@ def parse_chat_request(body: object) -> ChatRequest:
             "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs"
         )
     sampling = _common_sampling(
-        fields, logprobs=logprobs, top_logprobs=top_logprobs, max_tokens_default=None
-    )
+        fields, logprobs=logprobs, top_logprobs=top_logprobs, max_tokens_default=None,
+        limits=limits,
+    )  # fmt: skip
+    # One prompt: its n choices are the request's (a cap below max_n still holds).
+    check_count("n", "choices", sampling.n, "max_choices_per_request", limits)
     stream = fields.boolean("stream")
     stream_options = _stream_options(fields, stream)
     for name in ("functions", "audio", "prediction", "web_search_options"):
@@ -212,6 +263,7 @@ def parse_chat_request(body: object) -> ChatRequest:
     parallel_tool_calls = fields.boolean("parallel_tool_calls", True)
     sampling = replace(sampling, constraint=_chat_constraint(fields, tools, tool_choice,
                                                               parallel_tool_calls))  # fmt: skip
+    _check_schema_sizes(sampling.constraint, tools, limits)
     fields.reject_if_set("modalities", 'supports only ["text"]', allowed=(["text"],))
     fields.reject_if_set("reasoning_effort", "is not supported by this model")
     kwargs = fields.raw("chat_template_kwargs")
@@ -254,10 +306,13 @@ def _chat_constraint(
             "ask for one format at a time.",
             param=asked[1][0],
         )
-    return asked[0][1] if asked else None
+    if not asked:
+        return None
+    name, constraint = asked[0]
+    return constraint if constraint.param else replace(constraint, param=name)
 
 
-def _prompts(fields: Fields) -> tuple[Prompt, ...]:
+def _prompts(fields: Fields, limits: RequestLimits) -> tuple[Prompt, ...]:
     value = fields.required("prompt")
     problem = invalid_type(
         "prompt", "a string, an array of strings, or an array of token ids (or of arrays)", value
@@ -274,6 +329,9 @@ def _prompts(fields: Fields) -> tuple[Prompt, ...]:
         return (value,)
     if not isinstance(value, list) or not value:
         raise problem
+    # An array of arrays is that many prompts; count them before converting any.
+    if isinstance(value[0], str | list):
+        check_count("prompt", "prompts", len(value), "max_prompts_per_request", limits)
     if all(isinstance(p, str) for p in value):
         return tuple(value)
     if all(isinstance(p, list) for p in value):
@@ -281,11 +339,20 @@ def _prompts(fields: Fields) -> tuple[Prompt, ...]:
     return (token_ids(value),)
 
 
-def parse_completion_request(body: object) -> CompletionRequest:
+def parse_completion_request(
+    body: object, limits: RequestLimits = DEFAULT_LIMITS
+) -> CompletionRequest:
+    """The request, every cap of ``limits`` checked: prompts, n and their product first,
+    before any other field is read."""
     fields = Fields(body)
     model = fields.string("model", required=True)
     assert model is not None
-    prompts = _prompts(fields)
+    prompts = _prompts(fields, limits)
+    # Choices are tasks and worker streams: refuse their number before reading anything
+    # else (the n read again below gives the same value).
+    n = _n(fields, limits)
+    check_count("n", f"choices ({len(prompts)} prompts x n {n})", len(prompts) * n,
+                "max_choices_per_request", limits)  # fmt: skip
     num_logprobs = fields.integer("logprobs", low=0, high=MAX_LOGPROBS_COMPLETIONS)
     # OpenAI's legacy endpoint defaults to 16 tokens.
     sampling = _common_sampling(
@@ -293,6 +360,7 @@ def parse_completion_request(body: object) -> CompletionRequest:
         logprobs=num_logprobs is not None,
         top_logprobs=num_logprobs or 0,
         max_tokens_default=16,
+        limits=limits,
     )
     stream = fields.boolean("stream")
     stream_options = _stream_options(fields, stream)

@@ -8,35 +8,50 @@ from __future__ import annotations
 
 from kvflow.router.protocol.errors import invalid_request
 from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
+from kvflow.router.protocol.limits import (
+    DEFAULT_LIMITS,
+    DEFAULT_MAX_LOGIT_BIAS_ENTRIES,
+    DEFAULT_MAX_STOP_STRINGS,
+    RequestLimits,
+    check_count,
+    limit_exceeded,
+)
 
 MAX_INT32 = 2**31 - 1  # the worker's SamplingParams holds these counts as int32
-MAX_STOP_STRINGS = 4  # OpenAI's limit for `stop`
+MAX_STOP_STRINGS = DEFAULT_MAX_STOP_STRINGS  # the default; the gateway's is in RequestLimits
 MAX_PENALTY = 2  # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 MAX_LOGIT_BIAS = 100  # OpenAI's range for one bias: [-100, 100]
-MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+MAX_LOGIT_BIAS_ENTRIES = DEFAULT_MAX_LOGIT_BIAS_ENTRIES  # the default, as above
 
 
-def stop_strings(fields: Fields) -> tuple[str, ...]:
+def stop_strings(fields: Fields, limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, ...]:
     value = fields.raw("stop")
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+    if not isinstance(stops, list):
         raise invalid_type("stop", "a string or an array of strings", value)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise invalid_request(
-            f"Invalid 'stop': at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}.",
-            param="stop",
-        )
+    # The count before looking at the items: a million of them is refused without a scan.
+    check_count("stop", "stop strings", len(stops), "max_stop_strings", limits)
+    if not all(isinstance(s, str) for s in stops):
+        raise invalid_type("stop", "a string or an array of strings", value)
     if any(s == "" for s in stops):
         raise invalid_request("Invalid 'stop': stop strings must not be empty.", param="stop")
+    # Stop strings are matched on every chunk of every choice; their length bounds the
+    # text held back and scanned (text/stop.py).
+    longest = max((len(s) for s in stops), default=0)
+    if longest > limits.max_stop_string_chars:
+        raise limit_exceeded("stop", "characters in a stop string", longest,
+                             "max_stop_string_chars", limits.max_stop_string_chars)  # fmt: skip
     return tuple(stops)
 
 
-def stop_token_ids(fields: Fields) -> tuple[int, ...]:
+def stop_token_ids(fields: Fields, limits: RequestLimits = DEFAULT_LIMITS) -> tuple[int, ...]:
     value = fields.raw("stop_token_ids")
     if value is None:
         return ()
+    if isinstance(value, list):
+        check_count("stop_token_ids", "token ids", len(value), "max_stop_token_ids", limits)
     if not isinstance(value, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT32 for v in value
     ):
@@ -56,16 +71,14 @@ def max_tokens(fields: Fields, default: int | None) -> int | None:
     return default if chosen is None else chosen
 
 
-def logit_bias(fields: Fields) -> tuple[tuple[int, float], ...]:
+def logit_bias(
+    fields: Fields, limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[tuple[int, float], ...]:
     value = fields.raw("logit_bias")
     if value is None:
         return ()
     biases = as_mapping(value, "logit_bias")
-    if len(biases) > MAX_LOGIT_BIAS_ENTRIES:
-        raise invalid_request(
-            f"Invalid 'logit_bias': at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(biases)}.",
-            param="logit_bias",
-        )
+    check_count("logit_bias", "entries", len(biases), "max_logit_bias_entries", limits)
     pairs: dict[int, float] = {}
     for key, bias in biases.items():
         # JSON object keys are strings; OpenAI takes decimal token ids.

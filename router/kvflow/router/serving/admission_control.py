@@ -178,8 +178,12 @@ class AdmittedGenerationService(GenerationService):
     async def run(
         self, caller: Caller, specs: Sequence[ChoiceSpec], trace: RequestTrace, *, buffered: bool
     ) -> AsyncGenerator[ChoiceDelta | ChoiceUsage]:
-        self.admission.check(caller.tenant, caller.model)
-        with self.admission.in_flight(caller.tenant):
+        # Admitted already (api/completions.py, before preparing its prompts): checked and
+        # counted in flight by its caller, until it ends.
+        with contextlib.ExitStack() as in_flight:
+            if not trace.is_admitted:
+                self.admission.check(caller.tenant, caller.model)
+                in_flight.enter_context(self.admission.in_flight(caller.tenant))
             stream = super().run(caller, specs, trace, buffered=buffered)
             async with contextlib.aclosing(stream):
                 async for item in stream:

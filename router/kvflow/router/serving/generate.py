@@ -43,6 +43,10 @@ log = logging.getLogger("kvflow.router.serving")
 MAX_ATTEMPTS = 3
 
 _DONE = object()
+# Choices started per turn of the event loop: other requests (and /health) get a turn
+# between each batch of this many.
+CHOICES_PER_LOOP_TURN = 16
+ITEMS_PER_LOOP_TURN = 64
 
 
 class GenerationService:
@@ -87,13 +91,24 @@ class GenerationService:
                                  "kvflow.num_choices": len(specs)})  # fmt: skip
         usage = UsageCounts()  # summed over the choices as they finish, for the span
         queue: asyncio.Queue[object] = asyncio.Queue()
-        tasks = [
-            asyncio.create_task(self._choice_task(caller, spec, trace, queue, buffered))
-            for spec in specs
-        ]
+        tasks: list[asyncio.Task[None]] = []
         try:
+            for spec in specs:
+                tasks.append(
+                    asyncio.create_task(self._choice_task(caller, spec, trace, queue, buffered))
+                )
+                # A task's first step (hashing its prompt, placing it) runs before its first
+                # await; a thousand started at once would hold the event loop for that long.
+                if len(tasks) % CHOICES_PER_LOOP_TURN == 0:
+                    await asyncio.sleep(0)
             remaining = len(tasks)
+            num_items = 0
             while remaining:
+                num_items += 1
+                if num_items % ITEMS_PER_LOOP_TURN == 0:
+                    # queue.get() does not yield while items wait: thousands of choices'
+                    # deltas would be merged in one turn of the loop.
+                    await asyncio.sleep(0)
                 item = await queue.get()
                 if item is _DONE:
                     remaining -= 1

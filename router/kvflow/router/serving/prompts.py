@@ -1,4 +1,8 @@
-"""Turn a validated request into prompt token ids, and check them against the context."""
+"""Turn a validated request into prompt token ids, and check them against the context.
+
+CPU work that grows with the request: the gateway runs it on its prepare threads
+(serving/prepare.py), never on the event loop. In a chat, only the template's own markers
+become control tokens; the caller's text stays text (text/control_tokens.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from typing import Any
 from kvflow.router.protocol.errors import ApiError, invalid_request
 from kvflow.router.protocol.messages import ChatMessage
 from kvflow.router.protocol.requests import Prompt
-from kvflow.router.text.chat_template import ChatTemplateError
+from kvflow.router.text.chat_template import ChatTemplateError, RenderTimeoutError
+from kvflow.router.text.control_tokens import ControlTokenGuard, Escaped
 from kvflow.router.text.model_files import TextModel
 
 
@@ -46,6 +51,7 @@ def check_context(num_prompt: int, max_tokens: int | None, max_len: int) -> None
 class PromptBuilder:
     def __init__(self, text_model: TextModel) -> None:
         self._text = text_model
+        self._guard = ControlTokenGuard(text_model.tokenizer)
 
     def chat(
         self,
@@ -60,19 +66,22 @@ class PromptBuilder:
                 "This model has no chat template; use /v1/completions with a plain prompt.",
                 param="messages",
             )
+        guard, escaped = self._guard, Escaped()
         try:
             text = template.render(
-                [m.as_template_dict() for m in messages],
+                guard.escape([m.as_template_dict() for m in messages], escaped),
                 add_generation_prompt=add_generation_prompt,
-                extra=template_kwargs,
+                extra=guard.escape(dict(template_kwargs or {}), escaped),
             )
+        except RenderTimeoutError:
+            raise  # the prepare pool's limit, not the messages' fault alone
         except ChatTemplateError as exc:
             raise invalid_request(
                 f"The chat template rejected the messages: {exc}", param="messages"
             ) from exc
         # The template writes any BOS itself; adding special tokens again would double it.
-        ids = self._text.tokenizer.encode(text, add_special_tokens=False)
-        return PreparedPrompt(ids, text)
+        ids = guard.encode(text, escaped)
+        return PreparedPrompt(ids, guard.restore(text, escaped))
 
     def completion(self, prompt: Prompt) -> PreparedPrompt:
         tokenizer = self._text.tokenizer

@@ -44,13 +44,20 @@ def new_request_id() -> str:
 class RequestTrace:
     """What happened to a request, for headers, logs and metrics."""
 
-    # The one id of the request: from `x-request-id` or made here; every worker sees it,
-    # suffixed per choice and attempt ("<id>-c0-a1"), and every log line names it.
+    # The request's id for its caller: from `x-request-id` or made here; the response
+    # header, log lines and traces carry it.
     request_id: str = field(default_factory=new_request_id)
+    # The id workers see, always made here: a caller's id is no worker's business, and a
+    # reused one must not collide there. Suffixed per choice and attempt ("<id>-c0-a1").
+    # Equal to request_id when the caller sent none.
+    server_id: str = field(default_factory=new_request_id)
     arrival_s: float = field(default_factory=time.perf_counter)
     routes: list[str] = field(default_factory=list)
     first_token_s: float | None = None
+    # Admission control let it in and counts it in flight (api/completions.py, before its
+    # prompts were prepared); the generation service need not check it again.
+    is_admitted: bool = False
 
     def attempt_id(self, choice: int, attempt: int) -> str:
         """The id a worker sees: unique per choice and attempt, so never twice on a worker."""
-        return f"{self.request_id}-c{choice}-a{attempt}"
+        return f"{self.server_id}-c{choice}-a{attempt}"

@@ -1,5 +1,9 @@
 """``response_format`` (OpenAI) and ``structured_outputs`` (kvflow's extension, named and
-shaped as vLLM's) -> an ``OutputConstraint``. Pure; 400s name the parameter."""
+shaped as vLLM's) -> an ``OutputConstraint``. Pure; 400s name the parameter.
+
+Nothing is compiled here: parsing runs on the event loop, and a grammar can take seconds
+to compile. The size caps are checked by protocol/requests.py, the compile by
+serving/prepare.py (off the loop, with a time limit)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 
 from kvflow.router.protocol.errors import ApiError, invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import as_mapping, invalid_type
-from kvflow.router.structured.constraint import OutputConstraint, check_constraint
+from kvflow.router.structured.constraint import OutputConstraint
 
 _SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name
 # structured_outputs keys: vLLM's names. `grammar` takes GBNF or Lark.
@@ -63,9 +67,7 @@ def parse_response_format(value: object) -> OutputConstraint | None:
     if not isinstance(schema, dict):
         raise invalid_type("response_format.json_schema.schema", "an object", schema)
     # strict or not, the output follows the schema: kvflow always constrains.
-    return check_constraint(
-        OutputConstraint.json_schema(schema), "response_format.json_schema.schema"
-    )
+    return OutputConstraint.json_schema(schema, param="response_format.json_schema.schema")
 
 
 def parse_structured_outputs(value: object) -> OutputConstraint | None:
@@ -91,22 +93,22 @@ def parse_structured_outputs(value: object) -> OutputConstraint | None:
     if key == "json":
         try:
             schema = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nested too deep
             raise invalid_request(f"Invalid '{param}': not JSON: {err}.", param=param) from err
         if not isinstance(schema, dict):
             raise invalid_type(param, "a JSON Schema object", raw)
-        constraint = OutputConstraint.json_schema(schema)
+        constraint = OutputConstraint.json_schema(schema, param=param)
     elif key == "json_object":
         if raw is not True:
             raise invalid_type(param, "true", raw)
-        constraint = OutputConstraint("json_object")
+        constraint = OutputConstraint("json_object", param=param)
     elif key == "choice":
         if not isinstance(raw, list) or not raw or not all(isinstance(c, str) for c in raw):
             raise invalid_type(param, "a non-empty array of strings", raw)
         lark = "start: " + " | ".join(json.dumps(c) for c in raw)
-        constraint = OutputConstraint("lark", lark)
+        constraint = OutputConstraint("lark", lark, param=param)
     else:
         if not isinstance(raw, str) or not raw:
             raise invalid_type(param, "a non-empty string", raw)
-        constraint = OutputConstraint("regex" if key == "regex" else "ebnf", raw)
-    return check_constraint(constraint, param)
+        constraint = OutputConstraint("regex" if key == "regex" else "ebnf", raw, param=param)
+    return constraint

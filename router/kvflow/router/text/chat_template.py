@@ -2,12 +2,18 @@
 
 Templates come from model files written by strangers, so they run in jinja's immutable
 sandbox: no attribute access to Python internals, no mutation of the messages we pass.
+A render has a deadline (``render_deadline``): a thread cannot be stopped from outside, so
+the sandbox checks it on every attribute, item and call the template makes, and a render
+past it fails with RenderTimeoutError instead of holding its thread.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +24,46 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 class ChatTemplateError(ValueError):
     """The template refused the conversation (``raise_exception``) or failed to render."""
+
+
+class RenderTimeoutError(ChatTemplateError):
+    """The render ran past its deadline (render_deadline)."""
+
+
+_deadline = threading.local()  # this thread's render deadline, time.monotonic() seconds
+
+
+@contextmanager
+def render_deadline(deadline_s: float | None) -> Iterator[None]:
+    """Renders on this thread meanwhile fail once time.monotonic() passes ``deadline_s``."""
+    previous = getattr(_deadline, "s", None)
+    _deadline.s = deadline_s
+    try:
+        yield
+    finally:
+        _deadline.s = previous
+
+
+def _check_deadline() -> None:
+    deadline_s = getattr(_deadline, "s", None)
+    if deadline_s is not None and time.monotonic() > deadline_s:
+        raise RenderTimeoutError("the chat template ran past its time limit")
+
+
+class _DeadlineSandbox(ImmutableSandboxedEnvironment):
+    """Every attribute, item and call of a template passes here: the deadline's checks."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check_deadline()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _check_deadline()
+        return super().getitem(obj, argument)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        _check_deadline()
+        return super().call(__context, __obj, *args, **kwargs)
 
 
 def _raise_exception(message: str) -> None:
@@ -44,7 +90,7 @@ class ChatTemplate:
     def __post_init__(self) -> None:
         # The same environment options as Hugging Face's apply_chat_template, so templates
         # written for it render byte-identically here.
-        env = ImmutableSandboxedEnvironment(
+        env = _DeadlineSandbox(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
         env.filters["tojson"] = _tojson

@@ -68,6 +68,19 @@ class TextTokenizer:
         ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` with special tokens' text split into plain text tokens: a
+        caller's ``<|im_start|>`` is text, never a control token (text/control_tokens.py)."""
+        ids: list[int] = self._plain_backend.encode(text, add_special_tokens=False).ids
+        return ids
+
+    @cached_property
+    def _plain_backend(self) -> Tokenizer:
+        # A copy: the flag is the tokenizer's, and the shared one must keep parsing them.
+        plain = Tokenizer.from_str(self.backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         text: str = self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
         return text

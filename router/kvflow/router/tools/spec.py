@@ -9,7 +9,6 @@ from typing import Any, Literal
 
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import as_mapping, invalid_type
-from kvflow.router.structured.constraint import OutputConstraint, check_constraint
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule
 MAX_TOOLS = 128  # OpenAI's limit
@@ -79,7 +78,7 @@ def parse_tools(value: object) -> tuple[ToolSpec, ...]:
         param_name = f"tools[{i}].function.parameters"
         if not isinstance(params, dict):
             raise invalid_type(param_name, "a JSON Schema object", params)
-        check_constraint(OutputConstraint.json_schema(params), param_name)
+        # Compiled later, off the event loop (serving/prepare.py); sized by the caller.
         strict = fn.get("strict", False)
         if strict is not None and not isinstance(strict, bool):
             raise invalid_type(f"tools[{i}].function.strict", "a boolean", strict)

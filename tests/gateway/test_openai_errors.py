@@ -78,6 +78,12 @@ def test_body_too_large_bad_json_and_unknown_paths(gateway: GatewayProcess) -> N
     assert r.status_code == 400 and "could not parse the JSON" in r.json()["error"]["message"]
     r = httpx.post(f"{gateway.base_url}/chat/completions", json=[1, 2])
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+    # 100,000 nested arrays (200 KB) overflow Python's parser: a 400, not a 500.
+    deep = b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = httpx.post(f"{gateway.base_url}/chat/completions", content=deep,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    assert httpx.get(gateway.base_url.removesuffix("/v1") + "/health").status_code == 200
     r = httpx.get(f"{gateway.base_url}/nowhere")
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
 

@@ -36,6 +36,11 @@ async def read_json_body(request: Request, limit_bytes: int) -> object:
             f"We could not parse the JSON body of your request ({exc}). Send a JSON object "
             "with Content-Type: application/json."
         ) from exc
+    except RecursionError as exc:  # thousands of nested arrays: Python's parser gives up
+        raise invalid_request(
+            "The JSON body of your request is nested too deeply to parse. Send a JSON object "
+            "whose values nest at most a few hundred levels."
+        ) from exc
 
 
 async def wait_for_disconnect(request: Request) -> None:
@@ -46,9 +51,9 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
-# What a caller's `x-request-id` may hold to be used as is: it reaches logs and workers'
-# request ids, so short and plain (a UUID, a W3C trace id, a proxy's "req-..."); anything
-# else is replaced by an id of our own.
+# What a caller's `x-request-id` may hold to be used as is: it reaches logs, traces and the
+# response header (workers get the gateway's own id), so short and plain (a UUID, a W3C
+# trace id, a proxy's "req-..."); anything else is replaced by an id of our own.
 MAX_REQUEST_ID_CHARS = 128
 _REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
 

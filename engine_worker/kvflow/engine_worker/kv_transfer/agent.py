@@ -219,12 +219,21 @@ class KvTransferAgent:
 def make_transport(
     kind: KvTransportKind, *, host: str, port: int, advertise_host: str, instance_id: str
 ) -> Transport:
-    from kvflow.engine_worker.auth import token_from_env
+    from kvflow.engine_worker.auth import TOKEN_ENV, token_from_env
 
+    token = token_from_env()
+    if token is None:
+        log.warning(
+            "the KV port (%s) is unauthenticated: anyone who reaches it can write into "
+            "reserved KV blocks, and KV goes to whatever endpoint a reservation names; set "
+            "%s (the pool's worker token) on every worker of the pool",
+            kind.value,
+            TOKEN_ENV,
+        )
     if kind is KvTransportKind.TCP:
         from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 
-        return TcpTransport(host, port, advertise_host, token=token_from_env())
+        return TcpTransport(host, port, advertise_host, token=token)
     from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 
-    return TorchDistTransport(kind, host, port, advertise_host, instance_id, token=token_from_env())
+    return TorchDistTransport(kind, host, port, advertise_host, instance_id, token=token)

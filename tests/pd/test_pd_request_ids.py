@@ -25,6 +25,7 @@ import pd_client as pc
 
 pytestmark = [pytest.mark.integration]
 
+TOKEN = "pool-token"
 PROMPT = [(i * 53) % 470 + 7 for i in range(70)]  # 64 tokens to ship: 4 blocks
 SIM = [
     "--simulate", "--sim-base-step-ms", "150", "--max-num-batched-tokens", "16",
@@ -34,32 +35,13 @@ SIM = [
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
-    env = {"KVFLOW_WORKER_TOKEN": "pool-token"}
+    env = {"KVFLOW_WORKER_TOKEN": TOKEN}
     workers = [
         launch_worker([*SIM, "--role", r], timeout_s=60, env=env) for r in ("prefill", "decode")
     ]
     yield workers[0], workers[1]
     for w in workers:
         w.stop(timeout_s=10)
-
-
-def stub(worker: WorkerProcess) -> object:
-    channel = grpc.intercept_channel(grpc.insecure_channel(worker.address), _Bearer())
-    from kvflow.proto import worker_pb2_grpc as pb_grpc
-
-    return pb_grpc.WorkerStub(channel)
-
-
-class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    def _with_token(self, details):  # type: ignore[no-untyped-def]
-        metadata = [*(details.metadata or ()), ("authorization", "Bearer pool-token")]
-        return details._replace(metadata=metadata)
-
-    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return continuation(self._with_token(details), request)
-
-    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return continuation(self._with_token(details), request)
 
 
 def remote_request(rid: str) -> pb.GenerateRequest:
@@ -73,14 +55,14 @@ def remote_request(rid: str) -> pb.GenerateRequest:
 
 
 def test_one_id_twice_on_both_workers(pair: tuple[WorkerProcess, WorkerProcess]) -> None:
-    prefill, decode = (stub(w) for w in pair)
-    stream = decode.Generate(remote_request("same"), timeout=60)  # type: ignore[attr-defined]
+    prefill, decode = (pc.stub(w.address, TOKEN) for w in pair)
+    stream = decode.Generate(remote_request("same"), timeout=60)
     first = next(stream)
     assert first.HasField("kv_reservation") and first.kv_reservation.end_token == 64
 
     # Decode: a second stream under the id is refused, the first keeps its reservation.
     with pytest.raises(grpc.RpcError) as refused:
-        list(decode.Generate(remote_request("same"), timeout=30))  # type: ignore[attr-defined]
+        list(decode.Generate(remote_request("same"), timeout=30))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "already running" in (refused.value.details() or "")
 
@@ -94,14 +76,14 @@ def test_one_id_twice_on_both_workers(pair: tuple[WorkerProcess, WorkerProcess])
             destination=first.kv_reservation,
         )  # fmt: skip
         try:
-            results.append(prefill.Prefill(request, timeout=30))  # type: ignore[attr-defined]
+            results.append(prefill.Prefill(request, timeout=30))
         except grpc.RpcError as exc:
             results.append(exc)
 
     thread = threading.Thread(target=original)
     thread.start()
     deadline = time.monotonic() + 10
-    while prefill.Load(pb.LoadRequest(), timeout=5).num_running == 0:  # type: ignore[attr-defined]
+    while prefill.Load(pb.LoadRequest(), timeout=5).num_running == 0:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     elsewhere = pb.KvReservation()
@@ -111,7 +93,7 @@ def test_one_id_twice_on_both_workers(pair: tuple[WorkerProcess, WorkerProcess])
         request_id="same", prompt_token_ids=PROMPT, cache_salt="same", destination=elsewhere
     )
     with pytest.raises(grpc.RpcError) as refused:
-        prefill.Prefill(duplicate, timeout=30)  # type: ignore[attr-defined]
+        prefill.Prefill(duplicate, timeout=30)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     thread.join(30)
     assert isinstance(results[0], pb.PrefillResponse), results
@@ -124,7 +106,7 @@ def test_one_id_twice_on_both_workers(pair: tuple[WorkerProcess, WorkerProcess])
 
     # Both workers healthy, idle, and serving the next disaggregated request.
     for worker in (prefill, decode):
-        assert worker.Health(pb.HealthRequest(), timeout=5).is_serving  # type: ignore[attr-defined]
-        pc.wait_idle(worker)  # type: ignore[arg-type]
-    run = pc.disaggregated(decode, prefill, "next", PROMPT, 4, salt="next")  # type: ignore[arg-type]
+        assert worker.Health(pb.HealthRequest(), timeout=5).is_serving
+        pc.wait_idle(worker)
+    run = pc.disaggregated(decode, prefill, "next", PROMPT, 4, salt="next")
     assert len(run.tokens) == 4 and run.prefill is not None, run.prefill_error

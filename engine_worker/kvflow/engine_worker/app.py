@@ -20,6 +20,7 @@ from kvflow.engine_worker.engine_loop import EngineLoop
 from kvflow.engine_worker.http_server import start_http_server
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.memory.report import MemoryReport
@@ -235,6 +236,7 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
         port=settings.kv_port,
         advertise_host=advertised_host(settings),
         instance_id=instance_id,
+        peer_allow=PeerAllowList.parse(settings.kv_peer_allow),
     )
     return KvTransferAgent(
         transport, instance_id=instance_id, max_timeout_s=settings.max_kv_transfer_timeout_s

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 from kvflow.proto.otel import TracingConfig, tracing_config
 
@@ -82,6 +83,8 @@ class WorkerSettings:
     kv_port: int = 50052  # KV receiver (tcp) or rendezvous store (gloo, nccl); 0: any free
     advertise_host: str | None = None  # how peers reach kv_port; None: from --host
     max_kv_transfer_timeout_s: float = 30.0
+    # Networks (CIDRs) this worker sends KV to; "" allows any (kv_transfer/peers.py).
+    kv_peer_allow: str = ""
     # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
@@ -269,6 +272,14 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="the longest a KV transfer may take, whatever the router asks",
     )
     p.add_argument(
+        "--kv-peer-allow",
+        metavar="CIDRS",
+        default=d.kv_peer_allow,
+        help="networks this worker sends KV to, comma-separated CIDRs or addresses, e.g. "
+        "the pod network 10.244.0.0/16: a reservation naming an endpoint elsewhere is "
+        "refused before any connection (default: any endpoint)",
+    )
+    p.add_argument(
         "--otlp-traces-endpoint",
         metavar="URL",
         help="send OpenTelemetry spans over OTLP/gRPC here, e.g. http://collector:4317 "
@@ -308,6 +319,10 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     problem = _memory_flags_problem(a)
     if problem:
         p.error(problem)
+    try:
+        PeerAllowList.parse(a.kv_peer_allow)
+    except ValueError as exc:
+        p.error(str(exc))
     if a.cuda_graphs and a.decode_workspace_gib:
         p.error(
             "--cuda-graphs replays decode steps without the decode workspace: drop "
@@ -353,6 +368,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         kv_port=a.kv_port,
         advertise_host=a.advertise_host,
         max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
+        kv_peer_allow=a.kv_peer_allow,
         tracing=traces,
     )
 

@@ -27,6 +27,7 @@ from kvflow.engine_worker.kv_transfer.base import (
     Transport,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,13 @@ class KvTransferAgent:
 
 
 def make_transport(
-    kind: KvTransportKind, *, host: str, port: int, advertise_host: str, instance_id: str
+    kind: KvTransportKind,
+    *,
+    host: str,
+    port: int,
+    advertise_host: str,
+    instance_id: str,
+    peer_allow: PeerAllowList | None = None,
 ) -> Transport:
     from kvflow.engine_worker.auth import TOKEN_ENV, token_from_env
 
@@ -233,7 +240,9 @@ def make_transport(
     if kind is KvTransportKind.TCP:
         from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 
-        return TcpTransport(host, port, advertise_host, token=token)
+        return TcpTransport(host, port, advertise_host, token=token, peer_allow=peer_allow)
     from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 
-    return TorchDistTransport(kind, host, port, advertise_host, instance_id, token=token)
+    return TorchDistTransport(
+        kind, host, port, advertise_host, instance_id, token=token, peer_allow=peer_allow
+    )

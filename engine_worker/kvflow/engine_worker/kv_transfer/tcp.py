@@ -48,9 +48,9 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferCancelledError,
     TransferRejectedError,
     TransferTimeoutError,
-    split_endpoint,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
 from kvflow.engine_worker.kv_transfer.tcp_auth import (
     MAC_BYTES,
@@ -159,11 +159,14 @@ class TcpTransport:
         *,
         is_in_place: bool = True,
         token: str | None = None,
+        peer_allow: PeerAllowList | None = None,
     ) -> None:
         """``is_in_place=False`` stages CPU caches through host buffers too, as a CUDA cache
         must (tests and the benchmark use it to exercise and measure that path). ``token``:
-        the pool's worker token, proven by senders and required of them (module docstring)."""
+        the pool's worker token, proven both ways (module docstring). ``peer_allow``: the
+        networks this worker sends to (None: any; peers.py)."""
         self._token = token
+        self._peer_allow = peer_allow
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self.port = self._listener.getsockname()[1]
         self.endpoint = f"{advertise_host}:{self.port}"
@@ -324,7 +327,7 @@ class TcpTransport:
     # -- sending (prefill side) ------------------------------------------------------------
 
     def _connect(self, endpoint: str, deadline_s: float) -> socket.socket:
-        host, port = split_endpoint(endpoint)
+        host, port = resolve_peer(endpoint, self._peer_allow)
         try:
             sock = socket.create_connection((host, port), timeout=_remaining(deadline_s))
         except TimeoutError as exc:

@@ -50,7 +50,6 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferCancelledError,
     TransferRejectedError,
     TransferTimeoutError,
-    split_endpoint,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.group_auth import (
@@ -60,6 +59,7 @@ from kvflow.engine_worker.kv_transfer.group_auth import (
     rendezvous_answer,
     signed_rendezvous,
 )
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.pipeline import Staging, receive_messages, send_messages
 from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
 
@@ -101,11 +101,14 @@ def _make_group(kind: KvTransportKind, store: Any, name: str, rank: int, timeout
 class TorchDistTransport:
     def __init__(
         self, kind: KvTransportKind, host: str, port: int, advertise_host: str, instance_id: str,
-        token: str | None = None,
+        token: str | None = None, peer_allow: PeerAllowList | None = None,
     ) -> None:  # fmt: skip
-        """``token``: the pool's worker token, proven by both ranks of every new group
-        (group_auth.py); None: groups are trusted as formed (a laptop, a test)."""
+        """``token``: the pool's worker token, proven by both sides before a group forms and
+        by both ranks of every new group (group_auth.py); None: groups are trusted as formed
+        (a laptop, a test). ``peer_allow``: the networks this worker sends to (None: any;
+        peers.py)."""
         assert kind in (KvTransportKind.GLOO, KvTransportKind.NCCL)
+        self._peer_allow = peer_allow
         self.kind: KvTransportKind = kind
         self._instance_id = instance_id
         self._token = token
@@ -282,7 +285,7 @@ class TorchDistTransport:
         with self._lock:
             client = self._clients.get(endpoint)
         if client is None:
-            host, port = split_endpoint(endpoint)
+            host, port = resolve_peer(endpoint, self._peer_allow)
             try:
                 client = dist.TCPStore(
                     host, port, is_master=False, timeout=timedelta(seconds=max(timeout_s, 0.1))

@@ -273,7 +273,11 @@ async def serve(settings: WorkerSettings) -> None:
         )
     service = WorkerService(loop, built.info, built.runner.kv_layout, structured, metrics)
     pb_grpc.add_WorkerServicer_to_server(service, server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    address = f"{settings.host}:{settings.port}"
+    if settings.tls.is_on:
+        port = server.add_secure_port(address, settings.tls.server_credentials())
+    else:
+        port = server.add_insecure_port(address)
     http = start_http_server(
         settings.host,
         settings.metrics_port,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
+from kvflow.engine_worker.tls import TlsFiles
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 from kvflow.proto.otel import TracingConfig, tracing_config
 
@@ -85,6 +86,8 @@ class WorkerSettings:
     max_kv_transfer_timeout_s: float = 30.0
     # Networks (CIDRs) this worker sends KV to; "" allows any (kv_transfer/peers.py).
     kv_peer_allow: str = ""
+    # Worker gRPC over TLS from files; with a CA, mutual TLS (tls.py). Off by default.
+    tls: TlsFiles = field(default_factory=TlsFiles)
     # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
@@ -279,6 +282,14 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         "the pod network 10.244.0.0/16: a reservation naming an endpoint elsewhere is "
         "refused before any connection (default: any endpoint)",
     )
+    p.add_argument("--tls-cert-file", metavar="PEM",
+                   help="serve gRPC over TLS with this certificate (chain), PEM")  # fmt: skip
+    p.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key, PEM")
+    p.add_argument(
+        "--tls-ca-file",
+        metavar="PEM",
+        help="require callers to present a certificate this CA signed (mutual TLS)",
+    )
     p.add_argument(
         "--otlp-traces-endpoint",
         metavar="URL",
@@ -323,6 +334,9 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         PeerAllowList.parse(a.kv_peer_allow)
     except ValueError as exc:
         p.error(str(exc))
+    tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.tls_ca_file)
+    if tls.problem():
+        p.error(tls.problem())
     if a.cuda_graphs and a.decode_workspace_gib:
         p.error(
             "--cuda-graphs replays decode steps without the decode workspace: drop "
@@ -369,6 +383,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         advertise_host=a.advertise_host,
         max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
         kv_peer_allow=a.kv_peer_allow,
+        tls=tls,
         tracing=traces,
     )
 

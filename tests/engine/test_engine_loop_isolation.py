@@ -247,3 +247,25 @@ def test_a_failing_logits_processor_fails_only_its_request() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(main(str(write_tiny_llama(Path(tmp) / "tiny", seed=3))))
+
+
+def test_a_failing_step_observer_does_not_end_the_engine_thread() -> None:
+    """Metrics run on the engine thread after every step; their bug costs a data point."""
+    calls = {"n": 0}
+
+    def observe(engine: Engine, outputs: list[RequestOutput], now_s: float) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ValueError("a metric broke")
+
+    async def main() -> None:
+        loop = make_loop("solo")
+        loop.on_step = observe
+        try:
+            for rid in ("a", "b"):
+                assert len(await tokens_of(loop.generate(rid, PROMPT, greedy(4)))) == 4
+            assert calls["n"] > 2 and loop.heartbeat.problem() is None
+        finally:
+            stop(loop)
+
+    asyncio.run(main())

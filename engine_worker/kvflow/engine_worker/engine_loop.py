@@ -398,10 +398,13 @@ class EngineLoop:
                             self.heartbeat.waiting()
                             self._cond.wait(IDLE_WAIT_S)
                             self.heartbeat.working()
-            self._publish_kv_events()
-            self._update_load()
-            if self.on_step is not None:
-                self.on_step(self.engine, outputs, self.engine.clock())
+            try:
+                self._publish_kv_events()
+                self._update_load()
+                if self.on_step is not None:
+                    self.on_step(self.engine, outputs, self.engine.clock())
+            except Exception:  # events, load or metrics: never worth the engine thread
+                log.exception("publishing a step's events, load or metrics failed")
 
     def _abort_all(self) -> list[RequestOutput]:
         if self.kv is not None:  # transfers stop touching the blocks before they are freed

@@ -111,7 +111,10 @@ class KvHandoff:
         self.engine.remote_kv_failed(request_id)
 
     def on_kv_ready(self, request_id: str, kv_range: KvBlockRange) -> None:
-        target, timeout_s = self.send_targets.pop(request_id)
+        entry = self.send_targets.pop(request_id, None)
+        if entry is None:  # a bug: the loop fails this request alone
+            raise RuntimeError(f"request {request_id!r} has computed KV but no send target")
+        target, timeout_s = entry
         blocks = self._blocks_to_send(kv_range.block_ids)
 
         def on_done(result: SendStats | KvTransferError) -> None:

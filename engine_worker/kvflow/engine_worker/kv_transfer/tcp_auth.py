@@ -15,9 +15,9 @@ prefixed with the protocol and its purpose, so no proof stands in for another):
   prompt itself.
 
 Without a token every proof is 32 zero bytes and none is checked (a laptop, a test; the
-worker says so in its log when it starts). The MAC costs one pass of SHA-256 over the payload on
-each side (1.07 GiB/s on one core with SHA extensions, measured here), after the payload
-moved.
+worker says so in its log when it starts). The MAC costs one pass of SHA-256 over the
+payload on each side (1.07 GiB/s on one core with SHA extensions, measured here), after
+the payload moved.
 """
 
 from __future__ import annotations

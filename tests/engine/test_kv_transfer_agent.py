@@ -104,12 +104,13 @@ def test_blocks_land_in_the_reserved_blocks_and_nowhere_else(
 
 
 def _connect_and_send_half(endpoint: str, transfer_id: str, payload: bytes) -> socket.socket:
-    """A hand-made KVF3 sender (no token) that stops halfway through the payload."""
+    """A hand-made KVF4 sender (no token) that stops halfway through the payload."""
     host, port = endpoint.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
     tid = transfer_id.encode()
-    sock.sendall(struct.pack("!4sHQ32s", b"KVF3", len(tid), len(payload), bytes(32)) + tid)
-    assert sock.recv(1) == b"\x01"
+    header = struct.pack("!4sHQ16s32s", b"KVF4", len(tid), len(payload), bytes(16), bytes(32))
+    sock.sendall(header + tid)
+    assert sock.recv(33) == b"\x01" + bytes(32)  # accepted; no token: no proof
     sock.sendall(payload[: len(payload) // 2])
     return sock
 
@@ -161,8 +162,8 @@ def test_a_send_cancelled_mid_stream_stops_reading_and_says_so() -> None:
 
     def stall() -> None:
         conn, _ = listener.accept()
-        conn.recv(64)  # the header
-        conn.sendall(b"\x01")
+        conn.recv(128)  # the header
+        conn.sendall(b"\x01" + bytes(32))  # accepted (no token: no proof)
         release.wait(5)
         conn.close()
 
@@ -223,11 +224,11 @@ def test_a_sender_reuses_its_connection_and_survives_one_the_receiver_closed() -
             conn, _ = listener.accept()
             accepted.append(1)
             with conn:
-                magic, id_len, num_bytes, _ = struct.unpack("!4sHQ32s", _recv(conn, 46))
-                assert magic == b"KVF3"
+                magic, id_len, num_bytes, *_ = struct.unpack("!4sHQ16s32s", _recv(conn, 62))
+                assert magic == b"KVF4"
                 _recv(conn, id_len)
-                conn.sendall(b"\x01")
-                _recv(conn, num_bytes)
+                conn.sendall(b"\x01" + bytes(32))  # accepted (no token: no proof)
+                _recv(conn, num_bytes + 32)  # the payload and its mac
                 conn.sendall(b"\x01")
 
     thread = threading.Thread(target=serve_once_per_connection)

@@ -21,8 +21,27 @@ class PdRun:
     prefill_error: grpc.RpcError | None = None
 
 
-def stub(address: str) -> pb_grpc.WorkerStub:
-    return pb_grpc.WorkerStub(grpc.insecure_channel(address))
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Sends the pool's worker token, as a router does."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details):  # type: ignore[no-untyped-def]
+        return details._replace(metadata=[*(details.metadata or ()), self._metadata])
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._with_token(details), request)
+
+
+def stub(address: str, token: str | None = None) -> pb_grpc.WorkerStub:
+    channel = grpc.insecure_channel(address)
+    if token is not None:
+        channel = grpc.intercept_channel(channel, _Bearer(token))
+    return pb_grpc.WorkerStub(channel)
 
 
 def greedy(prompt: list[int], max_tokens: int) -> pb.SamplingParams:

@@ -20,6 +20,7 @@ from kvflow.engine_worker.engine_loop import EngineLoop
 from kvflow.engine_worker.http_server import start_http_server
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.memory.report import MemoryReport
@@ -235,6 +236,7 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
         port=settings.kv_port,
         advertise_host=advertised_host(settings),
         instance_id=instance_id,
+        peer_allow=PeerAllowList.parse(settings.kv_peer_allow),
     )
     return KvTransferAgent(
         transport, instance_id=instance_id, max_timeout_s=settings.max_kv_transfer_timeout_s
@@ -271,7 +273,11 @@ async def serve(settings: WorkerSettings) -> None:
         )
     service = WorkerService(loop, built.info, built.runner.kv_layout, structured, metrics)
     pb_grpc.add_WorkerServicer_to_server(service, server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    address = f"{settings.host}:{settings.port}"
+    if settings.tls.is_on:
+        port = server.add_secure_port(address, settings.tls.server_credentials())
+    else:
+        port = server.add_insecure_port(address)
     http = start_http_server(
         settings.host,
         settings.metrics_port,

@@ -8,10 +8,10 @@ worker is open, as before (a laptop, a test): say so in the log.
 
 The token authenticates callers, it does not encrypt: on an untrusted network put the
 pool's traffic on a mesh with mTLS. On the KV port the tcp transport proves the same
-token with an HMAC per transfer (kv_transfer/tcp.py), and the gloo and nccl transports with
-a challenge-response on each new pair group (kv_transfer/group_auth.py); their rendezvous
-store has no authentication of its own, and the pool's NetworkPolicy limits it to the
-pool's pods.
+token both ways and MACs every payload byte (kv_transfer/tcp_auth.py); the gloo and nccl
+transports sign their rendezvous keys and prove it both ways on each new pair group before
+it carries KV (kv_transfer/group_auth.py). Their rendezvous store has no authentication of
+its own; the pool's NetworkPolicy limits it to the pool's pods.
 """
 
 from __future__ import annotations

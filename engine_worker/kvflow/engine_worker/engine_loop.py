@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
 from collections.abc import AsyncGenerator, Callable
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
-from kvflow.engine_worker.core.errors import EngineError, EngineOverloadedError
+from kvflow.engine_worker.core.errors import EngineError, EngineOverloadedError, RequestFailedError
 from kvflow.engine_worker.core.request import FinishReason
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.kv_handoff import KvHandoff
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats
 from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.liveness import EngineHeartbeat
+from kvflow.engine_worker.logits_processor import GuardedProcessor
 from kvflow.engine_worker.loop_records import (
     BlockIO,
     KvReservationOut,
@@ -55,6 +57,9 @@ DEFAULT_STALL_TIMEOUT_S = 60.0
 # deadlocked kernel or a stuck collective would. Never set in production.
 _FAULT_HANG_ON_STEP = int(os.environ.get("KVFLOW_FAULT_HANG_ON_STEP", "0"))
 
+# A request's stream, as the engine thread hands it items: its event loop and queue.
+_StreamEntry = tuple[asyncio.AbstractEventLoop, asyncio.Queue[object]]
+
 
 class EngineLoop:
     def __init__(
@@ -79,13 +84,15 @@ class EngineLoop:
             if kv is None or blocks is None
             else KvHandoff(
                 engine, kv, blocks, on_transfer=on_transfer,
-                post=self._post, push=self._push, deliver=self._deliver,
+                post=self._post_for, push=self._push, deliver=self._deliver,
             )
         )  # fmt: skip
         self.load = LoadSnapshot(num_total_blocks=engine.kv_cache.num_total_blocks)
         self._cond = threading.Condition()
         self._inbox: list[Callable[[], None]] = []
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[object]]] = {}
+        self._streams: dict[str, _StreamEntry] = {}
+        # Requests whose logits processor raised during the current step (GuardedProcessor).
+        self._failed: dict[str, BaseException] = {}
         self._subscribers: list[KvSubscription] = []
         self._stopped = False
         self.is_draining = False
@@ -134,10 +141,13 @@ class EngineLoop:
         self._check_accepting()
         wants_remote_kv = remote_kv_timeout_s is not None and self.kv is not None
 
+        if sampling.logits_processor is not None:
+            guarded = GuardedProcessor(sampling.logits_processor, request_id, self._failed)
+            sampling = dataclasses.replace(sampling, logits_processor=guarded)
+
         def add() -> None:
-            if wants_remote_kv:
-                assert remote_kv_timeout_s is not None and self.handoff is not None
-                self.handoff.remote_timeouts[request_id] = remote_kv_timeout_s
+            # The engine refuses a duplicate id first; only an accepted request's handoff
+            # state is written (a refused one must not touch the running request's).
             self.engine.add_request(
                 request_id,
                 prompt_token_ids,
@@ -148,6 +158,9 @@ class EngineLoop:
                 tenant=tenant,
                 wants_remote_kv=wants_remote_kv,
             )
+            if wants_remote_kv:
+                assert remote_kv_timeout_s is not None and self.handoff is not None
+                self.handoff.remote_timeouts[request_id] = remote_kv_timeout_s
 
         # aclosing: leaving this generator early must close the inner one now (it aborts
         # the request), not whenever the event loop finalizes it.
@@ -179,7 +192,6 @@ class EngineLoop:
             raise EngineOverloadedError("this worker has no KV transport; it cannot prefill")
 
         def add() -> None:
-            handoff.send_targets[request_id] = (target, timeout_s)
             self.engine.add_prefill_request(
                 request_id,
                 prompt_token_ids,
@@ -190,6 +202,7 @@ class EngineLoop:
                 priority=priority,
                 tenant=tenant,
             )
+            handoff.send_targets[request_id] = (target, timeout_s)  # accepted: see generate
 
         stats: SendStats | None = None
         async with contextlib.aclosing(self._stream(request_id, add)) as stream:
@@ -215,19 +228,23 @@ class EngineLoop:
 
     async def _stream(self, request_id: str, add: Callable[[], None]) -> AsyncGenerator[object]:
         """Post ``add`` to the engine thread and yield what it delivers for the request
-        until its final output; an exception delivered is raised. Leaving early aborts."""
+        until its final output; an exception delivered is raised. Leaving early aborts the
+        request, if it is still this stream's: never another stream's under the same id."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
+        entry = (loop, queue)
 
         def register() -> None:
             try:
-                add()
+                add()  # raises before it changes anything (a duplicate id, bad input)
             except EngineError as exc:
-                if self.handoff is not None:
-                    self.handoff.forget(request_id)
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
                 return
-            self._streams[request_id] = (loop, queue)
+            except Exception as exc:  # a bug: this request fails, the thread serves on
+                log.exception("request %s: admitting it failed", request_id)
+                loop.call_soon_threadsafe(queue.put_nowait, RequestFailedError(request_id, exc))
+                return
+            self._streams[request_id] = entry
 
         self._post(register)
         finished = False
@@ -243,23 +260,34 @@ class EngineLoop:
                     return
         finally:
             if not finished:
-                self.abort(request_id)
+                self._abort_own(request_id, entry)
 
     def cancel_kv_transfer(self, request_id: str) -> bool:
         """PD decode: stop waiting for remote KV; the request computes its prompt here."""
         return self.kv is not None and self.kv.cancel(request_id)
 
     def abort(self, request_id: str) -> None:
+        """Abort whichever request runs under this id (the Abort RPC: the router's call)."""
+        self._post(lambda: self._abort_now(request_id))
+
+    def _abort_own(self, request_id: str, entry: _StreamEntry) -> None:
+        """Abort the request only if ``entry``'s stream registered it and it still runs:
+        a stream whose id was refused as a duplicate leaves the running one alone."""
+
         def abort() -> None:
-            if self.kv is not None:
-                self.kv.cancel(request_id)
-            if self.handoff is not None:
-                self.handoff.forget(request_id)
-            out = self.engine.abort_request(request_id)
-            if out is not None:
-                self._deliver(out)
+            if self._streams.get(request_id) is entry:
+                self._abort_now(request_id)
 
         self._post(abort)
+
+    def _abort_now(self, request_id: str) -> None:
+        if self.kv is not None:
+            self.kv.cancel(request_id)
+        if self.handoff is not None:
+            self.handoff.forget(request_id)
+        out = self.engine.abort_request(request_id)
+        if out is not None:
+            self._deliver(out)
 
     def subscribe(self) -> KvSubscription:
         sub = KvSubscription(asyncio.get_running_loop())
@@ -283,14 +311,47 @@ class EngineLoop:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def _handle(self, out: RequestOutput) -> None:
-        if out.kv_reserved is not None:
-            assert self.handoff is not None
-            self.handoff.on_reserved(out.request_id, out.kv_reserved)
-        elif out.kv_to_send is not None:
-            assert self.handoff is not None
-            self.handoff.on_kv_ready(out.request_id, out.kv_to_send)
-        else:
-            self._deliver(out)
+        """One request's output: a failure here fails that request alone."""
+        try:
+            if out.kv_reserved is not None:
+                assert self.handoff is not None
+                self.handoff.on_reserved(out.request_id, out.kv_reserved)
+            elif out.kv_to_send is not None:
+                assert self.handoff is not None
+                self.handoff.on_kv_ready(out.request_id, out.kv_to_send)
+            else:
+                self._deliver(out)
+        except Exception as exc:
+            self._fail(out.request_id, exc)
+
+    def _post_for(self, request_id: str, command: Callable[[], None]) -> None:
+        """Queue a command that concerns one request: if it raises, that request fails."""
+
+        def guarded() -> None:
+            try:
+                command()
+            except Exception as exc:
+                self._fail(request_id, exc)
+
+        self._post(guarded)
+
+    def _fail(self, request_id: str, exc: BaseException) -> None:
+        """A bug or a broken part (a logits processor, handoff state) hit one request: end
+        it and free what it holds, tell its stream why, and serve every other request on."""
+        log.error("request %s failed inside the worker: %r", request_id, exc, exc_info=exc)
+        entry = self._streams.pop(request_id, None)
+        for cleanup in (
+            lambda: self.kv.cancel(request_id) if self.kv is not None else None,
+            lambda: self.handoff.forget(request_id) if self.handoff is not None else None,
+            lambda: self.engine.abort_request(request_id),
+        ):
+            try:
+                cleanup()
+            except Exception:  # keep freeing what can be freed
+                log.exception("request %s: cleaning up after its failure failed", request_id)
+        if entry is not None:
+            loop, queue = entry
+            loop.call_soon_threadsafe(queue.put_nowait, RequestFailedError(request_id, exc))
 
     def _run(self) -> None:
         while True:
@@ -322,8 +383,13 @@ class EngineLoop:
                 except Exception:  # a bug or out of memory: fail the batch, keep serving
                     log.exception("engine step failed; aborting every request in flight")
                     outputs = self._abort_all()
+                failed = dict(self._failed)  # the dict itself is the processors' own
+                self._failed.clear()
+                for request_id, exc in failed.items():  # their tokens this step are void
+                    self._fail(request_id, exc)
                 for out in outputs:
-                    self._handle(out)
+                    if out.request_id not in failed:
+                        self._handle(out)
                 if self.engine.last_step_was_idle:
                     # Waiting requests that cannot be admitted until a transfer frees
                     # blocks: nap until a command arrives instead of spinning.
@@ -332,10 +398,13 @@ class EngineLoop:
                             self.heartbeat.waiting()
                             self._cond.wait(IDLE_WAIT_S)
                             self.heartbeat.working()
-            self._publish_kv_events()
-            self._update_load()
-            if self.on_step is not None:
-                self.on_step(self.engine, outputs, self.engine.clock())
+            try:
+                self._publish_kv_events()
+                self._update_load()
+                if self.on_step is not None:
+                    self.on_step(self.engine, outputs, self.engine.clock())
+            except Exception:  # events, load or metrics: never worth the engine thread
+                log.exception("publishing a step's events, load or metrics failed")
 
     def _abort_all(self) -> list[RequestOutput]:
         if self.kv is not None:  # transfers stop touching the blocks before they are freed

@@ -37,12 +37,13 @@ class KvHandoff:
         blocks: BlockIO,
         *,
         on_transfer: TransferObserver | None,
-        post: Callable[[Callable[[], None]], None],
+        post: Callable[[str, Callable[[], None]], None],
         push: Callable[[str, object], None],
         deliver: Callable[[RequestOutput], None],
     ) -> None:
-        """``post`` queues a command for the engine thread; ``push`` hands an item to a
-        request's stream; ``deliver`` hands it a RequestOutput (the loop's own)."""
+        """``post`` queues a command about one request for the engine thread (if it raises,
+        that request fails, nothing else); ``push`` hands an item to a request's stream;
+        ``deliver`` hands it a RequestOutput (the loop's own)."""
         self.engine = engine
         self.kv = kv
         self.blocks = blocks
@@ -84,7 +85,7 @@ class KvHandoff:
 
         def on_done(error: KvTransferError | None) -> None:
             self._observe("receive", error, blocks.num_bytes, time.perf_counter() - started_s)
-            self._post(lambda: self._on_received(request_id, kv_range, land, error))
+            self._post(request_id, lambda: self._on_received(request_id, kv_range, land, error))
 
         ticket = self.kv.receive(request_id, blocks, timeout_s, on_done)
         self._push(
@@ -110,11 +111,14 @@ class KvHandoff:
         self.engine.remote_kv_failed(request_id)
 
     def on_kv_ready(self, request_id: str, kv_range: KvBlockRange) -> None:
-        target, timeout_s = self.send_targets.pop(request_id)
+        entry = self.send_targets.pop(request_id, None)
+        if entry is None:  # a bug: the loop fails this request alone
+            raise RuntimeError(f"request {request_id!r} has computed KV but no send target")
+        target, timeout_s = entry
         blocks = self._blocks_to_send(kv_range.block_ids)
 
         def on_done(result: SendStats | KvTransferError) -> None:
-            self._post(lambda: self._on_sent(request_id, result))
+            self._post(request_id, lambda: self._on_sent(request_id, result))
 
         self.kv.send(request_id, target, blocks, timeout_s, on_done)
 

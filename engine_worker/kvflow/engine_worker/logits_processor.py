@@ -38,3 +38,26 @@ class LogitsProcessor(Protocol):
     def allowed_token_mask(self, output_token_ids: Sequence[int]) -> torch.Tensor | None:
         """Bool ``[n <= vocab_size]``, True where the next token may be sampled; None: any."""
         ...
+
+
+class GuardedProcessor:
+    """A request's processor whose exceptions fail that request, not the batch: the error
+    is recorded in ``failed`` under the request's id (the engine loop ends the request
+    after the step and drops its token) and this step goes on unconstrained for it."""
+
+    def __init__(
+        self, inner: LogitsProcessor, request_id: str, failed: dict[str, BaseException]
+    ) -> None:
+        self.inner = inner
+        self._request_id = request_id
+        self._failed = failed  # the engine loop's; only the engine thread touches it
+
+    def allowed_token_mask(self, output_token_ids: Sequence[int]) -> torch.Tensor | None:
+        try:
+            mask = self.inner.allowed_token_mask(output_token_ids)
+            if mask is not None and (mask.dtype != torch.bool or mask.dim() != 1):
+                raise TypeError(f"a mask of {mask.dtype} {tuple(mask.shape)}, not bool [n]")
+        except Exception as exc:
+            self._failed.setdefault(self._request_id, exc)
+            return None
+        return mask

@@ -19,6 +19,7 @@ from kvflow.engine_worker.core.errors import (
     EngineOverloadedError,
     InvalidRequestError,
     QueueFullError,
+    RequestFailedError,
 )
 from kvflow.engine_worker.core.kv_events import KvEventKind
 from kvflow.engine_worker.core.request import FinishReason
@@ -148,6 +149,11 @@ def output_to_proto(out: RequestOutput) -> pb.GenerateResponse:
     return msg
 
 
+# One request broke inside the worker (engine_loop's _fail): ABORTED, not INTERNAL or
+# UNKNOWN, which a router reads as the worker being down; the worker serves on. A
+# duplicate request id is an InvalidRequestError (INVALID_ARGUMENT: the caller's bug).
+_REQUEST_FAILED = grpc.StatusCode.ABORTED
+
 # gRFC A6's server pushback: milliseconds until the caller should try this worker again.
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
@@ -253,6 +259,8 @@ class WorkerService(pb_grpc.WorkerServicer):
             await self._refuse_busy(context, exc)
         except EngineOverloadedError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except RequestFailedError as exc:
+            await context.abort(_REQUEST_FAILED, str(exc))
 
     async def Prefill(  # noqa: N802
         self, request: pb.PrefillRequest, context: Context
@@ -281,6 +289,8 @@ class WorkerService(pb_grpc.WorkerServicer):
             await self._refuse_busy(context, exc)
         except EngineOverloadedError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except RequestFailedError as exc:
+            await context.abort(_REQUEST_FAILED, str(exc))
         except KvTransferError as exc:
             code = _TRANSFER_ERROR_CODES.get(type(exc), grpc.StatusCode.ABORTED)
             await context.abort(code, f"sending KV to {dest.endpoint} failed: {exc}")

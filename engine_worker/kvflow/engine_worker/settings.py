@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
+from kvflow.engine_worker.tls import TlsFiles
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 from kvflow.proto.otel import TracingConfig, tracing_config
 
@@ -82,6 +84,10 @@ class WorkerSettings:
     kv_port: int = 50052  # KV receiver (tcp) or rendezvous store (gloo, nccl); 0: any free
     advertise_host: str | None = None  # how peers reach kv_port; None: from --host
     max_kv_transfer_timeout_s: float = 30.0
+    # Networks (CIDRs) this worker sends KV to; "" allows any (kv_transfer/peers.py).
+    kv_peer_allow: str = ""
+    # Worker gRPC over TLS from files; with a CA, mutual TLS (tls.py). Off by default.
+    tls: TlsFiles = field(default_factory=TlsFiles)
     # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
@@ -269,6 +275,22 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="the longest a KV transfer may take, whatever the router asks",
     )
     p.add_argument(
+        "--kv-peer-allow",
+        metavar="CIDRS",
+        default=d.kv_peer_allow,
+        help="networks this worker sends KV to, comma-separated CIDRs or addresses, e.g. "
+        "the pod network 10.244.0.0/16: a reservation naming an endpoint elsewhere is "
+        "refused before any connection (default: any endpoint)",
+    )
+    p.add_argument("--tls-cert-file", metavar="PEM",
+                   help="serve gRPC over TLS with this certificate (chain), PEM")  # fmt: skip
+    p.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key, PEM")
+    p.add_argument(
+        "--tls-ca-file",
+        metavar="PEM",
+        help="require callers to present a certificate this CA signed (mutual TLS)",
+    )
+    p.add_argument(
         "--otlp-traces-endpoint",
         metavar="URL",
         help="send OpenTelemetry spans over OTLP/gRPC here, e.g. http://collector:4317 "
@@ -308,6 +330,13 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     problem = _memory_flags_problem(a)
     if problem:
         p.error(problem)
+    try:
+        PeerAllowList.parse(a.kv_peer_allow)
+    except ValueError as exc:
+        p.error(str(exc))
+    tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.tls_ca_file)
+    if tls.problem():
+        p.error(tls.problem())
     if a.cuda_graphs and a.decode_workspace_gib:
         p.error(
             "--cuda-graphs replays decode steps without the decode workspace: drop "
@@ -353,6 +382,8 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         kv_port=a.kv_port,
         advertise_host=a.advertise_host,
         max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
+        kv_peer_allow=a.kv_peer_allow,
+        tls=tls,
         tracing=traces,
     )
 

@@ -28,3 +28,15 @@ class QueueFullError(EngineOverloadedError):
         # Which bound refused it: "queue_full" (--max-waiting-requests) or "queue_time"
         # (--max-queue-time-s); the rejections metric's label.
         self.reason = reason
+
+
+class RequestFailedError(EngineError):
+    """Something broke while serving this one request (a bug, a failing logits processor):
+    it was ended and its blocks freed; the worker and every other request go on."""
+
+    def __init__(self, request_id: str, cause: BaseException) -> None:
+        super().__init__(
+            f"request {request_id!r} failed inside the worker ({type(cause).__name__}: "
+            f"{cause}); other requests are unaffected, retrying it may succeed"
+        )
+        self.request_id = request_id

@@ -27,6 +27,7 @@ from kvflow.engine_worker.kv_transfer.base import (
     Transport,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 
 log = logging.getLogger(__name__)
 
@@ -217,14 +218,31 @@ class KvTransferAgent:
 
 
 def make_transport(
-    kind: KvTransportKind, *, host: str, port: int, advertise_host: str, instance_id: str
+    kind: KvTransportKind,
+    *,
+    host: str,
+    port: int,
+    advertise_host: str,
+    instance_id: str,
+    peer_allow: PeerAllowList | None = None,
 ) -> Transport:
-    from kvflow.engine_worker.auth import token_from_env
+    from kvflow.engine_worker.auth import TOKEN_ENV, token_from_env
 
+    token = token_from_env()
+    if token is None:
+        log.warning(
+            "the KV port (%s) is unauthenticated: anyone who reaches it can write into "
+            "reserved KV blocks, and KV goes to whatever endpoint a reservation names; set "
+            "%s (the pool's worker token) on every worker of the pool",
+            kind.value,
+            TOKEN_ENV,
+        )
     if kind is KvTransportKind.TCP:
         from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 
-        return TcpTransport(host, port, advertise_host, token=token_from_env())
+        return TcpTransport(host, port, advertise_host, token=token, peer_allow=peer_allow)
     from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 
-    return TorchDistTransport(kind, host, port, advertise_host, instance_id, token=token_from_env())
+    return TorchDistTransport(
+        kind, host, port, advertise_host, instance_id, token=token, peer_allow=peer_allow
+    )

@@ -99,3 +99,54 @@ def prove_peer(
             "(KVFLOW_WORKER_TOKEN differs, or an outsider joined the group)",
             is_idle=True,
         )
+
+
+# -- the rendezvous keys, before any group forms ----------------------------------------
+#
+# A sender's ``kvflow/xfer/<transfer id>`` value names the group to form; under a token it
+# carries a fresh nonce and a MAC of (transfer id, group name, nonce), and the receiver
+# refuses a value without a valid one before it joins any group: an outsider who reaches
+# the store cannot make a decode worker join a group of its choosing. The receiver answers
+# with ``kvflow/ack/<transfer id>``, its own MAC for the same nonce, and a sender forms a new
+# group only once it checked that answer: a reservation naming an endpoint outside the
+# pool (anyone's TCPStore) gets no group and no KV. The handshake above still runs inside
+# every new group: it binds the proof to the group's own connections.
+
+RENDEZVOUS_PROTOCOL = b"kvflow-kv-rendezvous-v1"
+
+
+def rendezvous_mac(token: str, role: bytes, transfer_id: str, name: str, nonce: str) -> bytes:
+    message = b"\0".join(
+        (RENDEZVOUS_PROTOCOL, role, transfer_id.encode(), name.encode(), nonce.encode())
+    )
+    return hmac.new(token.encode(), message, hashlib.sha256).digest()
+
+
+def signed_rendezvous(token: str | None, transfer_id: str, name: str) -> tuple[bytes, str]:
+    """The sender's key value for a transfer, and its nonce."""
+    nonce = os.urandom(NONCE_BYTES // 2).hex()
+    mac = "" if token is None else rendezvous_mac(token, ROLES[0], transfer_id, name, nonce).hex()
+    return f"{name}\n{nonce}\n{mac}".encode(), nonce
+
+
+def check_rendezvous(token: str | None, transfer_id: str, value: bytes) -> tuple[str, str]:
+    """The group name and nonce of a sender's key value; raises TransferRejectedError
+    when a token is set and the value does not prove it."""
+    try:
+        name, nonce, mac = value.decode().split("\n")
+        given = bytes.fromhex(mac)
+    except ValueError as exc:
+        raise TransferRejectedError(f"transfer {transfer_id}: a malformed rendezvous key") from exc
+    if token is not None and not hmac.compare_digest(
+        given, rendezvous_mac(token, ROLES[0], transfer_id, name, nonce)
+    ):
+        raise TransferRejectedError(
+            f"transfer {transfer_id}: its rendezvous key does not prove the pool's worker "
+            "token (KVFLOW_WORKER_TOKEN differs, or an outsider wrote it); no group formed"
+        )
+    return name, nonce
+
+
+def rendezvous_answer(token: str, transfer_id: str, name: str, nonce: str) -> bytes:
+    """The receiver's ``kvflow/ack`` value: its proof for the sender's nonce."""
+    return rendezvous_mac(token, ROLES[1], transfer_id, name, nonce)

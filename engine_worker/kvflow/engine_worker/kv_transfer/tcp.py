@@ -1,13 +1,15 @@
 """KV blocks over a plain TCP stream: the transport that works everywhere.
 
 The decode worker listens on its KV port. A sender connects once per transfer (about
-0.1 ms on a LAN, well inside the 2 ms setup budget) and writes a header, waits for the
-receiver to accept the id, streams the payload, then waits for a final ack:
+0.1 ms on a LAN, well inside the 2 ms setup budget) or reuses a kept connection, writes a
+header, waits for the receiver to accept, streams the payload and its MAC, then waits for
+a final ack:
 
-    sender:   "KVF3" | id length (u16) | payload bytes (u64) | mac (32 bytes) | transfer id
-    receiver: 0x01 accept (or 0x00 reject: unknown id, a size mismatch or a bad mac)
-    sender:   payload: the blocks' run stream (blocks.py)
-    receiver: 0x01 stored (or 0x00: the receiver gave up meanwhile)
+    sender:   "KVF4" | id length (u16) | payload bytes (u64) | nonce (16) | mac (32) | id
+    receiver: 0x01 accept | its proof (32)   (or 0x00 and zeros: unknown id, a size
+              mismatch or a bad mac)
+    sender:   payload: the blocks' run stream (blocks.py) | payload mac (32)
+    receiver: 0x01 stored (or 0x00: the payload mac is wrong, or the receiver gave up)
 
 With a CPU cache the payload goes from the sender's cache to the socket and from the
 socket into the receiver's cache by vectored I/O (vectored.py): no gather, no scatter, no
@@ -15,17 +17,15 @@ staging, the same two kernel copies as a plain socket blast. Otherwise (a CUDA c
 16 MiB message is gathered into a host buffer, sent, received into one and scattered. The
 blocks are touched one socket call at a time, inside their access lock.
 
-With the pool's worker token set (``KVFLOW_WORKER_TOKEN``, as for worker gRPC) the mac is
-HMAC-SHA256 of the transfer id and size under the token, and a receiver refuses a sender
-that cannot produce it: without the token nobody can write into reserved KV blocks, even
-from inside the pool's network. Without a token the mac is zeros and is not checked.
+With the pool's worker token set (``KVFLOW_WORKER_TOKEN``, as for worker gRPC) the three
+macs prove the token both ways and cover every payload byte (tcp_auth.py): without the
+token nobody can write into reserved KV blocks, receive KV, or alter it on the way.
+Without a token the macs are zeros and are not checked.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import logging
 import os
 import select
@@ -48,16 +48,27 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferCancelledError,
     TransferRejectedError,
     TransferTimeoutError,
-    split_endpoint,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
+from kvflow.engine_worker.kv_transfer.tcp_auth import (
+    MAC_BYTES,
+    NO_MAC,
+    NONCE_BYTES,
+    PayloadMac,
+    is_valid,
+    receiver_mac,
+    sender_mac,
+)
 from kvflow.engine_worker.kv_transfer.vectored import IoVecCursor
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"KVF3"  # KVF2 had no mac; KVF1 carried one contiguous tensor per transfer
-_HEADER = struct.Struct("!4sHQ32s")
+# KVF3 proved only the sender, with a mac of the id and size; KVF2 had no mac; KVF1
+# carried one contiguous tensor per transfer.
+_MAGIC = b"KVF4"
+_HEADER = struct.Struct(f"!4sHQ{NONCE_BYTES}s{MAC_BYTES}s")
 _ACCEPT, _REJECT = b"\x01", b"\x00"
 # A receiver re-checks for cancellation this often while a payload streams in.
 _POLL_S = 0.02
@@ -76,14 +87,6 @@ _MAX_KEPT_CONNECTIONS = 4
 
 class _StaleConnectionError(Exception):
     """A kept connection was closed by the receiver before this transfer began."""
-
-
-def transfer_mac(token: str | None, transfer_id: bytes, num_bytes: int) -> bytes:
-    """Proof that the sender holds the pool's worker token, bound to one transfer."""
-    if token is None:
-        return bytes(32)
-    message = b"kvflow-kv|%d|" % num_bytes + transfer_id
-    return hmac.new(token.encode(), message, hashlib.sha256).digest()
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
@@ -156,11 +159,14 @@ class TcpTransport:
         *,
         is_in_place: bool = True,
         token: str | None = None,
+        peer_allow: PeerAllowList | None = None,
     ) -> None:
         """``is_in_place=False`` stages CPU caches through host buffers too, as a CUDA cache
         must (tests and the benchmark use it to exercise and measure that path). ``token``:
-        the pool's worker token, proven by senders and required of them (module docstring)."""
+        the pool's worker token, proven both ways (module docstring). ``peer_allow``: the
+        networks this worker sends to (None: any; peers.py)."""
         self._token = token
+        self._peer_allow = peer_allow
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self.port = self._listener.getsockname()[1]
         self.endpoint = f"{advertise_host}:{self.port}"
@@ -181,27 +187,33 @@ class TcpTransport:
         *,
         write: bool,
         deadline_s: float,
+        mac: PayloadMac,
         should_stop: Callable[[], bool] = lambda: False,
         pause_at: int | None = None,
     ) -> None:
-        """The payload, in place or staged message by message."""
+        """The payload, in place or staged message by message, fed to ``mac`` in stream
+        order (in place: from the cache once it has all moved)."""
         sock.setblocking(False)
         if self.is_in_place and blocks.device.type == "cpu":
             cursor = IoVecCursor(blocks.iovecs())
             _pump(sock, cursor, blocks.access, write=write, deadline_s=deadline_s,
                   should_stop=should_stop, pause_at=pause_at)  # fmt: skip
+            mac.update_iovecs(blocks.iovecs(), blocks.access)
             return
         messages = blocks.messages(self.message_bytes)
         staging = self.pool.take(messages[0][1] * blocks.run_bytes, torch.device("cpu"))
         for first, num_runs in messages:
+            size = num_runs * blocks.run_bytes
             if write:
                 with blocks.access():
                     blocks.read(first, num_runs, staging)
-            cursor = _buffer_cursor(staging, num_runs * blocks.run_bytes)
+                mac.update(byte_view(staging)[:size])
+            cursor = _buffer_cursor(staging, size)
             _pump(sock, cursor, contextlib.nullcontext, write=write, deadline_s=deadline_s,
                   should_stop=should_stop, pause_at=pause_at)  # fmt: skip
             pause_at = None
             if not write:
+                mac.update(byte_view(staging)[:size])
                 with blocks.access():
                     blocks.write(first, num_runs, staging)
         self.pool.give(staging)  # not after a failure: the socket may still hold it
@@ -256,50 +268,66 @@ class TcpTransport:
         conn.settimeout(10.0)
         slot: _Slot | None = None
         try:
-            magic, id_len, num_bytes, mac = _HEADER.unpack(header)
+            magic, id_len, num_bytes, nonce, mac = _HEADER.unpack(header)
             if magic != _MAGIC:
                 return False
             raw_id = _recv_exact(conn, id_len)
-            if self._token is not None and not hmac.compare_digest(
-                mac, transfer_mac(self._token, raw_id, num_bytes)
-            ):
+            token = self._token
+            if not is_valid(token, mac, sender_mac(token, raw_id, num_bytes, nonce)):
                 log.warning("refused a KV transfer without a valid worker token mac")
-                conn.sendall(_REJECT)
+                conn.sendall(_REJECT + NO_MAC)
                 return False
             transfer_id = raw_id.decode()
             with self._lock:
                 slot = self._slots.get(transfer_id)
             if slot is None or slot.is_abandoned or slot.blocks.num_bytes != num_bytes:
-                conn.sendall(_REJECT)
+                conn.sendall(_REJECT + NO_MAC)
                 return False
-            conn.sendall(_ACCEPT)
+            conn.sendall(_ACCEPT + receiver_mac(token, raw_id, num_bytes, nonce))
             # No deadline here: a quiet sender is waited for as long as the receiver
             # waits (its deadline, or a cancel, marks the slot abandoned).
             abandoned = slot
+            payload_mac = PayloadMac(token, raw_id, num_bytes, nonce)
             self._stream(
                 conn,
                 slot.blocks,
                 write=False,
                 deadline_s=float("inf"),
+                mac=payload_mac,
                 should_stop=lambda: abandoned.is_abandoned,
             )
+            conn.settimeout(10.0)
+            if not is_valid(token, _recv_exact(conn, MAC_BYTES), payload_mac.digest()):
+                # Nothing has read the blocks: the engine hears of a failed transfer and
+                # computes the prompt into them itself.
+                log.warning("refused KV transfer %s: its payload does not match its mac "
+                            "(altered on the way)", transfer_id)  # fmt: skip
+                raise TransferRejectedError(
+                    f"transfer {transfer_id}: the payload does not match its mac"
+                )
             with self._lock:
                 is_kept = not slot.is_abandoned
                 if is_kept:
                     slot.done.set()
-            conn.settimeout(10.0)
             conn.sendall(_ACCEPT if is_kept else _REJECT)
             return is_kept
         except (OSError, ConnectionError, struct.error, KvTransferError) as exc:
             if slot is not None and not slot.done.is_set():
-                slot.error = KvTransferError(f"the KV stream broke: {exc}")
+                slot.error = (
+                    exc
+                    if isinstance(exc, TransferRejectedError)
+                    else KvTransferError(f"the KV stream broke: {exc}")
+                )
                 slot.done.set()
+            with contextlib.suppress(OSError):  # tell a sender waiting for the ack
+                if isinstance(exc, TransferRejectedError):
+                    conn.sendall(_REJECT)
             return False
 
     # -- sending (prefill side) ------------------------------------------------------------
 
     def _connect(self, endpoint: str, deadline_s: float) -> socket.socket:
-        host, port = split_endpoint(endpoint)
+        host, port = resolve_peer(endpoint, self._peer_allow)
         try:
             sock = socket.create_connection((host, port), timeout=_remaining(deadline_s))
         except TimeoutError as exc:
@@ -338,27 +366,42 @@ class TcpTransport:
         is_kept: bool = False,
     ) -> None:
         tid = target.transfer_id.encode()
+        token = self._token
         try:
+            nonce = os.urandom(NONCE_BYTES)
             try:
                 sock.settimeout(_remaining(deadline))
-                mac = transfer_mac(self._token, tid, blocks.num_bytes)
-                sock.sendall(_HEADER.pack(_MAGIC, len(tid), blocks.num_bytes, mac) + tid)
-                accepted = _recv_exact(sock, 1) == _ACCEPT
+                mac = sender_mac(token, tid, blocks.num_bytes, nonce)
+                header = _HEADER.pack(_MAGIC, len(tid), blocks.num_bytes, nonce, mac)
+                sock.sendall(header + tid)
+                answer = _recv_exact(sock, 1 + MAC_BYTES)
             except (OSError, ConnectionError) as exc:
                 if is_kept and not isinstance(exc, TimeoutError):
                     raise _StaleConnectionError from exc
                 raise
-            if not accepted:
+            if answer[:1] != _ACCEPT:
                 raise TransferRejectedError(
                     f"{target.endpoint} does not expect transfer {target.transfer_id} "
                     f"of {blocks.num_bytes} bytes (it gave up, the KV layouts differ, or the "
                     "workers' tokens differ)"
                 )
+            if not is_valid(token, answer[1:], receiver_mac(token, tid, blocks.num_bytes, nonce)):
+                raise TransferRejectedError(
+                    f"{target.endpoint} did not prove the pool's worker token: no KV is sent "
+                    "there (a reservation named an endpoint outside the pool, or the workers' "
+                    "tokens differ)"
+                )
             pause_at = blocks.num_bytes // 2 if _FAULT_PAUSE_S > 0 else None
-            self._stream(sock, blocks, write=True, deadline_s=deadline, pause_at=pause_at)
+            payload_mac = PayloadMac(token, tid, blocks.num_bytes, nonce)
+            self._stream(sock, blocks, write=True, deadline_s=deadline, mac=payload_mac,
+                         pause_at=pause_at)  # fmt: skip
             sock.settimeout(_remaining(deadline))
+            sock.sendall(payload_mac.digest())
             if _recv_exact(sock, 1) != _ACCEPT:
-                raise TransferRejectedError(f"{target.endpoint} gave up on the transfer meanwhile")
+                raise TransferRejectedError(
+                    f"{target.endpoint} refused the payload (it gave up meanwhile, or the "
+                    "payload did not match its mac)"
+                )
         except BaseException as exc:
             sock.close()
             if isinstance(exc, TimeoutError):

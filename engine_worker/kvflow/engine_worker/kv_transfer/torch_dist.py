@@ -13,17 +13,22 @@ A transfer moves as pipelined messages of up to 16 MiB (pipeline.py).
 
 A group whose transfer failed or timed out may still hold a half-done send or receive, so
 it is never reused: the side that notices marks it ``kvflow/broken/<name>`` in the store
-and the next transfer forms a fresh group with a new name.
+and the next transfer forms a fresh group with a new name. The failed group is parked
+until every operation in it has run out its timeout, then destroyed (its connections and
+ports closed); nothing of it outlives that.
 
-With the pool's worker token (KVFLOW_WORKER_TOKEN) each new group first runs a mutual
-HMAC challenge-response (group_auth.py): the store is open to anyone who reaches the port,
-so a group is used only once its other rank proved the token. A group whose peer fails is
-refused (the transfer fails, its blocks are freed) and never cached.
+With the pool's worker token (KVFLOW_WORKER_TOKEN) the store is open to anyone who reaches
+the port, so both sides prove the token before a group forms, in signed rendezvous keys
+(group_auth.py): the receiver joins only a group a token holder named, the sender forms a
+group only with a store whose owner answered its nonce. Each new group then runs a mutual
+HMAC challenge-response over its own connections before it carries KV. A peer that fails
+either is refused (the transfer fails, its blocks are freed) and no group is cached.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import itertools
 import logging
 import os
@@ -43,11 +48,18 @@ from kvflow.engine_worker.kv_transfer.base import (
     PeerUnreachableError,
     SendTarget,
     TransferCancelledError,
+    TransferRejectedError,
     TransferTimeoutError,
-    split_endpoint,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
-from kvflow.engine_worker.kv_transfer.group_auth import HandshakeRefusedError, prove_peer
+from kvflow.engine_worker.kv_transfer.group_auth import (
+    HandshakeRefusedError,
+    check_rendezvous,
+    prove_peer,
+    rendezvous_answer,
+    signed_rendezvous,
+)
+from kvflow.engine_worker.kv_transfer.peers import PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.pipeline import Staging, receive_messages, send_messages
 from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
 
@@ -66,6 +78,10 @@ _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 # Fault injection for tests only: pause this long between joining the pair's group and
 # sending, so a test can kill a worker mid-transfer. Never set in production.
 _FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
+# A failed group is destroyed this long after its operations' own timeout ran out: by then
+# none can still be pending in it (gloo's run out at the group's timeout; NCCL's are
+# polled to the transfer's deadline, and aborting the communicator ends any left).
+BROKEN_GROUP_GRACE_S = 2.0
 
 
 @dataclass(eq=False)
@@ -85,11 +101,14 @@ def _make_group(kind: KvTransportKind, store: Any, name: str, rank: int, timeout
 class TorchDistTransport:
     def __init__(
         self, kind: KvTransportKind, host: str, port: int, advertise_host: str, instance_id: str,
-        token: str | None = None,
+        token: str | None = None, peer_allow: PeerAllowList | None = None,
     ) -> None:  # fmt: skip
-        """``token``: the pool's worker token, proven by both ranks of every new group
-        (group_auth.py); None: groups are trusted as formed (a laptop, a test)."""
+        """``token``: the pool's worker token, proven by both sides before a group forms and
+        by both ranks of every new group (group_auth.py); None: groups are trusted as formed
+        (a laptop, a test). ``peer_allow``: the networks this worker sends to (None: any;
+        peers.py)."""
         assert kind in (KvTransportKind.GLOO, KvTransportKind.NCCL)
+        self._peer_allow = peer_allow
         self.kind: KvTransportKind = kind
         self._instance_id = instance_id
         self._token = token
@@ -115,7 +134,9 @@ class TorchDistTransport:
         # Both sides: group name -> (process group, its creation lock).
         self._groups: dict[str, Any] = {}
         self._group_locks: dict[str, threading.Lock] = {}
-        self._broken: list[Any] = []  # never destroyed: they may hold a pending operation
+        # Failed groups, until no operation can be pending in them (then destroyed).
+        self._broken: list[Any] = []
+        self._timeouts: dict[str, float] = {}  # group name -> its operations' timeout
         # Sender side: endpoint -> store client, and the group currently used per peer.
         self._clients: dict[str, Any] = {}
         self._send_group: dict[str, str] = {}
@@ -139,10 +160,13 @@ class TorchDistTransport:
             group = self._groups.get(name)
             if group is None:
                 started = time.monotonic()
+                timeout_s = deadline_s - started
                 try:
-                    group = _make_group(self.kind, store, name, rank, deadline_s - time.monotonic())
+                    group = _make_group(self.kind, store, name, rank, timeout_s)
                 except RuntimeError as exc:
                     raise PeerUnreachableError(f"forming KV group {name} failed: {exc}") from exc
+                with self._lock:
+                    self._timeouts[name] = max(timeout_s, 0.001)
                 if self._token is not None:
                     self._prove_peer(group, name, rank, deadline_s, device)
                 self._groups[name] = group
@@ -157,22 +181,42 @@ class TorchDistTransport:
             prove_peer(group, name, rank, self._token, deadline_s, device)
         except HandshakeRefusedError as exc:
             log.warning("refused KV group %s: %s", name, exc)
-            if not exc.is_idle:  # an operation may be pending in it: keep it from the GC
-                with self._lock:
-                    self._broken.append(group)
+            if exc.is_idle:
+                self._destroy(group, name)
+            else:  # an operation may be pending in it
+                self._park(group, name)
             raise
         except KvTransferError:
-            with self._lock:
-                self._broken.append(group)
+            self._park(group, name)
             raise
 
     def _retire(self, store: Any, name: str) -> None:
         with self._lock:
             group = self._groups.pop(name, None)
-            if group is not None:
-                self._broken.append(group)
+        if group is not None:
+            self._park(group, name)
         with contextlib.suppress(RuntimeError):  # the peer's store is gone: no reuse either
             store.set(f"kvflow/broken/{name}", "1")
+
+    def _park(self, group: Any, name: str) -> None:
+        """Keep a failed group until nothing can be pending in it, then destroy it."""
+        with self._lock:
+            self._broken.append(group)
+            timeout_s = self._timeouts.get(name, 0.0)
+        timer = threading.Timer(timeout_s + BROKEN_GROUP_GRACE_S, self._destroy, args=(group, name))
+        timer.daemon = True
+        timer.start()
+
+    def _destroy(self, group: Any, name: str) -> None:
+        """Close a group's connections: NCCL's communicator is aborted; a gloo group closes
+        its pair sockets when its last reference goes, which is this one."""
+        with self._lock:
+            self._broken = [g for g in self._broken if g is not group]
+            self._timeouts.pop(name, None)
+        if self.kind is KvTransportKind.NCCL:
+            with contextlib.suppress(Exception):  # already broken: abort is best effort
+                group.abort()
+        log.info("KV group %s destroyed", name)
 
     # -- receiving (decode side) -------------------------------------------------------------
 
@@ -191,7 +235,11 @@ class TorchDistTransport:
                 raise TransferTimeoutError(f"transfer {transfer_id}: no sender before the deadline")
             if cancel.is_set() or value == _CANCELLED:
                 raise TransferCancelledError(f"transfer {transfer_id} cancelled")
-            name = value.decode()
+            group_name, nonce = check_rendezvous(self._token, transfer_id, value)
+            if self._token is not None:  # the sender forms a new group only after this
+                answer = rendezvous_answer(self._token, transfer_id, group_name, nonce)
+                self._store.set(f"kvflow/ack/{transfer_id}", answer)
+            name = group_name
             group = self._group(
                 self._store, name, 1, deadline_s, self._pipe(expected.blocks).device
             )
@@ -207,6 +255,7 @@ class TorchDistTransport:
             with self._lock:
                 self._expected.pop(transfer_id, None)
             self._store.delete_key(key)
+            self._store.delete_key(f"kvflow/ack/{transfer_id}")
 
     def _wait_for_key(self, key: str, deadline_s: float) -> bytes | None:
         """The key's value once it is set, or None at the deadline."""
@@ -236,7 +285,7 @@ class TorchDistTransport:
         with self._lock:
             client = self._clients.get(endpoint)
         if client is None:
-            host, port = split_endpoint(endpoint)
+            host, port = resolve_peer(endpoint, self._peer_allow)
             try:
                 client = dist.TCPStore(
                     host, port, is_master=False, timeout=timedelta(seconds=max(timeout_s, 0.1))
@@ -265,12 +314,17 @@ class TorchDistTransport:
                 )
                 with self._lock:
                     self._send_group[peer] = name
-            store.set(f"kvflow/xfer/{target.transfer_id}", name)
+            value, nonce = signed_rendezvous(self._token, target.transfer_id, name)
+            store.set(f"kvflow/xfer/{target.transfer_id}", value)
         except RuntimeError as exc:
             with self._lock:
                 self._clients.pop(target.endpoint, None)
             raise PeerUnreachableError(f"the KV store at {target.endpoint} failed: {exc}") from exc
         try:
+            with self._lock:
+                is_new = name not in self._groups
+            if is_new and self._token is not None:
+                self._check_answer(store, target, name, nonce, deadline)
             group = self._group(store, name, 0, deadline, self._pipe(blocks).device)
             if _FAULT_PAUSE_S > 0:
                 time.sleep(_FAULT_PAUSE_S)
@@ -284,6 +338,28 @@ class TorchDistTransport:
                     del self._send_group[peer]
             self._retire(store, name)
             raise
+
+    def _check_answer(
+        self, store: Any, target: SendTarget, name: str, nonce: str, deadline_s: float
+    ) -> None:
+        """Before a new group forms: the store's owner proved the token for ``nonce``."""
+        assert self._token is not None
+        key = f"kvflow/ack/{target.transfer_id}"
+        try:
+            store.wait([key], timedelta(seconds=max(deadline_s - time.monotonic(), 0.001)))
+            answer: bytes = store.get(key)
+        except RuntimeError:  # c10d's timeout: this client is unusable, drop it
+            with self._lock:
+                if self._clients.get(target.endpoint) is store:
+                    del self._clients[target.endpoint]
+            answer = b""
+        expected = rendezvous_answer(self._token, target.transfer_id, name, nonce)
+        if not hmac.compare_digest(answer, expected):
+            raise TransferRejectedError(
+                f"the KV store at {target.endpoint} did not prove the pool's worker token by "
+                "the transfer's deadline: no group formed, no KV sent (a reservation named an "
+                "endpoint outside the pool, or the workers' tokens differ)"
+            )
 
     def close(self) -> None:
         pass  # daemon threads and the store die with the process

@@ -8,8 +8,9 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -243,11 +244,35 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
     )
 
 
+T = TypeVar("T")
+
+
+class PortTakenError(OSError):
+    """A port the worker binds is taken; the message names it and its flag."""
+
+
+def _binding(what: str, flag: str, port: int, bind: Callable[[], T]) -> T:
+    """``bind()``, with a failure that says which of the worker's three ports clashed (two
+    workers on one machine share the default --kv-port as easily as the gRPC port)."""
+    try:
+        return bind()
+    except (OSError, RuntimeError) as exc:  # grpc's add_*_port raises RuntimeError
+        raise PortTakenError(
+            f"cannot bind the {what} port {port} ({flag}): {exc}; another process holds it. "
+            f"Pick a free one with {flag} (0: any free port)"
+        ) from exc
+
+
 async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
     metrics.observe_memory(built.memory)
-    kv = start_kv_agent(settings, built.info.instance_id)
+    kv = _binding(
+        "KV transfer",
+        "--kv-port",
+        settings.kv_port,
+        lambda: start_kv_agent(settings, built.info.instance_id),
+    )
     heartbeat = EngineHeartbeat(settings.engine_stall_timeout_s)
     heartbeat.also_check(built.problem)
     loop = EngineLoop(
@@ -261,7 +286,12 @@ async def serve(settings: WorkerSettings) -> None:
     loop.start()
 
     token = token_from_env()
-    server = grpc.aio.server(interceptors=[TokenInterceptor(token)] if token else [])
+    server = grpc.aio.server(
+        interceptors=[TokenInterceptor(token)] if token else [],
+        # gRPC binds with SO_REUSEPORT by default: a second worker on a taken --port would
+        # start and share it, and callers would reach either one.
+        options=[("grpc.so_reuseport", 0)],
+    )
     if token is None:
         log.warning("worker gRPC is open to any caller: set %s to require a token", TOKEN_ENV)
     structured = None
@@ -275,15 +305,23 @@ async def serve(settings: WorkerSettings) -> None:
     pb_grpc.add_WorkerServicer_to_server(service, server)
     address = f"{settings.host}:{settings.port}"
     if settings.tls.is_on:
-        port = server.add_secure_port(address, settings.tls.server_credentials())
+        credentials = settings.tls.server_credentials()
+        port = _binding(
+            "gRPC", "--port", settings.port, lambda: server.add_secure_port(address, credentials)
+        )
     else:
-        port = server.add_insecure_port(address)
-    http = start_http_server(
-        settings.host,
+        port = _binding("gRPC", "--port", settings.port, lambda: server.add_insecure_port(address))
+    http = _binding(
+        "metrics",
+        "--metrics-port",
         settings.metrics_port,
-        metrics.registry,
-        is_ready=lambda: not loop.is_draining,
-        health_problem=loop.heartbeat.problem,
+        lambda: start_http_server(
+            settings.host,
+            settings.metrics_port,
+            metrics.registry,
+            is_ready=lambda: not loop.is_draining,
+            health_problem=loop.heartbeat.problem,
+        ),
     )
     await server.start()
     metrics_port = http.server_address[1]

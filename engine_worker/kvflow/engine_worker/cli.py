@@ -23,8 +23,8 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         asyncio.run(serve(settings))
-    except OSError as exc:  # most often: the port is taken
-        print(f"kvflow worker: {exc}; pick other ports with --port/--metrics-port", file=sys.stderr)
+    except OSError as exc:  # a port taken names itself (app.PortTakenError)
+        print(f"kvflow worker: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:  # ModelLoadError and bad settings say what to change
         print(f"kvflow worker: {exc}", file=sys.stderr)

@@ -335,7 +335,7 @@ def bench_model(
 def tiny_model(tmp: Path) -> str:
     from testkit.tiny_model import write_tiny_llama
 
-    # The 56 M Llama of ../shared/facts/engine-notes.md: 8 layers, hidden 512, vocab 32k.
+    # A 56 M Llama: 8 layers, hidden 512, vocab 32k.
     return str(
         write_tiny_llama(
             tmp / "tiny-56m",

@@ -28,7 +28,7 @@ from kvflow.cli.sim.autoscale_report import report_dict, table
 from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
 from kvflow.operator.planner import Observation
 
-TRACES = Path(__file__).parents[3] / "shared" / "traces" / "mooncake-fast25"
+TRACES = Path(__file__).parents[2] / "traces" / "mooncake-fast25"
 
 
 def test_diurnal_and_step_rates() -> None:

@@ -17,6 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The Mooncake FAST'25 synthetic trace that ships in the repository (traces/, Apache-2.0):
+# the simulator's and the benchmarks' default (a source checkout; an installed package
+# names its trace with --trace).
+MOONCAKE_TRACE = (
+    Path(__file__).resolve().parents[4] / "traces" / "mooncake-fast25" / "synthetic_trace.jsonl"
+)
 MOONCAKE_BLOCK_TOKENS = 512
 
 

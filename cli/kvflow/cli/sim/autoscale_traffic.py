@@ -7,7 +7,7 @@ Three shapes, each a rate per second over virtual time, scaled so its *peak* is
   (`trough_fraction` of the peak, at the start) to the peak at mid-period and back;
 - **step**: 1x for the first fifth, 5x for the middle two fifths, 1x again;
 - **trace**: the arrival timestamps of the Mooncake FAST'25 synthetic trace
-  (`../shared/traces/mooncake-fast25/`), sped up so its mean rate is `peak_rate_per_s`;
+  (`traces/mooncake-fast25/` in the repository), sped up so its mean rate is `peak_rate_per_s`;
   only the timestamps are used, the request shapes are ours.
 
 Non-trace arrivals are a non-homogeneous Poisson process drawn by thinning (Lewis and
@@ -24,16 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvflow.cli.bench.trace import load_trace
+from kvflow.cli.bench.trace import MOONCAKE_TRACE, load_trace
 from kvflow.cli.bench.workload import BenchRequest, Segment, TextBlock
 
-TRACE_PATH = (
-    Path(__file__).resolve().parents[4].parent
-    / "shared"
-    / "traces"
-    / "mooncake-fast25"
-    / "synthetic_trace.jsonl"
-)
+TRACE_PATH = MOONCAKE_TRACE
 
 SHAPES = ("diurnal", "step", "trace")
 

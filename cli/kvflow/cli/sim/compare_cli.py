@@ -8,15 +8,14 @@ from typing import TextIO
 
 from kvflow.cli.bench.metrics import Slo
 from kvflow.cli.bench.report_json import write_json
-from kvflow.cli.bench.trace import TraceError
+from kvflow.cli.bench.trace import MOONCAKE_TRACE, TraceError
 from kvflow.cli.sim.arms import resolve_arm
 from kvflow.cli.sim.cluster import ClusterSpec
 from kvflow.cli.sim.compare import ARMS, ArmLadder, ComparisonConfig, ladders, run_comparison
 from kvflow.cli.sim.report import render, report_dict
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 
-# CI and every developer have the shared folder beside the repository.
-DEFAULT_TRACE = "../shared/traces/mooncake-fast25/synthetic_trace.jsonl"
+DEFAULT_TRACE = str(MOONCAKE_TRACE)
 
 
 def parser() -> argparse.ArgumentParser:

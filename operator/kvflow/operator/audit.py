@@ -1,0 +1,69 @@
+"""The audit trail of what the operator applies: one JSON line on the ``kvflow.audit``
+logger each time a pool's spec changes what runs (children created, updated or deleted),
+saying which pool, which generation, who last wrote its spec (the field managers in its
+managedFields), and what security and routing state is now in force: the tenants Secret
+(by name), whether callers may be anonymous, the worker token's Secret, the served model
+and the routing weights. Secret names only, never their contents. The event is pure; the
+reconciler logs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json
+from kvflow.operator.builders.worker_token import effective_worker_token
+from kvflow.operator.kube import FIELD_MANAGER
+
+audit_log = logging.getLogger("kvflow.audit")
+audit_log.setLevel(logging.INFO)  # kept at the operator's warning level too
+
+
+def spec_writers(body: Json) -> list[str]:
+    """The field managers that own part of the spec (kubectl, a CD tool), not the operator."""
+    managers = set()
+    for entry in body.get("metadata", {}).get("managedFields") or []:
+        fields = entry.get("fieldsV1") or {}
+        if "f:spec" in fields and entry.get("manager") != FIELD_MANAGER:
+            managers.add(str(entry.get("manager")))
+    return sorted(managers)
+
+
+def pool_applied_event(
+    body: Json, spec: v1alpha1.InferencePoolSpec, changes: list[str], now_s: float
+) -> dict[str, Any]:
+    meta = body["metadata"]
+    router = spec.router
+    token = effective_worker_token(meta["name"], spec)
+    weights = router.scorer_weights
+    return {
+        "event": "pool_applied",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s)),
+        "namespace": meta["namespace"],
+        "pool": meta["name"],
+        "generation": int(meta.get("generation") or 0),
+        "spec_written_by": spec_writers(body),
+        "changes": changes,
+        "tenants_secret": None if router.tenants_secret is None else router.tenants_secret.name,
+        "allow_unauthenticated": router.allow_unauthenticated,
+        "service_type": router.service_type,
+        "worker_token_secret": token.name,
+        "served_model": spec.model.served_name,
+        "routing_weights": {
+            k: v
+            for k, v in (
+                ("prefix_cache", weights.prefix_cache),
+                ("queue_depth", weights.queue_depth),
+                ("kv_cache_usage", weights.kv_cache_usage),
+            )
+            if v is not None
+        },
+    }
+
+
+def log_event(event: dict[str, Any]) -> None:
+    audit_log.info(json.dumps(event, sort_keys=True))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import yaml
 
 from kvflow.operator.builders.desired import ChildKey
@@ -56,10 +57,21 @@ class FakeKube:
 
     def apply(self, body: dict[str, Any], field_manager: str = FIELD_MANAGER) -> Any:
         stored = copy.deepcopy(body)
-        stored["metadata"]["generation"] = 1
+        # As the API server does for Deployments: the generation moves when the spec does.
+        before = self.children.get((body["kind"], body["metadata"]["name"]))
+        same = before is not None and {k: v for k, v in before.items() if k != "status"} == {
+            **body,
+            "metadata": {**body["metadata"], "generation": before["metadata"]["generation"]},
+        }
+        stored["metadata"]["generation"] = (
+            1 if before is None else (before["metadata"]["generation"] + (0 if same else 1))
+        )
         if body["kind"] == "Deployment":
             n = body["spec"]["replicas"]
-            stored["status"] = {"readyReplicas": n, "updatedReplicas": n, "observedGeneration": 1}
+            generation = stored["metadata"]["generation"]
+            stored["status"] = {
+                "readyReplicas": n, "updatedReplicas": n, "observedGeneration": generation,
+            }  # fmt: skip
         self.children[(body["kind"], body["metadata"]["name"])] = stored
         return copy.deepcopy(stored)
 
@@ -213,3 +225,35 @@ def test_a_gateway_mounts_no_host_path_the_operator_does_not_allow() -> None:
     gateway = kube.status("inferencegateways", "front")
     assert conditions(gateway)["Degraded"] == ("True", "HostPathNotAllowed")
     assert kube.children == {}
+
+
+def test_what_a_gateway_applies_is_audited_with_its_model_routing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import json
+
+    caplog.set_level("INFO", logger="kvflow.audit")
+
+    def audited() -> list[dict[str, Any]]:
+        found = [json.loads(r.getMessage()) for r in caplog.records if r.name == "kvflow.audit"]
+        caplog.clear()
+        return found
+
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", pool_spec("m-v1")))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1", "v2")))
+    reconciler(kube).reconcile_namespace("ns")
+    (first,) = audited()
+    assert (first["event"], first["gateway"], first["tenants_secret"]) == (
+        "gateway_applied", "front", "tenants",
+    )  # fmt: skip
+    assert first["models"]["chat"]["targets"] == {"v1": 1}
+    reconciler(kube).reconcile_namespace("ns")
+    assert audited() == []  # nothing changed
+    # The second pool appears: the routing changes, and the trail says where requests go.
+    kube.add("inferencepools", obj("InferencePool", "v2", pool_spec("m-v2")))
+    reconciler(kube).reconcile_namespace("ns")
+    (second,) = audited()
+    assert second["models"]["chat"]["targets"] == {"v1": 1, "v2": 1}
+    assert any(c.startswith("updated") for c in second["changes"])

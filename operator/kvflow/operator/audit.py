@@ -1,5 +1,6 @@
 """The audit trail of what the operator applies: one JSON line on the ``kvflow.audit``
-logger each time a pool's spec changes what runs (children created, updated or deleted),
+logger each time a pool's or gateway's spec (or, for a gateway, its InferenceModels)
+changes what runs (children created, updated or deleted),
 saying which pool, which generation, who last wrote its spec (the field managers in its
 managedFields), and what security and routing state is now in force: the tenants Secret
 (by name), whether callers may be anonymous, the worker token's Secret, the served model
@@ -16,6 +17,7 @@ from typing import Any
 
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import Json
+from kvflow.operator.api.v1alpha1_gateway import ResolvedModel
 from kvflow.operator.builders.worker_token import effective_worker_token
 from kvflow.operator.kube import FIELD_MANAGER
 
@@ -61,6 +63,38 @@ def pool_applied_event(
                 ("kv_cache_usage", weights.kv_cache_usage),
             )
             if v is not None
+        },
+    }
+
+
+def gateway_applied_event(
+    body: Json,
+    router: v1alpha1.RouterSpec,
+    models: list[ResolvedModel],
+    changes: list[str],
+    now_s: float,
+) -> dict[str, Any]:
+    """An InferenceGateway's: the same security state, and the model routing now in force
+    (each public name, its aliases and its pools with their weights)."""
+    meta = body["metadata"]
+    return {
+        "event": "gateway_applied",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s)),
+        "namespace": meta["namespace"],
+        "gateway": meta["name"],
+        "generation": int(meta.get("generation") or 0),
+        "spec_written_by": spec_writers(body),
+        "changes": changes,
+        "tenants_secret": None if router.tenants_secret is None else router.tenants_secret.name,
+        "allow_unauthenticated": router.allow_unauthenticated,
+        "service_type": router.service_type,
+        "models": {
+            m.name: {
+                "aliases": list(m.aliases),
+                "targets": {t.pool: t.weight for t in m.targets},
+                "source": m.source,
+            }
+            for m in models
         },
     }
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
+from kvflow.operator import audit
 from kvflow.operator.admin_policy import AdminPolicy, host_path_problems
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api import v1alpha1_gateway as gw
@@ -145,7 +147,13 @@ class GatewayReconciler:
         observed = self._observe(ref)
         if apply and not any(p.reason in _BLOCKING for p in problems):
             desired = desired_gateway_children(ref, spec, self.images, resolution, pools)
-            problems += self._apply(body, ref, desired, observed)
+            applied, changes = self._apply(body, ref, desired, observed)
+            problems += applied
+            if changes:
+                event = audit.gateway_applied_event(
+                    body, spec.router, list(resolution.models), changes, time.time()
+                )
+                audit.log_event(event)
         deployment = observed.get(ChildKey("apps/v1", "Deployment", gateway_workload_name(ref)))
         replicas = spec.router.replicas if resolution.pools else 0
         if not apply:  # a status refresh claims no generation it did not apply (reconcile.py)
@@ -172,8 +180,10 @@ class GatewayReconciler:
 
     def _apply(
         self, body: Json, ref: GatewayRef, desired: list[Json], observed: dict[ChildKey, Json]
-    ) -> list[GatewayProblem]:
+    ) -> tuple[list[GatewayProblem], list[str]]:
+        """Apply the children; the problems, and what changed (for the audit trail)."""
         problems: list[GatewayProblem] = []
+        changes: list[str] = []
         for obj in desired:
             key = ChildKey.of(obj)
             before = observed.get(key)
@@ -187,12 +197,15 @@ class GatewayReconciler:
             observed[key] = after
             if before is None:
                 self.post_event(body, "Normal", "Created", f"Created {key}")
+                changes.append(f"created {key}")
             elif before["metadata"].get("generation") != after["metadata"].get("generation"):
                 self.post_event(body, "Normal", "Updated", f"Updated {key}")
+                changes.append(f"updated {key}")
         for key in sorted(set(observed) - {ChildKey.of(o) for o in desired}, key=str):
             self.kube.delete(key, ref.namespace)
             del observed[key]
-        return problems
+            changes.append(f"deleted {key}")
+        return problems, changes
 
     def _write_gateway(
         self,

@@ -176,6 +176,8 @@ def test_a_grammar_too_costly_to_compile_times_out_while_health_stays_fast(
         assert r.status_code == 400, r.text
         assert "prepare_timeout_s = 0.2 s" in r.json()["error"]["message"]
         assert elapsed_s < 1.0
+        metrics = httpx.get(f"{g.url}/metrics", timeout=10).text
+        assert 'kvflow_router_prepare_refusals_total{reason="timeout"} 1.0' in metrics
         # The gateway serves on.
         assert client.post("/chat/completions", json=chat("after")).is_success
     # Under the default limits the same grammar is refused for its size, before any work.

@@ -256,7 +256,9 @@ def test_a_template_render_stops_at_its_deadline() -> None:
 
 def test_work_past_the_time_limit_is_a_400_naming_it_and_the_loop_stays_free() -> None:
     async def scenario() -> None:
-        pool = PreparePool(PrepareConfig(threads=1, max_waiting=0, timeout_s=0.2))
+        refusals: list[str] = []
+        pool = PreparePool(PrepareConfig(threads=1, max_waiting=0, timeout_s=0.2),
+                           on_refusal=refusals.append)  # fmt: skip
         release = threading.Event()
         ticks = 0
 
@@ -275,6 +277,7 @@ def test_work_past_the_time_limit_is_a_400_naming_it_and_the_loop_stays_free() -
         with pytest.raises(ApiError) as info:
             await pool.run(lambda: 1)
         assert info.value.status == 503 and info.value.retry_after_s is not None
+        assert refusals == ["timeout", "busy"]  # kvflow_router_prepare_refusals_total
         release.set()
         await ticker
         await asyncio.sleep(0.05)

@@ -128,6 +128,14 @@ class RouterMetrics:
             "Prompt blocks the chosen worker already cached, per the router's index",
             registry=r,
         )
+        self.prepare_refusals = Counter(
+            "kvflow_router_prepare_refusals_total",
+            "Requests refused while preparing (template, tokenizer, grammar): busy (no "
+            "prepare thread in time, 503) or timeout (the work ran past --prepare-timeout-s, "
+            "400)",
+            ["reason"],
+            registry=r,
+        )
         self.failovers = Counter(
             "kvflow_router_failovers_total",
             "Requests moved to another worker after one failed before the first token",

@@ -123,7 +123,10 @@ def _prepare_pool(request: Request, gw: Gateway) -> PreparePool:
     """The app's prepare threads, made on its first request."""
     pool: PreparePool | None = getattr(request.app.state, "prepare_pool", None)
     if pool is None:
-        pool = request.app.state.prepare_pool = PreparePool(gw.settings.prepare)
+        refusals = gw.metrics.prepare_refusals
+        pool = request.app.state.prepare_pool = PreparePool(
+            gw.settings.prepare, on_refusal=lambda reason: refusals.labels(reason=reason).inc()
+        )
     return pool
 
 

@@ -89,8 +89,15 @@ class _QueuedTooLongError(Exception):
 class PreparePool:
     """Runs a request's preparation on a bounded set of threads with a deadline."""
 
-    def __init__(self, config: PrepareConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: PrepareConfig | None = None,
+        on_refusal: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         self.config = config or PrepareConfig()
+        # Told "busy" (no thread free, or none within the time limit) or "timeout" (the
+        # work itself ran past it): kvflow_router_prepare_refusals_total.
+        self._on_refusal = on_refusal
         self._executor = ThreadPoolExecutor(
             max_workers=self.config.threads, thread_name_prefix="kvflow-prepare"
         )
@@ -108,6 +115,7 @@ class PreparePool:
         too long) or 400 (ran too long) above."""
         config = self.config
         if self.num_pending >= config.threads + config.max_waiting:
+            self._on_refusal("busy")
             raise prepare_busy(
                 f"The gateway is busy preparing other requests ({self.num_pending} queued or "
                 f"running; prepare_threads = {config.threads}, prepare_max_waiting = "
@@ -130,17 +138,22 @@ class PreparePool:
         except TimeoutError:
             if future.cancel():  # never started: the gateway was the slow part
                 raise self._queued_too_long() from None
-            raise prepare_timed_out(config.timeout_s) from None
+            raise self._timed_out() from None
         except _QueuedTooLongError:
             raise self._queued_too_long() from None
         except RenderTimeoutError:
-            raise prepare_timed_out(config.timeout_s) from None
+            raise self._timed_out() from None
 
     def _done(self, _: object) -> None:
         with self._lock:
             self.num_pending -= 1
 
+    def _timed_out(self) -> ApiError:
+        self._on_refusal("timeout")
+        return prepare_timed_out(self.config.timeout_s)
+
     def _queued_too_long(self) -> ApiError:
+        self._on_refusal("busy")
         return prepare_busy(
             f"The gateway was too busy to prepare this request within prepare_timeout_s = "
             f"{self.config.timeout_s:g} s ({PREPARE_FLAGS['timeout_s']}); retry shortly."

@@ -43,7 +43,7 @@ ALL_ON = [
 ALERTS = {
     "KvflowTTFTP99High", "KvflowTPOTP99High", "KvflowErrorRateHigh", "KvflowNoHealthyWorkers",
     "KvflowGatewayDown", "KvflowWorkerDown", "KvflowKVCacheNearlyFull", "KvflowQueueGrowing",
-    "KvflowShedding", "KvflowDeadlineMisses",
+    "KvflowShedding", "KvflowDeadlineMisses", "KvflowTenantsStale", "KvflowQuotaStoreDown",
 }  # fmt: skip
 # Labels a series gets from the PodMonitors, not from the code (Prometheus adds instance).
 TARGET_LABELS = {"job", "namespace", "pod", "pool", "role", "container", "instance"}

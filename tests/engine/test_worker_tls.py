@@ -5,12 +5,12 @@ before any handler runs."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from testkit.certs import make_certs
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.engine_worker.settings import parse_args
@@ -18,24 +18,6 @@ from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
-
-
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def make_certs(d: Path) -> None:
-    """ca.pem; server.pem for 127.0.0.1 and client.pem signed by it; rogue.pem self-signed."""
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "1", "-subj", "/CN=kvflow-test-ca", cwd=d)  # fmt: skip
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, ext in (("server", ["-extfile", "server.ext"]), ("client", [])):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-                f"{name}.csr", "-subj", f"/CN={name}", cwd=d)  # fmt: skip
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", *ext, cwd=d)  # fmt: skip
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "rogue.key", "-out",
-            "rogue.pem", "-days", "1", "-subj", "/CN=client", cwd=d)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

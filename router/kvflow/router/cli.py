@@ -40,6 +40,7 @@ from kvflow.router.tenants.source import KEY_SECRET_ENV, key_secret_from_env
 from kvflow.router.text.tokenizer import TokenizerLoadError
 from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.discovery import DiscoveryConfigError, parse_worker_list
+from kvflow.router.workers.tls import WorkerTls
 
 READY_PREFIX = "KVFLOW_ROUTER_READY"
 # After the drain, or on a second signal: how long open connections get to close.
@@ -345,6 +346,19 @@ def _security_flags(p: argparse.ArgumentParser, d: RouterSettings) -> None:
         "(default: %(default)s)",
     )
     g.add_argument(
+        "--worker-tls-ca-file",
+        help="dial workers over TLS, trusting this CA (PEM); what their --tls-cert-file chains to",
+    )
+    g.add_argument(
+        "--worker-tls-cert-file",
+        help="present this certificate to workers (PEM; for workers with --tls-ca-file)",
+    )
+    g.add_argument("--worker-tls-key-file", help="... and this private key (PEM)")
+    g.add_argument(
+        "--worker-tls-server-name",
+        help="the name the workers' certificates carry (default: the address dialled)",
+    )
+    g.add_argument(
         "--cache-salt-secret-file",
         help="secret that tenants' default cache salts are derived from; the same "
         f"on every replica (default: ${CACHE_SALT_SECRET_ENV}, else random per "
@@ -433,6 +447,14 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
 def _security_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         raise ConfigError("--tls-cert-file and --tls-key-file go together: give both")
+    worker_tls = WorkerTls(
+        args.worker_tls_ca_file,
+        args.worker_tls_cert_file,
+        args.worker_tls_key_file,
+        args.worker_tls_server_name,
+    )
+    if worker_tls.problem():
+        raise ConfigError(worker_tls.problem())
     if not QUOTA_SCOPE.match(args.quota_scope):
         raise ConfigError(
             f"--quota-scope must be 1-128 letters, digits, '.', '_', '-' or '/', "
@@ -449,6 +471,7 @@ def _security_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict
         "quota_scope": args.quota_scope,
         "quota_on_store_failure": args.quota_on_store_failure,
         "cache_salt_secret": _read_secret_file(args.cache_salt_secret_file, env),
+        "worker_tls": worker_tls,
     }
 
 

@@ -67,6 +67,7 @@ from kvflow.router.tenants.config import (
 from kvflow.router.tenants.redis_store import DEFAULT_QUOTA_SCOPE
 from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
 from kvflow.router.workers.deadlines import StreamDeadlines
+from kvflow.router.workers.tls import WorkerTls
 
 # 8 MiB: an 8k-token prompt is about 32 KB of text; even a 128k-token context with JSON
 # escaping stays under 2 MB, so this refuses only what no model here could read.
@@ -145,6 +146,8 @@ class RouterSettings:
     quota_on_store_failure: str = "memory"
     # The secret default cache salts are derived with (tenants/salts.py); None: random.
     cache_salt_secret: bytes | None = None
+    # Worker gRPC over (mutual) TLS (workers/tls.py); off: plaintext.
+    worker_tls: WorkerTls = field(default_factory=WorkerTls)
 
 
 def parse_config(raw: object) -> RouterConfig:

@@ -154,7 +154,7 @@ def build_backend(
     placement = build_placement(
         config.weights, source.disaggregation, index=index, sessions=sessions, rng=rng
     )
-    pool = WorkerPool(index, sessions)
+    pool = WorkerPool(index, sessions, settings.worker_tls)
     admission = AdmissionControl(pool, settings.admission, metrics, source.name)
     service = AdmittedGenerationService(
         admission,

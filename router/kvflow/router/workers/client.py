@@ -38,6 +38,7 @@ from kvflow.router.workers.records import (
     TokenChunk,
     WorkerUsage,
 )
+from kvflow.router.workers.tls import WorkerTls
 
 # A snapshot of 2**18 cached blocks is about 2.4 MB; 64 MiB leaves room for any worker.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -60,9 +61,15 @@ KvEventsCall = grpc.aio.UnaryStreamCall[pb.SubscribeKvEventsRequest, pb.KvEventB
 
 
 class WorkerClient:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: WorkerTls | None = None) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        credentials = None if tls is None else tls.channel_credentials()
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        else:
+            assert tls is not None
+            options = _CHANNEL_OPTIONS + tls.channel_options()
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self._stub: Any = pb_grpc.WorkerStub(self._channel)
         token = os.environ.get(WORKER_TOKEN_ENV)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()

@@ -19,6 +19,7 @@ from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
 from kvflow.router.workers.client import WorkerClient
 from kvflow.router.workers.deadlines import quarantine_s
 from kvflow.router.workers.kv_events import KvEventFollower
+from kvflow.router.workers.tls import WorkerTls
 
 log = logging.getLogger("kvflow.router.workers")
 
@@ -81,9 +82,12 @@ def _with_token_load(view: WorkerView, worker: _Worker) -> WorkerView:
 
 
 class WorkerPool:
-    def __init__(self, index: BlockIndex, sessions: SessionTable) -> None:
+    def __init__(
+        self, index: BlockIndex, sessions: SessionTable, tls: WorkerTls | None = None
+    ) -> None:
         self._index = index
         self._sessions = sessions
+        self._tls = tls  # worker gRPC over TLS (workers/tls.py); None: plaintext
         self._workers: dict[WorkerId, _Worker] = {}
 
     # -- membership ------------------------------------------------------------------------
@@ -94,7 +98,7 @@ class WorkerPool:
         for worker_id in set(self._workers) - wanted:
             await self._remove(worker_id)
         for worker_id in sorted(wanted - set(self._workers)):
-            worker = _Worker(worker_id, WorkerClient(worker_id))
+            worker = _Worker(worker_id, WorkerClient(worker_id, self._tls))
             self._workers[worker_id] = worker
             worker.tasks.append(asyncio.create_task(self._monitor(worker)))
             log.info("worker %s added", worker_id)

@@ -21,11 +21,13 @@ from pathlib import Path
 import grpc
 import openai
 import pytest
+import yaml
 from k8s.controlplane import REPO, ControlPlane
 from k8s.operator_process import OperatorProcess
 from k8s.pod_processes import LoopbackNetwork
 from k8s.served_pools import RunningPool, run_pool
 from k8s.support import wait_for
+from testkit.certs import make_certs
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
@@ -82,6 +84,7 @@ def _served(
     workdir: Path,
     worker_token: str | None = None,
     tenant_api_key: str | None = None,
+    worker_tls: Path | None = None,
 ) -> Iterator[RunningPool]:
     cluster.kubectl("create", "namespace", namespace)
     wait_for(  # pods are refused until the namespace's default ServiceAccount exists
@@ -92,10 +95,18 @@ def _served(
         f"namespace {namespace}'s default ServiceAccount",
     )
     overrides = None
+    if worker_tls is not None:  # what a cert-manager Certificate would hold (certs below)
+        certs = worker_tls
+        cluster.kubectl("create", "secret", "generic", "pool-tls", "-n", namespace,
+                        f"--from-file=tls.crt={certs / 'server.pem'}",
+                        f"--from-file=tls.key={certs / 'server.key'}",
+                        f"--from-file=ca.crt={certs / 'ca.pem'}")  # fmt: skip
+        overrides = {"workerTls": {"secretName": "pool-tls"}}
     if worker_token is not None:  # the user's Secret, named in spec.workerTokenSecret
         cluster.kubectl("create", "secret", "generic", "pool-token", "-n", namespace,
                         f"--from-literal=token={worker_token}")  # fmt: skip
-        overrides = {"workerTokenSecret": {"name": "pool-token", "key": "token"}}
+        token_ref = {"name": "pool-token", "key": "token"}
+        overrides = {**(overrides or {}), "workerTokenSecret": token_ref}
     if tenant_api_key is not None:  # the user's tenants Secret
         digest = hmac_api_key(tenant_api_key, TENANT_HMAC_SECRET.encode())
         tenants = (  # admin: the test reads the route explanations (x-kvflow-route)
@@ -118,17 +129,32 @@ def _served(
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+COLOCATED_NAMESPACE = "t-serve-colocated"
+
+
+@pytest.fixture(scope="module")
+def colocated_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The colocated pool's worker TLS: a certificate for <pool>-workers.<namespace>.svc."""
+    docs = yaml.safe_load_all(COLOCATED_SAMPLE.read_text())
+    pool_name = next(d for d in docs if d["kind"] == "InferencePool")["metadata"]["name"]
+    certs = tmp_path_factory.mktemp("colocated-tls")
+    make_certs(certs, f"{pool_name}-workers.{COLOCATED_NAMESPACE}.svc")
+    return certs
+
+
 @pytest.fixture(scope="module")
 def colocated(
     cluster: ControlPlane,
     serving_operator: OperatorProcess,
     network: LoopbackNetwork,
     tmp_path_factory: pytest.TempPathFactory,
+    colocated_certs: Path,
 ) -> Iterator[RunningPool]:
     workdir = tmp_path_factory.mktemp("colocated-pods")
     # No worker token given: the workers and the router use the one the operator generated.
-    with _served(cluster, "t-serve-colocated", COLOCATED_SAMPLE, network, workdir,
-                 tenant_api_key=TENANT_API_KEY) as pool:  # fmt: skip
+    # Worker gRPC over mutual TLS (spec.workerTls): the router dials its workers with it.
+    with _served(cluster, COLOCATED_NAMESPACE, COLOCATED_SAMPLE, network, workdir,
+                 tenant_api_key=TENANT_API_KEY, worker_tls=colocated_certs) as pool:  # fmt: skip
         yield pool
 
 
@@ -174,7 +200,7 @@ def complete(pool: RunningPool, prompt: str, api_key: str = TENANT_API_KEY) -> A
     )
 
 
-def test_colocated_sample_serves(colocated: RunningPool) -> None:
+def test_colocated_sample_serves(colocated: RunningPool, colocated_certs: Path) -> None:
     workers = colocated.grpc_addresses("colocated")
     assert len(workers) == colocated.spec["colocated"]["replicas"]
 
@@ -191,10 +217,27 @@ def test_colocated_sample_serves(colocated: RunningPool) -> None:
     )
     assert "Paris" in (chat.choices[0].message.content or "")
 
-    # No workerTokenSecret: the operator generated the pool's token, and the workers
-    # refuse callers that do not present it (the router above did).
+    # spec.workerTls: the workers speak only TLS, to callers with a certificate their CA
+    # signed (the router above presented one) ...
+    certs = colocated_certs
     for address in workers:
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.WorkerStub(channel).Health(pb.HealthRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    # ... and with one, no workerTokenSecret: the operator generated the pool's token, and
+    # the workers refuse callers that do not present it.
+    credentials = grpc.ssl_channel_credentials(
+        (certs / "ca.pem").read_bytes(),
+        (certs / "client.key").read_bytes(),
+        (certs / "client.pem").read_bytes(),
+    )
+    server_name = f"{colocated.name}-workers.{colocated.namespace}.svc"
+    options = [("grpc.ssl_target_name_override", server_name)]
+    for address in workers:
+        with (
+            grpc.secure_channel(address, credentials, options) as channel,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
             pb_grpc.WorkerStub(channel).Health(pb.HealthRequest(), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 

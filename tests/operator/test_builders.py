@@ -415,3 +415,29 @@ def test_routers_take_requests_and_scrapes_on_their_two_ports_only() -> None:
     }
     (container,) = pod_of(children, "p-router")["containers"]
     assert sorted(p["containerPort"] for p in container["ports"]) == [8000, 9401]
+
+
+def test_worker_tls_mounts_the_secret_and_wires_both_ends() -> None:
+    spec = spec_of(workerTls={"secretName": "pool-tls"})
+    children = build(spec)
+    mount = "/etc/kvflow-worker-tls"
+    worker = pod_of(children, "p-colocated")
+    args = worker["containers"][0]["args"]
+    assert args[args.index("--tls-cert-file") + 1] == f"{mount}/tls.crt"
+    assert args[args.index("--tls-key-file") + 1] == f"{mount}/tls.key"
+    assert args[args.index("--tls-ca-file") + 1] == f"{mount}/ca.crt"
+    router = pod_of(children, "p-router")
+    rargs = router["containers"][0]["args"]
+    assert rargs[rargs.index("--worker-tls-ca-file") + 1] == f"{mount}/ca.crt"
+    assert rargs[rargs.index("--worker-tls-cert-file") + 1] == f"{mount}/tls.crt"
+    # Workers are dialled by pod IP; the certificate names the headless Service.
+    assert rargs[rargs.index("--worker-tls-server-name") + 1] == "p-workers.ns.svc"
+    for pod in (worker, router):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["worker-tls"]["secret"] == {"secretName": "pool-tls"}
+        mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts["worker-tls"] == {"name": "worker-tls", "mountPath": mount, "readOnly": True}
+    # Unset: plaintext, nothing mounted.
+    plain = build(spec_of())
+    assert "--tls-cert-file" not in pod_of(plain, "p-colocated")["containers"][0]["args"]
+    assert "--worker-tls-ca-file" not in pod_of(plain, "p-router")["containers"][0]["args"]

@@ -257,3 +257,16 @@ def test_what_a_gateway_applies_is_audited_with_its_model_routing(
     (second,) = audited()
     assert second["models"]["chat"]["targets"] == {"v1": 1, "v2": 1}
     assert any(c.startswith("updated") for c in second["changes"])
+
+
+def test_a_gateway_fronting_a_tls_pool_says_it_cannot_reach_it() -> None:
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", {
+        **pool_spec("m-v1"), "workerTls": {"secretName": "v1-tls"}}))  # fmt: skip
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1")))
+    reconciler(kube).reconcile_namespace("ns")
+    gateway = kube.status("inferencegateways", "front")
+    assert conditions(gateway)["Degraded"] == ("True", "WorkerTlsUnsupported")
+    degraded = next(c for c in gateway["conditions"] if c["type"] == "Degraded")
+    assert "pool v1 runs worker TLS" in degraded["message"]

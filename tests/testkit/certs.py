@@ -14,12 +14,12 @@ def openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_certs(d: Path) -> None:
-    """ca.pem; server.pem (IP 127.0.0.1, localhost, SERVICE_NAME) and client.pem signed by
-    it; rogue.pem self-signed."""
+def make_certs(d: Path, service_name: str = SERVICE_NAME) -> None:
+    """ca.pem; server.pem (IP 127.0.0.1, localhost, ``service_name``) and client.pem signed
+    by it; rogue.pem self-signed."""
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
             "ca.pem", "-days", "1", "-subj", "/CN=kvflow-test-ca", cwd=d)  # fmt: skip
-    (d / "server.ext").write_text(f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{SERVICE_NAME}\n")
+    (d / "server.ext").write_text(f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{service_name}\n")
     for name, ext in (("server", ["-extfile", "server.ext"]), ("client", [])):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
                 f"{name}.csr", "-subj", f"/CN={name}", cwd=d)  # fmt: skip

@@ -249,6 +249,20 @@ class ScorerWeights:
 
 
 @dataclass(frozen=True)
+class WorkerTlsSpec:
+    """Worker gRPC over mutual TLS, from a Secret laid out as cert-manager issues one."""
+
+    secret_name: str = field(
+        """A Secret in the pool's namespace with tls.crt, tls.key and ca.crt (a cert-manager
+        Certificate's). Its certificate must name <pool>-workers.<namespace>.svc and allow
+        server and client auth: workers serve with it and require callers to present one
+        the same CA signed; the pool's routers present it.""",
+        min_length=1,
+        max_length=253,
+    )
+
+
+@dataclass(frozen=True)
 class SecretKeyRef:
     """A key of a Secret in the pool's namespace."""
 
@@ -418,6 +432,12 @@ class InferencePoolSpec:
     autoscaling: AutoscalingSpec = field("The SLO planner.", AutoscalingSpec())
     observability: ObservabilitySpec = field(
         "OpenTelemetry traces (off unless an OTLP endpoint is set).", ObservabilitySpec()
+    )
+    worker_tls: WorkerTlsSpec | None = field(
+        """Worker gRPC over mutual TLS (unset: plaintext inside the cluster, the worker token
+        still required). The KV port between workers is not covered: its payload is
+        authenticated under the worker token but not encrypted.""",
+        None,
     )
     worker_token_secret: SecretKeyRef | None = field(
         """A Secret key in the pool's namespace holding a token: the pool's workers refuse

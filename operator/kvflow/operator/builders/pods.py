@@ -85,6 +85,34 @@ def model_volume(model: v1alpha1.ModelSpec) -> tuple[dict[str, Json], dict[str, 
     return volume, {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
 
 
+WORKER_TLS_MOUNT = "/etc/kvflow-worker-tls"
+
+
+def worker_tls_volume(
+    tls: v1alpha1.WorkerTlsSpec | None,
+) -> tuple[dict[str, Json], dict[str, Json]] | None:
+    """The pool's TLS Secret (tls.crt, tls.key, ca.crt), for its workers and routers."""
+    if tls is None:
+        return None
+    return (
+        {"name": "worker-tls", "secret": {"secretName": tls.secret_name}},
+        {"name": "worker-tls", "mountPath": WORKER_TLS_MOUNT, "readOnly": True},
+    )
+
+
+def worker_tls_server_args() -> list[str]:
+    return ["--tls-cert-file", f"{WORKER_TLS_MOUNT}/tls.crt",
+            "--tls-key-file", f"{WORKER_TLS_MOUNT}/tls.key",
+            "--tls-ca-file", f"{WORKER_TLS_MOUNT}/ca.crt"]  # fmt: skip
+
+
+def worker_tls_client_args(server_name: str) -> list[str]:
+    return ["--worker-tls-ca-file", f"{WORKER_TLS_MOUNT}/ca.crt",
+            "--worker-tls-cert-file", f"{WORKER_TLS_MOUNT}/tls.crt",
+            "--worker-tls-key-file", f"{WORKER_TLS_MOUNT}/tls.key",
+            "--worker-tls-server-name", server_name]  # fmt: skip
+
+
 def model_path(model: v1alpha1.ModelSpec) -> str:
     """What --model gets; empty means the built-in default model (the flag is left out)."""
     if model.volume is not None and model.path:

@@ -101,6 +101,9 @@ def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
         # Quota keys per pool: two pools sharing a Redis never share a tenant's counters.
         "--quota-scope", f"{pool.namespace}/{pool.name}",
     ]  # fmt: skip
+    if spec.worker_tls is not None:
+        # Workers are dialled by pod IP; their certificate names the headless Service.
+        args += pods.worker_tls_client_args(f"{workers_service_name(pool)}.{pool.namespace}.svc")
     return args + shared_args(spec.router)
 
 
@@ -143,6 +146,8 @@ def router_deployment(
     pool: PoolRef, spec: v1alpha1.InferencePoolSpec, images: Images
 ) -> dict[str, Json]:
     model_volume = pods.model_volume(spec.model)  # the router tokenizes with the model's files
+    tls_volume = pods.worker_tls_volume(spec.worker_tls)
+    volumes = [v for v in (model_volume, tls_volume) if v is not None]
     return router_workload(
         RouterPod(
             meta=metadata(pool, router_name(pool), "router", "router"),
@@ -154,7 +159,7 @@ def router_deployment(
                 *pods.router_secret_env(effective_worker_token(pool.name, spec)),
                 *pods.tracing_env(pool.name, spec),
             ],
-            volumes=[] if model_volume is None else [model_volume],
+            volumes=volumes,
         ),
         spec.router,
         images,
@@ -171,7 +176,7 @@ class RouterPod:
     config_text: str  # its content (hashed into the template: a change rolls the routers)
     args: list[str]
     env: list[dict[str, Json]]  # after common_env(), before the RouterSpec's secrets
-    volumes: list[tuple[dict[str, Json], dict[str, Json]]]  # (volume, mount): model files
+    volumes: list[tuple[dict[str, Json], dict[str, Json]]]  # (volume, mount): model, TLS
     pod_labels: dict[str, str] = dataclass_field(default_factory=dict)  # beyond meta's
 
 

@@ -68,6 +68,8 @@ def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -
             "--kv-port", str(WORKER_KV_PORT),
             "--advertise-host", f"$({pods.POD_IP_ENV})",
         ]  # fmt: skip
+    if spec.worker_tls is not None:
+        args += pods.worker_tls_server_args()
     if engine.simulate:
         args.append("--simulate")
     return args + list(engine.extra_args)
@@ -103,6 +105,10 @@ def worker_deployment(
     if model_volume is not None:
         volumes.append(model_volume[0])
         mounts.append(model_volume[1])
+    tls_volume = pods.worker_tls_volume(spec.worker_tls)
+    if tls_volume is not None:
+        volumes.append(tls_volume[0])
+        mounts.append(tls_volume[1])
     if gpus > 0:
         shm, shm_mount = pods.shared_memory_volume()
         volumes.append(shm)

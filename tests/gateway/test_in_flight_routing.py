@@ -72,5 +72,8 @@ def test_a_worker_that_failed_the_prompt_does_not_draw_its_repeats() -> None:
     with gateway_over(a, b) as g:
         for _ in range(NUM_REQUESTS):
             complete(g, PROMPT)  # every one answered (failed over to b when tried on a)
-        # Had a kept its claim, it would outscore b (same blocks, shorter queue) every time.
+        # Had a kept its claim, it would outscore b (same blocks, shorter queue) every time;
+        # and its load report (nothing running) says it is the cheaper worker: the router
+        # holds a worker that refused with a full queue aside for a second (pool.py,
+        # refused_busy), whatever its last report said.
         assert counts(a, b) == [1, NUM_REQUESTS]

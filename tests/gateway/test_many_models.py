@@ -158,8 +158,11 @@ def test_tenants_allowlists_match_the_public_name(gateway: GatewayProcess) -> No
 def test_ready_counts_workers_per_pool_and_a_dead_pool_answers_503(
     gateway: GatewayProcess,
 ) -> None:
-    ready = httpx.get(f"{gateway.url}/ready").json()
-    assert ready["ready"] and ready["workers_healthy"] == 2
+    # Pools (their model names) only to a caller with a key; the counts to anyone.
+    anonymous = httpx.get(f"{gateway.url}/ready").json()
+    assert anonymous["ready"] and anonymous["workers_healthy"] == 2 and "pools" not in anonymous
+    headers = {"authorization": f"Bearer {key('bob')}"}
+    ready = httpx.get(f"{gateway.url}/ready", headers=headers).json()
     assert {p: v["workers_healthy"] for p, v in ready["pools"].items()} == {
         "smollm-v1": 1, "smollm-v2": 1, "dead": 0}  # fmt: skip
     with pytest.raises(openai.InternalServerError) as info:

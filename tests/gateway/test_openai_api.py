@@ -354,7 +354,8 @@ def test_route_header_explains_the_choice(gateway: GatewayProcess) -> None:
                    headers={"x-kvflow-route": "1"})  # fmt: skip
     header = r.headers["x-kvflow-route"]
     assert header.startswith("choice=0; worker=127.0.0.1:")
-    for name in ("score=", "prefix_blocks=", "queue_depth=", "session="):
+    # The default scorer: the seconds the request would cost there (routing/cost.py).
+    for name in ("score=", "time_cost=", "prefix_blocks=", "session="):
         assert name in header
     assert r.headers["x-request-id"].startswith("req_")
     plain = httpx.post(f"{gateway.base_url}/chat/completions", json=body)

@@ -259,7 +259,10 @@ class FakeWorker(pb_grpc.WorkerServicer):
         return pb.HealthResponse(is_serving=self.is_serving, info=info)
 
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:  # noqa: N802
-        return pb.LoadResponse(num_running=self.num_running, num_total_blocks=1024)
+        # As the engine reports it: running requests decode (the time scorer reads tokens).
+        return pb.LoadResponse(
+            num_running=self.num_running, num_decode_seqs=self.num_running, num_total_blocks=1024
+        )
 
     async def SubscribeKvEvents(  # noqa: N802
         self, request: pb.SubscribeKvEventsRequest, context: Any

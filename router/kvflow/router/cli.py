@@ -34,7 +34,7 @@ from kvflow.router.serving.admission import (
 from kvflow.router.serving.prepare import PREPARE_FLAGS, PrepareConfig
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key, hmac_api_key
-from kvflow.router.tenants.redis_store import QUOTA_SCOPE
+from kvflow.router.tenants.quota_scope import QUOTA_SCOPE
 from kvflow.router.tenants.salts import CACHE_SALT_SECRET_ENV
 from kvflow.router.tenants.source import KEY_SECRET_ENV, key_secret_from_env
 from kvflow.router.text.tokenizer import TokenizerLoadError

@@ -64,7 +64,7 @@ from kvflow.router.tenants.config import (
     parse_max_tokens_limits,
     parse_tenants,
 )
-from kvflow.router.tenants.redis_store import DEFAULT_QUOTA_SCOPE
+from kvflow.router.tenants.quota_scope import DEFAULT_QUOTA_SCOPE
 from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
 from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.tls import WorkerTls

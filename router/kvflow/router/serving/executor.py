@@ -194,6 +194,7 @@ class PlanExecutor:
             metrics.pd_failures.labels(prefill_failure_kind(exc)).inc()
             if isinstance(exc, WorkerBusyError):
                 metrics.worker_rejections.labels(exc.worker_id).inc()
+                self._pool.refused_busy(WorkerId(exc.worker_id), exc.retry_after_s)
             metrics.pd_transfers.labels("fallback").inc()
             # A rejection is a configuration bug (kv layout, handoff version): say so louder.
             level = logging.ERROR if isinstance(exc, RequestRejectedError) else logging.WARNING
@@ -220,6 +221,7 @@ class PlanExecutor:
             self._pool.quarantine(WorkerId(exc.worker_id), exc.detail)
         if isinstance(exc, WorkerBusyError):
             self._metrics.worker_rejections.labels(exc.worker_id).inc()
+            self._pool.refused_busy(WorkerId(exc.worker_id), exc.retry_after_s)
         if choice.has_output and not is_buffered:
             if is_stalled:
                 return worker_timed_out(

@@ -11,7 +11,6 @@ leases of its long streams every LEASE_REFRESH_S.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable
 
@@ -19,12 +18,11 @@ from redis.asyncio import Redis
 
 from kvflow.router.tenants.buckets import SECONDS_PER_DAY, utc_day
 from kvflow.router.tenants.config import Tenant
+from kvflow.router.tenants.quota_scope import DEFAULT_QUOTA_SCOPE
 from kvflow.router.tenants.store import ADMITTED, Admission, UsageTotals
 
 # Quota keys are namespaced by a scope (`--quota-scope`): routers of two pools sharing one
 # Redis keep their tenants' counters apart, even for tenants of the same name.
-DEFAULT_QUOTA_SCOPE = "default"
-QUOTA_SCOPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 
 # A lease outlives a dead replica by at most 60 s; refreshing every 20 s survives two
 # missed refreshes (a slow event loop) before a live stream's lease could lapse.

@@ -46,6 +46,13 @@ def estimate_queue_depth(num_reported: int, num_local_now: int, num_local_at_rep
     return max(0, num_reported + num_local_now - num_local_at_report)
 
 
+# A worker that refused with its queue full is not routed to for this long when it names
+# no pushback of its own (a real engine's load report catches up within its poll interval),
+# and never for longer than MAX_BUSY_HOLD_S.
+BUSY_HOLD_S = 1.0
+MAX_BUSY_HOLD_S = 10.0
+
+
 @dataclass
 class _Worker:
     worker_id: WorkerId
@@ -62,6 +69,8 @@ class _Worker:
     follower: asyncio.Task[None] | None = None
     # After a missed deadline: not probed, so not routed to, before this (loop time).
     held_until_s: float = 0.0
+    # After a RESOURCE_EXHAUSTED (its queue full): not routed to before this (monotonic).
+    busy_until_s: float = 0.0
     num_misses: int = 0  # deadline misses in a row (a finished stream resets it)
 
 
@@ -186,13 +195,15 @@ class WorkerPool:
     # -- what routing and serving read -------------------------------------------------------
 
     def views(self) -> list[WorkerView]:
+        now_s = time.monotonic()
         return [
             _with_token_load(
                 WorkerView(
                     worker_id=w.worker_id,
                     model=w.info.model if w.info is not None else "",
                     role=_ROLES.get(w.info.role, WorkerRole.BOTH) if w.info else WorkerRole.BOTH,
-                    is_healthy=w.is_healthy,
+                    # Healthy but refusing: its load report may predate the full queue.
+                    is_healthy=w.is_healthy and w.busy_until_s <= now_s,
                     queue_depth=estimate_queue_depth(
                         w.num_reported, w.num_local, w.num_local_at_report
                     ),
@@ -241,6 +252,15 @@ class WorkerPool:
         log.warning("worker %s avoided for %g s (deadline miss %d in a row): %s",
                     worker_id, hold_s, worker.num_misses, why)  # fmt: skip
         self._mark_unhealthy(worker, why)
+
+    def refused_busy(self, worker_id: WorkerId, retry_after_s: float | None) -> None:
+        """The worker refused a request, its queue full: route elsewhere for its pushback
+        (BUSY_HOLD_S without one), whatever its last load report said. Still probed and
+        counted healthy: it is up, only full."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            hold_s = BUSY_HOLD_S if retry_after_s is None else min(retry_after_s, MAX_BUSY_HOLD_S)
+            worker.busy_until_s = time.monotonic() + hold_s
 
     def stream_finished(self, worker_id: WorkerId) -> None:
         """A stream there ran to its end: its past deadline misses no longer count."""

@@ -67,7 +67,7 @@ def test_empty_and_missing_traces() -> None:
 
 def test_the_mooncake_synthetic_trace_loads() -> None:
     if not MOONCAKE.exists():
-        pytest.fail(f"the shared trace is missing: {MOONCAKE} (set KVFLOW_TRACES_DIR)")
+        pytest.fail(f"the repository's trace is missing: {MOONCAKE} (set KVFLOW_TRACES_DIR)")
     records = load_trace(MOONCAKE)
     assert len(records) == 3993  # as its README says
     assert records[0] == TraceRecord(0.0, 40160, 6, tuple(range(79)))

@@ -35,24 +35,34 @@ def spec_writers(body: Json) -> list[str]:
     return sorted(managers)
 
 
-def pool_applied_event(
-    body: Json, spec: v1alpha1.InferencePoolSpec, changes: list[str], now_s: float
+def _applied(
+    kind: str, body: Json, router: v1alpha1.RouterSpec, changes: list[str], now_s: float
 ) -> dict[str, Any]:
+    """What a pool's and a gateway's events share: which object, who wrote its spec, what
+    changed, and who may call it."""
     meta = body["metadata"]
-    router = spec.router
-    token = effective_worker_token(meta["name"], spec)
-    weights = router.scorer_weights
     return {
-        "event": "pool_applied",
+        "event": f"{kind}_applied",
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s)),
         "namespace": meta["namespace"],
-        "pool": meta["name"],
+        kind: meta["name"],
         "generation": int(meta.get("generation") or 0),
         "spec_written_by": spec_writers(body),
         "changes": changes,
         "tenants_secret": None if router.tenants_secret is None else router.tenants_secret.name,
         "allow_unauthenticated": router.allow_unauthenticated,
         "service_type": router.service_type,
+    }
+
+
+def pool_applied_event(
+    body: Json, spec: v1alpha1.InferencePoolSpec, changes: list[str], now_s: float
+) -> dict[str, Any]:
+    router = spec.router
+    token = effective_worker_token(body["metadata"]["name"], spec)
+    weights = router.scorer_weights
+    return {
+        **_applied("pool", body, router, changes, now_s),
         "worker_token_secret": token.name,
         "served_model": spec.model.served_name,
         "routing_weights": {
@@ -76,18 +86,8 @@ def gateway_applied_event(
 ) -> dict[str, Any]:
     """An InferenceGateway's: the same security state, and the model routing now in force
     (each public name, its aliases and its pools with their weights)."""
-    meta = body["metadata"]
     return {
-        "event": "gateway_applied",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s)),
-        "namespace": meta["namespace"],
-        "gateway": meta["name"],
-        "generation": int(meta.get("generation") or 0),
-        "spec_written_by": spec_writers(body),
-        "changes": changes,
-        "tenants_secret": None if router.tenants_secret is None else router.tenants_secret.name,
-        "allow_unauthenticated": router.allow_unauthenticated,
-        "service_type": router.service_type,
+        **_applied("gateway", body, router, changes, now_s),
         "models": {
             m.name: {
                 "aliases": list(m.aliases),

@@ -13,7 +13,8 @@ import pytest
 from testkit.fake_worker import FakeWorker, running_fake_worker
 from testkit.gateway_process import launch_gateway
 
-from kvflow.router.cli import is_loopback, parse_args, unauthenticated_problem
+from kvflow.router.cli import parse_args
+from kvflow.router.cli_security import is_loopback, unauthenticated_problem
 from kvflow.router.tenants.config import hash_api_key
 
 

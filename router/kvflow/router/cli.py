@@ -6,24 +6,25 @@ import argparse
 import asyncio
 import gc
 import getpass
-import ipaddress
 import logging
-import math
 import os
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields as dataclass_fields
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import uvloop
 
 from kvflow.proto import otel
 from kvflow.router import tracing
-from kvflow.router.api.http_limits import HttpLimits
-from kvflow.router.protocol.limits import RequestLimits, flag_of
+from kvflow.router.cli_args import seconds
+from kvflow.router.cli_limits import parse_request_limits, request_limit_flags
+from kvflow.router.cli_security import (
+    security_flags,
+    security_settings,
+    unauthenticated_problem,
+)
 from kvflow.router.routing.pipeline import RoutingConfigError
 from kvflow.router.serving.admission import (
     ADMISSION_FLAGS,
@@ -31,34 +32,16 @@ from kvflow.router.serving.admission import (
     AdmissionConfigError,
     removed_env_problem,
 )
-from kvflow.router.serving.prepare import PREPARE_FLAGS, PrepareConfig
 from kvflow.router.settings import ConfigError, RouterSettings, load_config
 from kvflow.router.tenants.config import TenantConfigError, hash_api_key, hmac_api_key
-from kvflow.router.tenants.quota_scope import QUOTA_SCOPE
-from kvflow.router.tenants.salts import CACHE_SALT_SECRET_ENV
 from kvflow.router.tenants.source import KEY_SECRET_ENV, key_secret_from_env
 from kvflow.router.text.tokenizer import TokenizerLoadError
 from kvflow.router.workers.deadlines import StreamDeadlines
 from kvflow.router.workers.discovery import DiscoveryConfigError, parse_worker_list
-from kvflow.router.workers.tls import WorkerTls
 
 READY_PREFIX = "KVFLOW_ROUTER_READY"
 # After the drain, or on a second signal: how long open connections get to close.
 FINAL_CLOSE_S = 2
-
-
-def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            least = ">= 0" if allow_zero else "> 0"
-            raise argparse.ArgumentTypeError(f"must be a number of seconds {least}, got {text!r}")
-        return value
-
-    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,21 +84,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--first-token-timeout-s",
-        type=_seconds(allow_zero=False),
+        type=seconds(allow_zero=False),
         default=d.deadlines.first_token_s,
         help="an attempt without a first token by then fails over to another worker, which "
         "is then avoided for a while (default: %(default)s)",
     )
     p.add_argument(
         "--token-stall-timeout-s",
-        type=_seconds(allow_zero=False),
+        type=seconds(allow_zero=False),
         default=d.deadlines.stall_s,
         help="a stream with no next token for this long ends with an error event and is "
         "aborted on its worker (default: %(default)s)",
     )
     p.add_argument(
         "--drain-grace-s",
-        type=_seconds(allow_zero=True),
+        type=seconds(allow_zero=True),
         default=d.drain_grace_s,
         help="after SIGTERM, how long running requests may finish; /ready and new requests "
         "answer 503 meanwhile (default: %(default)s)",
@@ -128,8 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     _admission_flags(p, d.admission)
     _tracing_flags(p)
-    _request_limit_flags(p, d.request_limits, d.prepare)
-    _security_flags(p, d)
+    request_limit_flags(p, d.request_limits, d.prepare)
+    security_flags(p, d)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument(
         "--seed",
@@ -161,7 +144,7 @@ def _admission_flags(p: argparse.ArgumentParser, d: AdmissionConfig) -> None:
     )
     g.add_argument(
         ADMISSION_FLAGS["shed_queue_time_s"],
-        type=_seconds(allow_zero=False),
+        type=seconds(allow_zero=False),
         default=d.shed_queue_time_s,
         metavar="S",
         help="past this estimated wait, a tenant over its fair share of the requests in "
@@ -169,7 +152,7 @@ def _admission_flags(p: argparse.ArgumentParser, d: AdmissionConfig) -> None:
     )
     g.add_argument(
         ADMISSION_FLAGS["max_queue_time_s"],
-        type=_seconds(allow_zero=False),
+        type=seconds(allow_zero=False),
         default=d.max_queue_time_s,
         metavar="S",
         help="past this estimated wait, everyone gets 503 with Retry-After; at least the "
@@ -177,7 +160,7 @@ def _admission_flags(p: argparse.ArgumentParser, d: AdmissionConfig) -> None:
     )
     g.add_argument(
         ADMISSION_FLAGS["poll_interval_s"],
-        type=_seconds(allow_zero=False),
+        type=seconds(allow_zero=False),
         default=d.poll_interval_s,
         metavar="S",
         help="how often each worker's queue is read (default: %(default)s)",
@@ -200,183 +183,6 @@ def _tracing_flags(p: argparse.ArgumentParser) -> None:
         help="share of new traces kept, 0-1; a caller's sampled traceparent is always "
         "followed (default: $OTEL_TRACES_SAMPLER_ARG, else 1)",
     )
-
-
-# -- Request limits and preparation --------------------------------------------------------
-
-_LIMIT_HELP = {
-    "max_prompts_per_request": "prompts in one /v1/completions request",
-    "max_n": "choices per prompt (n)",
-    "max_choices_per_request": "prompts x n of one request",
-    "max_stop_strings": "stop strings of one request",
-    "max_stop_string_chars": "characters in one stop string",
-    "max_stop_token_ids": "entries of stop_token_ids",
-    "max_logit_bias_entries": "entries of logit_bias",
-    "max_schema_bytes": "bytes of one JSON schema, regex or grammar (response_format, "
-    "structured_outputs, each tool's parameters)",
-    "max_schema_depth": "nesting levels of one JSON schema's text",
-    "max_messages": "messages of one chat request",
-}
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _request_limit_flags(
-    p: argparse.ArgumentParser, limits: RequestLimits, prepare: PrepareConfig
-) -> None:
-    g = p.add_argument_group(
-        "request limits",
-        "what one request may ask for; past a limit it is a 400 naming it "
-        '(docs/router.md, "Request limits")',
-    )
-    for f in dataclass_fields(limits):
-        g.add_argument(flag_of(f.name), type=_positive_int, default=getattr(limits, f.name),
-                       metavar="N",
-                       help=f"most {_LIMIT_HELP[f.name]} (default: %(default)s)")  # fmt: skip
-    g.add_argument(
-        "--max-body-bytes",
-        type=_positive_int,
-        metavar="BYTES",
-        help="largest request body; larger is a 413 (default: the config's "
-        "limits.max_body_bytes, else 8 MiB)",
-    )
-    g.add_argument(
-        PREPARE_FLAGS["threads"],
-        type=_positive_int,
-        default=prepare.threads,
-        metavar="N",
-        help="threads that render chat templates, tokenize and compile grammars, off the "
-        "event loop (default: %(default)s)",
-    )
-    g.add_argument(
-        PREPARE_FLAGS["max_waiting"],
-        type=int,
-        default=prepare.max_waiting,
-        metavar="N",
-        help="requests waiting for a prepare thread; past that 503 (default: %(default)s)",
-    )
-    g.add_argument(
-        PREPARE_FLAGS["timeout_s"],
-        type=_seconds(allow_zero=False),
-        default=prepare.timeout_s,
-        metavar="S",
-        help="a request's preparation past this is a 400 (503 if it was still waiting for "
-        "a thread) (default: %(default)s)",
-    )
-
-
-def _request_limits(args: argparse.Namespace) -> tuple[RequestLimits, PrepareConfig]:
-    try:
-        limits = RequestLimits(
-            **{f.name: getattr(args, f.name) for f in dataclass_fields(RequestLimits)}
-        )
-        prepare = PrepareConfig(args.prepare_threads, args.prepare_max_waiting,
-                                args.prepare_timeout_s)  # fmt: skip
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    return limits, prepare
-
-
-# --- exposure and security: the HTTP listener, the quota store, disclosure --------------------
-
-
-def _security_flags(p: argparse.ArgumentParser, d: RouterSettings) -> None:
-    g = p.add_argument_group("exposure and security (docs/router.md, Security)")
-    g.add_argument(
-        "--max-header-bytes",
-        type=_positive_int,
-        default=d.http.max_header_bytes,
-        help="a request line and headers past this get 431 (default: %(default)s)",
-    )
-    g.add_argument(
-        "--header-timeout-s",
-        type=_seconds(allow_zero=False),
-        default=d.http.header_timeout_s,
-        help="headers not all in by then (from the connection or the request's "
-        "first byte) get 408 (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-connections",
-        type=_positive_int,
-        default=d.http.max_connections,
-        help="past this many open connections a request gets 503 (default: %(default)s)",
-    )
-    g.add_argument(
-        "--write-timeout-s",
-        type=_seconds(allow_zero=False),
-        default=d.http.write_timeout_s,
-        help="a client that reads nothing of a response for this long is cut and "
-        "its request's slot and quota freed (default: %(default)s)",
-    )
-    g.add_argument(
-        "--sse-keepalive-interval-s",
-        type=_seconds(allow_zero=True),
-        default=d.sse_keepalive_interval_s,
-        help="a quiet stream gets a ': keep-alive' comment this often; 0: never "
-        "(default: %(default)s)",
-    )
-    g.add_argument("--tls-cert-file", help="serve HTTPS with this PEM certificate (chain)")
-    g.add_argument("--tls-key-file", help="... and this PEM private key")
-    g.add_argument(
-        "--allow-unauthenticated",
-        action="store_true",
-        help="without tenants, serve anonymous callers (as admins) on a "
-        "non-loopback --host too; without it such a router refuses to start",
-    )
-    g.add_argument(
-        "--quota-scope",
-        default=d.quota_scope,
-        help="namespaces quota keys in a shared Redis: routers with the same scope "
-        "share limits (e.g. NAMESPACE/POOL) (default: %(default)s)",
-    )
-    g.add_argument(
-        "--quota-on-store-failure",
-        choices=["memory", "deny"],
-        default=d.quota_on_store_failure,
-        help="when Redis fails: memory (limits per replica, counted in "
-        "kvflow_router_quota_store_fallbacks_total) or deny (503 with Retry-After) "
-        "(default: %(default)s)",
-    )
-    g.add_argument(
-        "--worker-tls-ca-file",
-        help="dial workers over TLS, trusting this CA (PEM); what their --tls-cert-file chains to",
-    )
-    g.add_argument(
-        "--worker-tls-cert-file",
-        help="present this certificate to workers (PEM; for workers with --tls-ca-file)",
-    )
-    g.add_argument("--worker-tls-key-file", help="... and this private key (PEM)")
-    g.add_argument(
-        "--worker-tls-server-name",
-        help="the name the workers' certificates carry (default: the address dialled)",
-    )
-    g.add_argument(
-        "--cache-salt-secret-file",
-        help="secret that tenants' default cache salts are derived from; the same "
-        f"on every replica (default: ${CACHE_SALT_SECRET_ENV}, else random per "
-        "process: replicas then share no prefix cache)",
-    )
-
-
-def _read_secret_file(path: str | None, env: Mapping[str, str]) -> bytes | None:
-    if path is None:
-        value = env.get(CACHE_SALT_SECRET_ENV)
-        return value.encode() if value else None
-    try:
-        secret = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read --cache-salt-secret-file {path}: {exc}") from exc
-    if not secret:
-        raise ConfigError(f"--cache-salt-secret-file {path} is empty")
-    return secret
 
 
 def _refuse_pool_flags(args: argparse.Namespace, config_path: str) -> None:
@@ -412,7 +218,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
     config = load_config(args.config)
     if args.max_body_bytes is not None:
         config = replace(config, max_body_bytes=args.max_body_bytes)
-    request_limits, prepare = _request_limits(args)
+    request_limits, prepare = parse_request_limits(args)
     if config.pools:
         _refuse_pool_flags(args, args.config)
     if args.hash_api_key:
@@ -440,61 +246,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         tracing=traces,
         request_limits=request_limits,
         prepare=prepare,
-        **_security_settings(args, env),
-    )
-
-
-def _security_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
-    if bool(args.tls_cert_file) != bool(args.tls_key_file):
-        raise ConfigError("--tls-cert-file and --tls-key-file go together: give both")
-    worker_tls = WorkerTls(
-        args.worker_tls_ca_file,
-        args.worker_tls_cert_file,
-        args.worker_tls_key_file,
-        args.worker_tls_server_name,
-    )
-    if worker_tls.problem():
-        raise ConfigError(worker_tls.problem())
-    if not QUOTA_SCOPE.match(args.quota_scope):
-        raise ConfigError(
-            f"--quota-scope must be 1-128 letters, digits, '.', '_', '-' or '/', "
-            f"got {args.quota_scope!r}"
-        )
-    return {
-        "http": HttpLimits(
-            args.max_header_bytes, args.header_timeout_s, args.max_connections, args.write_timeout_s
-        ),
-        "sse_keepalive_interval_s": args.sse_keepalive_interval_s,
-        "tls_cert_file": Path(args.tls_cert_file) if args.tls_cert_file else None,
-        "tls_key_file": Path(args.tls_key_file) if args.tls_key_file else None,
-        "allow_unauthenticated": args.allow_unauthenticated,
-        "quota_scope": args.quota_scope,
-        "quota_on_store_failure": args.quota_on_store_failure,
-        "cache_salt_secret": _read_secret_file(args.cache_salt_secret_file, env),
-        "worker_tls": worker_tls,
-    }
-
-
-def is_loopback(host: str) -> bool:
-    """``host`` (an address or a name) is this machine's loopback only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def unauthenticated_problem(settings: RouterSettings) -> str | None:
-    """Why this router must not start: no tenants, a non-loopback address, no opt-in."""
-    is_open = settings.tenants_file is None and settings.config.tenants.is_open
-    if not is_open or settings.allow_unauthenticated or is_loopback(settings.host):
-        return None
-    return (
-        f"no tenants are configured and --host {settings.host} is not loopback: anyone who "
-        "reaches it would be an admin. Configure tenants (--config's tenants section or "
-        "--tenants-file), listen on 127.0.0.1, or pass --allow-unauthenticated to serve "
-        "anonymous callers anyway"
+        **security_settings(args, env),
     )
 
 

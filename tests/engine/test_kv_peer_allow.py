@@ -5,11 +5,10 @@ before any connection. Real TCP and gloo transports on loopback."""
 from __future__ import annotations
 
 import socket
-import threading
-from typing import Any
 
 import pytest
 import torch
+from testkit.kv_pair import Outcome, cache
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
@@ -17,31 +16,10 @@ from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.peers import KvPeerRefusedError, PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
 from kvflow.engine_worker.settings import parse_args
 
 IDS = [3, 1, 4, 9]
 TOKEN = "s3cret"
-
-
-def cache(seed: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    shape = kv_cache_shape(num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
-    return [torch.randn(shape, generator=gen) for _ in range(2)]
-
-
-class Outcome:
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.value: Any = None
-
-    def __call__(self, value: Any) -> None:
-        self.value = value
-        self.event.set()
-
-    def wait(self) -> Any:
-        assert self.event.wait(20), "no completion"
-        return self.value
 
 
 def test_the_list_parses_networks_and_addresses_and_names_a_bad_entry() -> None:

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 import torch
+from testkit.kv_pair import cache
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind, TransferRejectedError
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.group_auth import ROLES, group_mac
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
 
 pytestmark = pytest.mark.integration
 
@@ -82,12 +82,6 @@ class Sender:
     def result(self) -> str:
         out, err = self.proc.communicate(timeout=60)
         return out.strip() + err
-
-
-def cache(seed: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    shape = kv_cache_shape(num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
-    return [torch.randn(shape, generator=gen) for _ in range(2)]
 
 
 class Outcome:

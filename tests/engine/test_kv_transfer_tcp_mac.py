@@ -14,10 +14,10 @@ import contextlib
 import logging
 import socket
 import threading
-from typing import Any
 
 import pytest
 import torch
+from testkit.kv_pair import Outcome, cache
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import (
@@ -28,31 +28,10 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
 
 IDS = [3, 1, 4, 9]
 TOKEN = "s3cret"
 HEADER_BYTES = 4 + 2 + 8 + 16 + 32
-
-
-def cache(seed: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    shape = kv_cache_shape(num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
-    return [torch.randn(shape, generator=gen) for _ in range(2)]
-
-
-class Outcome:
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.value: Any = None
-
-    def __call__(self, value: Any) -> None:
-        self.value = value
-        self.event.set()
-
-    def wait(self) -> Any:
-        assert self.event.wait(20), "no completion"
-        return self.value
 
 
 def agent(name: str, token: str | None, *, in_place: bool = True) -> KvTransferAgent:

@@ -73,11 +73,12 @@ from gateway_report import print_report  # noqa: E402
 from kvflow.proto import worker_pb2 as pb  # noqa: E402
 from kvflow.proto import worker_pb2_grpc as pb_grpc  # noqa: E402
 from kvflow.proto.block_hash import block_hashes, iter_block_hashes, make_hash_seed  # noqa: E402
+from kvflow.proto.roles import Role  # noqa: E402
 from kvflow.router.routing.block_hasher import CachedBlockHasher  # noqa: E402
 from kvflow.router.routing.block_index import BlockIndex  # noqa: E402
 from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS, build_pipeline  # noqa: E402
 from kvflow.router.routing.sessions import SessionTable  # noqa: E402
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView  # noqa: E402
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView  # noqa: E402
 from kvflow.router.text.model_files import load_text_model  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Summarize the plot of Hamlet in two sentences."}]
@@ -109,7 +110,7 @@ def decision_benchmark(num_workers: int, prompt_tokens: int, num_decisions: int)
     pipeline = build_pipeline(DEFAULT_WEIGHTS, index=index, sessions=sessions, rng=rng)
     hasher = CachedBlockHasher()
     workers = [
-        WorkerView(WorkerId(f"10.0.0.{i}:50051"), MODEL, WorkerRole.BOTH, True,
+        WorkerView(WorkerId(f"10.0.0.{i}:50051"), MODEL, Role.COLOCATED, True,
                    queue_depth=rng.randrange(8), kv_usage=rng.random() / 2)
         for i in range(num_workers)
     ]  # fmt: skip

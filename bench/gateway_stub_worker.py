@@ -32,7 +32,7 @@ class StubWorker(pb_grpc.WorkerServicer):
         self.info = pb.WorkerInfo(
             instance_id=uuid.uuid4().hex,
             model=model,
-            role=pb.ROLE_BOTH,
+            role=pb.ROLE_COLOCATED,
             block_size=BLOCK_SIZE,
             hash_seed=make_hash_seed(model),
             max_model_len=16384,

@@ -4,7 +4,7 @@ SmolLM2-135M on this machine's CPU, the same two worker processes per arm, each 
 torch thread, a real `kvflow router` in front, real processes on loopback. Arms, in one
 invocation, with the same seed and traffic (``pd_real_traffic``):
 
-  colocated     two `both` workers;
+  colocated     two `colocated` workers;
   always-pd     one prefill + one decode worker, `min_remote_prefill_tokens: 16`
                 (every prompt of more than one block goes to the prefill worker);
   policy        one prefill + one decode worker, the router's default config;
@@ -90,7 +90,7 @@ def arms_for(policy_thresholds: Sequence[int], transfer_timeout_s: float | None)
     pair = ("prefill", "decode")
     extra = {} if transfer_timeout_s is None else {"transfer_timeout_s": transfer_timeout_s}
     arms = [
-        Arm("colocated", ("both-0", "both-1")),
+        Arm("colocated", ("colocated-0", "colocated-1")),
         Arm("always-pd", pair, {"min_remote_prefill_tokens": 16, **extra}),
         Arm("policy", pair, extra or None),
     ]

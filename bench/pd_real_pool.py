@@ -1,6 +1,6 @@
 """The real processes of `bench/pd_real.py`, and what they cost the machine.
 
-Four `kvflow worker` processes (two `both`, one `prefill`, one `decode`) start once; each
+Four `kvflow worker` processes (two `colocated`, one `prefill`, one `decode`) start once; each
 arm is a `kvflow router` gateway over two of them, so every arm runs on exactly two worker
 processes and an arm's idle workers only sleep. Each worker runs torch on **one thread**:
 the worker sets no thread count itself (engine_worker has no such flag), so its
@@ -32,7 +32,12 @@ from testkit.worker_process import WorkerProcess, launch_worker
 MODEL_NAME = "smollm2"
 # MKL too, in case a torch build uses it for some ops; KMP/OpenBLAS follow OMP.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-WORKER_ROLES = {"both-0": "both", "both-1": "both", "prefill": "prefill", "decode": "decode"}
+WORKER_ROLES = {
+    "colocated-0": "colocated",
+    "colocated-1": "colocated",
+    "prefill": "prefill",
+    "decode": "decode",
+}
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 

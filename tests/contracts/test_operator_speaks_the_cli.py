@@ -23,6 +23,7 @@ from kvflow.operator.api.v1alpha1_admission import (
 from kvflow.operator.builders.desired import desired_children
 from kvflow.operator.builders.names import Images, PoolRef
 from kvflow.operator.builders.router import CONFIG_KEY, router_config
+from kvflow.proto.roles import Role
 from kvflow.router.cli import parse_args as parse_router_args
 from kvflow.router.serving.admission import (
     DEFAULT_MAX_QUEUE_TIME_S,
@@ -97,7 +98,7 @@ def test_worker_and_router_accept_the_operators_command_lines(
                 assert settings.kv_port == 50052
                 assert settings.advertise_host == "10.0.0.7"
             else:
-                assert settings.role == "both"
+                assert settings.role is Role.COLOCATED
             seen.add("worker")
         elif command == "router":
             config = tmp_path / CONFIG_KEY

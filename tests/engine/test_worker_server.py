@@ -72,7 +72,7 @@ def test_health_reports_what_a_router_needs(stub: pb_grpc.WorkerStub) -> None:
     assert (
         info.vocab_size == 49152 and list(info.eos_token_ids) == [2] and len(info.hash_seed) == 16
     )
-    assert info.role == pb.ROLE_BOTH and info.instance_id
+    assert info.role == pb.ROLE_COLOCATED and info.instance_id
 
 
 def test_generate_streams_tokens_then_usage(stub: pb_grpc.WorkerStub) -> None:

@@ -129,7 +129,7 @@ def test_worker_command_line_follows_the_worker_contract() -> None:
         "--host", "0.0.0.0",
         "--port", "50051",
         "--metrics-port", "9400",
-        "--role", "both",
+        "--role", "colocated",
         "--device", "cpu",
         "--dtype", "bfloat16",
         "--block-size", "16",

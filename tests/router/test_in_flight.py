@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 from kvflow.proto.block_hash import BlockHash, block_hashes, make_hash_seed
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.in_flight import InFlightBlocks
@@ -19,7 +20,7 @@ from kvflow.router.routing.placement import (
     build_placement,
 )
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import WorkerId, WorkerView
 
 SEED = make_hash_seed("m")
 A, B, C = WorkerId("a"), WorkerId("b"), WorkerId("c")
@@ -125,7 +126,7 @@ def test_a_snapshot_or_a_worker_leaving_forgets_what_was_in_flight_to_it() -> No
 
 
 def view(name: str, queue: int = 0) -> WorkerView:
-    return WorkerView(WorkerId(name), "m", WorkerRole.BOTH, True, queue, 0.0)
+    return WorkerView(WorkerId(name), "m", Role.COLOCATED, True, queue, 0.0)
 
 
 def placement(index: BlockIndex, ttl_s: float = 5.0) -> Placement:

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import (
     BLOCK_WEIGHTS,
@@ -16,7 +17,7 @@ from kvflow.router.routing.pipeline import (
     build_pipeline,
 )
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 
 SEED = make_hash_seed("m")
 PROMPT = block_hashes(list(range(160)), block_size=16, seed=SEED)  # 10 blocks
@@ -29,7 +30,7 @@ def worker(
     kv: float = 0.0,
     healthy: bool = True,
     model: str = "m",
-    role: WorkerRole = WorkerRole.BOTH,
+    role: Role = Role.COLOCATED,
 ) -> WorkerView:
     return WorkerView(WorkerId(name), model, role, healthy, queue, kv)
 
@@ -63,7 +64,7 @@ def test_default_score_is_cached_blocks_minus_queue_depth() -> None:
     assert pipeline.route(request(), workers).worker_id == "a"  # type: ignore[union-attr]
 
 
-PREFILL_ONLY = frozenset({WorkerRole.PREFILL})
+PREFILL_ONLY = frozenset({Role.PREFILL})
 EXCLUDE_A = {"excluded": frozenset({WorkerId("a")})}
 
 
@@ -72,10 +73,10 @@ EXCLUDE_A = {"excluded": frozenset({WorkerId("a")})}
     [
         ([worker("a", healthy=False), worker("b", queue=9)], {}, SERVING_ROLES, "b"),
         ([worker("a", model="other"), worker("b", queue=9)], {}, SERVING_ROLES, "b"),
-        ([worker("a", role=WorkerRole.PREFILL), worker("b", queue=9)], {}, SERVING_ROLES, "b"),
-        ([worker("a", role=WorkerRole.DECODE), worker("b", queue=9)], {}, SERVING_ROLES, "a"),
+        ([worker("a", role=Role.PREFILL), worker("b", queue=9)], {}, SERVING_ROLES, "b"),
+        ([worker("a", role=Role.DECODE), worker("b", queue=9)], {}, SERVING_ROLES, "a"),
         ([worker("a"), worker("b", queue=9)], EXCLUDE_A, SERVING_ROLES, "b"),
-        ([worker("a", role=WorkerRole.PREFILL, queue=9), worker("b")], {}, PREFILL_ONLY, "a"),
+        ([worker("a", role=Role.PREFILL, queue=9), worker("b")], {}, PREFILL_ONLY, "a"),
         ([worker("a", healthy=False)], {}, SERVING_ROLES, None),
         ([], {}, SERVING_ROLES, None),
     ],
@@ -91,7 +92,7 @@ def test_skipped_blocks_do_not_count_for_the_prefix_scorer() -> None:
     pipeline, index, _ = make({"prefix_blocks": 1.0}, roles=PREFILL_ONLY)
     index.add(WorkerId("a"), PROMPT[:6])
     index.add(WorkerId("b"), PROMPT[:3])
-    workers = [worker(n, role=WorkerRole.PREFILL) for n in "ab"]
+    workers = [worker(n, role=Role.PREFILL) for n in "ab"]
     for num_skip, best, expected in [(0, "a", [6.0, 3.0]), (4, "a", [2.0, 0.0])]:
         decision = pipeline.route(request(num_skip_blocks=num_skip), workers)
         assert decision is not None and decision.worker_id == best

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import BLOCK_WEIGHTS
 from kvflow.router.routing.placement import (
@@ -22,9 +23,9 @@ from kvflow.router.routing.placement import (
     missing_prompt_tokens,
 )
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import WorkerId, WorkerView
 
-BOTH, PREFILL, DECODE = WorkerRole.BOTH, WorkerRole.PREFILL, WorkerRole.DECODE
+BOTH, PREFILL, DECODE = Role.COLOCATED, Role.PREFILL, Role.DECODE
 CONFIG = DisaggregationConfig()  # min 512 tokens, prefill queue below 8
 TOKENS = list(range(640))  # 40 blocks; 39 can be sent (the last token is always local)
 PROMPT = block_hashes(TOKENS, block_size=16, seed=make_hash_seed("m"))
@@ -65,7 +66,7 @@ def test_missing_prompt_tokens(num_prompt: int, num_cached_blocks: int, expected
     assert missing_prompt_tokens(num_prompt, 16, num_cached_blocks) == expected
 
 
-def view(name: str, role: WorkerRole, queue: int = 0, healthy: bool = True) -> WorkerView:
+def view(name: str, role: Role, queue: int = 0, healthy: bool = True) -> WorkerView:
     return WorkerView(WorkerId(name), "m", role, healthy, queue, 0.0)
 
 
@@ -139,7 +140,7 @@ PD_POOL = [view("p1", PREFILL), view("p2", PREFILL, queue=1), view("d1", DECODE)
         (PD_POOL, {"excluded": frozenset({"p1", "p2"})}, ("colocated", "d1", "no_prefill_worker")),
         (PD_POOL, {"excluded": frozenset({"d1"})}, ("p1", "d2", "many_missing_tokens")),
         (PD_POOL, {"config": replace(CONFIG, enabled=False)}, ("colocated", "d1", "disabled")),
-        # A `both` worker scored above the decode workers serves colocated.
+        # A `colocated` worker scored above the decode workers serves colocated.
         (
             [*PD_POOL, view("b1", BOTH)],
             {"cached": {"b1": 4}},

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.cost import (
     DEFAULT_STEP_COSTS,
@@ -20,7 +21,7 @@ from kvflow.router.routing.cost import (
 from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS, build_pipeline
 from kvflow.router.routing.placement import DisaggregationConfig, PlacementRequest, build_placement
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 
 COSTS = DEFAULT_STEP_COSTS
 SEED = make_hash_seed("m")
@@ -29,7 +30,7 @@ PROMPT = block_hashes(list(range(PROMPT_TOKENS)), block_size=16, seed=SEED)  # 4
 
 
 def view(name: str, **kw: object) -> WorkerView:
-    return WorkerView(WorkerId(name), "m", WorkerRole.BOTH, True, 0, 0.0, **kw)  # type: ignore[arg-type]
+    return WorkerView(WorkerId(name), "m", Role.COLOCATED, True, 0, 0.0, **kw)  # type: ignore[arg-type]
 
 
 def route(workers: list[WorkerView], index: BlockIndex) -> str:
@@ -171,8 +172,8 @@ def test_no_handoff_to_a_prefill_worker_whose_queue_outlasts_a_local_prefill() -
     def plan(prefill_tokens: int) -> object:
         placement = build_placement(DEFAULT_WEIGHTS, DisaggregationConfig(), index=BlockIndex(),
                                     sessions=SessionTable(), rng=random.Random(0))  # fmt: skip
-        decode = WorkerView(WorkerId("d"), "m", WorkerRole.DECODE, True, 0, 0.0)
-        prefill = WorkerView(WorkerId("p"), "m", WorkerRole.PREFILL, True, 1, 0.0,
+        decode = WorkerView(WorkerId("d"), "m", Role.DECODE, True, 0, 0.0)
+        prefill = WorkerView(WorkerId("p"), "m", Role.PREFILL, True, 1, 0.0,
                              num_prefill_tokens=prefill_tokens)  # fmt: skip
         return placement.plan(PlacementRequest("m", PROMPT, PROMPT_TOKENS, 16), [decode, prefill])
 

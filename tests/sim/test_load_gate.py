@@ -7,17 +7,18 @@ from __future__ import annotations
 import random
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.pipeline import BLOCK_WEIGHTS, build_pipeline
 from kvflow.router.routing.plugins import LoadGate
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 
 PROMPT = block_hashes(list(range(16 * 375)), block_size=16, seed=make_hash_seed("m"))
 
 
 def view(name: str, queue: int) -> WorkerView:
-    return WorkerView(WorkerId(name), "m", WorkerRole.BOTH, True, queue, 0.0)
+    return WorkerView(WorkerId(name), "m", Role.COLOCATED, True, queue, 0.0)
 
 
 def route(queues: dict[str, int], gate: LoadGate | None) -> str:

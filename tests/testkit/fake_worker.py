@@ -80,7 +80,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
     num_running: int = 0  # reported by Load: makes this worker look busy
     token_delay_s: float = 0.0
     max_model_len: int = 2048
-    role: int = pb.ROLE_BOTH
+    role: int = pb.ROLE_COLOCATED
     is_serving: bool = True
     # Advertised in WorkerInfo. Off by default: this worker caches nothing and publishes no
     # STORED events, so a router must not count what it sent here as cached.

@@ -34,6 +34,7 @@ from kvflow.cli.up_models import (
     pair_models,
     router_config,
 )
+from kvflow.proto.roles import Role
 
 # Worker log lines worth showing while it starts: model loading takes seconds.
 _PROGRESS_MARKERS = ("loading model", "loaded in", "KV cache", "dequantiz", "Error", "error:")
@@ -249,7 +250,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _start_workers(
-    launcher: Launcher, args: argparse.Namespace, roles: list[str], model: UpModel, num_models: int
+    launcher: Launcher, args: argparse.Namespace, roles: list[Role], model: UpModel, num_models: int
 ) -> list[Child]:
     """Start one pool's workers (a pool per model)."""
     what = "simulated workers" if args.simulate else (model.model or "SmolLM2-135M-Instruct")
@@ -269,7 +270,7 @@ def _start_workers(
             worker_args += ["--kv-cache-dtype", args.kv_cache_dtype]
         if args.simulate:
             worker_args.append("--simulate")
-        name = f"{prefix}worker {i + 1}" + ("" if role == "both" else f" ({role})")
+        name = f"{prefix}worker {i + 1}" + ("" if role == Role.COLOCATED else f" ({role})")
         workers.append(launcher.start(name, worker_args, "KVFLOW_WORKER_READY"))
     return workers
 
@@ -310,7 +311,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
             file=sys.stderr,
         )
         return 2
-    roles = ["both"] * args.workers
+    roles = [Role.COLOCATED] * args.workers
     if args.prefill_workers or args.decode_workers:
         if args.prefill_workers < 1 or args.decode_workers < 1:
             print(
@@ -319,7 +320,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
                 file=sys.stderr,
             )
             return 2
-        roles = ["prefill"] * args.prefill_workers + ["decode"] * args.decode_workers
+        roles = [Role.PREFILL] * args.prefill_workers + [Role.DECODE] * args.decode_workers
     try:
         models = pair_models(args.model, args.served_model_name)
     except UpModelsError as exc:

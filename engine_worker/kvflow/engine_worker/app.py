@@ -37,7 +37,6 @@ from kvflow.proto.block_hash import make_hash_seed
 log = logging.getLogger("kvflow.worker")
 
 GIB = 1024**3
-_ROLES = {"both": pb.ROLE_BOTH, "prefill": pb.ROLE_PREFILL, "decode": pb.ROLE_DECODE}
 
 # A simulated worker pretends to be SmolLM2-135M-Instruct: its vocabulary, EOS and
 # context, and its KV bytes per block in float32 (2 x 30 layers x 16 x 3 heads x 64 x 4 B).
@@ -208,7 +207,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
     info = pb.WorkerInfo(
         instance_id=uuid.uuid4().hex,
         model=name,
-        role=_ROLES[settings.role],
+        role=settings.role.to_pb(),
         block_size=settings.block_size,
         hash_seed=hash_seed,
         max_model_len=engine.max_len,

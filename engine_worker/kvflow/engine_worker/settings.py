@@ -10,8 +10,8 @@ from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 from kvflow.engine_worker.tls import TlsFiles
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 from kvflow.proto.otel import TracingConfig, tracing_config
+from kvflow.proto.roles import ROLE_WORDS, Role
 
-ROLES = ("both", "prefill", "decode")
 # auto: the checkpoint's dtype where the device computes it natively, else float32
 # (auto_dtype.py). No float16: the loader runs none (some checkpoints' activations overflow
 # it), so the command line refuses it up front rather than after parsing the weights.
@@ -41,7 +41,7 @@ class WorkerSettings:
     host: str = "127.0.0.1"
     port: int = 50051  # gRPC; 0 picks a free port
     metrics_port: int = 9400  # HTTP /metrics /health /ready; 0 picks a free port
-    role: str = "both"
+    role: Role = Role.COLOCATED
     device: str = "cpu"
     dtype: str = "auto"
     quantization: str = "auto"
@@ -128,7 +128,13 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         default=d.metrics_port,
         help="HTTP port for /metrics, /health, /ready",
     )
-    p.add_argument("--role", choices=ROLES, default=d.role)
+    p.add_argument(
+        "--role",
+        type=_role,
+        default=d.role,
+        metavar="{" + ",".join(ROLE_WORDS) + "}",
+        help="colocated: prefill and decode here (the old word `both` still works)",
+    )
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
     p.add_argument(
         "--dtype",
@@ -420,3 +426,12 @@ def _memory_flags_problem(a: argparse.Namespace) -> str:
         except KvCacheDtypeError as exc:
             return str(exc)
     return ""
+
+
+def _role(word: str) -> Role:
+    try:
+        return Role.parse(word)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid role {word!r}: choose one of {', '.join(ROLE_WORDS)}"
+        ) from None

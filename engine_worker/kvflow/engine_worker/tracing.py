@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto.otel import TracingConfig, tracer_provider
+from kvflow.proto.roles import Role
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -101,7 +102,7 @@ def record_generate(
         attributes={
             "kvflow.worker_request_id": request.request_id,
             "kvflow.tenant": request.tenant,
-            "kvflow.worker.role": pb.Role.Name(info.role),
+            "kvflow.worker.role": Role.from_pb(info.role).value,
             "kvflow.worker.instance_id": info.instance_id,
             "gen_ai.request.model": info.model,
             "gen_ai.usage.input_tokens": usage.prompt_tokens,
@@ -151,7 +152,7 @@ def record_prefill(
         attributes={
             "kvflow.worker_request_id": request.request_id,
             "kvflow.tenant": request.tenant,
-            "kvflow.worker.role": pb.Role.Name(info.role),
+            "kvflow.worker.role": Role.from_pb(info.role).value,
             "gen_ai.request.model": info.model,
             "gen_ai.usage.input_tokens": len(request.prompt_token_ids),
             "kvflow.usage.cached_tokens": response.num_cached_tokens,

@@ -10,7 +10,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLE_UNSPECIFIED: _ClassVar[Role]
-    ROLE_BOTH: _ClassVar[Role]
+    ROLE_COLOCATED: _ClassVar[Role]
     ROLE_PREFILL: _ClassVar[Role]
     ROLE_DECODE: _ClassVar[Role]
 
@@ -40,7 +40,7 @@ class KvEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KV_EVENT_KIND_REMOVED: _ClassVar[KvEventKind]
     KV_EVENT_KIND_CLEARED: _ClassVar[KvEventKind]
 ROLE_UNSPECIFIED: Role
-ROLE_BOTH: Role
+ROLE_COLOCATED: Role
 ROLE_PREFILL: Role
 ROLE_DECODE: Role
 FINISH_REASON_UNSPECIFIED: FinishReason

@@ -31,7 +31,8 @@ from kvflow.cli.sim.router_side import RouterSide, _Counters
 from kvflow.cli.sim.worker import SimWorker
 from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.engine_worker.core.kv_events import KvEvent
-from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.proto.roles import Role
+from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.serving.admission import Verdict
 
 
@@ -45,7 +46,7 @@ class ElasticRouterSide(RouterSide):
         self._workers = base._workers
         self._hidden: set[WorkerId] = set()
 
-    def add(self, worker_id: WorkerId, role: WorkerRole) -> None:
+    def add(self, worker_id: WorkerId, role: Role) -> None:
         self._workers[worker_id] = _Counters(role)
 
     def num_open(self, worker_id: WorkerId) -> int:
@@ -75,7 +76,7 @@ class Finished:
 
 
 class ElasticCluster(VirtualCluster):
-    """Colocated workers only (role both): the benchmark scales one role."""
+    """Colocated workers only: the benchmark scales one role."""
 
     def __init__(self, spec: ClusterSpec, arm: Arm, *, startup_s: float, seed: int = 0) -> None:
         if spec.num_prefill_workers:
@@ -152,7 +153,7 @@ class ElasticCluster(VirtualCluster):
             self._on_step_done,
             kv_bytes_per_block=self.spec.profile.kv_bytes_per_block,
         )
-        self._elastic.add(worker_id, WorkerRole.BOTH)
+        self._elastic.add(worker_id, Role.COLOCATED)
         if self._is_polling:
             self.events.at(self.events.now_s, partial(self._poll, worker_id))
 

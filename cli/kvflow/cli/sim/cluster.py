@@ -31,10 +31,11 @@ from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.engine_worker.sim.timing import StepTimer
 from kvflow.proto.block_hash import make_hash_seed
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.cost import StepCosts
 from kvflow.router.routing.placement import Colocated, PlacementRequest
-from kvflow.router.routing.types import WorkerId, WorkerRole
+from kvflow.router.routing.types import WorkerId
 from kvflow.router.serving.admission import AdmissionConfig, Verdict
 
 # The simulated worker's vocabulary and EOS (app.py's SIM_*): workload word ids (< 512)
@@ -68,10 +69,10 @@ class ClusterSpec:
         if self.num_workers < 1 or not 0 <= self.num_prefill_workers < self.num_workers:
             raise ValueError("a cluster needs a worker that streams tokens")
 
-    def role(self, index: int) -> WorkerRole:
+    def role(self, index: int) -> Role:
         if self.num_prefill_workers == 0:
-            return WorkerRole.BOTH
-        return WorkerRole.PREFILL if index < self.num_prefill_workers else WorkerRole.DECODE
+            return Role.COLOCATED
+        return Role.PREFILL if index < self.num_prefill_workers else Role.DECODE
 
     def engine_config(self) -> EngineConfig:
         p = self.profile

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from kvflow.cli.sim.worker import LoadReport
 from kvflow.engine_worker.core.kv_events import KvEvent, KvEventKind
 from kvflow.proto.block_hash import BlockHash
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.serving.admission import (
     AdmissionConfig,
     TenantLoad,
@@ -35,7 +36,7 @@ _ONE_TENANT = TenantLoad(0, 1.0, 0, 1.0, 1)
 
 @dataclass
 class _Counters:
-    role: WorkerRole
+    role: Role
     num_reported: int = 0  # waiting + running at the last poll
     kv_usage: float = 0.0
     num_local: int = 0  # this router's open requests there
@@ -47,7 +48,7 @@ class _Counters:
 
 
 class RouterSide:
-    def __init__(self, model: str, workers: Iterable[tuple[WorkerId, WorkerRole]]) -> None:
+    def __init__(self, model: str, workers: Iterable[tuple[WorkerId, Role]]) -> None:
         self.model = model
         self.index = BlockIndex()
         self.sessions = SessionTable()
@@ -85,7 +86,7 @@ class RouterSide:
     def admit(self, config: AdmissionConfig) -> Verdict:
         """AdmissionControl.check over the routable workers: one tenant, so only the
         cluster-wide bounds (503) apply, never the over-share 429."""
-        routable = [v.worker_id for v in self.views() if v.role is not WorkerRole.PREFILL]
+        routable = [v.worker_id for v in self.views() if v.role is not Role.PREFILL]
         counters = [self._workers[worker_id] for worker_id in routable]
         queues = [
             WorkerQueue(worker_id, w.num_waiting, 0, w.drain_rate_per_s)

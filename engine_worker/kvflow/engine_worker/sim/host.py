@@ -11,7 +11,7 @@ together (the scale check, docs/benchmarks.md). A step's time passes in
 overlap their steps as separate processes would; their Python work (scheduling, streaming)
 shares one core's worth of GIL, which is what the load of a scale test must stay under.
 
-Not served here: the KV transfer agent (no PD: roles other than ``both`` are refused),
+Not served here: the KV transfer agent (no PD: roles other than ``colocated`` are refused),
 the per-worker HTTP /metrics port, draining. Run as a process:
 
     python -m kvflow.engine_worker.sim.host --num-workers 16 --sim-profile h100-llama3-8b \
@@ -40,6 +40,7 @@ from kvflow.engine_worker.engine_loop import EngineLoop
 from kvflow.engine_worker.server import WorkerService
 from kvflow.engine_worker.settings import WorkerSettings, parse_args
 from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.proto.roles import Role
 
 log = logging.getLogger("kvflow.sim.host")
 
@@ -65,9 +66,9 @@ def parse_host_args(argv: Sequence[str]) -> HostSettings:
     if not 1 <= own.num_workers <= MAX_WORKERS_PER_HOST:
         raise SystemExit(f"--num-workers must be 1..{MAX_WORKERS_PER_HOST}, got {own.num_workers}")
     worker = parse_args([*rest, *(["--simulate"] if "--simulate" not in rest else [])])
-    if worker.role != "both":
+    if worker.role is not Role.COLOCATED:
         raise SystemExit(
-            "a simulated host serves colocated workers only (--role both): it runs no KV "
+            "a simulated host serves colocated workers only (--role colocated): it runs no KV "
             "transfer agent; start `kvflow worker --simulate` processes for PD"
         )
     return HostSettings(own.num_workers, worker)

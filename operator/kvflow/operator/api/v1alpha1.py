@@ -410,14 +410,14 @@ class InferencePoolSpec:
     model: ModelSpec = field("The model to serve.")
     engine: EngineSpec = field("Worker image and engine settings.", EngineSpec())
     mode: Mode = field(
-        """colocated: every worker prefills and decodes (role both). disaggregated:
+        """colocated: every worker prefills and decodes (role colocated). disaggregated:
         separate prefill and decode workers; the router sends a prompt to a prefill worker
         when the decode worker lacks enough of it (router.disaggregation), the prompt's KV
         blocks move to the decode worker, which generates; other prompts are prefilled by
         the decode worker itself.""",
         "colocated",
     )
-    colocated: RoleSpec = field("Workers of role both (mode colocated).", RoleSpec())
+    colocated: RoleSpec = field("Workers that prefill and decode (mode colocated).", RoleSpec())
     prefill: RoleSpec | None = field("Prefill workers (mode disaggregated).", None)
     decode: RoleSpec | None = field("Decode workers (mode disaggregated).", None)
     kv_transport: KvTransport = field(

@@ -7,6 +7,7 @@ from typing import Literal
 
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import Json
+from kvflow.operator.api.v1alpha1_planner import WorkerRoleName
 
 MANAGED_BY = "kvflow-operator"
 LABEL_POOL = "kvflow.io/pool"
@@ -27,11 +28,10 @@ ROUTER_METRICS_PORT = 9401
 # Non-root uid/gid baked into every kvflow image (docker/*.Dockerfile).
 IMAGE_UID = 10001
 
-WorkerRole = Literal["colocated", "prefill", "decode"]
+# The words of kvflow.proto.roles.Role: the CRD, `kvflow worker --role` and the wire agree
+# (tests/contracts/test_roles.py).
+WorkerRole = WorkerRoleName
 Component = Literal["worker", "router"]
-
-# --role of `kvflow worker` for each worker role of the API.
-ENGINE_ROLE: dict[WorkerRole, str] = {"colocated": "both", "prefill": "prefill", "decode": "decode"}
 
 
 @dataclass(frozen=True)

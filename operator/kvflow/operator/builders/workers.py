@@ -6,7 +6,6 @@ from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.names import (
-    ENGINE_ROLE,
     WORKER_GRPC_PORT,
     WORKER_KV_PORT,
     WORKER_METRICS_PORT,
@@ -45,7 +44,7 @@ def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -
         "--host", "0.0.0.0",
         "--port", str(WORKER_GRPC_PORT),
         "--metrics-port", str(WORKER_METRICS_PORT),
-        "--role", ENGINE_ROLE[role],
+        "--role", role,
         "--device", "cuda" if gpus > 0 else "cpu",
         "--dtype", model.dtype,
         "--block-size", str(engine.block_size),

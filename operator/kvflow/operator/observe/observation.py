@@ -27,6 +27,7 @@ from kvflow.operator.observe.exposition import Histogram, Metrics
 from kvflow.operator.observe.histograms import mean, quantile, share_above, total
 from kvflow.operator.observe.pods import RolePods
 from kvflow.operator.planner.types import Observation, WorkerRole
+from kvflow.proto.roles import Role
 
 # The workers' and routers' metric families (engine_worker/.../metrics.py and
 # router/.../metrics.py; components never import each other, and tests/operator reads
@@ -80,11 +81,11 @@ class Slo:
 
 
 def prefills(role: WorkerRole) -> bool:
-    return role in ("colocated", "prefill")
+    return Role(role).prefills
 
 
 def decodes(role: WorkerRole) -> bool:
-    return role in ("colocated", "decode")
+    return Role(role).decodes
 
 
 def observe_role(

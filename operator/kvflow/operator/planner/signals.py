@@ -22,6 +22,7 @@ from kvflow.operator.planner.types import (
     Tuning,
     WorkerRole,
 )
+from kvflow.proto.roles import Role
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def violation_share(obs: Observation) -> float | None:
 
 
 def _sides(role: WorkerRole) -> tuple[bool, bool]:
-    return role in ("prefill", "colocated"), role in ("decode", "colocated")
+    return Role(role).prefills, Role(role).decodes
 
 
 def _pooled(loads: Loads, t: Tuning) -> str:

@@ -7,6 +7,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.cost import DEFAULT_STEP_COSTS, StepCosts, TimeCostScorer, WaitGate
 from kvflow.router.routing.plugins import (
@@ -29,7 +30,6 @@ from kvflow.router.routing.types import (
     RouteDecision,
     RouteRequest,
     WorkerId,
-    WorkerRole,
     WorkerView,
 )
 
@@ -80,9 +80,9 @@ class AutoGate(enum.Enum):
     AUTO = "auto"
 
 
-# Workers that stream tokens to clients: `both` workers serve colocated, `decode` workers
+# Workers that stream tokens to clients: `colocated` workers serve requests whole, `decode` workers
 # prefill locally or receive a prefill worker's blocks (placement.py).
-SERVING_ROLES = frozenset({WorkerRole.BOTH, WorkerRole.DECODE})
+SERVING_ROLES = frozenset({Role.COLOCATED, Role.DECODE})
 
 
 class RoutingConfigError(ValueError):
@@ -152,7 +152,7 @@ def build_pipeline(
     index: BlockIndex,
     sessions: SessionTable,
     rng: random.Random,
-    roles: Iterable[WorkerRole] = SERVING_ROLES,
+    roles: Iterable[Role] = SERVING_ROLES,
     gate: LoadGate | WaitGate | AutoGate | None = AutoGate.AUTO,
     costs: StepCosts = DEFAULT_STEP_COSTS,
 ) -> RoutingPipeline:

@@ -1,11 +1,11 @@
 """Placement: where one choice of a request runs, as an execution plan. Pure: no I/O.
 
-1. The decode profile (`both` and `decode` workers, scored as configured: by default the
+1. The decode profile (`colocated` and `decode` workers, scored as configured: by default the
    seconds the request would cost there, routing/cost.py) picks the worker that streams
    tokens. The views are first corrected by the prompt tokens placed since each worker's
    last load report (`PlacedWork`).
-2. A `both` worker serves colocated. A `decode` worker gets a prefill worker only when that
-   pays (`decide`): it lacks at least `min_remote_prefill_tokens` of the prompt, the
+2. A `colocated` worker serves the request itself. A `decode` worker gets a prefill worker
+   only when that pays (`decide`): it lacks at least `min_remote_prefill_tokens` of the prompt, the
    least-loaded prefill worker has fewer than `max_prefill_queue_depth` requests, and its
    queued prefill takes no longer than the decode worker's own prefill of the prompt.
    Otherwise it prefills itself.
@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvflow.proto.block_hash import BlockHash
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_hasher import PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.cost import DEFAULT_STEP_COSTS, PlacedWork, StepCosts
@@ -40,7 +41,6 @@ from kvflow.router.routing.types import (
     RouteDecision,
     RouteRequest,
     WorkerId,
-    WorkerRole,
     WorkerView,
 )
 
@@ -72,7 +72,7 @@ DEFAULT_IN_FLIGHT_TTL_S = 5.0
 # (about 0.5 ms) to record. Never more than the prompt holds, so it can only under-claim.
 MAX_IN_FLIGHT_BLOCKS = 128
 
-PREFILL_ROLES = frozenset({WorkerRole.PREFILL})
+PREFILL_ROLES = frozenset({Role.PREFILL})
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class DisaggregationConfig:
 class PlanReason(enum.Enum):
     """Why a plan has the shape it has (a bounded metric label)."""
 
-    COLOCATED_WORKER = "colocated_worker"  # the best worker is a `both` worker
+    COLOCATED_WORKER = "colocated_worker"  # the best worker is a `colocated` worker
     DISABLED = "disabled"  # disaggregation.enabled is false
     NO_PREFILL_WORKER = "no_prefill_worker"  # none healthy, or all failed this request
     FEW_MISSING_TOKENS = "few_missing_tokens"  # decode lacks too little to be worth shipping
@@ -285,7 +285,7 @@ class Placement:
         decode = self._decode.route(route, workers)
         if decode is None:
             return None
-        if decode.role is not WorkerRole.DECODE:
+        if decode.role is not Role.DECODE:
             return Colocated(decode, PlanReason.COLOCATED_WORKER)
         if not self.config.enabled:
             return Colocated(decode, PlanReason.DISABLED)

@@ -13,9 +13,10 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 
 
 class Filter(Protocol):
@@ -54,12 +55,12 @@ class ModelFilter:
 
 
 class RoleFilter:
-    """A profile's roles: the decode profile takes `both` and `decode` workers, the prefill
+    """A profile's roles: the decode profile takes `colocated` and `decode` workers, the prefill
     profile `prefill` workers (placement.py)."""
 
     name = "role"
 
-    def __init__(self, roles: Iterable[WorkerRole]) -> None:
+    def __init__(self, roles: Iterable[Role]) -> None:
         self._roles = frozenset(roles)
 
     def keep(self, request: RouteRequest, worker: WorkerView) -> bool:

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NewType
 
 from kvflow.proto.block_hash import BlockHash
+from kvflow.proto.roles import Role
 
 WorkerId = NewType("WorkerId", str)
 """A worker's gRPC address, "host:port": stable across the worker's restarts."""
-
-
-class WorkerRole(enum.Enum):
-    BOTH = "both"
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 @dataclass(frozen=True)
@@ -25,7 +19,7 @@ class WorkerView:
 
     worker_id: WorkerId
     model: str
-    role: WorkerRole
+    role: Role
     is_healthy: bool
     # Requests waiting or running there: the worker's last report, plus what this router
     # has sent since (see workers.load.estimate_queue_depth).
@@ -72,7 +66,7 @@ class RouteDecision:
     # Each scorer's raw value for the chosen worker, before weighting: why it won.
     scores: dict[str, float]
     num_candidates: int
-    role: WorkerRole = WorkerRole.BOTH
+    role: Role = Role.COLOCATED
 
     def explain(self, prefix: str = "") -> list[str]:
         """``score=..``, each scorer's value, ``candidates=..``, names prefixed by ``prefix``."""

@@ -17,10 +17,11 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvflow.proto.roles import Role
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import no_worker_available, rate_limited
 from kvflow.router.protocol.responses import ChoiceDelta
-from kvflow.router.routing.types import WorkerId, WorkerRole
+from kvflow.router.routing.types import WorkerId
 from kvflow.router.serving.admission import (
     AdmissionConfig,
     TenantLoad,
@@ -111,7 +112,7 @@ class AdmissionControl:
                 polled is not None
                 and view.is_healthy
                 and view.model == model
-                and view.role is not WorkerRole.PREFILL
+                and view.role is not Role.PREFILL
             ):
                 queues.append(polled.queue)
         return queues

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field, replace
 import grpc
 
 from kvflow.proto import worker_pb2 as pb
+from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import WorkerId, WorkerRole, WorkerView
+from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.workers.client import WorkerClient
 from kvflow.router.workers.deadlines import quarantine_s
 from kvflow.router.workers.kv_events import KvEventFollower
@@ -32,12 +33,6 @@ UNHEALTHY_RETRY_S = 0.5
 # Generous: a probe that times out marks the worker unhealthy, and a busy 2-core machine
 # can stall an event loop for a second.
 PROBE_TIMEOUT_S = 3.0
-
-_ROLES = {
-    pb.ROLE_BOTH: WorkerRole.BOTH,
-    pb.ROLE_PREFILL: WorkerRole.PREFILL,
-    pb.ROLE_DECODE: WorkerRole.DECODE,
-}
 
 
 def estimate_queue_depth(num_reported: int, num_local_now: int, num_local_at_report: int) -> int:
@@ -201,7 +196,7 @@ class WorkerPool:
                 WorkerView(
                     worker_id=w.worker_id,
                     model=w.info.model if w.info is not None else "",
-                    role=_ROLES.get(w.info.role, WorkerRole.BOTH) if w.info else WorkerRole.BOTH,
+                    role=Role.from_pb(w.info.role) if w.info else Role.COLOCATED,
                     # Healthy but refusing: its load report may predate the full queue.
                     is_healthy=w.is_healthy and w.busy_until_s <= now_s,
                     queue_depth=estimate_queue_depth(

@@ -8,7 +8,6 @@ import pytest
 
 from kvflow.engine_worker.sim.profiles import named_profile
 from kvflow.operator.planner.capacity import (
-    StepCost,
     capacity_from_timing,
     decode_seqs_within_tpot,
     max_queue_utilization,
@@ -16,8 +15,9 @@ from kvflow.operator.planner.capacity import (
     prompt_alone_s,
 )
 from kvflow.operator.planner.forecast import Holt, damped_reach_s, sizing_load, start_or_update
+from kvflow.proto.step_model import StepTiming
 
-ROUND = StepCost(base_step_s=0.005, per_prefill_token_s=50e-6, per_decode_seq_s=50e-6)
+ROUND = StepTiming(base_step_s=0.005, per_prefill_token_s=50e-6, per_decode_seq_s=50e-6)
 
 
 def test_decode_seqs_by_tpot_kv_and_batch_limit() -> None:
@@ -30,7 +30,7 @@ def test_decode_seqs_by_tpot_kv_and_batch_limit() -> None:
         decode_seqs_within_tpot(ROUND, max_num_seqs=1000, kv_capacity_tokens=150_000, **kw) == 150
     )
     # KV reads: 1 ns per token x 1,000 tokens = 1 us more per sequence: 20 ms / 51 us = 392.
-    with_kv = StepCost(0.005, 50e-6, 50e-6, per_kv_token_s=1e-9)
+    with_kv = StepTiming(0.005, 50e-6, 50e-6, per_kv_token_s=1e-9)
     assert (
         decode_seqs_within_tpot(with_kv, max_num_seqs=1000, kv_capacity_tokens=10**9, **kw) == 392
     )
@@ -57,7 +57,7 @@ def test_capacity_of_a_shipped_simulator_profile() -> None:
     profile = named_profile("h100-llama3-8b")
     assert profile is not None
     t = profile.timing
-    cost = StepCost(
+    cost = StepTiming(
         t.base_step_s,
         t.per_prefill_token_s,
         t.per_decode_seq_s,
@@ -162,7 +162,7 @@ def test_a_colocated_replica_pays_the_base_step_once() -> None:
     decode share only (n / step(n) counts one base per step); counting it in the prompt
     share too overstated the load (issue 9's doubt: 3.85 shares where 3.73 is right).
     """
-    cost = StepCost(0.02, per_prefill_token_s=100e-6, per_decode_seq_s=200e-6,
+    cost = StepTiming(0.02, per_prefill_token_s=100e-6, per_decode_seq_s=200e-6,
                     per_kv_token_s=1e-8, per_prefill_seq_s=1e-3)  # fmt: skip
     kw = {
         "mean_input_tokens": 250.0,

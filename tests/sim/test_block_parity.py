@@ -29,8 +29,8 @@ from kvflow.engine_worker.core.request import Request
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
 from kvflow.engine_worker.settings import WorkerSettings
-from kvflow.engine_worker.sim.timing import StepTiming
 from kvflow.proto.block_hash import BlockHash
+from kvflow.proto.step_model import StepTiming
 
 BLOCK_SIZE = 4
 # 18 blocks of 4: wave 0's four prompts sharing 3 blocks outgrow it (preemption), wave 1

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from kvflow.engine_worker.sim.fit import StepSample, fit_timing
-from kvflow.engine_worker.sim.timing import StepShape, StepTiming
+from kvflow.proto.step_model import StepShape, StepTiming
 
 TRUE = StepTiming(base_step_s=0.02, per_prefill_token_s=3e-4, per_decode_seq_s=2e-3,
                   per_kv_token_s=4e-6, per_prefill_seq_s=1e-3)  # fmt: skip

@@ -18,7 +18,8 @@ from kvflow.engine_worker.sim.profile_file import (
     write_profile,
 )
 from kvflow.engine_worker.sim.profiles import SHIPPED, Efficiency, roofline_timing
-from kvflow.engine_worker.sim.timing import StepShape, StepTiming, step_shape
+from kvflow.engine_worker.sim.timing import step_shape
+from kvflow.proto.step_model import StepShape, StepTiming
 
 
 def test_llama3_shapes() -> None:

@@ -10,7 +10,7 @@ from kvflow.cli.bench.cli import main as bench_main
 from kvflow.cli.sim.cli import main
 from kvflow.engine_worker.sim.profile_file import write_profile
 from kvflow.engine_worker.sim.profiles import SimProfile
-from kvflow.engine_worker.sim.timing import StepTiming
+from kvflow.proto.step_model import StepTiming
 
 SMALL_RUN = ["--workload", "shared-prefix", "--groups", "3", "--prefix-words", "128",
              "--question-words", "16", "--output-tokens", "4", "--rates", "4,8",

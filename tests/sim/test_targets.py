@@ -22,7 +22,7 @@ from kvflow.cli.sim.targets import (
     ttft_targets,
 )
 from kvflow.engine_worker.sim.profiles import SimProfile
-from kvflow.engine_worker.sim.timing import StepTiming
+from kvflow.proto.step_model import StepTiming
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.1)
 

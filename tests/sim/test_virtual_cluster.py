@@ -10,7 +10,7 @@ from kvflow.cli.bench.workload import BenchRequest, Segment, TextBlock
 from kvflow.cli.sim.arms import ARMS, resolve_arm
 from kvflow.cli.sim.cluster import ClusterSpec, VirtualCluster
 from kvflow.engine_worker.sim.profiles import SimProfile
-from kvflow.engine_worker.sim.timing import StepTiming
+from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.types import WorkerId
 
 TIMING = StepTiming(base_step_s=0.010, per_prefill_token_s=0.001, per_decode_seq_s=0.002)

@@ -22,7 +22,7 @@ from typing import Any
 
 from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
-from kvflow.engine_worker.sim.timing import StepTimer, StepTiming
+from kvflow.engine_worker.sim.timing import StepTimer, StepTiming, TimedSteps
 
 __all__ = ["SimulatedRunner", "StepTimer", "StepTiming"]
 
@@ -33,7 +33,7 @@ class SimulatedRunner:
         *,
         vocab_size: int,
         eos_token_ids: tuple[int, ...],
-        timing: StepTimer | None = None,  # None: no step time (streams instantly)
+        timing: StepTiming | StepTimer | None = None,  # None: no step time (streams instantly)
         eos_probability: float = 1 / 128,
         sleep: Callable[[float], None] = time.sleep,
         kv_bytes_per_block: int = 1,
@@ -41,7 +41,9 @@ class SimulatedRunner:
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
-        self.timing: StepTimer = timing if timing is not None else StepTiming()
+        if timing is None or isinstance(timing, StepTiming):
+            timing = TimedSteps(timing or StepTiming())
+        self.timing: StepTimer = timing
         # Scaled to 2**32 so the draw is an integer comparison.
         self._eos_threshold = int(eos_probability * 2**32)
         self.sleep = sleep

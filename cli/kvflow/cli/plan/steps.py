@@ -26,7 +26,7 @@ from kvflow.cli.plan.deployment import Deployment
 from kvflow.cli.plan.errors import PlanError
 from kvflow.cli.plan.models import ModelSpec
 from kvflow.engine_worker.sim.profiles import SimProfile
-from kvflow.engine_worker.sim.timing import StepTiming
+from kvflow.proto.step_model import StepTiming
 
 
 @dataclass(frozen=True, slots=True)

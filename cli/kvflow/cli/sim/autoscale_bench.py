@@ -30,7 +30,7 @@ from kvflow.cli.sim.autoscale_policies import Planner, Policy, Reactive, Static,
 from kvflow.cli.sim.autoscale_traffic import Traffic
 from kvflow.engine_worker.sim.profile_file import resolve_profile
 from kvflow.engine_worker.sim.profiles import SimProfile
-from kvflow.operator.planner import CapacityProfile, StepCost, Tuning, capacity_from_timing
+from kvflow.operator.planner import CapacityProfile, Tuning, capacity_from_timing
 from kvflow.router.serving.admission import AdmissionConfig
 
 ARMS = ("planner", "planner-measured", "static-peak", "static-mean", "reactive")
@@ -99,10 +99,8 @@ class BenchConfig:
 
     def capacity(self) -> CapacityProfile:
         p = self.sim_profile()
-        t = p.timing
         return capacity_from_timing(
-            StepCost(t.base_step_s, t.per_prefill_token_s, t.per_decode_seq_s,
-                     t.per_kv_token_s, t.per_prefill_seq_s),
+            p.timing,
             mean_input_tokens=sum(self.input_tokens) / 2,
             mean_output_tokens=sum(self.output_tokens) / 2,
             ttft_target_s=self.slo.ttft_s,

@@ -32,6 +32,7 @@ from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.engine_worker.sim.timing import StepTimer
 from kvflow.proto.block_hash import make_hash_seed
 from kvflow.proto.roles import Role
+from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.cost import StepCosts
 from kvflow.router.routing.placement import Colocated, PlacementRequest
@@ -122,7 +123,7 @@ class VirtualCluster:
             GlobalPrefixCache(spec.num_workers * config.num_kv_blocks) if arm.is_ideal else None
         )
         self._free_tokens: dict[str, int] = {}
-        timing: StepTimer = spec.profile.timing
+        timing: StepTiming | StepTimer = spec.profile.timing
         if arm.is_ideal:
             timing = DiscountedTiming(spec.profile.timing, self._free_tokens)
         self.workers: dict[WorkerId, SimWorker] = {}

@@ -15,8 +15,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
-from kvflow.engine_worker.sim.timing import StepTiming, step_shape
+from kvflow.engine_worker.sim.timing import step_shape
 from kvflow.proto.block_hash import BlockHash
+from kvflow.proto.step_model import StepTiming
 
 
 class GlobalPrefixCache:

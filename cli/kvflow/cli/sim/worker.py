@@ -21,6 +21,7 @@ from kvflow.engine_worker.core.request import Request
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.sim.timing import StepTimer
 from kvflow.engine_worker.sim_runner import SimulatedRunner
+from kvflow.proto.step_model import StepTiming
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ class SimWorker:
         self,
         worker_id: str,
         config: EngineConfig,
-        timing: StepTimer,
+        timing: StepTiming | StepTimer,
         events: EventQueue,
         on_step_done: StepDone,
         *,

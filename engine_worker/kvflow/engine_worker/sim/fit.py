@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvflow.engine_worker.sim.timing import StepShape, StepTiming
+from kvflow.proto.step_model import StepShape, StepTiming
 
 COLUMNS = (
     "base_step_s",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvflow.engine_worker.sim.profiles import SHIPPED, SimProfile, named_profile
-from kvflow.engine_worker.sim.timing import StepTiming
+from kvflow.proto.step_model import StepTiming
 
 SCHEMA = "kvflow-sim-profile/1"
 

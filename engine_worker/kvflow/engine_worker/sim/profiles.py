@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 
 from kvflow.engine_worker.sim.hardware import GPUS, MODELS, GpuSpec, ModelShape
-from kvflow.engine_worker.sim.timing import StepTiming
+from kvflow.proto.step_model import StepTiming
 
 GIB = 1024**3
 

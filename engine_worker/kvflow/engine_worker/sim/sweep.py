@@ -19,7 +19,8 @@ from kvflow.engine_worker.core.engine import Engine, ModelRunner, SampledToken
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
 from kvflow.engine_worker.sim.fit import StepSample
-from kvflow.engine_worker.sim.timing import StepShape, step_shape
+from kvflow.engine_worker.sim.timing import step_shape
+from kvflow.proto.step_model import StepShape
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,46 +1,14 @@
-"""How long one engine step takes in a simulated worker: a linear model of the batch.
-
-    step_s = base_step_s
-           + per_prefill_token_s * num_prefill_tokens
-           + per_decode_seq_s    * num_decode_seqs
-           + per_kv_token_s      * num_kv_tokens_read
-           + per_prefill_seq_s   * num_prefill_seqs
-
-Each term is one physical cost: the weights every step reads (base), the matmul FLOPs of a
-prompt token (compute-bound on a GPU), a decoding sequence's share of sampling and matmuls,
-and the KV that attention reads (memory-bound while decoding). Profiles set the
-coefficients (``profiles.py`` from a datasheet, ``fit.py`` from the real engine).
-
-``StepTiming.legacy`` keeps the worker's original flags exact: their model was
-``base + per_token * batched_tokens + per_seq * num_seqs``, and a decoding sequence
-computes one token, so it is per_token + per_seq per decode, per_token per prefill token
-and per_seq per prefill sequence.
-"""
+"""How long one engine step takes in a simulated worker: the shared linear step model
+(``kvflow.proto.step_model``) applied to what the scheduler put in the step."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
+from kvflow.proto.step_model import StepShape, StepTiming
 
-
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    """What one step computes, in the units the timing model charges."""
-
-    num_prefill_tokens: int  # prompt tokens (and recomputed tokens after a preemption)
-    num_prefill_seqs: int
-    num_decode_seqs: int  # requests computing the KV of their newest output token
-    num_kv_tokens_read: int  # KV attention reads: per request, computed + new tokens
-
-    @property
-    def num_seqs(self) -> int:
-        return self.num_prefill_seqs + self.num_decode_seqs
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_seqs
+__all__ = ["StepShape", "StepTimer", "StepTiming", "TimedSteps", "step_shape"]
 
 
 def step_shape(output: SchedulerOutput, discount_tokens: dict[str, int] | None = None) -> StepShape:
@@ -72,41 +40,11 @@ class StepTimer(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class StepTiming:
-    base_step_s: float = 0.0
-    per_prefill_token_s: float = 0.0
-    per_decode_seq_s: float = 0.0
-    per_kv_token_s: float = 0.0
-    per_prefill_seq_s: float = 0.0
+class TimedSteps:
+    """A ``StepTimer`` from a ``StepTiming``: an empty step takes no time."""
 
-    def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            if getattr(self, name) < 0:
-                raise ValueError(f"step timing {name} must be >= 0, got {getattr(self, name)}")
-
-    @classmethod
-    def legacy(cls, base_step_s: float, per_token_s: float, per_seq_s: float) -> StepTiming:
-        """The worker's original three flags, exactly (see the module docstring)."""
-        return cls(
-            base_step_s=base_step_s,
-            per_prefill_token_s=per_token_s,
-            per_decode_seq_s=per_token_s + per_seq_s,
-            per_prefill_seq_s=per_seq_s,
-        )
-
-    @property
-    def is_zero(self) -> bool:
-        return not any(getattr(self, name) for name in self.__dataclass_fields__)
-
-    def shape_s(self, shape: StepShape) -> float:
-        return (
-            self.base_step_s
-            + self.per_prefill_token_s * shape.num_prefill_tokens
-            + self.per_decode_seq_s * shape.num_decode_seqs
-            + self.per_kv_token_s * shape.num_kv_tokens_read
-            + self.per_prefill_seq_s * shape.num_prefill_seqs
-        )
+    def __init__(self, timing: StepTiming) -> None:
+        self.timing = timing
 
     def step_s(self, output: SchedulerOutput) -> float:
-        return self.shape_s(step_shape(output)) if output.scheduled else 0.0
+        return self.timing.shape_s(step_shape(output)) if output.scheduled else 0.0

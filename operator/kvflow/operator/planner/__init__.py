@@ -6,7 +6,7 @@ rules. Held by import-linter: nothing here imports kopf, kubernetes, an HTTP cli
 clock or the operator's I/O modules.
 """
 
-from kvflow.operator.planner.capacity import StepCost, capacity_from_timing
+from kvflow.operator.planner.capacity import capacity_from_timing
 from kvflow.operator.planner.config import capacity_from_spec, config_from_spec
 from kvflow.operator.planner.model import plan
 from kvflow.operator.planner.types import (
@@ -39,7 +39,6 @@ __all__ = [
     "SloReason",
     "SloStatus",
     "SloVerdict",
-    "StepCost",
     "Tuning",
     "WorkerRole",
     "capacity_from_spec",

@@ -6,7 +6,7 @@ A simulated worker's profile (docs/simulator.md) prices an engine step linearly:
            + per_kv_token x KV tokens read + per_prefill_seq x prefill seqs
 
 The operator cannot import the engine worker (components stay apart), so the five
-coefficients come in as a `StepCost`; `kvflow plan` and the benchmark fill one from a
+coefficients come in as a `StepTiming`; `kvflow plan` and the benchmark fill one from a
 `SimProfile.timing`.
 
 Decode: n sequences decoding with an average context of L = input + output / 2 tokens make
@@ -40,27 +40,16 @@ h100-llama3-8b, 1k-token prompts, TTFT 1 s at p90: throughput 35.8 k tokens/s, a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from kvflow.operator.planner.types import CapacityProfile
+from kvflow.proto.step_model import StepTiming
 
 # Never plan a queue above 95 % busy: past it the wait's variance swamps any forecast.
 MAX_PREFILL_UTILIZATION = 0.95
 
 
-@dataclass(frozen=True)
-class StepCost:
-    """The simulator's linear step-time coefficients, in seconds (`StepTiming`'s fields)."""
-
-    base_step_s: float
-    per_prefill_token_s: float
-    per_decode_seq_s: float
-    per_kv_token_s: float = 0.0
-    per_prefill_seq_s: float = 0.0
-
-
 def decode_seqs_within_tpot(
-    cost: StepCost,
+    cost: StepTiming,
     *,
     context_tokens: float,
     tpot_target_s: float,
@@ -80,14 +69,12 @@ def decode_seqs_within_tpot(
     return max(0, math.floor(min(by_tpot, by_kv, max_num_seqs)))
 
 
-def decode_step_s(cost: StepCost, num_seqs: int, context_tokens: float) -> float:
+def decode_step_s(cost: StepTiming, num_seqs: int, context_tokens: float) -> float:
     """A step of `num_seqs` decoding sequences: each makes one output token."""
-    return cost.base_step_s + num_seqs * (
-        cost.per_decode_seq_s + cost.per_kv_token_s * context_tokens
-    )
+    return cost.decode_step_s(num_seqs, context_tokens)
 
 
-def prefill_tokens_per_s(cost: StepCost, *, input_tokens: float, chunk_tokens: int) -> float:
+def prefill_tokens_per_s(cost: StepTiming, *, input_tokens: float, chunk_tokens: int) -> float:
     """Prompt tokens/s of back-to-back full chunks of `chunk_tokens`."""
     seqs_per_chunk = max(1.0, chunk_tokens / max(input_tokens, 1.0))
     step_s = (
@@ -99,7 +86,7 @@ def prefill_tokens_per_s(cost: StepCost, *, input_tokens: float, chunk_tokens: i
     return chunk_tokens / step_s
 
 
-def marginal_prefill_tokens_per_s(cost: StepCost, *, input_tokens: float) -> float:
+def marginal_prefill_tokens_per_s(cost: StepTiming, *, input_tokens: float) -> float:
     """Prompt tokens/s a colocated replica adds to steps it runs anyway (no base step)."""
     per_token_s = (
         cost.per_prefill_token_s
@@ -109,7 +96,7 @@ def marginal_prefill_tokens_per_s(cost: StepCost, *, input_tokens: float) -> flo
     return math.inf if per_token_s <= 0 else 1.0 / per_token_s
 
 
-def prompt_alone_s(cost: StepCost, *, input_tokens: float, chunk_tokens: int) -> float:
+def prompt_alone_s(cost: StepTiming, *, input_tokens: float, chunk_tokens: int) -> float:
     """One mean prompt's prefill on an idle replica (its chunks back to back)."""
     num_chunks = max(1, math.ceil(input_tokens / chunk_tokens))
     return num_chunks * (cost.base_step_s + cost.per_prefill_seq_s) + input_tokens * (
@@ -138,7 +125,7 @@ def _wait_tail(rho: float, service_s: float, wait_s: float) -> float:
 
 
 def capacity_from_timing(
-    cost: StepCost,
+    cost: StepTiming,
     *,
     mean_input_tokens: float,
     mean_output_tokens: float,

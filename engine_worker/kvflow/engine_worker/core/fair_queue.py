@@ -12,8 +12,9 @@ in Serving Large Language Models" (OSDI 2024). Every token a step computes for a
   (or the last one admitted), not with the credit of the hour it was idle: otherwise a
   quiet tenant's burst would in turn starve the others until it caught up.
 - Priority is a weight, not a rank: a tenant ``p`` levels more urgent than another gets
-  ``PRIORITY_WEIGHT_BASE ** p`` times its share while both wait, and the other is never
-  starved (strict priority starved it for as long as the urgent tenant kept sending).
+  ``PRIORITY_WEIGHT_BASE ** p`` (kvflow.proto.fairness) times its share while both wait,
+  and the other is never starved (strict priority starved it for as long as the urgent
+  tenant kept sending).
 - Within one tenant the old order holds: lower priority value first, then arrival; a
   preempted request keeps its arrival time and so goes back to the head of its tenant.
 
@@ -28,18 +29,7 @@ import heapq
 from collections.abc import Iterator
 
 from kvflow.engine_worker.core.request import Request
-
-# A tenant one priority level more urgent (priority one lower) gets twice the share of
-# tokens while both are backlogged: two levels four times, and so on. Clamped to +-16
-# levels (65,536x), which is strict in practice and keeps the counters finite.
-PRIORITY_WEIGHT_BASE = 2.0
-MAX_PRIORITY_LEVELS = 16
-
-
-def priority_weight(priority: int) -> float:
-    """A tenant's share weight: 1 at priority 0, doubling per level more urgent."""
-    levels = max(-MAX_PRIORITY_LEVELS, min(MAX_PRIORITY_LEVELS, priority))
-    return float(PRIORITY_WEIGHT_BASE ** (-levels))
+from kvflow.proto.fairness import priority_weight
 
 
 class FairWaitingQueue:

@@ -27,10 +27,6 @@ from dataclasses import dataclass
 
 from kvflow.router.routing.types import WorkerId
 
-# As the workers (engine_worker core/fair_queue.py): a tenant one priority level more
-# urgent gets twice the share; clamped to +-16 levels.
-PRIORITY_WEIGHT_BASE = 2.0
-MAX_PRIORITY_LEVELS = 16
 MIN_RETRY_AFTER_S = 1.0
 MAX_RETRY_AFTER_S = 60.0
 
@@ -54,11 +50,6 @@ REMOVED_ENV = {
     "KVFLOW_ADMISSION_MAX_QUEUE_TIME_S": ADMISSION_FLAGS["max_queue_time_s"],
     "KVFLOW_ADMISSION_POLL_INTERVAL_S": ADMISSION_FLAGS["poll_interval_s"],
 }
-
-
-def priority_weight(priority: int) -> float:
-    levels = max(-MAX_PRIORITY_LEVELS, min(MAX_PRIORITY_LEVELS, priority))
-    return float(PRIORITY_WEIGHT_BASE ** (-levels))
 
 
 # 10 s of queue is already past what an interactive client tolerates before its first

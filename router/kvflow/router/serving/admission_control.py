@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvflow.proto.fairness import priority_weight
 from kvflow.proto.roles import Role
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import no_worker_available, rate_limited
@@ -28,7 +29,6 @@ from kvflow.router.serving.admission import (
     Verdict,
     WorkerQueue,
     decide,
-    priority_weight,
 )
 from kvflow.router.serving.generate import GenerationService
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace

@@ -16,9 +16,9 @@ from testkit.scrape import sample
 from testkit.sim_overload import MODEL, body, post_all, sim_args
 from testkit.worker_process import WorkerProcess, launch_worker
 
-from kvflow.operator.observe.observation import ROUTER_SHED, ROUTER_TTFT
 from kvflow.operator.observe.pods import PoolPods
 from kvflow.operator.planning import scrape
+from kvflow.proto.metric_names import ROUTER_SHED, ROUTER_TTFT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client import start_http_server
 from testkit.ports import free_port
 
-from kvflow.operator.observe.observation import ROUTER_SHED
 from kvflow.operator.observe.pods import PoolPods
 from kvflow.operator.planning import scrape
+from kvflow.proto.metric_names import ROUTER_SHED
 from kvflow.router.metrics import RouterMetrics
 
 TTFT = "kvflow_router_ttft_seconds"

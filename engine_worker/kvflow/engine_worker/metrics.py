@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
 from kvflow.engine_worker.loop_records import TransferRecord
 from kvflow.engine_worker.memory.report import MemoryReport
+from kvflow.proto import metric_names as names
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
@@ -25,11 +26,9 @@ class WorkerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         p = "kvflow_worker_"
-        self.waiting = Gauge(p + "requests_waiting", "Requests queued for admission", registry=r)
-        self.running = Gauge(p + "requests_running", "Requests holding KV blocks", registry=r)
-        self.kv_usage = Gauge(
-            p + "kv_cache_usage_ratio", "Fraction of KV blocks in use", registry=r
-        )
+        self.waiting = Gauge(names.WORKER_WAITING, "Requests queued for admission", registry=r)
+        self.running = Gauge(names.WORKER_RUNNING, "Requests holding KV blocks", registry=r)
+        self.kv_usage = Gauge(names.WORKER_KV_USAGE, "Fraction of KV blocks in use", registry=r)
         self.cached_blocks = Gauge(
             p + "prefix_cache_blocks", "Blocks in the prefix cache", registry=r
         )
@@ -43,23 +42,25 @@ class WorkerMetrics:
             p + "prefix_cache_hit_tokens", "Prompt tokens found in the cache", registry=r
         )
         self.prompt_tokens = Counter(
-            p + "prompt_tokens", "Prompt tokens of finished requests", registry=r
+            names.WORKER_PROMPT_TOKENS, "Prompt tokens of finished requests", registry=r
         )
-        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
+        self.generation_tokens = Counter(
+            names.WORKER_GENERATION_TOKENS, "Tokens generated", registry=r
+        )
         self.finished = Counter(
-            p + "requests_finished", "Finished requests", ["finish_reason"], registry=r
+            names.WORKER_FINISHED, "Finished requests", ["finish_reason"], registry=r
         )
         self.preemptions = Counter(
             p + "preemptions", "Requests preempted to free blocks", registry=r
         )
         self.ttft = Histogram(
-            p + "time_to_first_token_seconds",
+            names.WORKER_TTFT,
             "Arrival to first token",
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         self.tpot = Histogram(
-            p + "time_per_output_token_seconds",
+            names.WORKER_TPOT,
             "(last token - first token) / (output tokens - 1)",
             buckets=LATENCY_BUCKETS_S,
             registry=r,
@@ -71,7 +72,7 @@ class WorkerMetrics:
             registry=r,
         )
         self.queue_wait = Histogram(
-            p + "queue_wait_seconds",
+            names.WORKER_QUEUE_WAIT,
             "Arrival to first scheduled (the wait before a prompt's first chunk), per request",
             buckets=LATENCY_BUCKETS_S,
             registry=r,

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvflow.proto import metric_names as names
 from kvflow.router.api.http_limits import REFUSAL_REASONS as HTTP_REFUSAL_REASONS
 
 # Routing decisions take tens of microseconds to a few milliseconds.
@@ -89,14 +90,14 @@ class RouterMetrics:
             registry=r,
         )
         self.ttft_s = Histogram(
-            "kvflow_router_ttft_seconds",
+            names.ROUTER_TTFT,
             "Request arrival at the gateway to its first token",
             ["model"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.tpot_s = Histogram(
-            "kvflow_router_tpot_seconds",
+            names.ROUTER_TPOT,
             "Per request, (last token - first token) / (completion tokens - 1), at the gateway",
             ["model"],
             buckets=_TPOT_BUCKETS_S,
@@ -215,7 +216,7 @@ class RouterMetrics:
         # Label pool: a gateway's pools each have their own admission control, and each
         # pool's planner counts only its own refusals as its demand (docs/planner.md).
         self.admission_rejections = Counter(
-            "kvflow_router_admission_rejections_total",
+            names.ROUTER_SHED,
             "Requests admission control refused before any worker saw them, by the status "
             "answered (429: a tenant over its share; 503: the cluster is full), why, and "
             "the pool refusing",

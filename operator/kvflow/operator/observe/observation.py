@@ -27,23 +27,21 @@ from kvflow.operator.observe.exposition import Histogram, Metrics
 from kvflow.operator.observe.histograms import mean, quantile, share_above, total
 from kvflow.operator.observe.pods import RolePods
 from kvflow.operator.planner.types import Observation, WorkerRole
+from kvflow.proto.metric_names import (
+    ROUTER_SHED,
+    ROUTER_TPOT,
+    ROUTER_TTFT,
+    WORKER_FINISHED,
+    WORKER_GENERATION_TOKENS,
+    WORKER_KV_USAGE,
+    WORKER_PROMPT_TOKENS,
+    WORKER_QUEUE_WAIT,
+    WORKER_RUNNING,
+    WORKER_TPOT,
+    WORKER_TTFT,
+    WORKER_WAITING,
+)
 from kvflow.proto.roles import Role
-
-# The workers' and routers' metric families (engine_worker/.../metrics.py and
-# router/.../metrics.py; components never import each other, and tests/operator reads
-# real workers' output to hold these names).
-WORKER_TTFT = "kvflow_worker_time_to_first_token_seconds"
-WORKER_TPOT = "kvflow_worker_time_per_output_token_seconds"
-WORKER_QUEUE_WAIT = "kvflow_worker_queue_wait_seconds"
-WORKER_FINISHED = "kvflow_worker_requests_finished"
-WORKER_PROMPT_TOKENS = "kvflow_worker_prompt_tokens"
-WORKER_GENERATION_TOKENS = "kvflow_worker_generation_tokens"
-WORKER_RUNNING = "kvflow_worker_requests_running"
-WORKER_WAITING = "kvflow_worker_requests_waiting"
-WORKER_KV_USAGE = "kvflow_worker_kv_cache_usage_ratio"
-ROUTER_TTFT = "kvflow_router_ttft_seconds"
-ROUTER_TPOT = "kvflow_router_tpot_seconds"
-ROUTER_SHED = "kvflow_router_admission_rejections"
 
 WORKER_FAMILIES = frozenset(
     {

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvflow.operator.observe.exposition import Histogram, Metrics
-from kvflow.operator.observe.observation import (
+from kvflow.proto.metric_names import (
     ROUTER_SHED,
     ROUTER_TPOT,
     ROUTER_TTFT,

@@ -1,0 +1,19 @@
+"""The metric families one component exports and another reads: the workers' and the
+routers' latency, load and refusal families that the operator's planner and status read
+(operator/observe/). One spelling here; the exporters and the reader both use it."""
+
+from __future__ import annotations
+
+WORKER_TTFT = "kvflow_worker_time_to_first_token_seconds"
+WORKER_TPOT = "kvflow_worker_time_per_output_token_seconds"
+WORKER_QUEUE_WAIT = "kvflow_worker_queue_wait_seconds"
+WORKER_FINISHED = "kvflow_worker_requests_finished"
+WORKER_PROMPT_TOKENS = "kvflow_worker_prompt_tokens"
+WORKER_GENERATION_TOKENS = "kvflow_worker_generation_tokens"
+WORKER_RUNNING = "kvflow_worker_requests_running"
+WORKER_WAITING = "kvflow_worker_requests_waiting"
+WORKER_KV_USAGE = "kvflow_worker_kv_cache_usage_ratio"
+
+ROUTER_TTFT = "kvflow_router_ttft_seconds"
+ROUTER_TPOT = "kvflow_router_tpot_seconds"
+ROUTER_SHED = "kvflow_router_admission_rejections"  # a counter: samples end in _total

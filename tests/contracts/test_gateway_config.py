@@ -90,3 +90,30 @@ def test_the_router_reads_the_gateways_pools_and_models(tmp_path: Path) -> None:
     settings = parse_router_args(args, env={})
     assert settings is not None
     assert [p.name for p in settings.config.pools] == ["v1", "v2"]
+
+
+def test_the_router_dials_each_tls_pool_with_the_files_the_gateway_mounts(tmp_path: Path) -> None:
+    pools = {**POOLS, "v3": from_json(v1alpha1.InferencePoolSpec, {
+        "model": {"servedName": "smollm2-v3"}, "workerTls": {"secretName": "v3-tls"}})}  # fmt: skip
+    resolution = resolve([model("smollm2", {"v1": 1, "v3": 1})], pools)
+    spec = from_json(gw.InferenceGatewaySpec, {"router": {"redis": {"url": "redis://r:6379"}}})
+    configmap, _, deployment, *_ = desired_gateway_children(
+        GATEWAY, spec, Images(worker="w", router="r"), resolution, pools
+    )
+    # The Secret's files where the pod mounts them, rooted in tmp_path here.
+    pod = deployment["spec"]["template"]["spec"]
+    (mount,) = [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]
+                if m["name"] == "tls-v3"]  # fmt: skip
+    root = tmp_path / mount.lstrip("/")
+    root.mkdir(parents=True)
+    for name in ("ca.crt", "tls.crt", "tls.key"):
+        (root / name).write_text("-----BEGIN X-----\n")
+    text = configmap["data"][CONFIG_KEY].replace(mount, str(root))
+    config = parse_config(yaml.safe_load(text))
+    by_name = {p.name: p for p in config.pools}
+    tls = by_name["v3"].worker_tls
+    assert tls is not None
+    assert (tls.ca_file, tls.cert_file, tls.key_file) == (
+        f"{root}/ca.crt", f"{root}/tls.crt", f"{root}/tls.key")  # fmt: skip
+    assert tls.server_name == "v3-workers.ns.svc"
+    assert by_name["v1"].worker_tls is None  # plaintext: the router has no --worker-tls-* flags

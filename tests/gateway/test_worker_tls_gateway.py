@@ -2,7 +2,8 @@
 client certificates, real gateway processes, certificates from the real openssl. With the
 CA and its own certificate the gateway serves; with a certificate for the Service name
 instead of the address it serves too; without TLS, or with a certificate the workers' CA
-did not sign, it sees no healthy worker and answers 503, never a hang."""
+did not sign, it sees no healthy worker and answers 503, never a hang. One gateway fronts a
+TLS pool and a plaintext pool together, each `pools:` entry dialled its own way."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import yaml
 from testkit.certs import SERVICE_NAME, make_certs
 from testkit.gateway_process import launch_gateway
 from testkit.worker_process import WorkerProcess, launch_worker
@@ -22,6 +24,7 @@ from testkit.worker_process import WorkerProcess, launch_worker
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "sim"
+PLAIN = "sim-plain"  # the plaintext pool's model, behind the same gateway
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +96,46 @@ def test_half_a_tls_configuration_is_refused_at_start(certs: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--worker-tls-cert-file and --worker-tls-key-file go together" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def plain_worker() -> Iterator[WorkerProcess]:
+    w = launch_worker(["--simulate", "--served-model-name", PLAIN, "--host", "127.0.0.1"],
+                      timeout_s=60)  # fmt: skip
+    yield w
+    w.stop(timeout_s=10)
+
+
+def mixed_pools(certs: Path, tls_at: str, plain_at: str, how: str) -> dict[str, object]:
+    """Two pools: `tls` (mutual TLS, its certificate for the Service name) and `plain`.
+    ``how``: "own", the TLS pool says how to dial it and the plaintext one takes the flags'
+    (none); "flags", the flags say TLS and the plaintext pool says plaintext (`{}`)."""
+    own = {"ca_file": str(certs / "ca.pem"), "cert_file": str(certs / "client.pem"),
+           "key_file": str(certs / "client.key"), "server_name": SERVICE_NAME}  # fmt: skip
+    tls_pool: dict[str, object] = {"name": "tls", "workers": [tls_at]}
+    plain_pool: dict[str, object] = {"name": "plain", "workers": [plain_at]}
+    if how == "own":
+        tls_pool["worker_tls"] = own
+    else:
+        plain_pool["worker_tls"] = {}
+    return {"pools": [tls_pool, plain_pool]}
+
+
+@pytest.mark.parametrize("how", ["own", "flags"])
+def test_one_gateway_fronts_a_tls_pool_and_a_plaintext_pool(
+    worker: WorkerProcess, plain_worker: WorkerProcess, certs: Path, tmp_path: Path, how: str
+) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump(mixed_pools(certs, worker.address, plain_worker.address, how)))
+    flags = [] if how == "own" else tls_args(certs, "client")
+    g = launch_gateway(["--config", str(config), *flags])
+    try:
+        g.wait_ready(num_workers=2)
+        pools = httpx.get(f"{g.url}/ready", timeout=5).json()["pools"]
+        assert {name: p["workers_healthy"] for name, p in pools.items()} == {"tls": 1, "plain": 1}
+        client = openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0, timeout=30)
+        for model in (MODEL, PLAIN):
+            answer = client.completions.create(model=model, prompt="Hello", max_tokens=2)
+            assert answer.model == model and answer.choices[0].text is not None
+    finally:
+        g.stop(timeout_s=10)

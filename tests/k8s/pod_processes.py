@@ -154,6 +154,14 @@ def container_env(
     return env
 
 
+VOLUMES = "volumes"  # in a pod's folder, a folder per volume it mounts
+
+
+def volume_folder(workdir: Path, pod: Mapping[str, Any], volume: str) -> Path:
+    """Where `pod_process(pod, ..., workdir, ...)` puts what its volume `volume` holds."""
+    return workdir / pod["metadata"]["name"] / VOLUMES / volume
+
+
 def mount_folders(
     pod: Mapping[str, Any],
     container: Mapping[str, Any],
@@ -166,7 +174,7 @@ def mount_folders(
     mounts: dict[str, Path] = {}
     for mount in container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
-        local = folder / "volumes" / mount["name"]
+        local = folder / VOLUMES / mount["name"]
         local.mkdir(parents=True, exist_ok=True)
         if "configMap" in volume:
             for key, text in read_configmap(volume["configMap"]["name"]).items():

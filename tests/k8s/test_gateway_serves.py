@@ -1,12 +1,15 @@
 """An InferenceGateway the operator rendered actually serves both pools behind it.
 
-Two pools of simulated workers, one gateway, one model split 90/10: once the operator has
-made them Ready, the pods the controllers created run as local processes
-(`pod_processes`), and requests go through the gateway Service's endpoint with the
-official `openai` client. No cluster DNS answers `*.svc` here, so each `pools[].worker_dns`
-of the gateway's router.yaml is replaced by the `workers` list DNS would answer (the
-Service's ready EndpointSlices, mapped to the processes), as `served_pools` does for a
-pool's `--worker-dns` flag.
+Two pools of simulated workers, one gateway, one model split 90/10; smol-v1's workers speak
+gRPC over mutual TLS only (spec.workerTls), smol-v2's plaintext. Once the operator has
+made them Ready (a TLS pool no longer degrades a gateway), the pods the controllers
+created run as local processes (`pod_processes`), and requests go through the gateway
+Service's endpoint with the official `openai` client. No cluster DNS answers `*.svc`
+here, so each `pools[].worker_dns` of the gateway's router.yaml is replaced by the
+`workers` list DNS would answer (the Service's ready EndpointSlices, mapped to the
+processes), as `served_pools` does for a pool's `--worker-dns` flag, and each
+`pools[].worker_tls` file path by the folder that stands in for the gateway pod's mount
+of the pool's Secret.
 """
 
 from __future__ import annotations
@@ -22,16 +25,26 @@ import openai
 import pytest
 import yaml
 from k8s.controlplane import ControlPlane
-from k8s.gateways import SHARED_TOKEN, apply, model_spec, pool_spec, resolved, wait_gateway
+from k8s.gateways import (
+    SHARED_TOKEN,
+    apply,
+    condition,
+    model_spec,
+    pool_spec,
+    resolved,
+    wait_gateway,
+)
 from k8s.operator_process import OperatorProcess
-from k8s.pod_processes import LoopbackNetwork, PodProcess, pod_process
+from k8s.pod_processes import LoopbackNetwork, PodProcess, localize, pod_process, volume_folder
 from k8s.pools import wait_ready
 from k8s.served_pools import ROUTER_READY_S, current_pods, endpoint_pods, worker_list
 from k8s.support import wait_for
+from testkit.certs import make_certs
 
 pytestmark = pytest.mark.slow
 
 POOLS = {"smol-v1": "smollm2-v1", "smol-v2": "smollm2-v2"}
+TLS_POOL = "smol-v1"  # its workers require a client certificate; smol-v2's speak plaintext
 WORKER_READY_S = 120  # simulated workers load no model
 
 
@@ -53,14 +66,24 @@ def test_gateway_serves_both_pools_through_its_service(
         "create", "secret", "generic", SHARED_TOKEN["name"], "-n", namespace,
         f"--from-literal={SHARED_TOKEN['key']}=shared-token-of-both-pools",
     )  # fmt: skip
+    # What a cert-manager Certificate for the TLS pool's workers would hold.
+    certs = tmp_path / "tls"
+    certs.mkdir()
+    make_certs(certs, f"{TLS_POOL}-workers.{namespace}.svc")
+    cluster.kubectl("create", "secret", "generic", f"{TLS_POOL}-tls", "-n", namespace,
+                    f"--from-file=tls.crt={certs / 'server.pem'}",
+                    f"--from-file=tls.key={certs / 'server.key'}",
+                    f"--from-file=ca.crt={certs / 'ca.pem'}")  # fmt: skip
     for name, served in POOLS.items():
-        apply(cluster, "InferencePool", namespace, name, pool_spec(served))
+        tls = {"workerTls": {"secretName": f"{name}-tls"}} if name == TLS_POOL else {}
+        apply(cluster, "InferencePool", namespace, name, {**pool_spec(served), **tls})
     apply(cluster, "InferenceGateway", namespace, "front", {})
     apply(cluster, "InferenceModel", namespace, "smollm2", model_spec("front", **{
         "smol-v1": 90, "smol-v2": 10}))  # fmt: skip
     for name in POOLS:
         wait_ready(cluster, namespace, name)
-    wait_gateway(cluster, namespace, "front", "Ready", resolved(90, 10))
+    gateway = wait_gateway(cluster, namespace, "front", "Ready", resolved(90, 10))
+    assert condition(gateway, "Degraded")["status"] == "False"  # the TLS pool included
 
     network = LoopbackNetwork()
 
@@ -74,12 +97,22 @@ def test_gateway_serves_both_pools_through_its_service(
         data = cluster.kubectl_json("get", "secret", name, "-n", namespace)["data"]
         return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
+    (router_pod,) = gateway_pods(cluster, namespace)
+    mounts = {  # the gateway pod's mount paths -> the folders pod_process fills for them
+        m["mountPath"]: volume_folder(tmp_path, router_pod, m["name"])
+        for m in router_pod["spec"]["containers"][0]["volumeMounts"]
+    }
+
     def gateway_config(name: str) -> Mapping[str, str]:
-        """The gateway's ConfigMap with each pool's DNS name answered as DNS would."""
+        """The gateway's ConfigMap with each pool's DNS name answered as DNS would, and
+        its TLS files where the pod's mounts of the pools' Secrets are here."""
         data = read_configmap(name)
         config = yaml.safe_load(data["router.yaml"])
         for pool in config["pools"]:
             pool["workers"] = worker_list(cluster, network, pool.pop("worker_dns"), 1)
+            for key, path in pool.get("worker_tls", {}).items():
+                pool["worker_tls"][key] = localize(path, mounts, "")
+        assert [p["name"] for p in config["pools"] if "worker_tls" in p] == [TLS_POOL]
         return {**data, "router.yaml": yaml.safe_dump(config)}
 
     running: list[PodProcess] = []
@@ -94,7 +127,6 @@ def test_gateway_serves_both_pools_through_its_service(
                     running[-1].start()
         for proc in running:
             proc.wait_ready(WORKER_READY_S)
-        (router_pod,) = gateway_pods(cluster, namespace)
         router = pod_process(
             router_pod,
             network.address(router_pod["metadata"]["name"]),

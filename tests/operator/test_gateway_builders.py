@@ -224,3 +224,40 @@ def test_one_worker_token_reaches_the_gateway_and_two_are_a_problem() -> None:
     env = children[2]["spec"]["template"]["spec"]["containers"][0]["env"]
     token = next(e for e in env if e["name"] == "KVFLOW_WORKER_TOKEN")
     assert token["valueFrom"]["secretKeyRef"] == secret
+
+
+def test_each_tls_pool_has_its_secret_mounted_apart_and_its_own_worker_tls() -> None:
+    pools = {
+        **POOLS,
+        "tls-a": pool("a", workerTls={"secretName": "a-tls"}),
+        "tls-b": pool("b", workerTls={"secretName": "b-tls"}),
+    }
+    resolution = resolve([model("m", ("smol-v1", 1), ("tls-a", 1), ("tls-b", 1))], pools)
+    children = desired_gateway_children(GATEWAY, gateway_spec(), IMAGES, resolution, pools)
+    config = yaml.safe_load(children[0]["data"][CONFIG_KEY])
+    entries = {p["name"]: p for p in config["pools"]}
+    assert "worker_tls" not in entries["smol-v1"]  # plaintext (the router has no TLS flags)
+    for name in ("tls-a", "tls-b"):
+        mount = f"/etc/kvflow-worker-tls/{name}"
+        assert entries[name]["worker_tls"] == {
+            "ca_file": f"{mount}/ca.crt",
+            "cert_file": f"{mount}/tls.crt",
+            "key_file": f"{mount}/tls.key",
+            # Dialled by pod IP; the pool's certificate names its headless Service.
+            "server_name": f"{name}-workers.ns.svc",
+        }
+    template = children[2]["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert not any(a.startswith("--worker-tls") for a in container["args"])  # per pool instead
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    for name, secret in (("tls-a", "a-tls"), ("tls-b", "b-tls")):
+        assert volumes[f"tls-{name}"]["secret"] == {"secretName": secret}
+        assert mounts[f"tls-{name}"] == {
+            "name": f"tls-{name}",
+            "mountPath": f"/etc/kvflow-worker-tls/{name}",
+            "readOnly": True,
+        }
+    paths = [m["mountPath"] for m in container["volumeMounts"]]
+    assert len(paths) == len(set(paths))  # no two volumes at one folder
+    assert "tls-smol-v1" not in volumes

@@ -259,14 +259,19 @@ def test_what_a_gateway_applies_is_audited_with_its_model_routing(
     assert any(c.startswith("updated") for c in second["changes"])
 
 
-def test_a_gateway_fronting_a_tls_pool_says_it_cannot_reach_it() -> None:
+def test_a_gateway_fronts_a_tls_pool_and_a_plaintext_pool() -> None:
     kube = FakeKube()
     kube.add("inferencepools", obj("InferencePool", "v1", {
         **pool_spec("m-v1"), "workerTls": {"secretName": "v1-tls"}}))  # fmt: skip
+    kube.add("inferencepools", obj("InferencePool", "v2", pool_spec("m-v2")))
     kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
-    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1")))
+    kube.add("inferencemodels", obj("InferenceModel", "chat", model("front", "v1", "v2")))
     reconciler(kube).reconcile_namespace("ns")
     gateway = kube.status("inferencegateways", "front")
-    assert conditions(gateway)["Degraded"] == ("True", "WorkerTlsUnsupported")
-    degraded = next(c for c in gateway["conditions"] if c["type"] == "Degraded")
-    assert "pool v1 runs worker TLS" in degraded["message"]
+    assert gateway["phase"] == "Ready" and conditions(gateway)["Degraded"][0] == "False"
+    config = yaml.safe_load(kube.children[("ConfigMap", "front-gateway")]["data"]["router.yaml"])
+    v1, v2 = config["pools"]
+    assert v1["worker_tls"]["ca_file"] == "/etc/kvflow-worker-tls/v1/ca.crt"
+    assert "worker_tls" not in v2
+    volumes = kube.children[("Deployment", "front-gateway")]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tls-v1", "secret": {"secretName": "v1-tls"}} in volumes

@@ -144,18 +144,6 @@ class GatewayReconciler:
         problems += [GatewayProblem("InvalidSpec", p) for p in router_problems(spec.router)]
         _, token_problems = worker_token(resolution.pools, pools)
         problems += [GatewayProblem("WorkerTokenMismatch", p) for p in token_problems]
-        # A gateway's router dials many pools; it has one TLS setting, so it cannot reach
-        # workers that require a client certificate yet. Said, not silently 503s.
-        problems += [
-            GatewayProblem(
-                "WorkerTlsUnsupported",
-                f"pool {name} runs worker TLS (spec.workerTls); an InferenceGateway cannot "
-                "dial such workers yet: its requests to that pool fail with 503. Front it "
-                "with the pool's own router (status.gatewayEndpoint) instead",
-            )
-            for name in resolution.pools
-            if pools[name].worker_tls is not None
-        ]
         observed = self._observe(ref)
         if apply and not any(p.reason in _BLOCKING for p in problems):
             desired = desired_gateway_children(ref, spec, self.images, resolution, pools)

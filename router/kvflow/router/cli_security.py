@@ -79,7 +79,8 @@ def security_flags(p: argparse.ArgumentParser, d: RouterSettings) -> None:
     )
     g.add_argument(
         "--worker-tls-ca-file",
-        help="dial workers over TLS, trusting this CA (PEM); what their --tls-cert-file chains to",
+        help="dial workers over TLS, trusting this CA (PEM); what their --tls-cert-file chains "
+        "to. The --worker-tls-* flags are the default of --config pools: without worker_tls",
     )
     g.add_argument(
         "--worker-tls-cert-file",

@@ -4,8 +4,11 @@
 The router Deployment is a pool's router (`router.router_workload`) with a different
 config: one `pools:` entry per InferencePool its models target, each pool's model volume
 mounted at its own folder, and the `models:` its InferenceModels ask for (the format is
-`kvflow.router.settings`'s). The gateway's pods carry a `fronts.kvflow.io/<pool>` label per
-pool they front; each pool's NetworkPolicy lets exactly those pods reach its workers.
+`kvflow.router.settings`'s). A pool with worker TLS (spec.workerTls) has its Secret mounted
+at a folder of its own too, and its `pools:` entry says to dial its workers with it (the
+router's `worker_tls`), so one gateway fronts TLS and plaintext pools together. The
+gateway's pods carry a `fronts.kvflow.io/<pool>` label per pool they front; each pool's
+NetworkPolicy lets exactly those pods reach its workers.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from kvflow.operator.builders.names import (
     Images,
     PoolRef,
     fronts_label,
+    workers_service_name,
 )
 from kvflow.operator.builders.network import router_ingress_policy
 from kvflow.operator.builders.router import (
@@ -119,6 +123,26 @@ def pool_model_path(pool: str, model: v1alpha1.ModelSpec) -> str:
     return model.path
 
 
+def pool_tls_mount(pool: str) -> str:
+    """Each pool's TLS Secret in a folder of its own: pools behind one gateway may hold
+    different certificates, signed by different CAs."""
+    return f"{pods.WORKER_TLS_MOUNT}/{pool}"
+
+
+def pool_worker_tls(pool: str, namespace: str) -> dict[str, Json]:
+    """The `worker_tls` of a TLS pool's `pools:` entry: as its own router dials it
+    (builders/router.py), from the gateway's mount of its Secret."""
+    mount = pool_tls_mount(pool)
+    service = workers_service_name(PoolRef(name=pool, namespace=namespace, uid=""))
+    return {
+        "ca_file": f"{mount}/ca.crt",
+        "cert_file": f"{mount}/tls.crt",
+        "key_file": f"{mount}/tls.key",
+        # Workers are dialled by pod IP; their certificate names the headless Service.
+        "server_name": f"{service}.{namespace}.svc",
+    }
+
+
 def gateway_config(
     namespace: str,
     spec: gw.InferenceGatewaySpec,
@@ -143,6 +167,8 @@ def gateway_config(
             entry["model"] = path
         if pool.mode == "disaggregated":
             entry["disaggregation"] = disaggregation_config(pool.router.disaggregation)
+        if pool.worker_tls is not None:
+            entry["worker_tls"] = pool_worker_tls(name, namespace)
         entries.append(entry)
     config["pools"] = entries
     config["models"] = [
@@ -203,6 +229,15 @@ def gateway_deployment(
                 (
                     {**volume, "name": f"model-{name}"},
                     {**mount, "name": f"model-{name}", "mountPath": pool_model_mount(name)},
+                )
+            )
+        tls = pods.worker_tls_volume(pools[name].worker_tls)
+        if tls is not None:
+            volume, mount = tls
+            volumes.append(
+                (
+                    {**volume, "name": f"tls-{name}"},
+                    {**mount, "name": f"tls-{name}", "mountPath": pool_tls_mount(name)},
                 )
             )
     token, _ = worker_token(used, pools)

@@ -29,6 +29,7 @@ from kvflow.router.text.generation_config import SamplingDefaults
 from kvflow.router.text.model_files import TextModel, load_text_model
 from kvflow.router.workers.discovery import DnsWorkers, StaticWorkers, parse_address
 from kvflow.router.workers.pool import WorkerPool
+from kvflow.router.workers.tls import WorkerTls
 
 log = logging.getLogger("kvflow.router")
 
@@ -46,6 +47,7 @@ class PoolSource:
     workers: tuple[str, ...]
     worker_dns: str | None
     disaggregation: DisaggregationConfig
+    worker_tls: WorkerTls  # how to dial its workers (workers/tls.py)
 
 
 @dataclass
@@ -154,7 +156,7 @@ def build_backend(
     placement = build_placement(
         config.weights, source.disaggregation, index=index, sessions=sessions, rng=rng
     )
-    pool = WorkerPool(index, sessions, settings.worker_tls)
+    pool = WorkerPool(index, sessions, source.worker_tls)
     admission = AdmissionControl(pool, settings.admission, metrics, source.name)
     service = AdmittedGenerationService(
         admission,

@@ -194,10 +194,12 @@ def _pool_sources(settings: RouterSettings) -> list[PoolSource]:
     config = settings.config
     if not config.pools:
         only = PoolSource(DEFAULT_POOL, settings.model, settings.served_model_name,
-                          settings.workers, settings.worker_dns, config.disaggregation)  # fmt: skip
+                          settings.workers, settings.worker_dns, config.disaggregation,
+                          settings.worker_tls)  # fmt: skip
         return [only]
     return [PoolSource(p.name, p.model, p.served_model_name, p.workers, p.worker_dns,
-                       p.disaggregation) for p in config.pools]  # fmt: skip
+                       p.disaggregation, p.tls(settings.worker_tls))
+            for p in config.pools]  # fmt: skip
 
 
 def build_gateway(settings: RouterSettings) -> Gateway:

@@ -8,7 +8,15 @@ pools:
     workers: ["127.0.0.1:50051"]    # exactly one of workers / worker_dns
     worker_dns: kvflow-smollm-v1-workers.default.svc:50051
     disaggregation: {enabled: true} # optional; fields left out take the top-level section's
+    worker_tls:                     # optional; left out: the --worker-tls-* flags' setting
+      ca_file: /etc/kvflow-worker-tls/smollm-v1/ca.crt    # dial over TLS trusting this CA
+      cert_file: /etc/kvflow-worker-tls/smollm-v1/tls.crt # with key_file: mutual TLS
+      key_file: /etc/kvflow-worker-tls/smollm-v1/tls.key
+      server_name: kvflow-smollm-v1-workers.default.svc   # the name the certificates carry
 ```
+
+`worker_tls: {}` (no ca_file) dials that pool in plaintext whatever the flags say, so one
+gateway fronts TLS and plaintext pools together.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any
 from kvflow.router.config_fields import ConfigError, check_keys, parse_disaggregation, section
 from kvflow.router.routing.placement import DisaggregationConfig
 from kvflow.router.workers.discovery import DiscoveryConfigError, parse_address
+from kvflow.router.workers.tls import TlsFieldNames, WorkerTls
 
 # A DNS-1123 label, as Kubernetes names its objects: the operator renders pool names from
 # InferencePool names, and they appear in log lines and headers.
@@ -34,6 +43,11 @@ class PoolSpec:
     workers: tuple[str, ...] = ()
     worker_dns: str | None = None  # NAME:PORT of a headless Service
     disaggregation: DisaggregationConfig = field(default_factory=DisaggregationConfig)
+    worker_tls: WorkerTls | None = None  # None: the --worker-tls-* flags' (cli_security.py)
+
+    def tls(self, default: WorkerTls) -> WorkerTls:
+        """How to dial this pool's workers; ``default``: the flags' setting."""
+        return default if self.worker_tls is None else self.worker_tls
 
 
 def _optional_str(raw: dict[str, Any], key: str, where: str) -> str | None:
@@ -53,11 +67,31 @@ def _address(value: object, where: str) -> str:
     return value.strip()
 
 
+_TLS_KEYS = ("ca_file", "cert_file", "key_file", "server_name")
+
+
+def _worker_tls(raw: dict[str, Any], where: str) -> WorkerTls | None:
+    if "worker_tls" not in raw:
+        return None
+    value = raw["worker_tls"]
+    where = f"{where}.worker_tls"
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping with ca_file, cert_file, key_file, "
+                          f"server_name (all optional), got {value!r}")  # fmt: skip
+    check_keys(value, set(_TLS_KEYS), where)
+    tls = WorkerTls(*(_optional_str(value, key, where) for key in _TLS_KEYS))
+    problem = tls.problem(TlsFieldNames(f"{where}.ca_file", f"{where}.cert_file",
+                                        f"{where}.key_file"))  # fmt: skip
+    if problem:
+        raise ConfigError(problem)
+    return tls
+
+
 def _pool(raw: object, where: str, default_disaggregation: DisaggregationConfig) -> PoolSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping with name and workers or worker_dns")
     check_keys(raw, {"name", "served_model_name", "model", "workers", "worker_dns",
-                     "disaggregation"}, where)  # fmt: skip
+                     "disaggregation", "worker_tls"}, where)  # fmt: skip
     name = raw.get("name")
     if not isinstance(name, str) or not _DNS_LABEL.fullmatch(name):
         raise ConfigError(
@@ -81,6 +115,7 @@ def _pool(raw: object, where: str, default_disaggregation: DisaggregationConfig)
             f"{where}.disaggregation",
             base=default_disaggregation,
         ),
+        worker_tls=_worker_tls(raw, where),
     )
 
 

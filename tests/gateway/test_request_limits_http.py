@@ -266,3 +266,20 @@ def test_a_request_at_the_choice_limit_leaves_health_responsive(
     assert len(r.json()["choices"]) == 1024
     slowest = sorted(probe.latencies_s)[-3:]
     assert slowest[-2] < 0.05 and slowest[-1] < 0.15, slowest
+
+
+def test_openapi_advertises_the_configured_limits(worker: tuple[FakeWorker, str]) -> None:
+    flags = ("--max-n", "7", "--max-stop-strings", "2", "--max-logit-bias-entries", "9")
+    with gateway(worker[1], *flags) as g:
+        schemas = httpx.get(f"{g.url}/openapi.json", timeout=10).json()["components"]["schemas"]
+        over = {"n": 8, "stop": ["a", "b", "c"], "logit_bias": {str(i): 1 for i in range(10)}}
+        for name in ("ChatCompletionRequest", "CompletionRequest"):
+            props = schemas[name]["properties"]
+            assert props["n"]["anyOf"][0]["maximum"] == 7
+            assert props["stop"]["anyOf"][0]["anyOf"][1]["maxItems"] == 2
+            assert props["logit_bias"]["anyOf"][0]["maxProperties"] == 9
+        # And the gateway refuses what its document says it refuses.
+        for param, value in over.items():
+            r = httpx.post(f"{g.base_url}/chat/completions", json=chat("hi", **{param: value}),
+                           timeout=30)  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -120,6 +120,39 @@ def test_headers_that_never_finish_get_408_after_the_header_timeout() -> None:
         assert refusals(g, "header_timeout") == 2
 
 
+def test_a_body_dribbled_after_its_headers_gets_408_after_the_body_timeout() -> None:
+    with gateway_with(FakeWorker(tokens=TOKENS), "--body-timeout-s", "1") as g:
+        body = json.dumps({"model": "fake", "prompt": "hi", "max_tokens": 1}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json"
+                f"\r\ncontent-length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        with socket.create_connection(("127.0.0.1", g.port)) as sock:
+            started = time.monotonic()
+            sock.sendall(head)
+            # One byte every 0.2 s: the connection never idles as long as the header timeout,
+            # but the whole body would take far longer than the body timeout.
+            for byte in body[:20]:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:  # the gateway has answered and closed
+                    break
+                time.sleep(0.2)
+            answer = read_response(sock)
+            elapsed_s = time.monotonic() - started
+        status, _, rest = answer.partition(b"\r\n")
+        assert status.startswith(b"HTTP/1.1 408 "), answer[:300]
+        head_text, _, payload = rest.partition(b"\r\n\r\n")
+        assert b"connection: close" in head_text.lower()
+        error = json.loads(payload)["error"]
+        assert error["code"] == "body_timeout" and "--body-timeout-s" in error["message"]
+        assert 0.9 <= elapsed_s < 5, elapsed_s
+        assert refusals(g, "body_timeout") == 1
+        # A body sent at once is unaffected, and the gateway serves on.
+        r = httpx.post(f"{g.base_url}/completions", content=body,
+                       headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert refusals(g, "body_timeout") == 1
+
+
 def test_past_max_connections_a_request_gets_503_with_retry_after() -> None:
     with gateway_with(FakeWorker(tokens=TOKENS), "--max-connections", "3") as g:
         idle = [socket.create_connection(("127.0.0.1", g.port)) for _ in range(3)]

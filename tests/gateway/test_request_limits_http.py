@@ -219,6 +219,39 @@ def test_a_tenant_at_its_concurrency_limit_is_refused_before_its_prompt_is_prepa
         assert httpx.post(url, json=chat("two"), headers=headers, timeout=30).is_success
 
 
+def test_a_tenant_over_its_rate_limit_is_refused_before_its_prompt_is_prepared(
+    tmp_path: Path, worker: tuple[FakeWorker, str]
+) -> None:
+    config = {"tenants": [{"name": "brief", "api_key_sha256": [hash_api_key("brief-key")],
+                           "models": ["*"], "requests_per_minute": 1}]}  # fmt: skip
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # 3 MB of prompt and a grammar that would run past the prepare time limit (a 400) if
+    # it were prepared: a 429 says the rate limit was checked first.
+    costly_regex = "|".join(f"w{i}x" for i in range(400_000))
+    huge = chat(" word" * 600_000, structured_outputs={"regex": costly_regex})
+    headers = {"authorization": "Bearer brief-key"}
+    flags = ("--config", str(path), "--max-schema-bytes", "8000000", "--prepare-timeout-s", "0.2")
+    with gateway(worker[1], *flags) as g:
+        url = f"{g.base_url}/chat/completions"
+        assert httpx.post(url, json=chat("one"), headers=headers, timeout=30).is_success
+        body = json.dumps(huge).encode()
+        started_s = time.perf_counter()
+        r = httpx.post(url, content=body, headers={**headers, "content-type": "application/json"},
+                       timeout=30)  # fmt: skip
+        elapsed_s = time.perf_counter() - started_s
+        assert r.status_code == 429, r.text
+        assert "requests per minute" in r.json()["error"]["message"]
+        assert int(r.headers["retry-after"]) >= 1
+        assert elapsed_s < 1.0, elapsed_s
+        metrics = httpx.get(f"{g.url}/metrics", timeout=10).text
+        # Never prepared: the prepare pool timed nothing out and refused nothing.
+        assert 'kvflow_router_prepare_refusals_total{reason="timeout"}' not in metrics
+        assert "kvflow_router_prepare_refusals_total{" not in metrics
+        assert ('kvflow_router_tenant_rejections_total{limit="requests_per_minute",'
+                'tenant="brief"} 1.0') in metrics  # fmt: skip
+
+
 def test_a_request_at_the_choice_limit_leaves_health_responsive(
     default_gateway: GatewayProcess,
 ) -> None:
@@ -233,3 +266,20 @@ def test_a_request_at_the_choice_limit_leaves_health_responsive(
     assert len(r.json()["choices"]) == 1024
     slowest = sorted(probe.latencies_s)[-3:]
     assert slowest[-2] < 0.05 and slowest[-1] < 0.15, slowest
+
+
+def test_openapi_advertises_the_configured_limits(worker: tuple[FakeWorker, str]) -> None:
+    flags = ("--max-n", "7", "--max-stop-strings", "2", "--max-logit-bias-entries", "9")
+    with gateway(worker[1], *flags) as g:
+        schemas = httpx.get(f"{g.url}/openapi.json", timeout=10).json()["components"]["schemas"]
+        over = {"n": 8, "stop": ["a", "b", "c"], "logit_bias": {str(i): 1 for i in range(10)}}
+        for name in ("ChatCompletionRequest", "CompletionRequest"):
+            props = schemas[name]["properties"]
+            assert props["n"]["anyOf"][0]["maximum"] == 7
+            assert props["stop"]["anyOf"][0]["anyOf"][1]["maxItems"] == 2
+            assert props["logit_bias"]["anyOf"][0]["maxProperties"] == 9
+        # And the gateway refuses what its document says it refuses.
+        for param, value in over.items():
+            r = httpx.post(f"{g.base_url}/chat/completions", json=chat("hi", **{param: value}),
+                           timeout=30)  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

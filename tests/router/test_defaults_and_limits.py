@@ -16,7 +16,13 @@ from testkit.tokenizer_files import write_smollm2_tokenizer
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
 from kvflow.router.serving.defaults import apply_sampling_defaults, model_sampling_defaults
-from kvflow.router.serving.token_budget import TokenPolicy, plan_tokens, token_policy
+from kvflow.router.serving.token_budget import (
+    TokenPolicy,
+    model_max_tokens,
+    plan_tokens,
+    reservation_floor,
+    token_policy,
+)
 from kvflow.router.settings import ConfigError, parse_config
 from kvflow.router.tenants.config import (
     MaxTokensLimits,
@@ -129,6 +135,30 @@ def test_tenant_and_model_limits_merge() -> None:
                      model_name="m")  # fmt: skip
     assert (p.default_max_tokens, p.max_tokens_limit, p.limit_owner) == (64, 4000, "model 'm'")
     assert (p.tokens_per_minute, p.tenant_name) == (9, "a")
+
+
+def test_the_model_files_default_yields_to_the_operators_and_obeys_its_cap() -> None:
+    assert model_max_tokens(MaxTokensLimits(100, 400), 300) == MaxTokensLimits(100, 400)
+    assert model_max_tokens(MaxTokensLimits(None, 400), 300) == MaxTokensLimits(300, 400)
+    assert model_max_tokens(MaxTokensLimits(None, 200), 300) == MaxTokensLimits(200, 200)
+    assert model_max_tokens(MaxTokensLimits(None, None), None) == MaxTokensLimits(None, None)
+
+
+def test_the_reservation_floor_never_exceeds_the_planned_reservation() -> None:
+    """Quotas are checked against the floor before tokenizing: what the request reserves
+    once its prompts are known is never less, so the check refuses nothing that would
+    have been admitted."""
+    explicit = parse_completion_request({"model": "m", "prompt": ["a", "b"], "n": 3,
+                                         "max_tokens": 7}).sampling  # fmt: skip
+    assert reservation_floor(2, explicit, policy()) == 2 * 3 * 7
+    budget = plan_tokens([4, 5], explicit, max_len=100, policy=policy(), is_chat=False)
+    assert budget.reserved_tokens == 4 + 5 + 2 * 3 * 7
+    defaulted = parse_chat_request(CHAT).sampling
+    assert reservation_floor(1, defaulted, policy(50)) == 1  # a default may shrink to 1
+    assert reservation_floor(1, defaulted, policy(tpm=20)) == 1
+    # Past the tenant's minute or cap the floor stops there: plan_tokens' 400 explains it.
+    assert reservation_floor(2, explicit, policy(tpm=30)) == 30
+    assert reservation_floor(2, explicit, policy(None, 5)) == 2 * 3 * 5
 
 
 def test_absent_max_tokens_gets_the_default_cut_to_the_context() -> None:

@@ -20,6 +20,7 @@ from testkit.redis_server import RedisServer, running_redis
 from kvflow.router.tenants.buckets import seconds_until_next_utc_day
 from kvflow.router.tenants.config import Quotas, Tenant
 from kvflow.router.tenants.redis_store import RedisQuotaStore
+from kvflow.router.tenants.store import MemoryQuotaStore
 
 pytestmark = pytest.mark.integration
 
@@ -108,5 +109,39 @@ def test_daily_token_budget_refuses_until_the_next_utc_day(redis_server: RedisSe
         finally:
             await a.aclose()
             await b.aclose()
+
+    asyncio.run(run())
+
+
+def test_check_answers_as_admit_would_and_takes_nothing(redis_server: RedisServer) -> None:
+    """The check the gateway makes before preparing a request's prompts: both stores refuse
+    a tenant over its requests per minute, its tokens per minute or its daily budget as
+    `admit` would, and a check that passes leaves every counter as it was."""
+
+    async def run() -> None:
+        redis = Redis.from_url(redis_server.url)
+        try:
+            for store in (MemoryQuotaStore(), RedisQuotaStore(redis, scope="check")):
+                rpm = tenant("check-rpm", requests_per_minute=2)
+                for _ in range(5):  # checks take no request from the bucket
+                    assert (await store.check(rpm, reserved_tokens=1)).is_admitted
+                assert (await store.admit(rpm, lease_id="a", prompt_tokens=1)).is_admitted
+                assert (await store.admit(rpm, lease_id="b", prompt_tokens=1)).is_admitted
+                refused = await store.check(rpm, reserved_tokens=1)
+                assert refused.limit == "requests_per_minute" and refused.retry_after_s > 0
+                tpm = tenant("check-tpm", tokens_per_minute=600)
+                assert (await store.check(tpm, reserved_tokens=600)).is_admitted
+                assert (await store.check(tpm, reserved_tokens=600)).is_admitted  # untaken
+                assert (await store.admit(tpm, lease_id="c", prompt_tokens=500)).is_admitted
+                refused = await store.check(tpm, reserved_tokens=200)
+                assert refused.limit == "tokens_per_minute"
+                assert 9.9 <= refused.retry_after_s <= 10.0  # 100 missing at 10 a second
+                daily = tenant("check-daily", daily_token_budget=10)
+                assert (await store.admit(daily, lease_id="d", prompt_tokens=5)).is_admitted
+                await store.finish(daily, lease_id="d", prompt_tokens=5, completion_tokens=5)
+                refused = await store.check(daily, reserved_tokens=1)
+                assert refused.limit == "daily_token_budget"
+        finally:
+            await redis.aclose()
 
     asyncio.run(run())

@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _admission_flags(p, d.admission)
     _tracing_flags(p)
-    request_limit_flags(p, d.request_limits, d.prepare)
+    request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
     security_flags(p, d)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument(
@@ -246,6 +246,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         tracing=traces,
         request_limits=request_limits,
         prepare=prepare,
+        body_timeout_s=args.body_timeout_s,
         **security_settings(args, env),
     )
 
@@ -282,7 +283,9 @@ async def _serve(settings: RouterSettings) -> None:
         # the last bytes of responses, and for a stop forced by a second signal.
         timeout_graceful_shutdown=FINAL_CLOSE_S,
         loop="uvloop",
-        http=limited_protocol(settings.http, gateway.metrics.http_refusals_for),
+        http=limited_protocol(
+            settings.http, gateway.metrics.http_refusals_for, settings.body_timeout_s
+        ),
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
     )

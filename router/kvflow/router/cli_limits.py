@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields as dataclass_fields
 
+from kvflow.router.api.http_limits import DEFAULT_BODY_TIMEOUT_S
 from kvflow.router.cli_args import positive_int, seconds
 from kvflow.router.protocol.limits import RequestLimits, flag_of
 from kvflow.router.serving.prepare import PREPARE_FLAGS, PrepareConfig
@@ -28,7 +29,10 @@ _LIMIT_HELP = {
 
 
 def request_limit_flags(
-    p: argparse.ArgumentParser, limits: RequestLimits, prepare: PrepareConfig
+    p: argparse.ArgumentParser,
+    limits: RequestLimits,
+    prepare: PrepareConfig,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> None:
     g = p.add_argument_group(
         "request limits",
@@ -45,6 +49,14 @@ def request_limit_flags(
         metavar="BYTES",
         help="largest request body; larger is a 413 (default: the config's "
         "limits.max_body_bytes, else 8 MiB)",
+    )
+    g.add_argument(
+        "--body-timeout-s",
+        type=seconds(allow_zero=False),
+        default=body_timeout_s,
+        metavar="S",
+        help="a request body must arrive within this of its headers; later is a 408 and the "
+        "connection is closed (default: %(default)s)",
     )
     g.add_argument(
         PREPARE_FLAGS["threads"],

@@ -47,7 +47,11 @@ import yaml
 
 from kvflow.proto.otel import TracingConfig
 from kvflow.router.api.drain import DEFAULT_DRAIN_GRACE_S
-from kvflow.router.api.http_limits import DEFAULT_SSE_KEEPALIVE_INTERVAL_S, HttpLimits
+from kvflow.router.api.http_limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_SSE_KEEPALIVE_INTERVAL_S,
+    HttpLimits,
+)
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.models.pools import PoolSpec, parse_pools
@@ -130,6 +134,8 @@ class RouterSettings:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     # Templates, tokenizing, grammar compiles off the event loop (serving/prepare.py).
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    # A request's body must arrive within this of its headers (api/http_limits.py): 408.
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     # --- exposure: the HTTP listener, quota store, disclosure (docs/router.md, "Security") --
     # Connection-level limits of the HTTP listener (api/http_limits.py).
     http: HttpLimits = field(default_factory=HttpLimits)

@@ -147,7 +147,9 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
         for a caller without a valid key when tenants are configured)."""
         caller = gateway.caller_or_none(request.headers)
         names = [m for m in gateway.served_models() if caller is not None and caller.may_use(m)]
-        return JSONResponse(build_openapi(served_models=names, vocab_size=vocab_size))
+        limits = gateway.settings.request_limits
+        document = build_openapi(served_models=names, vocab_size=vocab_size, limits=limits)
+        return JSONResponse(document)
 
     if gateway.settings.metrics_port is None:  # else on its own port (cli.py)
 

@@ -22,7 +22,7 @@ from kvflow.router.serving.executor import PlanExecutor
 from kvflow.router.serving.generate import GenerationService
 from kvflow.router.serving.prompts import PromptBuilder
 from kvflow.router.serving.public_prefix import PublicPrefixes
-from kvflow.router.serving.token_budget import TokenPolicy, token_policy
+from kvflow.router.serving.token_budget import TokenPolicy, model_max_tokens, token_policy
 from kvflow.router.settings import RouterSettings
 from kvflow.router.tenants.config import MaxTokensLimits, Tenant
 from kvflow.router.text.generation_config import SamplingDefaults
@@ -108,9 +108,13 @@ class PoolBackend:
         return info
 
     def token_policy(self, tenant: Tenant, model: str) -> TokenPolicy:
-        return token_policy(self.max_tokens, tenant.max_tokens, model_name=model,
-                            tokens_per_minute=tenant.quotas.tokens_per_minute,
-                            tenant_name=tenant.name)  # fmt: skip
+        return token_policy(
+            self.max_tokens,
+            tenant.max_tokens,
+            model_name=model,
+            tokens_per_minute=tenant.quotas.tokens_per_minute,
+            tenant_name=tenant.name,
+        )
 
     def max_model_len(self, worker_max_len: int) -> int:
         files_max_len = self.text.max_model_len
@@ -177,12 +181,7 @@ def build_backend(
     defaults = model_sampling_defaults(
         text.sampling_defaults, config.sampling_defaults, use_files=config.use_generation_config
     )
-    # A length default from the model's files (max_new_tokens) yields to the operator's.
-    max_tokens = config.max_tokens
-    if max_tokens.default_max_tokens is None and defaults.max_tokens is not None:
-        limit = max_tokens.max_tokens_limit
-        default = defaults.max_tokens if limit is None else min(defaults.max_tokens, limit)
-        max_tokens = MaxTokensLimits(default, limit)
+    max_tokens = model_max_tokens(config.max_tokens, defaults.max_tokens)
     log.info(
         "%ssampling defaults for requests that leave them out: %s (model's from %s%s)",
         label,

@@ -8,6 +8,8 @@ and quota lease held all along).
 
 - the request line and headers may take at most ``max_header_bytes`` (431) and must arrive
   within ``header_timeout_s`` of the connection or of the request's first byte (408);
+- the body must arrive within ``body_timeout_s`` of the headers' end (408): a client
+  dribbling its body would hold its connection, and the handler waiting on it, forever;
 - past ``max_connections`` open connections, a new one's request is answered 503;
 - a response whose writes stay blocked (the client reads nothing, the buffers are full)
   for ``write_timeout_s`` is cut: the connection is aborted, so the app sees a disconnect
@@ -40,6 +42,9 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 # Each connection costs a file descriptor and a little memory; a router's fd limit is
 # usually 1,048,576 in a container, and far fewer concurrent clients are expected.
 DEFAULT_MAX_CONNECTIONS = 8192
+# A request body after its headers: 8 MiB (the default --max-body-bytes) in 30 s needs
+# under 300 KB/s; a real client sends a body at once, right after its headers.
+DEFAULT_BODY_TIMEOUT_S = 30.0
 # A client (or proxy) that reads nothing of a response for this long is gone or hostile.
 DEFAULT_WRITE_TIMEOUT_S = 30.0
 # Well below the usual proxy idle timeouts (60 s for nginx and AWS ALB; Envoy: 1 h).
@@ -50,8 +55,8 @@ REFUSAL_LINGER_S = 2.0
 CONNECTIONS_RETRY_AFTER_S = 1
 
 # Refusal reasons: the label values of kvflow_router_http_refusals_total.
-REFUSAL_REASONS = ("header_too_large", "header_timeout", "too_many_connections",
-                   "write_timeout")  # fmt: skip
+REFUSAL_REASONS = ("header_too_large", "header_timeout", "body_timeout",
+                   "too_many_connections", "write_timeout")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's protocol with the limits above; `limited_protocol` sets the class fields."""
 
     limits: ClassVar[HttpLimits] = HttpLimits()
+    body_timeout_s: ClassVar[float] = DEFAULT_BODY_TIMEOUT_S
     on_refusal: ClassVar[Callable[[str], None]] = staticmethod(lambda reason: None)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -85,6 +91,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # Bytes the current request's line and headers may still take; None: they are in.
         self._header_budget: int | None = self.limits.max_header_bytes
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._is_over_capacity = False
         self._is_refused = False
@@ -99,6 +106,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_body_timer()
         self._cancel_write_timer()
         super().connection_lost(exc)
 
@@ -146,12 +154,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                          retry_after_s=CONNECTIONS_RETRY_AFTER_S)  # fmt: skip
             return
         super().on_headers_complete()
+        # Cancelled by the message's end, right away for a request without a body.
+        self._body_timer = self.loop.call_later(type(self).body_timeout_s, self._body_timed_out)
 
     def on_body(self, body: bytes) -> None:
         if not self._is_refused:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._cancel_body_timer()
         if self._is_refused:
             return
         super().on_message_complete()
@@ -181,10 +192,45 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                      f"{self.limits.header_timeout_s:g} s (--header-timeout-s).",
                      "header_timeout", "header_timeout")  # fmt: skip
 
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if self._is_refused or self.transport.is_closing() or cycle is None:
+            return
+        timeout_s = type(self).body_timeout_s
+        if cycle.response_started:
+            # The app answered without waiting for the body (a 401, say): nothing more can
+            # be said on this connection, so it is closed.
+            type(self).on_refusal("body_timeout")
+            log.info(
+                "closed a connection from %s: its body did not arrive within %g s "
+                "(--body-timeout-s)",
+                self.client,
+                timeout_s,
+            )
+            self.transport.close()
+            return
+        # The handler waiting for the body sees a disconnect and ends; what it would still
+        # send is dropped (uvicorn sends nothing for a disconnected cycle), so the 408
+        # below is the only answer.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        message = (
+            f"The request's body did not arrive within {timeout_s:g} s of its headers "
+            "(--body-timeout-s)."
+        )
+        self._refuse(408, message, "body_timeout", "body_timeout")
+
     def _refuse(self, status: int, message: str, code: str, reason: str,
                 retry_after_s: int | None = None) -> None:  # fmt: skip
         self._is_refused = True
         self._cancel_header_timer()
+        self._cancel_body_timer()
         type(self).on_refusal(reason)
         log.info("refused a connection from %s: %s", self.client, reason)
         self.transport.write(refusal_bytes(status, message, code, retry_after_s))
@@ -227,8 +273,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def limited_protocol(
-    limits: HttpLimits, on_refusal: Callable[[str], None]
+    limits: HttpLimits,
+    on_refusal: Callable[[str], None],
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> type[HttpToolsProtocol]:
     """The protocol class for uvicorn.Config(http=...), with these limits."""
-    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,),
-                {"limits": limits, "on_refusal": staticmethod(on_refusal)})  # fmt: skip
+    fields = {
+        "limits": limits,
+        "body_timeout_s": body_timeout_s,
+        "on_refusal": staticmethod(on_refusal),
+    }
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), fields)

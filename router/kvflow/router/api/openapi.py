@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvflow.router.api.openapi_requests import chat_request, completion_request, integer
+from kvflow.router.protocol.limits import DEFAULT_LIMITS, RequestLimits
 
 Schema = dict[str, Any]
 _REF = "#/components/schemas/"
@@ -174,10 +175,12 @@ def _get(name: str, response: Schema, *errors: str, params: list[Schema] | None 
     return {"get": operation}
 
 
-def build_openapi(*, served_models: list[str], vocab_size: int) -> Schema:
+def build_openapi(
+    *, served_models: list[str], vocab_size: int, limits: RequestLimits = DEFAULT_LIMITS
+) -> Schema:
     """The document for a gateway serving ``served_models`` with a tokenizer of
-    ``vocab_size`` ids. Pure; called on every GET /openapi.json, since the served models
-    can change as workers come and go."""
+    ``vocab_size`` ids, under its configured request ``limits``. Pure; called on every GET
+    /openapi.json, since the served models can change as workers come and go."""
     model_list = {
         "type": "object",
         "required": ["object", "data"],
@@ -251,8 +254,8 @@ def build_openapi(*, served_models: list[str], vocab_size: int) -> Schema:
         "components": {
             "schemas": {
                 "Error": _ERROR,
-                "ChatCompletionRequest": chat_request(served_models),
-                "CompletionRequest": completion_request(served_models, vocab_size),
+                "ChatCompletionRequest": chat_request(served_models, limits),
+                "CompletionRequest": completion_request(served_models, vocab_size, limits),
                 "ChatCompletionResponse": _completion("chat.completion", _CHAT_CHOICE),
                 "CompletionResponse": _completion("text_completion", _TEXT_CHOICE),
             }

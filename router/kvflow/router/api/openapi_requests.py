@@ -1,20 +1,17 @@
 """Request bodies of the OpenAI endpoints, as JSON Schema (for api/openapi.py).
 
 They state what protocol/requests.py and messages.py accept (see api/openapi.py on where
-the two may drift). Pure.
+the two may drift), with this gateway's request limits (--max-n and the like) as they are
+configured, not their defaults. Pure.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvflow.router.protocol.requests import MAX_LOGPROBS_COMPLETIONS, MAX_N, MAX_TOP_LOGPROBS_CHAT
-from kvflow.router.protocol.sampling_fields import (
-    MAX_LOGIT_BIAS,
-    MAX_LOGIT_BIAS_ENTRIES,
-    MAX_PENALTY,
-    MAX_STOP_STRINGS,
-)
+from kvflow.router.protocol.limits import DEFAULT_LIMITS, RequestLimits
+from kvflow.router.protocol.requests import MAX_LOGPROBS_COMPLETIONS, MAX_TOP_LOGPROBS_CHAT
+from kvflow.router.protocol.sampling_fields import MAX_LOGIT_BIAS, MAX_PENALTY
 from kvflow.router.tools.spec import MAX_TOOLS
 
 Schema = dict[str, Any]
@@ -48,7 +45,7 @@ _ANY: Schema = {}  # accepted and ignored (user, metadata...)
 _IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
 
 
-def _sampling(*, is_chat: bool) -> Schema:
+def _sampling(*, is_chat: bool, limits: RequestLimits) -> Schema:
     stop_string = {"type": "string", "minLength": 1}
     props: Schema = {
         "max_tokens": opt(integer(1)),
@@ -62,12 +59,12 @@ def _sampling(*, is_chat: bool) -> Schema:
             {
                 "anyOf": [
                     stop_string,
-                    {"type": "array", "items": stop_string, "maxItems": MAX_STOP_STRINGS},
+                    {"type": "array", "items": stop_string, "maxItems": limits.max_stop_strings},
                 ]
             }
         ),
         "stop_token_ids": opt({"type": "array", "items": integer(0)}),
-        "n": opt(integer(1, MAX_N)),
+        "n": opt(integer(1, limits.max_n)),
         "ignore_eos": _BOOL,
         "include_stop_str_in_output": _BOOL,
         "skip_special_tokens": _BOOL,
@@ -80,7 +77,7 @@ def _sampling(*, is_chat: bool) -> Schema:
         "logit_bias": opt(
             {
                 "type": "object",
-                "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
+                "maxProperties": limits.max_logit_bias_entries,
                 "propertyNames": {"pattern": "^[0-9]+$"},
                 "additionalProperties": _num(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS),
             }
@@ -172,7 +169,7 @@ _JSON_SCHEMA_FORMAT = _object(
 )
 
 
-def chat_request(served_models: list[str]) -> Schema:
+def chat_request(served_models: list[str], limits: RequestLimits = DEFAULT_LIMITS) -> Schema:
     text_part = {
         "type": "object",
         "required": ["type", "text"],
@@ -205,7 +202,7 @@ def chat_request(served_models: list[str]) -> Schema:
     props = {
         "model": _model(served_models),
         "messages": {"type": "array", "items": message, "minItems": 1},
-        **_sampling(is_chat=True),
+        **_sampling(is_chat=True, limits=limits),
         **{
             name: _only()
             for name in (
@@ -266,7 +263,9 @@ def chat_request(served_models: list[str]) -> Schema:
     }
 
 
-def completion_request(served_models: list[str], vocab_size: int) -> Schema:
+def completion_request(
+    served_models: list[str], vocab_size: int, limits: RequestLimits = DEFAULT_LIMITS
+) -> Schema:
     token_ids = {"type": "array", "items": integer(0, vocab_size - 1), "minItems": 1}
     prompt = {
         "anyOf": [
@@ -280,7 +279,7 @@ def completion_request(served_models: list[str], vocab_size: int) -> Schema:
     props = {
         "model": _model(served_models),
         "prompt": prompt,
-        **_sampling(is_chat=False),
+        **_sampling(is_chat=False, limits=limits),
         "echo": _BOOL,
         "suffix": _only(""),
         "best_of": opt(integer(1)),

@@ -1,7 +1,9 @@
 """How many tokens a request may generate, and how many it holds from its tenant's minute.
 
-Pure. A request that leaves ``max_tokens`` out gets the default (the tenant's, else the
-model's, else OpenAI's: 16 on /v1/completions, the rest of the context on chat), cut to
+Pure, and the one place max_tokens' default is worked out. A request that leaves
+``max_tokens`` out gets the default (the tenant's, else the operator's for the model, else
+the model files' max_new_tokens, else OpenAI's: 16 on /v1/completions, the rest of the
+context on chat), cut to
 what the context and the tenant's per-minute budget can hold. A request that asks for more
 than the limit, or for more than its tenant may ever spend in a minute, is a 400: asking
 again later cannot help. Everything else is admitted as one reservation of its worst case,
@@ -18,6 +20,20 @@ from kvflow.router.protocol.errors import ApiError, invalid_request
 from kvflow.router.protocol.requests import SamplingOptions
 from kvflow.router.serving.prompts import check_context
 from kvflow.router.tenants.config import MaxTokensLimits
+
+# OpenAI's defaults when nobody set one: 16 on the legacy endpoint; chat: None, the rest of
+# the context.
+OPENAI_DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}
+
+
+def model_max_tokens(operator: MaxTokensLimits, files_default: int | None) -> MaxTokensLimits:
+    """A model's limits: the operator's (`limits` in the gateway config), its default
+    falling back to the model files' (generation_config.json's max_new_tokens), which its
+    cap holds too."""
+    if operator.default_max_tokens is not None or files_default is None:
+        return operator
+    limit = operator.max_tokens_limit
+    return MaxTokensLimits(files_default if limit is None else min(files_default, limit), limit)
 
 
 @dataclass(frozen=True)
@@ -41,8 +57,11 @@ def token_policy(
 ) -> TokenPolicy:
     """The tighter cap wins; the tenant's default wins over the model's; a default above
     the cap is the cap."""
-    caps = [(c, who) for c, who in ((tenant.max_tokens_limit, f"tenant '{tenant_name}'"),
-            (model.max_tokens_limit, f"model '{model_name}'")) if c is not None]  # fmt: skip
+    owners = (
+        (tenant.max_tokens_limit, f"tenant '{tenant_name}'"),
+        (model.max_tokens_limit, f"model '{model_name}'"),
+    )
+    caps = [(cap, who) for cap, who in owners if cap is not None]
     limit, owner = min(caps, key=lambda c: c[0]) if caps else (None, "")
     default = tenant.default_max_tokens or model.default_max_tokens
     if default is not None and limit is not None:
@@ -94,8 +113,9 @@ def plan_tokens(
             code="invalid_value",
         )
     wanted = s.max_tokens
-    if is_default and policy.default_max_tokens is not None:
-        wanted = policy.default_max_tokens
+    if is_default:
+        openai = OPENAI_DEFAULT_MAX_TOKENS["chat" if is_chat else "completion"]
+        wanted = openai if policy.default_max_tokens is None else policy.default_max_tokens
     if is_default and wanted is not None and policy.max_tokens_limit is not None:
         wanted = min(wanted, policy.max_tokens_limit)  # OpenAI's 16 is capped too
     max_tokens: list[int | None] = []
@@ -129,3 +149,19 @@ def plan_tokens(
                 param="min_tokens",
             )
     return TokenBudget(tuple(max_tokens), reserved)
+
+
+def reservation_floor(num_prompts: int, s: SamplingOptions, policy: TokenPolicy) -> int:
+    """The least `plan_tokens` can reserve for the request, known before its prompts are
+    tokenized: every choice's max_tokens when the request set it (reserved as is), 1 when
+    it did not (a default may shrink that far), and nothing for the prompts. The gateway
+    checks the tenant's quotas against it before preparing the prompts: a request refused
+    with it would be refused with its real reservation too. Capped by the tenant's tokens
+    per minute and max_tokens cap: past those it is the 400 `plan_tokens` explains."""
+    is_default = "max_tokens" in s.unset or s.max_tokens is None
+    per_choice = 1 if is_default or s.max_tokens is None else s.max_tokens
+    if policy.max_tokens_limit is not None:
+        per_choice = min(per_choice, policy.max_tokens_limit)
+    floor = num_prompts * s.n * per_choice
+    tpm = policy.tokens_per_minute
+    return floor if tpm is None else min(floor, tpm)

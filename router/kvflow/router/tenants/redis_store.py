@@ -49,7 +49,7 @@ end
 
 # KEYS: requests bucket, tokens bucket, leases zset, daily tokens counter
 # ARGV: rpm, tpm, max concurrent, daily budget (0 = unlimited), reserved tokens, lease id,
-#       lease ttl s, seconds to the next UTC day
+#       lease ttl s, seconds to the next UTC day, 1 to only check (take nothing) else 0
 # Returns {1} or {0, limit name, retry after in ms}.
 _ADMIT = (
     _REFILL
@@ -82,6 +82,7 @@ if daily > 0 then
     return {0, 'daily_token_budget', math.ceil(tonumber(ARGV[8]) * 1000)}
   end
 end
+if ARGV[9] == '1' then return {1} end
 if rpm > 0 then
   redis.call('HSET', KEYS[1], 'level', tostring(req_level - 1), 'ts', tostring(now))
   redis.call('PEXPIRE', KEYS[1], BUCKET_TTL_MS)
@@ -155,6 +156,15 @@ class RedisQuotaStore:
         prompt_tokens: int,
         reserved_tokens: int | None = None,
     ) -> Admission:
+        reserved = prompt_tokens if reserved_tokens is None else reserved_tokens
+        return await self._run_admit(tenant, reserved, lease_id, is_check=False)
+
+    async def check(self, tenant: Tenant, *, reserved_tokens: int) -> Admission:
+        return await self._run_admit(tenant, reserved_tokens, "", is_check=True)
+
+    async def _run_admit(
+        self, tenant: Tenant, reserved: int, lease_id: str, *, is_check: bool
+    ) -> Admission:
         q = tenant.quotas
         result = await self._admit(
             keys=[
@@ -168,10 +178,11 @@ class RedisQuotaStore:
                 q.tokens_per_minute or 0,
                 q.max_concurrent_requests or 0,
                 q.daily_token_budget or 0,
-                prompt_tokens if reserved_tokens is None else reserved_tokens,
+                reserved,
                 lease_id,
                 LEASE_TTL_S,
                 SECONDS_PER_DAY - time.time() % SECONDS_PER_DAY,
+                1 if is_check else 0,
             ],
         )
         if int(result[0]) == 1:

@@ -112,9 +112,11 @@ class QuotaService:
         if self._redis is not None and self._use_redis():
             try:
                 admission = await self._redis.admit(
-                    tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens,
+                    tenant,
+                    lease_id=lease.lease_id,
+                    prompt_tokens=prompt_tokens,
                     reserved_tokens=reserved_tokens,
-                )  # fmt: skip
+                )
                 self._redis_ok()
                 lease.in_redis = True
             except _STORE_ERRORS as exc:
@@ -128,12 +130,31 @@ class QuotaService:
             if self._is_deny:
                 raise quota_store_unavailable()
         admission = await self._memory.admit(
-            tenant, lease_id=lease.lease_id, prompt_tokens=prompt_tokens,
+            tenant,
+            lease_id=lease.lease_id,
+            prompt_tokens=prompt_tokens,
             reserved_tokens=reserved_tokens,
-        )  # fmt: skip
+        )
         if admission.is_admitted:
             self._active[lease.lease_id] = lease
         return admission, lease
+
+    async def check(self, tenant: Tenant, reserved_tokens: int) -> Admission:
+        """What `admit` would answer for a request reserving ``reserved_tokens``, taking
+        nothing (the store's `check`). The same store and the same fallback as `admit`."""
+        if self._redis is not None and self._use_redis():
+            try:
+                admission = await self._redis.check(tenant, reserved_tokens=reserved_tokens)
+                self._redis_ok()
+            except _STORE_ERRORS as exc:
+                self._redis_failed(exc)
+            else:
+                return admission
+        if self._redis is not None:
+            self._on_fallback("deny" if self._is_deny else "memory")
+            if self._is_deny:
+                raise quota_store_unavailable()
+        return await self._memory.check(tenant, reserved_tokens=reserved_tokens)
 
     async def finish(self, lease: Lease, usage: UsageTotals) -> None:
         """Release the lease and record what the request used; never raises for Redis."""
@@ -145,17 +166,25 @@ class QuotaService:
         if lease.in_redis and self._redis is not None and self._use_redis():
             try:
                 await self._redis.finish(
-                    tenant, lease_id=lease_id, prompt_tokens=prompt,
-                    completion_tokens=completion, reserved_tokens=reserved, usage=usage,
-                )  # fmt: skip
+                    tenant,
+                    lease_id=lease_id,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    reserved_tokens=reserved,
+                    usage=usage,
+                )
                 self._redis_ok()
                 return
             except _STORE_ERRORS as exc:
                 self._redis_failed(exc)  # the Redis lease expires on its own
         await self._memory.finish(
-            tenant, lease_id=lease_id, prompt_tokens=prompt, completion_tokens=completion,
-            reserved_tokens=reserved, usage=usage,
-        )  # fmt: skip
+            tenant,
+            lease_id=lease_id,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            reserved_tokens=reserved,
+            usage=usage,
+        )
 
     async def read_usage(self, tenant: Tenant) -> tuple[UsageTotals, str]:
         """The tenant's totals and their scope ("cluster" from Redis, else "replica")."""

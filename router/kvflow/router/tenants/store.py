@@ -59,6 +59,12 @@ class QuotaStore(Protocol):
         back)."""
         ...
 
+    async def check(self, tenant: Tenant, *, reserved_tokens: int) -> Admission:
+        """What `admit` would answer for a request reserving ``reserved_tokens``, taking
+        nothing: the gateway asks before preparing a request's prompts, so a tenant over
+        its limits is refused before its prompts cost anything (api/job_start.py)."""
+        ...
+
     async def finish(
         self,
         tenant: Tenant,
@@ -111,8 +117,22 @@ class MemoryQuotaStore:
         prompt_tokens: int,
         reserved_tokens: int | None = None,
     ) -> Admission:
-        q, state, now_s = tenant.quotas, self._state(tenant), self._clock_s()
         reserved = prompt_tokens if reserved_tokens is None else reserved_tokens
+        state = self._state(tenant)
+        admission, new_requests, new_tokens = self._decide(tenant, state, reserved)
+        if admission.is_admitted:
+            state.requests, state.tokens = new_requests, new_tokens
+            state.leases.add(lease_id)
+        return admission
+
+    async def check(self, tenant: Tenant, *, reserved_tokens: int) -> Admission:
+        return self._decide(tenant, self._state(tenant), reserved_tokens)[0]
+
+    def _decide(
+        self, tenant: Tenant, state: _TenantState, reserved: int
+    ) -> tuple[Admission, Bucket | None, Bucket | None]:
+        """The decision, and the buckets as they would be after taking the request."""
+        q, now_s = tenant.quotas, self._clock_s()
         self._roll_day(state, now_s)
         new_requests, new_tokens = state.requests, state.tokens
         if q.requests_per_minute is not None:
@@ -120,22 +140,21 @@ class MemoryQuotaStore:
                 state.requests, now_s, q.requests_per_minute, cost=1, require=1
             )
             if not ok:
-                return Admission(False, "requests_per_minute", wait_s)
+                return Admission(False, "requests_per_minute", wait_s), None, None
         if q.tokens_per_minute is not None:
             ok, new_tokens, wait_s = take(
                 state.tokens, now_s, q.tokens_per_minute, cost=reserved, require=max(1, reserved)
             )
             if not ok:
-                return Admission(False, "tokens_per_minute", wait_s)
+                return Admission(False, "tokens_per_minute", wait_s), None, None
         if q.max_concurrent_requests is not None and (
             len(state.leases) >= q.max_concurrent_requests
         ):
-            return Admission(False, "max_concurrent_requests", 1.0)
+            return Admission(False, "max_concurrent_requests", 1.0), None, None
         if q.daily_token_budget is not None and state.day_tokens >= q.daily_token_budget:
-            return Admission(False, "daily_token_budget", seconds_until_next_utc_day(now_s))
-        state.requests, state.tokens = new_requests, new_tokens
-        state.leases.add(lease_id)
-        return ADMITTED
+            wait_s = seconds_until_next_utc_day(now_s)
+            return Admission(False, "daily_token_budget", wait_s), None, None
+        return ADMITTED, new_requests, new_tokens
 
     async def finish(
         self,

@@ -1,0 +1,211 @@
+"""From a parsed request to a running `CompletionJob` (serving/job.py), cheapest refusal first.
+
+model (404/403), resolved to a pool -> a worker of that pool is up (503) -> the tenant's
+concurrency at this replica (429) -> the tenant's quotas, checked against the least the
+request can reserve (429: requests per minute, tokens per minute, daily budget) ->
+admission control (503/429) -> prepare on the prepare threads: schemas compiled, template
+rendered, prompts tokenized (400; 503 when busy) -> prompt fits the context, max_tokens
+planned (400) -> the quotas admit the request with its real reservation (429).
+
+Nothing is rendered, tokenized or compiled for a request that the tenant's limits or the
+cluster's queues turn away. The quota check before preparing takes nothing; the admission
+after it decides, atomically as before, so a request admitted there is counted once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from kvflow.router.api.accounting import Accounting
+from kvflow.router.api.backend import PoolBackend
+from kvflow.router.api.gateway import Gateway
+from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
+from kvflow.router.protocol.errors import ApiError, rate_limited
+from kvflow.router.protocol.requests import (
+    ChatRequest,
+    CompletionRequest,
+    check_logit_bias,
+    constraints_to_compile,
+)
+from kvflow.router.serving.defaults import apply_sampling_defaults
+from kvflow.router.serving.job import CompletionJob, ServedBy, TenantContext
+from kvflow.router.serving.prepare import PreparePool
+from kvflow.router.serving.prompts import PreparedPrompt
+from kvflow.router.serving.tenant_gate import TenantGate
+from kvflow.router.serving.token_budget import plan_tokens, reservation_floor
+from kvflow.router.serving.types import RequestTrace, new_request_id
+from kvflow.router.structured.constraint import check_constraint
+from kvflow.router.tenants.service import Lease
+from kvflow.router.tenants.store import Admission
+from kvflow.router.tools.prompt import prepare_tool_prompt
+
+ROUTE_DEBUG_HEADER = "x-kvflow-route"
+_LIMIT_KINDS = {
+    "requests_per_minute": "requests",
+    "tokens_per_minute": "tokens",
+    "max_concurrent_requests": "requests",
+    "daily_token_budget": "insufficient_quota",
+}
+
+
+@dataclass
+class StartedJob:
+    """A job admitted everywhere: its backend runs it; its accounting settles it once."""
+
+    job: CompletionJob
+    backend: PoolBackend
+    accounting: Accounting
+
+
+async def start_job(
+    request: Request, gw: Gateway, parsed: ChatRequest | CompletionRequest, tenant: TenantContext
+) -> StartedJob:
+    """Route, gate, prepare and admit ``parsed``; raises the ApiError of the first refusal.
+    Once past the gates the request counts as in flight (the tenant's concurrency here,
+    admission control) until its accounting finishes."""
+    trace = _trace(request)
+    route = gw.route(parsed.model, tenant.tenant, tenant.session_id)
+    backend, served_name = route.backend, route.served_name
+    setattr(request.state, SERVED_MODEL_STATE, served_name)
+    setattr(request.state, SERVED_POOL_STATE, backend.name)
+    info = backend.model_info(served_name, label=gw.has_pools)
+    check_logit_bias(parsed.sampling, info.vocab_size)
+    template = backend.text.chat_template
+    template_source = template.source if template is not None else None
+    policy = backend.token_policy(tenant.tenant, parsed.model)
+    in_flight = contextlib.ExitStack()
+    try:
+        in_flight.callback(_tenant_gate(request).enter(tenant.tenant))
+        num_prompts = 1 if isinstance(parsed, ChatRequest) else len(parsed.prompts)
+        floor = reservation_floor(num_prompts, parsed.sampling, policy)
+        _raise_unless_admitted(gw, tenant, await gw.quotas.check(tenant.tenant, floor))
+        if backend.admission is not None:  # 503/429 from the workers' queues
+            backend.admission.check(tenant.tenant, served_name)
+            in_flight.enter_context(backend.admission.in_flight(tenant.tenant))
+            trace.is_admitted = True
+        prompts = await _prepare_pool(request, gw).run(
+            lambda: _prepare(backend, parsed, template_source)
+        )
+        sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
+        prompt_lens = [len(p.token_ids) for p in prompts]
+        budget = plan_tokens(
+            prompt_lens,
+            sampling,
+            max_len=backend.max_model_len(info.max_model_len),
+            policy=policy,
+            is_chat=isinstance(parsed, ChatRequest),
+        )
+        lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+    except BaseException:
+        in_flight.close()
+        raise
+    served_by = ServedBy(backend.name, served_name, backend.name if gw.has_pools else None)
+    job = CompletionJob(
+        request=parsed,
+        tenant=tenant,
+        served_by=served_by,
+        trace=trace,
+        prompts=tuple(prompts),
+        sampling=sampling,
+        budget=budget,
+        template_source=template_source,
+        response_id=("chatcmpl-" if isinstance(parsed, ChatRequest) else "cmpl-")
+        + uuid.uuid4().hex,
+        created_s=int(time.time()),
+        # Worker addresses and scores: for admin tenants only (and the one caller of a
+        # gateway without tenants); anyone else asking gets the answer without them.
+        wants_route=ROUTE_DEBUG_HEADER in request.headers and tenant.is_admin,
+    )
+    return StartedJob(job, backend, _accounting(gw, job, lease, on_finish=in_flight.close))
+
+
+def _accounting(
+    gw: Gateway, job: CompletionJob, lease: Lease, on_finish: Callable[[], None]
+) -> Accounting:
+    return Accounting(
+        gw,
+        job.tenant.tenant,
+        lease,
+        job.trace,
+        job.request.model,
+        job.num_choices,
+        pool=job.served_by.pool_label,
+        served_model=job.served_by.served_model,
+        on_finish=on_finish,
+    )
+
+
+def _raise_unless_admitted(gw: Gateway, tenant: TenantContext, admission: Admission) -> None:
+    if not admission.is_admitted:
+        limit = admission.limit or "quota"
+        gw.metrics.tenant_rejections.labels(tenant.name, limit).inc()
+        raise _quota_exceeded(tenant, admission, limit)
+
+
+def _quota_exceeded(tenant: TenantContext, admission: Admission, limit: str) -> ApiError:
+    return rate_limited(
+        f"Rate limit reached for tenant '{tenant.name}': {limit.replace('_', ' ')}. "
+        f"Retry after {admission.retry_after_s:.1f} s.",
+        retry_after_s=admission.retry_after_s,
+        kind=_LIMIT_KINDS.get(limit, "requests"),
+    )
+
+
+async def _admit(
+    gw: Gateway, tenant: TenantContext, prompt_tokens: int, reserved_tokens: int
+) -> Lease:
+    admission, lease = await gw.quotas.admit(tenant.tenant, prompt_tokens, reserved_tokens)
+    _raise_unless_admitted(gw, tenant, admission)
+    return lease
+
+
+def _trace(request: Request) -> RequestTrace:
+    """The caller's id for logs and the response; the workers get one made here."""
+    request_id: str = request.state.request_id
+    from_caller = request.headers.get("x-request-id") == request_id
+    return RequestTrace(request_id, new_request_id() if from_caller else request_id)
+
+
+def _prepare_pool(request: Request, gw: Gateway) -> PreparePool:
+    """The app's prepare threads, made on its first request."""
+    pool: PreparePool | None = getattr(request.app.state, "prepare_pool", None)
+    if pool is None:
+        refusals = gw.metrics.prepare_refusals
+        pool = request.app.state.prepare_pool = PreparePool(
+            gw.settings.prepare, on_refusal=lambda reason: refusals.labels(reason=reason).inc()
+        )
+    return pool
+
+
+def _tenant_gate(request: Request) -> TenantGate:
+    """The app's count of requests in flight per tenant, made on its first request."""
+    gate: TenantGate | None = getattr(request.app.state, "tenant_gate", None)
+    if gate is None:
+        gate = request.app.state.tenant_gate = TenantGate()
+    return gate
+
+
+def _prepare(
+    backend: PoolBackend, parsed: ChatRequest | CompletionRequest, template_source: str | None
+) -> list[PreparedPrompt]:
+    """On a prepare thread: compile the schemas and grammars, render, tokenize."""
+    for constraint in constraints_to_compile(parsed):
+        check_constraint(constraint)
+    if isinstance(parsed, ChatRequest):
+        messages, tool_variables = prepare_tool_prompt(
+            parsed.messages, parsed.tools, parsed.tool_choice, template_source
+        )
+        return [
+            backend.prompts.chat(
+                messages,
+                add_generation_prompt=parsed.add_generation_prompt,
+                template_kwargs={**parsed.chat_template_kwargs, **tool_variables},
+            )
+        ]
+    return [backend.prompts.completion(p) for p in parsed.prompts]

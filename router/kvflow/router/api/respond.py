@@ -1,0 +1,139 @@
+"""A running job's answer: one JSON body, or an SSE stream. Either way the accounting
+settles the job exactly once however it ends (done, failed, or the client gone)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from kvflow.router.api.accounting import Accounting
+from kvflow.router.api.http import wait_for_disconnect
+from kvflow.router.api.job_start import ROUTE_DEBUG_HEADER
+from kvflow.router.api.streaming import ManagedStreamingResponse, sse_body
+from kvflow.router.protocol.responses import (
+    ChoiceDelta,
+    ChoiceResult,
+    ChunkWriter,
+    chat_completion,
+    text_completion,
+)
+from kvflow.router.serving.job import CompletionJob
+from kvflow.router.serving.types import ChoiceUsage
+
+ItemStream = AsyncGenerator[ChoiceDelta | ChoiceUsage]
+
+# nginx's "client closed request": nobody reads it, but logs and metrics tell it apart.
+CLIENT_GONE = 499
+
+
+async def collected(
+    request: Request, job: CompletionJob, stream: ItemStream, accounting: Accounting
+) -> Response:
+    """The whole answer as one JSON body, once every choice has ended."""
+    try:
+        return await _collect(request, job, stream, accounting)
+    finally:
+        await stream.aclose()
+        await accounting.finish()
+
+
+async def streamed(
+    request: Request, job: CompletionJob, stream: ItemStream, accounting: Accounting
+) -> Response:
+    """Server-sent events, from the first item on."""
+    try:
+        # Errors before any output keep their HTTP status.
+        first = await _first_unless_disconnected(request, stream)
+    except BaseException:
+        await stream.aclose()
+        await accounting.finish()
+        raise
+    if first is None:  # the client left before the first token; the workers' calls are gone
+        await stream.aclose()
+        await accounting.finish()
+        return Response(status_code=CLIENT_GONE)
+    parsed = job.request
+    writer = ChunkWriter(
+        job.response_id,
+        job.created_s,
+        job.served_by.served_model,
+        is_chat=job.is_chat,
+        with_logprobs=job.sampling.logprobs,
+        include_usage=parsed.include_usage,
+        continuous_usage=parsed.stream_options.continuous_usage_stats,
+    )
+    body_iter = sse_body(
+        first, stream, writer, accounting, job.num_choices, job.is_chat, job.echo, job.sampling.n
+    )
+
+    async def close() -> None:
+        await body_iter.aclose()
+        await stream.aclose()
+        await accounting.finish()
+
+    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+    if job.wants_route:
+        headers[ROUTE_DEBUG_HEADER] = job.route_header()
+    return ManagedStreamingResponse(body_iter, close, headers)
+
+
+async def _first_unless_disconnected(
+    request: Request, stream: ItemStream
+) -> ChoiceDelta | ChoiceUsage | None:
+    """The stream's first item, or None if the client leaves first. The wait can be long (a
+    queued worker, a KV handoff) and nothing is sent yet that would reveal a disconnect, so
+    watch for it: leaving cancels the choices, which aborts the workers' requests."""
+    getter = asyncio.ensure_future(anext(stream))
+    watcher = asyncio.create_task(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not getter.done():
+            getter.cancel()
+        await asyncio.gather(getter, watcher, return_exceptions=True)
+    return None if getter.cancelled() else getter.result()
+
+
+async def _collect(
+    request: Request, job: CompletionJob, stream: ItemStream, accounting: Accounting
+) -> Response:
+    n = job.sampling.n
+    results = [ChoiceResult(i) for i in range(job.num_choices)]
+    echo = job.echo
+    if echo is not None:
+        for result in results:
+            result.text = echo[result.index // n]
+
+    async def consume() -> None:
+        async for item in stream:
+            accounting.add(item)
+            if isinstance(item, ChoiceDelta):
+                results[item.index].add(item)
+
+    consumer = asyncio.create_task(consume())
+    watcher = asyncio.create_task(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not consumer.done():
+            consumer.cancel()  # the client left: abort the workers' requests now
+        await asyncio.gather(consumer, watcher, return_exceptions=True)
+    if consumer.cancelled():
+        return Response(status_code=CLIENT_GONE)
+    consumer.result()  # re-raises an ApiError from generation
+    build = chat_completion if job.is_chat else text_completion
+    body = build(
+        job.response_id,
+        job.created_s,
+        job.served_by.served_model,
+        results,
+        accounting.usage,
+        with_logprobs=job.sampling.logprobs,
+    )
+    headers = {ROUTE_DEBUG_HEADER: job.route_header()} if job.wants_route else None
+    return JSONResponse(body, headers=headers)

@@ -238,6 +238,7 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
         advertise_host=advertised_host(settings),
         instance_id=instance_id,
         peer_allow=PeerAllowList.parse(settings.kv_peer_allow),
+        tls=settings.tls.kv_tls(),
     )
     return KvTransferAgent(
         transport, instance_id=instance_id, max_timeout_s=settings.max_kv_transfer_timeout_s

@@ -300,7 +300,10 @@ async def serve(settings: WorkerSettings) -> None:
         from kvflow.engine_worker.structured.service import StructuredOutputs
 
         structured = StructuredOutputs(
-            settings.model, built.info.vocab_size, built.info.eos_token_ids
+            settings.model,
+            built.info.vocab_size,
+            built.info.eos_token_ids,
+            cache_bytes=settings.grammar_cache_mib * 1024 * 1024,
         )
     service = WorkerService(loop, built.info, built.runner.kv_layout, structured, metrics)
     pb_grpc.add_WorkerServicer_to_server(service, server)

@@ -86,6 +86,9 @@ class WorkerSettings:
     max_kv_transfer_timeout_s: float = 30.0
     # Networks (CIDRs) this worker sends KV to; "" allows any (kv_transfer/peers.py).
     kv_peer_allow: str = ""
+    # Memory for compiled structured-output formats, an LRU (structured/grammar.py's
+    # DEFAULT_CACHE_MIB; not imported here: parsing flags loads no grammar engine).
+    grammar_cache_mib: int = 64
     # Worker gRPC over TLS from files; with a CA, mutual TLS (tls.py). Off by default.
     tls: TlsFiles = field(default_factory=TlsFiles)
     # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
@@ -291,6 +294,14 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="require callers to present a certificate this CA signed (mutual TLS)",
     )
     p.add_argument(
+        "--grammar-cache-mib",
+        type=int,
+        default=d.grammar_cache_mib,
+        help="memory for compiled structured-output formats (JSON schemas, regexes, "
+        "grammars), least recently used evicted first; each counts an estimate of its "
+        "compiled size (a typical tool's schema ~60-100 KiB)",
+    )
+    p.add_argument(
         "--kv-tls",
         choices=KV_TLS_MODES,
         default="auto",
@@ -348,6 +359,8 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         PeerAllowList.parse(a.kv_peer_allow)
     except ValueError as exc:
         p.error(str(exc))
+    if a.grammar_cache_mib < 1:
+        p.error(f"--grammar-cache-mib {a.grammar_cache_mib} must be at least 1")
     tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.tls_ca_file, a.kv_tls, a.kv_tls_server_name)
     if tls.problem():
         p.error(tls.problem())
@@ -397,6 +410,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         advertise_host=a.advertise_host,
         max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
         kv_peer_allow=a.kv_peer_allow,
+        grammar_cache_mib=a.grammar_cache_mib,
         tls=tls,
         tracing=traces,
     )

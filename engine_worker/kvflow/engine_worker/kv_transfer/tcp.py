@@ -272,8 +272,9 @@ class TcpTransport:
             try:
                 conn = self._tls.accept(conn)
             except (KvTlsError, OSError) as exc:
-                # Before any header: no transfer is touched, a sender without the pool's
-                # certificate (or without TLS) learns nothing and writes nothing.
+                # Before any header is read: no transfer is touched. (Under TLS 1.3 a
+                # refused sender may already have written its encrypted header; it is
+                # never read.)
                 log.warning("refused a KV connection: %s", exc)
                 conn.close()
                 return

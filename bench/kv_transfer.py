@@ -25,7 +25,12 @@ apart. The full run adds a what-if and a profile of the block I/O:
   kvflow-staged-tcp         TCP through 16 MiB host staging messages (gather, send; receive,
                             scatter), the path a CUDA cache takes, measured on the CPU cache
 
-    python bench/kv_transfer.py [--quick] [--json PATH] [--dtype bfloat16|float32]
+With --tls (quick or full) one more what-if, certificates made by openssl for the run:
+
+  kvflow-tls-tcp            TCP with mutual TLS (the worker's --kv-tls), in place: send and
+                            recv_into per run through OpenSSL instead of writev/readv
+
+    python bench/kv_transfer.py [--quick] [--tls] [--json PATH] [--dtype bfloat16|float32]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import multiprocessing as mp
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -138,7 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # from all of it, so even the largest transfer reads scattered blocks.
     num_cache_blocks = max_blocks * 9 // 8
     common = dict(LLAMA3_8B_KV, num_cache_blocks=num_cache_blocks,
-                  max_transfer_blocks=max_blocks, dtype=args.dtype, seed=args.seed)  # fmt: skip
+                  max_transfer_blocks=max_blocks, dtype=args.dtype, seed=args.seed,
+                  tls_dir=args.tls_dir)  # fmt: skip
     check_memory(num_cache_blocks, max_blocks, args.dtype)
     load_start = os.getloadavg()
     log(f"load average {load_start}; spawning the prefill and decode peers")
@@ -168,6 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         arms = [f"kvflow-{t}" for t in transports] + ["raw-gloo", "raw-socket"]
         if not args.quick:
             arms.append("kvflow-staged-tcp")
+        if args.tls_dir:
+            arms.append("kvflow-tls-tcp")
         for arm in arms:
             sample = run_arm(bench, arm, tokens[0] // block_size, bytes_per_block, verify=True)
             if "verified" in sample:
@@ -261,9 +270,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=0, help="repetitions (default 5, quick 3)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tls", action="store_true", help="add the kvflow-tls-tcp what-if")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    result = run(args)
+    with tempfile.TemporaryDirectory() as tls_dir:
+        args.tls_dir = ""
+        if args.tls:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+            from testkit.certs import make_certs
+
+            make_certs(Path(tls_dir))
+            args.tls_dir = tls_dir
+        result = run(args)
     result["wall_s"] = time.monotonic() - started
     print(table(result))
     if args.json:

@@ -33,6 +33,7 @@ from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transpo
 from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport, byte_view
+from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls
 from kvflow.engine_worker.runner import TorchModelRunner
 
 dist: Any = _dist
@@ -53,6 +54,7 @@ class PeerConfig:
     max_transfer_blocks: int
     dtype: str
     seed: int
+    tls_dir: str = ""  # set: a TCP agent with mutual TLS from ca.pem, server.pem/.key there
 
 
 class Peer:
@@ -100,6 +102,14 @@ class Peer:
         self.agents["staged-tcp"] = KvTransferAgent(
             staged, instance_id=instance, max_timeout_s=TRANSFER_TIMEOUT_S
         )
+        if cfg.tls_dir:  # the what-if: TCP with mutual TLS (--kv-tls), in place
+            d = cfg.tls_dir
+            kv_tls = KvTls.from_files(f"{d}/server.pem", f"{d}/server.key", f"{d}/ca.pem")
+            self.agents["tls-tcp"] = KvTransferAgent(
+                TcpTransport("127.0.0.1", 0, "127.0.0.1", tls=kv_tls),
+                instance_id=instance,
+                max_timeout_s=TRANSFER_TIMEOUT_S,
+            )
         self.done: queue.Queue[tuple[Any, float]] = queue.Queue()  # the "engine loop" inbox
         self.group: Any = None
         self.sock: socket.socket | None = None

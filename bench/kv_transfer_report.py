@@ -11,7 +11,7 @@ TARGET_RATIO = 0.70
 TARGET_MIN_BYTES = 4_000_000
 TARGET_SETUP_MS = 2.0
 PHASES = ("total_s", "gather_s", "send_s", "scatter_s")
-WHATIFS = ("staged",)
+WHATIFS = ("staged", "tls")
 
 
 def _median(samples: list[dict[str, float]], key: str) -> float:

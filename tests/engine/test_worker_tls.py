@@ -81,3 +81,21 @@ def test_the_flags_go_together(certs: Path) -> None:
     s = parse_args(["--tls-cert-file", str(certs / "server.pem"),
                     "--tls-key-file", str(certs / "server.key")])  # fmt: skip
     assert s.tls.is_on and s.tls.ca_file is None
+
+
+def test_the_kv_port_runs_tls_with_mutual_tls_unless_turned_off(certs: Path) -> None:
+    files = ["--tls-cert-file", str(certs / "server.pem"),
+             "--tls-key-file", str(certs / "server.key")]  # fmt: skip
+    mutual = [*files, "--tls-ca-file", str(certs / "ca.pem")]
+    assert parse_args(mutual).tls.kv_tls() is not None  # auto: on with mutual TLS
+    assert parse_args(files).tls.kv_tls() is None  # no CA to check peers against
+    assert parse_args([*mutual, "--kv-tls", "off"]).tls.kv_tls() is None
+    named = parse_args([*mutual, "--kv-tls-server-name", "p-workers.ns.svc"]).tls.kv_tls()
+    assert named is not None and named.server_name == "p-workers.ns.svc"
+    for refused in (
+        [*files, "--kv-tls", "on"],  # mutual TLS needs the CA
+        [*mutual, "--kv-tls", "on", "--kv-transport", "gloo"],  # gloo takes no TLS
+        [*mutual, "--kv-tls", "off", "--kv-tls-server-name", "p-workers.ns.svc"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(refused)

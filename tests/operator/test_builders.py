@@ -441,3 +441,25 @@ def test_worker_tls_mounts_the_secret_and_wires_both_ends() -> None:
     plain = build(spec_of())
     assert "--tls-cert-file" not in pod_of(plain, "p-colocated")["containers"][0]["args"]
     assert "--worker-tls-ca-file" not in pod_of(plain, "p-router")["containers"][0]["args"]
+
+
+def test_worker_tls_covers_the_kv_port_of_a_disaggregated_pool() -> None:
+    """The worker runs mutual TLS on its TCP KV port from the gRPC files (--kv-tls auto);
+    senders dial pod IPs, so they check receivers against the certificate's Service name."""
+    mount = "/etc/kvflow-worker-tls"
+    tls = {"workerTls": {"secretName": "pool-tls"}}
+    children = build(spec_of(mode="disaggregated", prefill={}, decode={}, **tls))
+    for role in ("prefill", "decode"):
+        pod = pod_of(children, f"p-{role}")
+        args = pod["containers"][0]["args"]
+        assert args[args.index("--tls-cert-file") + 1] == f"{mount}/tls.crt"
+        assert args[args.index("--tls-key-file") + 1] == f"{mount}/tls.key"
+        assert args[args.index("--tls-ca-file") + 1] == f"{mount}/ca.crt"
+        assert args[args.index("--kv-tls-server-name") + 1] == "p-workers.ns.svc"
+        assert "--kv-tls" not in args  # auto: on, as gRPC runs mutual TLS
+        mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts["worker-tls"]["mountPath"] == mount
+    colocated = pod_of(build(spec_of(**tls)), "p-colocated")["containers"][0]["args"]
+    assert "--kv-tls-server-name" not in colocated  # no KV port
+    plain = build(spec_of(mode="disaggregated", prefill={}, decode={}))
+    assert "--kv-tls-server-name" not in pod_of(plain, "p-decode")["containers"][0]["args"]

@@ -20,7 +20,12 @@ from testkit.tokenizer_files import (
 )
 
 from kvflow.engine_worker.core.errors import InvalidRequestError
-from kvflow.engine_worker.structured.grammar import GrammarCompiler, GrammarSpec
+from kvflow.engine_worker.structured.grammar import (
+    GrammarCompiler,
+    GrammarSpec,
+    entry_bytes,
+    grammar_text,
+)
 from kvflow.engine_worker.structured.processor import GrammarLogitsProcessor
 from kvflow.engine_worker.structured.vocabulary import Vocabulary, load_vocabulary
 
@@ -91,8 +96,9 @@ def test_json_object_is_an_object(compiler: GrammarCompiler, vocab: Vocabulary) 
 
 
 def test_compiled_once_per_format_and_bounded(vocab: Vocabulary) -> None:
-    compiler = GrammarCompiler(vocab, SMOLLM2_VOCAB_SIZE, cache_size=2)
     a, b, c = (GrammarSpec("regex", r) for r in ("a+", "b+", "c+"))
+    room = 2 * entry_bytes(a, grammar_text(a))  # two of the three (same sizes)
+    compiler = GrammarCompiler(vocab, SMOLLM2_VOCAB_SIZE, cache_bytes=room)
     compiler.matcher(a)
     compiler.matcher(a)
     assert compiler.num_compiled == 1

@@ -237,6 +237,7 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
         advertise_host=advertised_host(settings),
         instance_id=instance_id,
         peer_allow=PeerAllowList.parse(settings.kv_peer_allow),
+        tls=settings.tls.kv_tls(),
     )
     return KvTransferAgent(
         transport, instance_id=instance_id, max_timeout_s=settings.max_kv_transfer_timeout_s
@@ -298,7 +299,10 @@ async def serve(settings: WorkerSettings) -> None:
         from kvflow.engine_worker.structured.service import StructuredOutputs
 
         structured = StructuredOutputs(
-            settings.model, built.info.vocab_size, built.info.eos_token_ids
+            settings.model,
+            built.info.vocab_size,
+            built.info.eos_token_ids,
+            cache_bytes=settings.grammar_cache_mib * 1024 * 1024,
         )
     service = WorkerService(loop, built.info, built.runner.kv_layout, structured, metrics)
     pb_grpc.add_WorkerServicer_to_server(service, server)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
-from kvflow.engine_worker.tls import TlsFiles
+from kvflow.engine_worker.tls import KV_TLS_MODES, TlsFiles
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 from kvflow.proto.otel import TracingConfig, tracing_config
 from kvflow.proto.roles import ROLE_WORDS, Role
@@ -86,6 +86,9 @@ class WorkerSettings:
     max_kv_transfer_timeout_s: float = 30.0
     # Networks (CIDRs) this worker sends KV to; "" allows any (kv_transfer/peers.py).
     kv_peer_allow: str = ""
+    # Memory for compiled structured-output formats, an LRU (structured/grammar.py's
+    # DEFAULT_CACHE_MIB; not imported here: parsing flags loads no grammar engine).
+    grammar_cache_mib: int = 64
     # Worker gRPC over TLS from files; with a CA, mutual TLS (tls.py). Off by default.
     tls: TlsFiles = field(default_factory=TlsFiles)
     # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
@@ -297,6 +300,28 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         help="require callers to present a certificate this CA signed (mutual TLS)",
     )
     p.add_argument(
+        "--grammar-cache-mib",
+        type=int,
+        default=d.grammar_cache_mib,
+        help="memory for compiled structured-output formats (JSON schemas, regexes, "
+        "grammars), least recently used evicted first; each counts an estimate of its "
+        "compiled size (a typical tool's schema ~60-100 KiB)",
+    )
+    p.add_argument(
+        "--kv-tls",
+        choices=KV_TLS_MODES,
+        default="auto",
+        help="mutual TLS on the TCP KV port from the --tls-* files (auto: when "
+        "--tls-ca-file is given; off: KV plaintext, for a trusted network where TLS's cost "
+        "on KV throughput matters more; the worker token still proves both ends)",
+    )
+    p.add_argument(
+        "--kv-tls-server-name",
+        metavar="NAME",
+        help="the name KV receivers' certificates carry, e.g. <pool>-workers.<ns>.svc "
+        "(default: the address dialled)",
+    )
+    p.add_argument(
         "--otlp-traces-endpoint",
         metavar="URL",
         help="send OpenTelemetry spans over OTLP/gRPC here, e.g. http://collector:4317 "
@@ -340,7 +365,9 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         PeerAllowList.parse(a.kv_peer_allow)
     except ValueError as exc:
         p.error(str(exc))
-    tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.tls_ca_file)
+    if a.grammar_cache_mib < 1:
+        p.error(f"--grammar-cache-mib {a.grammar_cache_mib} must be at least 1")
+    tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.tls_ca_file, a.kv_tls, a.kv_tls_server_name)
     if tls.problem():
         p.error(tls.problem())
     if a.cuda_graphs and a.decode_workspace_gib:
@@ -348,7 +375,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
             "--cuda-graphs replays decode steps without the decode workspace: drop "
             "--decode-workspace-gib or --cuda-graphs"
         )
-    return WorkerSettings(
+    settings = WorkerSettings(
         model=a.model,
         served_model_name=a.served_model_name,
         host=a.host,
@@ -389,9 +416,14 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         advertise_host=a.advertise_host,
         max_kv_transfer_timeout_s=a.max_kv_transfer_timeout_s,
         kv_peer_allow=a.kv_peer_allow,
+        grammar_cache_mib=a.grammar_cache_mib,
         tls=tls,
         tracing=traces,
     )
+    transport = settings.resolved_kv_transport()
+    if a.kv_tls == "on" and transport != "tcp":
+        p.error(f"--kv-tls on covers the tcp KV transport, not {transport} (--kv-transport tcp)")
+    return settings
 
 
 def _memory_flags_problem(a: argparse.Namespace) -> str:

@@ -3,17 +3,27 @@
 
 With a certificate and key the worker serves gRPC over TLS; with a CA as well it requires
 every caller to present a certificate that CA signed (mutual TLS), before any handler or the
-token check runs. Files are read once at start: a rotated certificate takes a restart. The
-KV port is not covered (its in-place vectored I/O bypasses a TLS layer; the worker token
-proves both ends and the payload there, docs/engine.md, "Security and the data plane").
+token check runs. Files are read once at start: a rotated certificate takes a restart.
+
+With mutual TLS the TCP KV port runs it too, from the same files (``--kv-tls auto``, the
+default; kv_transfer/tcp_tls.py): a sender checks the receiver's certificate against the CA
+and ``--kv-tls-server-name`` (else the address it dials), a receiver requires the sender's.
+``--kv-tls off`` keeps KV plaintext, for a network trusted to carry it, where the TLS cost
+on KV throughput matters more (docs/engine.md, "Security and the data plane").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import grpc
+
+from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls
+
+KvTlsMode = Literal["auto", "on", "off"]
+KV_TLS_MODES: tuple[KvTlsMode, ...] = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +31,12 @@ class TlsFiles:
     cert_file: str | None = None
     key_file: str | None = None
     ca_file: str | None = None  # set: callers must present a certificate it signed
+    kv_mode: KvTlsMode = "auto"  # auto: the TCP KV port runs TLS when gRPC runs mutual TLS
+    kv_server_name: str | None = None  # the name KV receivers' certificates carry
+
+    @property
+    def is_kv_on(self) -> bool:
+        return self.kv_mode != "off" and self.ca_file is not None
 
     @property
     def is_on(self) -> bool:
@@ -32,6 +48,11 @@ class TlsFiles:
             return "--tls-cert-file and --tls-key-file go together: give both or neither"
         if self.ca_file is not None and self.cert_file is None:
             return "--tls-ca-file checks callers' certificates: give --tls-cert-file too"
+        if self.kv_mode == "on" and self.ca_file is None:
+            return ("--kv-tls on runs mutual TLS on the KV port: give --tls-cert-file, "
+                    "--tls-key-file and --tls-ca-file")  # fmt: skip
+        if self.kv_server_name is not None and not self.is_kv_on:
+            return "--kv-tls-server-name checks KV receivers over TLS: give --tls-ca-file too"
         for flag, path in (("--tls-cert-file", self.cert_file), ("--tls-key-file", self.key_file),
                            ("--tls-ca-file", self.ca_file)):  # fmt: skip
             if path is not None and not Path(path).is_file():
@@ -45,3 +66,11 @@ class TlsFiles:
         return grpc.ssl_server_credentials(
             [pair], root_certificates=ca, require_client_auth=ca is not None
         )
+
+    def kv_tls(self) -> KvTls | None:
+        """The KV port's TLS, or None when it stays plaintext."""
+        if not self.is_kv_on:
+            return None
+        assert self.cert_file is not None and self.key_file is not None
+        assert self.ca_file is not None
+        return KvTls.from_files(self.cert_file, self.key_file, self.ca_file, self.kv_server_name)

@@ -28,6 +28,7 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
+from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,10 @@ def make_transport(
     advertise_host: str,
     instance_id: str,
     peer_allow: PeerAllowList | None = None,
+    tls: KvTls | None = None,
 ) -> Transport:
+    """The transport of ``kind``; ``tls`` covers the tcp one (gloo and nccl carry KV in
+    plaintext: their groups take no TLS)."""
     from kvflow.engine_worker.auth import TOKEN_ENV, token_from_env
 
     token = token_from_env()
@@ -240,7 +244,10 @@ def make_transport(
     if kind is KvTransportKind.TCP:
         from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 
-        return TcpTransport(host, port, advertise_host, token=token, peer_allow=peer_allow)
+        log.info("the KV port (tcp) runs %s", "mutual TLS" if tls else "plaintext")
+        return TcpTransport(host, port, advertise_host, token=token, peer_allow=peer_allow, tls=tls)
+    if tls is not None:
+        log.warning("KV over %s is not encrypted: only the tcp transport runs TLS", kind.value)
     from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 
     return TorchDistTransport(

@@ -21,6 +21,12 @@ With the pool's worker token set (``KVFLOW_WORKER_TOKEN``, as for worker gRPC) t
 macs prove the token both ways and cover every payload byte (tcp_auth.py): without the
 token nobody can write into reserved KV blocks, receive KV, or alter it on the way.
 Without a token the macs are zeros and are not checked.
+
+With worker TLS files (``--tls-cert-file/--tls-key-file/--tls-ca-file``) the connection runs
+mutual TLS first (tcp_tls.py): the receiver requires a certificate the pool's CA signed,
+the sender checks the receiver's, and KV crosses the network encrypted. The protocol above
+runs unchanged inside it; the payload then goes by ``send``/``recv_into`` per run
+(vectored.py, ``step_buffered``) rather than by writev/readv, which would bypass TLS.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import logging
 import os
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -61,6 +68,7 @@ from kvflow.engine_worker.kv_transfer.tcp_auth import (
     receiver_mac,
     sender_mac,
 )
+from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls, KvTlsError
 from kvflow.engine_worker.kv_transfer.vectored import IoVecCursor
 
 log = logging.getLogger(__name__)
@@ -136,7 +144,10 @@ def _pump(
             pause_at = None
         limit = None if pause_at is None else pause_at - cursor.num_done
         with guard():
-            moved = cursor.step(sock.fileno(), write=write, max_bytes=limit)
+            if isinstance(sock, ssl.SSLSocket):
+                moved = cursor.step_buffered(sock, write=write, max_bytes=limit)
+            else:
+                moved = cursor.step(sock.fileno(), write=write, max_bytes=limit)
         if moved == 0:
             left_s = deadline_s - time.monotonic()
             if left_s <= 0:
@@ -160,12 +171,15 @@ class TcpTransport:
         is_in_place: bool = True,
         token: str | None = None,
         peer_allow: PeerAllowList | None = None,
+        tls: KvTls | None = None,
     ) -> None:
         """``is_in_place=False`` stages CPU caches through host buffers too, as a CUDA cache
         must (tests and the benchmark use it to exercise and measure that path). ``token``:
         the pool's worker token, proven both ways (module docstring). ``peer_allow``: the
-        networks this worker sends to (None: any; peers.py)."""
+        networks this worker sends to (None: any; peers.py). ``tls``: mutual TLS on every
+        connection, both ways (None: plaintext)."""
         self._token = token
+        self._tls = tls
         self._peer_allow = peer_allow
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self.port = self._listener.getsockname()[1]
@@ -254,6 +268,16 @@ class TcpTransport:
     def _serve(self, conn: socket.socket) -> None:
         """Transfers over one connection, one after another, until the sender closes it
         (it keeps connections for later transfers) or a transfer fails or is refused."""
+        if self._tls is not None:
+            try:
+                conn = self._tls.accept(conn)
+            except (KvTlsError, OSError) as exc:
+                # Before any header is read: no transfer is touched. (Under TLS 1.3 a
+                # refused sender may already have written its encrypted header; it is
+                # never read.)
+                log.warning("refused a KV connection: %s", exc)
+                conn.close()
+                return
         with conn:
             try:
                 while self._serve_one(conn):
@@ -337,7 +361,19 @@ class TcpTransport:
                 f"cannot reach the decode worker at {endpoint}: {exc}"
             ) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        if self._tls is None:
+            return sock
+        try:
+            return self._tls.connect(sock, host)
+        except TimeoutError as exc:
+            sock.close()
+            raise TransferTimeoutError(f"the TLS handshake with {endpoint} timed out") from exc
+        except (KvTlsError, OSError) as exc:
+            sock.close()
+            raise TransferRejectedError(
+                f"no KV goes to {endpoint}: {exc} (its certificate is not signed by the pool's "
+                f"CA or does not name {self._tls.server_name or host}, or it runs no KV TLS)"
+            ) from exc
 
     def send(self, target: SendTarget, blocks: TransferBlocks, timeout_s: float) -> None:
         """Over a connection kept from an earlier transfer to the same receiver if there

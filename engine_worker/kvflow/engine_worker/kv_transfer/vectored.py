@@ -7,6 +7,11 @@ numpy array of (address, length) pairs, the layout of ``struct iovec`` on 64-bit
 go to ``writev``/``readv`` through ctypes (which releases the GIL during the call), at most
 IOV_MAX entries per call. The socket must be non-blocking: one ``step`` moves what the
 kernel takes now and never waits, so a caller can hold the blocks' access lock around it.
+
+A TLS socket (the KV port with mutual TLS, tcp_tls.py) cannot take iovecs: the bytes pass
+through OpenSSL, which encrypts them into its own buffers anyway, so ``step_buffered``
+walks the same array one entry (a chunk of it at most) per ``send``/``recv_into`` on a
+memoryview over the cache's memory. Plaintext keeps the zero-copy ``step``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import ssl
 
 import numpy as np
 
@@ -22,6 +28,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.readv.argtypes = _libc.writev.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 _libc.readv.restype = _libc.writev.restype = ctypes.c_ssize_t
 _WOULD_BLOCK = (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR)
+# TLS: at most this much per send/recv_into (a few 16 KiB records), and per step, so a step
+# holds the blocks' access lock for about a millisecond of encryption.
+TLS_CHUNK_BYTES = 256 * 1024
+TLS_STEP_BYTES = 1024 * 1024
+_TLS_WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError)
 
 
 class IoVecCursor:
@@ -60,6 +71,37 @@ class IoVecCursor:
             raise ConnectionError("the peer closed the KV stream early")
         self._advance(moved)
         return moved
+
+    def step_buffered(
+        self, sock: ssl.SSLSocket, *, write: bool, max_bytes: int | None = None
+    ) -> int:
+        """``step`` over a non-blocking TLS socket: ``send``/``recv_into`` entry by entry
+        until it would block or TLS_STEP_BYTES moved. A TLS write that would block has
+        taken part of its buffer and must be offered the same bytes again: the cursor
+        stays put, and the next step offers exactly them (its limits are the same)."""
+        moved_total = 0
+        while not self.is_done and moved_total < TLS_STEP_BYTES:
+            address, length = (int(x) for x in self._iov[self._next])
+            size = min(length, TLS_CHUNK_BYTES)
+            if max_bytes is not None:
+                size = min(size, max_bytes - moved_total)
+                if size <= 0:
+                    break
+            view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+            try:
+                moved = sock.send(view) if write else sock.recv_into(view, size)
+            except _TLS_WOULD_BLOCK:
+                break
+            if moved == 0:
+                raise ConnectionError("the peer closed the KV stream early")
+            self.num_done += moved
+            if moved == length:
+                self._next += 1
+            else:
+                self._iov[self._next, 0] += np.uint64(moved)
+                self._iov[self._next, 1] -= np.uint64(moved)
+            moved_total += moved
+        return moved_total
 
     def _advance(self, num_bytes: int) -> None:
         self.num_done += num_bytes

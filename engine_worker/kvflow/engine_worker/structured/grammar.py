@@ -10,15 +10,14 @@ inside, which maps straight to INVALID_ARGUMENT.
 
 Compiling is the expensive part (building the lexer and parser tables: ~1 ms for a small
 JSON schema, 100 ms and more for large grammars), and agents send the same schema again
-and again, so a compiled matcher is kept per format in a bounded LRU and each request gets
-a ``deep_copy`` of it (~40 us). The tokenizer is fixed per worker, so the format alone is
-the key.
+and again, so a compiled matcher is kept per format in an LRU bounded by bytes
+(``--grammar-cache-mib``) and each request gets a ``deep_copy`` of it (~40 us). The
+tokenizer is fixed per worker, so the format alone is the key.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 import llguidance
 
 from kvflow.engine_worker.core.errors import InvalidRequestError
+from kvflow.engine_worker.structured.byte_lru import ByteLru
 from kvflow.engine_worker.structured.vocabulary import Vocabulary
 
 if TYPE_CHECKING:
@@ -33,10 +33,25 @@ if TYPE_CHECKING:
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "lark", "ebnf"]
 
-#: Distinct formats kept compiled. A compiled JSON-schema matcher of a typical tool
-#: (5-20 properties) holds well under 1 MB, so 256 of them stay under ~100 MB while
-#: covering the tools and schemas of many agents at once.
-DEFAULT_CACHE_SIZE = 256
+#: Memory for compiled formats (--grammar-cache-mib): at the estimate below a typical tool's
+#: schema (5-20 properties) counts ~60-100 KiB, so 64 MiB keeps several hundred formats,
+#: the tools and schemas of many agents at once.
+DEFAULT_CACHE_MIB = 64
+#: llguidance does not say how much memory a compiled matcher holds, so an entry counts an
+#: estimate: a base plus so many bytes per byte of its llguidance grammar text, plus its
+#: source. Measured with SmolLM2's 49,152-token vocabulary (the process's resident memory
+#: per compile, averaged over 10-60 distinct schemas): 10-150 KiB for schemas of 5-100
+#: properties (0.3-3 KiB of grammar text: 15-75 bytes per byte), 1.4 MiB for 400 properties
+#: (11 KiB of text: 130 per byte). 100 per byte over a 32 KiB base errs high for the common
+#: sizes and near the truth for large grammars, which are the ones a count bound let pile up.
+BASE_ENTRY_BYTES = 32 * 1024
+BYTES_PER_GRAMMAR_BYTE = 100
+
+
+def entry_bytes(spec: GrammarSpec, text: str) -> int:
+    """What a compiled ``spec`` counts against the cache (its llguidance grammar ``text``)."""
+    return BASE_ENTRY_BYTES + BYTES_PER_GRAMMAR_BYTE * len(text) + len(spec.source)
+
 
 #: JSON is written compactly, one space after ":" and ",", never free whitespace: llguidance's
 #: default allows any run of whitespace between tokens, and a small or random model then
@@ -123,35 +138,35 @@ class GrammarCompiler:
     gRPC handlers' executor, never on the engine thread)."""
 
     def __init__(
-        self, vocab: Vocabulary, vocab_size: int, *, cache_size: int = DEFAULT_CACHE_SIZE
+        self,
+        vocab: Vocabulary,
+        vocab_size: int,
+        *,
+        cache_bytes: int = DEFAULT_CACHE_MIB * 1024 * 1024,
     ) -> None:
-        assert cache_size >= 1
         self.vocab_size = vocab_size
         self.eos_token_ids = vocab.eos_token_ids
         self._tokenizer = make_tokenizer(vocab, vocab_size)
-        self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
-        self._cache_size = cache_size
-        self._lock = threading.Lock()
+        self.cache: ByteLru[GrammarSpec, llguidance.LLMatcher] = ByteLru(cache_bytes)
         self.num_compiled = 0  # cache misses, for tests and metrics
+        self._count_lock = threading.Lock()
 
     def matcher(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         """A matcher at the start of ``spec``'s grammar; raises InvalidRequestError naming
         what the compiler rejected."""
-        with self._lock:
-            compiled = self._cache.get(spec)
-            if compiled is not None:
-                self._cache.move_to_end(spec)
-                return compiled.deep_copy()
-        compiled = self._compile(spec)  # outside the lock: other formats need not wait
-        with self._lock:
-            self._cache[spec] = compiled
-            self._cache.move_to_end(spec)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        compiled = self.cache.get(spec)
+        if compiled is not None:
+            return compiled.deep_copy()
+        # Outside any lock: other formats need not wait (two threads compiling the same new
+        # format both compile it; the second entry replaces the first).
+        compiled, num_bytes = self._compile(spec)
+        self.cache.put(spec, compiled, num_bytes)
+        with self._count_lock:
             self.num_compiled += 1
         return compiled.deep_copy()
 
-    def _compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
+    def _compile(self, spec: GrammarSpec) -> tuple[llguidance.LLMatcher, int]:
+        """The matcher and its estimated size (entry_bytes)."""
         text = grammar_text(spec)
         limits = COMPILE_LIMITS
         problem = llguidance.LLMatcher.validate_grammar(text, self._tokenizer, limits=limits)
@@ -160,4 +175,4 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
         if matcher.is_error():
             raise InvalidRequestError(f"invalid {spec.kind}: {matcher.get_error()}")
-        return matcher
+        return matcher, entry_bytes(spec, text)

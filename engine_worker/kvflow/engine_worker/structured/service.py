@@ -15,7 +15,11 @@ from pathlib import Path
 
 from kvflow.engine_worker.core.errors import InvalidRequestError
 from kvflow.engine_worker.model.errors import ModelLoadError
-from kvflow.engine_worker.structured.grammar import GrammarCompiler, GrammarSpec
+from kvflow.engine_worker.structured.grammar import (
+    DEFAULT_CACHE_MIB,
+    GrammarCompiler,
+    GrammarSpec,
+)
 from kvflow.engine_worker.structured.processor import GrammarLogitsProcessor
 from kvflow.engine_worker.structured.vocabulary import load_vocabulary
 from kvflow.proto import worker_pb2 as pb
@@ -38,8 +42,15 @@ def spec_from_proto(message: pb.StructuredOutput) -> GrammarSpec:
 
 class StructuredOutputs:
     def __init__(
-        self, model_path: str | Path | None, vocab_size: int, eos_token_ids: Sequence[int]
+        self,
+        model_path: str | Path | None,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        *,
+        cache_bytes: int = DEFAULT_CACHE_MIB * 1024 * 1024,
     ) -> None:
+        """``cache_bytes``: memory for compiled formats (grammar.py, entry_bytes)."""
+        self._cache_bytes = cache_bytes
         self._model_path = model_path
         self._vocab_size = vocab_size
         self._eos_token_ids = tuple(eos_token_ids)
@@ -55,7 +66,9 @@ class StructuredOutputs:
                     raise InvalidRequestError(
                         f"this worker cannot constrain output: {err}"
                     ) from err
-                self._compiler = GrammarCompiler(vocab, self._vocab_size)
+                self._compiler = GrammarCompiler(
+                    vocab, self._vocab_size, cache_bytes=self._cache_bytes
+                )
             return self._compiler
 
     def processor(self, message: pb.StructuredOutput) -> GrammarLogitsProcessor:

@@ -68,6 +68,13 @@ def workers_service_name(pool: PoolRef) -> str:
     return f"{pool.name}-workers"
 
 
+def workers_tls_name(pool: PoolRef) -> str:
+    """The name the pool's worker certificate carries (spec.workerTls): workers are dialled
+    by pod IP, by routers over gRPC and by each other over the KV port, and checked
+    against this name instead."""
+    return f"{workers_service_name(pool)}.{pool.namespace}.svc"
+
+
 def gateway_endpoint(pool: PoolRef, port: int) -> str:
     host = f"{gateway_service_name(pool)}.{pool.namespace}.svc"
     return f"http://{host}/v1" if port == 80 else f"http://{host}:{port}/v1"

@@ -21,6 +21,7 @@ from kvflow.operator.builders.names import (
     router_name,
     selector_labels,
     workers_service_name,
+    workers_tls_name,
 )
 from kvflow.operator.builders.worker_token import effective_worker_token
 
@@ -103,7 +104,7 @@ def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
     ]  # fmt: skip
     if spec.worker_tls is not None:
         # Workers are dialled by pod IP; their certificate names the headless Service.
-        args += pods.worker_tls_client_args(f"{workers_service_name(pool)}.{pool.namespace}.svc")
+        args += pods.worker_tls_client_args(workers_tls_name(pool))
     return args + shared_args(spec.router)
 
 

@@ -15,6 +15,7 @@ from kvflow.operator.builders.names import (
     metadata,
     selector_labels,
     worker_deployment_name,
+    workers_tls_name,
 )
 from kvflow.operator.builders.worker_token import effective_worker_token
 
@@ -27,12 +28,17 @@ STARTUP_FAILURES = 120
 STOP_MARGIN_S = 5
 
 
-def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -> list[str]:
+def worker_args(
+    spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int, *, tls_name: str = ""
+) -> list[str]:
     """The `kvflow worker` command line (the worker's CLI contract).
 
     Prefill and decode workers also get their KV transport and the address peers reach
     their KV port at: the pod's IP (Kubernetes expands $(POD_IP) from the env below), since
-    the 0.0.0.0 they listen on is no address a peer can dial.
+    the 0.0.0.0 they listen on is no address a peer can dial. With spec.workerTls their
+    TCP KV port runs mutual TLS from the same files as gRPC (the worker's --kv-tls auto),
+    and a sender checks the receiver's certificate against ``tls_name``
+    (names.workers_tls_name), since it dials a pod IP.
     """
     engine, model = spec.engine, spec.model
     args = ["worker"]
@@ -69,6 +75,9 @@ def worker_args(spec: v1alpha1.InferencePoolSpec, role: WorkerRole, gpus: int) -
         ]  # fmt: skip
     if spec.worker_tls is not None:
         args += pods.worker_tls_server_args()
+        if role != "colocated":
+            assert tls_name, "a pool with workerTls names its workers' certificate"
+            args += ["--kv-tls-server-name", tls_name]
     if engine.simulate:
         args.append("--simulate")
     return args + list(engine.extra_args)
@@ -118,7 +127,7 @@ def worker_deployment(
         "image": engine.image or images.worker,
         "imagePullPolicy": engine.image_pull_policy,
         "command": ["kvflow"],
-        "args": worker_args(spec, role, gpus),
+        "args": worker_args(spec, role, gpus, tls_name=workers_tls_name(pool)),
         "ports": worker_ports(role),
         "env": [
             *pods.common_env(),

@@ -35,8 +35,8 @@ up: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy -p kvflow.proto -p kvflow.engine_worker -p kvflow.router -p kvflow.operator -p kvflow.cli
-	PYTHONPATH=proto:engine_worker:router:operator:cli $(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy -p kvflow.proto -p kvflow.engine_worker -p kvflow.router -p kvflow.operator -p kvflow.sim -p kvflow.loadgen -p kvflow.cli
+	PYTHONPATH=proto:engine_worker:router:operator:sim:loadgen:cli $(VENV)/bin/lint-imports
 	$(PY) tools/gen_proto.py --check
 	$(PY) tools/k8s/gen_crds.py --check
 

@@ -18,7 +18,7 @@ tree=$(mktemp -d)/before
 git -C "$here" worktree add -f --detach "$tree" "$before" > /dev/null
 trap 'git -C "$here" worktree remove --force "$tree"' EXIT
 mkdir -p "$out"
-roots=proto:engine_worker:router:operator:cli
+roots=proto:engine_worker:router:operator:sim:loadgen:cli
 for i in $(seq 1 "$rounds"); do
   for side in before after; do
     dir=$tree; [ "$side" = after ] && dir=$here

@@ -1,6 +1,6 @@
 """Write a generated trace family as a Mooncake-format JSONL file (deterministic by seed).
 
-The families (cli/kvflow/cli/sim/trace_families.py) are what `kvflow sim compare` runs by
+The families (sim/kvflow/sim/trace_families.py) are what `kvflow sim compare` runs by
 name (`--workloads conv-7k,...`); this writes one to a file, to replay it elsewhere
 (`kvflow sim compare --workloads mooncake --trace FILE`, `kvflow bench --trace FILE`).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvflow.cli.sim.trace_families import FAMILIES, family, write_trace
+from kvflow.sim.trace_families import FAMILIES, family, write_trace
 
 
 def main(argv: list[str]) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from kvflow.cli.bench import payloads
-from kvflow.cli.bench.cli import main
+from kvflow.cli.bench import main
+from kvflow.loadgen import payloads
 
 _request_body = payloads.request_body
 

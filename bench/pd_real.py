@@ -50,8 +50,8 @@ from pd_real_run import run_arm  # noqa: E402
 from pd_real_threshold import LOCAL_GATEWAY, PD_GATEWAY, sweep  # noqa: E402
 from pd_real_traffic import Traffic  # noqa: E402
 
-from kvflow.cli.bench.records import RequestRecord  # noqa: E402
-from kvflow.cli.bench.summary import ScheduleLimits  # noqa: E402
+from kvflow.loadgen.records import RequestRecord  # noqa: E402
+from kvflow.loadgen.summary import ScheduleLimits  # noqa: E402
 from kvflow.router.routing.placement import DEFAULT_MIN_REMOTE_PREFILL_TOKENS  # noqa: E402
 
 SCHEMA = "kvflow-pd-real/1"

@@ -14,8 +14,8 @@ from typing import Any
 from pd_real_pool import Arm
 from pd_real_traffic import Kind, Traffic, summarize_run
 
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.summary import ScheduleLimits
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.summary import ScheduleLimits
 
 BASELINE = "colocated"
 # (label, path into an arm's "pooled" dict): the columns of the arms table and the ratios.

@@ -28,12 +28,12 @@ from pd_real_pool import (
 )
 from pd_real_traffic import Traffic, requests_for, schedule, summarize_run
 
-from kvflow.cli.bench.client import BenchClient, Clock
-from kvflow.cli.bench.payloads import Api, EndpointConfig
-from kvflow.cli.bench.progress import Progress
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.runner import run_open_loop
-from kvflow.cli.bench.summary import ScheduleLimits
+from kvflow.loadgen.client import BenchClient, Clock
+from kvflow.loadgen.payloads import Api, EndpointConfig
+from kvflow.loadgen.progress import Progress
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.runner import run_open_loop
+from kvflow.loadgen.summary import ScheduleLimits
 
 
 class RecordingClient(BenchClient):

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pd_real_pool import Pool, counter_delta, pd_counters, process_cpu_s, wait_idle
 from pd_real_traffic import Arrival, Kind, requests_for
 
-from kvflow.cli.bench.client import BenchClient
-from kvflow.cli.bench.payloads import Api, EndpointConfig, encode_body
-from kvflow.cli.bench.runner import start_clock
+from kvflow.loadgen.client import BenchClient
+from kvflow.loadgen.payloads import Api, EndpointConfig, encode_body
+from kvflow.loadgen.runner import start_clock
 
 PD_GATEWAY = "always-pd"
 LOCAL_GATEWAY = "local-prefill"

@@ -9,7 +9,7 @@ Two classes share one open-loop schedule:
 Every arm of one repetition gets the same schedule (arrival times and lengths, from the
 seed and the repetition) and its own text (``content``), so no arm hits a cache another
 arm filled on the same workers. A word of the harness's list is one token (see
-``kvflow.cli.bench.text``), so the lengths below are prompt tokens, exactly.
+``kvflow.loadgen.text``), so the lengths below are prompt tokens, exactly.
 
 Measured: requests scheduled in ``[warmup_s, horizon_s)``. Arrivals go on for
 ``cooldown_s`` more so the last measured streams still decode beside new arrivals; the
@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvflow.cli.bench.arrivals import poisson_offsets_s
-from kvflow.cli.bench.metrics import LatencySummary, latency_summary
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.summary import ScheduleLimits, ScheduleSummary, schedule_summary
-from kvflow.cli.bench.workload import BenchRequest, Segment, TextBlock, content_namespace
+from kvflow.loadgen.arrivals import poisson_offsets_s
+from kvflow.loadgen.metrics import LatencySummary, latency_summary
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.summary import ScheduleLimits, ScheduleSummary, schedule_summary
+from kvflow.loadgen.workload import BenchRequest, Segment, TextBlock, content_namespace
 
 
 class Kind(StrEnum):

@@ -1,5 +1,5 @@
 """Planner settings side by side: a table and a replicas-over-time plot from the JSON
-reports of `python -m kvflow.cli.sim.autoscale_cli` (virtual time, docs/benchmarks.md).
+reports of `python -m kvflow.sim.autoscale_cli` (virtual time, docs/benchmarks.md).
 
     python bench/planner_variants.py --static-peak step=9 --static-peak diurnal=12 \\
         "default=docs/bench-data/planner/scale20-landing.json" \\
@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvflow.cli.sim.autoscale_bench import BenchConfig, shares
 from kvflow.operator.planner import Tuning
+from kvflow.sim.autoscale_bench import BenchConfig, shares
 
 
 def _labelled(specs: list[str]) -> list[tuple[str, dict[str, Any]]]:

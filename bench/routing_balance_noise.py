@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import sys
 
-from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
-from kvflow.cli.bench.metrics import Slo
-from kvflow.cli.bench.shared_prefix import SharedPrefixWorkload
-from kvflow.cli.sim.arms import resolve_arm
-from kvflow.cli.sim.cluster import ClusterSpec
-from kvflow.cli.sim.compare import SHARED_PREFIX_RATES
-from kvflow.cli.sim.ladders import SimLadder
-from kvflow.cli.sim.run import run_point
 from kvflow.engine_worker.sim.profile_file import resolve_profile
+from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
+from kvflow.loadgen.metrics import Slo
+from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
+from kvflow.sim.arms import resolve_arm
+from kvflow.sim.cluster import ClusterSpec
+from kvflow.sim.compare import SHARED_PREFIX_RATES
+from kvflow.sim.ladders import SimLadder
+from kvflow.sim.run import run_point
 
 RATE_PER_S = 80
 WARMUP_REQUESTS = 1200  # as the ladder: twice the measured 600

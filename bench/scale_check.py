@@ -50,8 +50,8 @@ from gateway_http import HttpClient  # noqa: E402
 from scale_metrics import INDEX_METRIC, Histogram, parse_gauge, parse_histogram  # noqa: E402
 from scale_report import print_report, summarize  # noqa: E402
 
-from kvflow.cli.bench.payloads import EndpointConfig, request_body  # noqa: E402
-from kvflow.cli.bench.shared_prefix import SharedPrefixWorkload  # noqa: E402
+from kvflow.loadgen.payloads import EndpointConfig, request_body  # noqa: E402
+from kvflow.loadgen.shared_prefix import SharedPrefixWorkload  # noqa: E402
 from kvflow.proto import worker_pb2 as pb  # noqa: E402
 from kvflow.proto import worker_pb2_grpc as pb_grpc  # noqa: E402
 

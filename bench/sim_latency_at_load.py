@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from kvflow.cli.sim.autoscale import run
-from kvflow.cli.sim.autoscale_bench import BenchConfig, shares, steady
-from kvflow.cli.sim.autoscale_policies import Static
+from kvflow.sim.autoscale import run
+from kvflow.sim.autoscale_bench import BenchConfig, shares, steady
+from kvflow.sim.autoscale_policies import Static
 
 
 def _at(values: list[float], fraction: float) -> float:

@@ -9,25 +9,25 @@ import random
 
 import pytest
 
-from kvflow.cli.bench.arrivals import (
+from kvflow.loadgen.arrivals import (
     ArrivalKind,
     LoadPoint,
     mean_rate_per_s,
     poisson_offsets_s,
     trace_offsets_s,
 )
-from kvflow.cli.bench.client import BenchClient, Clock
-from kvflow.cli.bench.ladder import LadderPlan, open_loop_schedule
-from kvflow.cli.bench.metrics import Slo
-from kvflow.cli.bench.no_reuse import NoReuseWorkload
-from kvflow.cli.bench.payloads import EndpointConfig
-from kvflow.cli.bench.progress import Progress
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.runner import run_closed_loop, run_open_loop
-from kvflow.cli.bench.summary import ScheduleLimits
-from kvflow.cli.bench.trace import TraceRecord
-from kvflow.cli.bench.trace_replay import TraceWorkload
-from kvflow.cli.bench.workload import Workload
+from kvflow.loadgen.client import BenchClient, Clock
+from kvflow.loadgen.ladder import LadderPlan, open_loop_schedule
+from kvflow.loadgen.metrics import Slo
+from kvflow.loadgen.no_reuse import NoReuseWorkload
+from kvflow.loadgen.payloads import EndpointConfig
+from kvflow.loadgen.progress import Progress
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.runner import run_closed_loop, run_open_loop
+from kvflow.loadgen.summary import ScheduleLimits
+from kvflow.loadgen.trace import TraceRecord
+from kvflow.loadgen.trace_replay import TraceWorkload
+from kvflow.loadgen.workload import Workload
 
 
 def test_poisson_schedule_is_seeded_and_has_its_rate() -> None:

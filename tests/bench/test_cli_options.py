@@ -6,12 +6,12 @@ import io
 
 import pytest
 
-from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
-from kvflow.cli.bench.cli import base_url, main, refuses_ignore_eos
-from kvflow.cli.bench.metrics import Slo
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.summary import summarize
+from kvflow.cli.bench import base_url, main, refuses_ignore_eos
 from kvflow.cli.main import main as kvflow_main
+from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
+from kvflow.loadgen.metrics import Slo
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.summary import summarize
 
 URL = ["--url", "http://127.0.0.1:9", "--model", "m"]
 

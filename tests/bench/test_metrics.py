@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
-from kvflow.cli.bench.metrics import Slo, percentile
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.summary import LoadPointSummary, ScheduleLimits, knee, summarize
+from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
+from kvflow.loadgen.metrics import Slo, percentile
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.summary import LoadPointSummary, ScheduleLimits, knee, summarize
 
 SLO = Slo(ttft_s=0.3, tpot_s=0.08)
 POINT = LoadPoint(ArrivalKind.POISSON, 1.0)

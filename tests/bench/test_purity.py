@@ -1,6 +1,6 @@
-"""The bench's workloads, arrivals, metrics and reports stay pure, so the virtual-time
+"""The load generator's workloads, arrivals, metrics and reports stay pure, so the virtual-time
 simulator can reuse them: no network, no clock, no event loop (import-linter holds the
-components' cores; this holds the bench's, by reading each module's imports)."""
+components' cores; this holds the load generator's, by reading each module's imports)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-import kvflow.cli.bench
+import kvflow.loadgen
 
 PURE = ["text", "workload", "shared_prefix", "multi_turn", "no_reuse", "trace", "trace_replay",
         "arrivals", "records", "sse", "payloads", "metrics", "summary", "report_table",
         "report_json"]  # fmt: skip
-SHELLS = ["client", "runner", "ladder", "plots", "progress", "options", "cli"]
+SHELLS = ["client", "runner", "ladder", "plots", "progress", "options"]
 FORBIDDEN = {"httpx", "asyncio", "time", "matplotlib", "socket"} | {
-    f"kvflow.cli.bench.{shell}" for shell in SHELLS
+    f"kvflow.loadgen.{shell}" for shell in SHELLS
 }
-PACKAGE = Path(kvflow.cli.bench.__file__).parent
+PACKAGE = Path(kvflow.loadgen.__file__).parent
 
 
 def imported(module: str) -> set[str]:
@@ -35,7 +35,7 @@ def imported(module: str) -> set[str]:
 @pytest.mark.parametrize("module", PURE)
 def test_pure_module_imports_no_io(module: str) -> None:
     bad = {n for n in imported(module) if n in FORBIDDEN or n.split(".")[0] in FORBIDDEN}
-    assert not bad, f"kvflow.cli.bench.{module} imports {sorted(bad)}"
+    assert not bad, f"kvflow.loadgen.{module} imports {sorted(bad)}"
 
 
 def test_every_module_is_classified() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvflow.cli.bench.payloads import parse_route_header
-from kvflow.cli.bench.sse import StreamAccumulator
+from kvflow.loadgen.payloads import parse_route_header
+from kvflow.loadgen.sse import StreamAccumulator
 
 
 def data(obj: Any) -> str:

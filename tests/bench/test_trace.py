@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvflow.cli.bench.trace import TraceError, TraceRecord, load_trace, parse_trace
+from kvflow.loadgen.trace import TraceError, TraceRecord, load_trace, parse_trace
 
 # The Mooncake trace ships in the repository (traces/, Apache-2.0 with its licence).
 TRACES = Path(os.environ.get("KVFLOW_TRACES_DIR", Path(__file__).parents[2] / "traces"))

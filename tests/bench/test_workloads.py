@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from kvflow.cli.bench.multi_turn import MultiTurnWorkload
-from kvflow.cli.bench.no_reuse import NoReuseWorkload
-from kvflow.cli.bench.payloads import Api, EndpointConfig, request_body
-from kvflow.cli.bench.shared_prefix import SharedPrefixWorkload
-from kvflow.cli.bench.text import VOCAB_SIZE, WORDS, block_word_ids
-from kvflow.cli.bench.trace import TraceRecord
-from kvflow.cli.bench.trace_replay import TraceWorkload
-from kvflow.cli.bench.workload import BenchRequest, Workload, prompt_word_ids
+from kvflow.loadgen.multi_turn import MultiTurnWorkload
+from kvflow.loadgen.no_reuse import NoReuseWorkload
+from kvflow.loadgen.payloads import Api, EndpointConfig, request_body
+from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
+from kvflow.loadgen.text import VOCAB_SIZE, WORDS, block_word_ids
+from kvflow.loadgen.trace import TraceRecord
+from kvflow.loadgen.trace_replay import TraceWorkload
+from kvflow.loadgen.workload import BenchRequest, Workload, prompt_word_ids
 
 CHAT = EndpointConfig("http://x/v1", "m")
 COMPLETIONS = EndpointConfig("http://x/v1", "m", api=Api.COMPLETIONS)

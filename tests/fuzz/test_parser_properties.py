@@ -20,7 +20,7 @@ from fuzz.json_strategies import JSON, bodies
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kvflow.cli.bench.trace import TraceError, TraceRecord, parse_trace, parse_trace_line
+from kvflow.loadgen.trace import TraceError, TraceRecord, parse_trace, parse_trace_line
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.protocol.requests import (
     ChatRequest,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.sim.autoscale import ReplicaSample, Slo, run
-from kvflow.cli.sim.autoscale_bench import (
+from kvflow.loadgen.records import RequestRecord
+from kvflow.operator.planner import Observation
+from kvflow.sim.autoscale import ReplicaSample, Slo, run
+from kvflow.sim.autoscale_bench import (
     BenchConfig,
     Cell,
     follower_replica_hours,
@@ -21,12 +22,11 @@ from kvflow.cli.sim.autoscale_bench import (
     smallest_static,
     steady,
 )
-from kvflow.cli.sim.autoscale_cli import config_from, main, parser
-from kvflow.cli.sim.autoscale_metrics import Bucket, Score, recovery_s, replica_hours, score
-from kvflow.cli.sim.autoscale_policies import Planner, PoolSample, Reactive, Static
-from kvflow.cli.sim.autoscale_report import report_dict, table
-from kvflow.cli.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
-from kvflow.operator.planner import Observation
+from kvflow.sim.autoscale_cli import config_from, main, parser
+from kvflow.sim.autoscale_metrics import Bucket, Score, recovery_s, replica_hours, score
+from kvflow.sim.autoscale_policies import Planner, PoolSample, Reactive, Static
+from kvflow.sim.autoscale_report import report_dict, table
+from kvflow.sim.autoscale_traffic import Traffic, arrival_times_s, trace_times_s
 
 TRACES = Path(__file__).parents[2] / "traces" / "mooncake-fast25"
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from kvflow.cli.sim.arms import resolve_arm
-from kvflow.cli.sim.autoscale_cluster import ElasticCluster
-from kvflow.cli.sim.autoscale_observe import percentile, sample
-from kvflow.cli.sim.autoscale_traffic import Traffic, requests_for
-from kvflow.cli.sim.cluster import ClusterSpec
 from kvflow.engine_worker.sim.profiles import named_profile
 from kvflow.router.serving.admission import AdmissionConfig
+from kvflow.sim.arms import resolve_arm
+from kvflow.sim.autoscale_cluster import ElasticCluster
+from kvflow.sim.autoscale_observe import percentile, sample
+from kvflow.sim.autoscale_traffic import Traffic, requests_for
+from kvflow.sim.cluster import ClusterSpec
 
 PROFILE = dataclasses.replace(
     named_profile("h100-llama3-8b"),  # type: ignore[arg-type]

@@ -20,8 +20,6 @@ import pytest
 import torch
 from testkit.tiny_model import write_tiny_llama
 
-from kvflow.cli.sim.events import EventQueue
-from kvflow.cli.sim.worker import SimWorker
 from kvflow.engine_worker.app import build_worker
 from kvflow.engine_worker.core.engine import Engine, ModelRunner, SampledToken
 from kvflow.engine_worker.core.kv_events import KvEventKind
@@ -31,6 +29,8 @@ from kvflow.engine_worker.core.scheduler import SchedulerOutput
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.step_model import StepTiming
+from kvflow.sim.events import EventQueue
+from kvflow.sim.worker import SimWorker
 
 BLOCK_SIZE = 4
 # 18 blocks of 4: wave 0's four prompts sharing 3 blocks outgrow it (preemption), wave 1

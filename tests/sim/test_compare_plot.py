@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kvflow.cli.sim.cli import main
-from kvflow.cli.sim.plots import PlotError, merged_ladders
+from kvflow.cli.sim import main
+from kvflow.sim.plots import PlotError, merged_ladders
 
 CONFIG = {"profile": "h100-llama3-8b", "num_workers": 8, "num_kv_blocks": None,
           "slo": {"ttft_s": 1.0, "tpot_s": 0.1}, "seed": 0, "quick": False}  # fmt: skip

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import pytest
 
-from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
-from kvflow.cli.bench.metrics import Slo
-from kvflow.cli.bench.no_reuse import NoReuseWorkload
-from kvflow.cli.bench.shared_prefix import SharedPrefixWorkload
-from kvflow.cli.bench.summary import knee
-from kvflow.cli.sim.arms import resolve_arm
-from kvflow.cli.sim.cluster import ClusterSpec
-from kvflow.cli.sim.compare import ArmLadder, ComparisonConfig, ComparisonResult, verdicts
-from kvflow.cli.sim.ladders import SimLadder, run_ladder
 from kvflow.engine_worker.sim.profiles import named_profile
+from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
+from kvflow.loadgen.metrics import Slo
+from kvflow.loadgen.no_reuse import NoReuseWorkload
+from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
+from kvflow.loadgen.summary import knee
+from kvflow.sim.arms import resolve_arm
+from kvflow.sim.cluster import ClusterSpec
+from kvflow.sim.compare import ArmLadder, ComparisonConfig, ComparisonResult, verdicts
+from kvflow.sim.ladders import SimLadder, run_ladder
 
 # A 1,152-token prompt prefills in 38 ms, its 128-token question alone in 10 ms: 200 ms
 # is about five full prefills of queueing.

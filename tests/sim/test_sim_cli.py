@@ -6,8 +6,8 @@ import io
 import json
 from pathlib import Path
 
-from kvflow.cli.bench.cli import main as bench_main
-from kvflow.cli.sim.cli import main
+from kvflow.cli.bench import main as bench_main
+from kvflow.cli.sim import main
 from kvflow.engine_worker.sim.profile_file import write_profile
 from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.proto.step_model import StepTiming

@@ -6,14 +6,16 @@ import math
 
 import pytest
 
-from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
-from kvflow.cli.bench.metrics import Slo
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.summary import LoadPointSummary, summarize
-from kvflow.cli.sim.cluster import ClusterSpec
-from kvflow.cli.sim.compare import ArmLadder, ComparisonConfig, ComparisonResult, verdicts
-from kvflow.cli.sim.report import render
-from kvflow.cli.sim.targets import (
+from kvflow.engine_worker.sim.profiles import SimProfile
+from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
+from kvflow.loadgen.metrics import Slo
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.summary import LoadPointSummary, summarize
+from kvflow.proto.step_model import StepTiming
+from kvflow.sim.cluster import ClusterSpec
+from kvflow.sim.compare import ArmLadder, ComparisonConfig, ComparisonResult, verdicts
+from kvflow.sim.report import render
+from kvflow.sim.targets import (
     balance_target,
     hit_rate_target,
     knee_target,
@@ -21,8 +23,6 @@ from kvflow.cli.sim.targets import (
     saturation_index,
     ttft_targets,
 )
-from kvflow.engine_worker.sim.profiles import SimProfile
-from kvflow.proto.step_model import StepTiming
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.1)
 
@@ -108,7 +108,7 @@ def test_numbers_without_a_target_are_reported_as_info_never_met() -> None:
 
 
 def test_family_targets_judge_up_to_least_loadeds_knee_and_round_robin_past_it() -> None:
-    from kvflow.cli.sim.targets import family_targets
+    from kvflow.sim.targets import family_targets
 
     ladders = {
         "kvflow": ladder([0.20, 0.30, 2.0]),

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvflow.cli.bench.arrivals import ArrivalKind, LoadPoint
-from kvflow.cli.bench.metrics import Slo
-from kvflow.cli.bench.trace import parse_trace
-from kvflow.cli.bench.trace_replay import TraceWorkload
-from kvflow.cli.sim.arms import resolve_arm
-from kvflow.cli.sim.cluster import ClusterSpec
-from kvflow.cli.sim.ladders import SimLadder, run_ladder
-from kvflow.cli.sim.trace_families import FAMILIES, family, generate, trace_lines
 from kvflow.engine_worker.sim.profiles import named_profile
+from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
+from kvflow.loadgen.metrics import Slo
+from kvflow.loadgen.trace import parse_trace
+from kvflow.loadgen.trace_replay import TraceWorkload
+from kvflow.sim.arms import resolve_arm
+from kvflow.sim.cluster import ClusterSpec
+from kvflow.sim.ladders import SimLadder, run_ladder
+from kvflow.sim.trace_families import FAMILIES, family, generate, trace_lines
 
 
 def test_a_family_is_deterministic_by_seed_and_parses_as_a_mooncake_trace() -> None:

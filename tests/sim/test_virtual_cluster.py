@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvflow.cli.bench.records import RequestRecord
-from kvflow.cli.bench.shared_prefix import SharedPrefixWorkload
-from kvflow.cli.bench.workload import BenchRequest, Segment, TextBlock
-from kvflow.cli.sim.arms import ARMS, resolve_arm
-from kvflow.cli.sim.cluster import ClusterSpec, VirtualCluster
 from kvflow.engine_worker.sim.profiles import SimProfile
+from kvflow.loadgen.records import RequestRecord
+from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
+from kvflow.loadgen.workload import BenchRequest, Segment, TextBlock
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.types import WorkerId
+from kvflow.sim.arms import ARMS, resolve_arm
+from kvflow.sim.cluster import ClusterSpec, VirtualCluster
 
 TIMING = StepTiming(base_step_s=0.010, per_prefill_token_s=0.001, per_decode_seq_s=0.002)
 

@@ -26,10 +26,10 @@ COMMANDS: dict[str, Command] = {
     "router": Command("kvflow.router.cli", "router", "run the OpenAI-compatible gateway"),
     "operator": Command("kvflow.operator.cli", "operator", "run the Kubernetes operator"),
     "bench": Command(
-        "kvflow.cli.bench.cli", "router", "load an OpenAI-compatible endpoint and report latency"
+        "kvflow.cli.bench", "router", "load an OpenAI-compatible endpoint and report latency"
     ),
     "sim": Command(
-        "kvflow.cli.sim.cli",
+        "kvflow.cli.sim",
         "dev",
         "simulated clusters in virtual time (bench, compare, calibrate)",
     ),

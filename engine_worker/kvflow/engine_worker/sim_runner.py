@@ -7,7 +7,7 @@ timing model says (``sim/timing.py``: a linear model of prefill tokens, decoding
 and KV read, with coefficients from a profile, ``sim/profiles.py``).
 
 ``sleep`` is how time passes: ``time.sleep`` in a worker process (wall time), a
-worker-local clock's advance in the virtual-time cluster (``kvflow.cli.sim``), where one
+worker-local clock's advance in the virtual-time cluster (``kvflow.sim``), where one
 process steps dozens of these over a discrete-event clock. A zero model streams instantly
 (for measuring gateway overhead). Fit a profile to the real engine (``kvflow profile``)
 before trusting policy results.

@@ -20,25 +20,19 @@ from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.workers.client import WorkerClient
 from kvflow.router.workers.deadlines import quarantine_s
 from kvflow.router.workers.kv_events import KvEventFollower
+from kvflow.router.workers.load import LOAD_INTERVAL_S, estimate_queue_depth
 from kvflow.router.workers.tls import WorkerTls
 
 log = logging.getLogger("kvflow.router.workers")
 
 # Load every 250 ms: 16 workers cost 64 small calls a second, and between polls this
 # router's own in-flight count keeps the estimate current (estimate_queue_depth).
-LOAD_INTERVAL_S = 0.25
 HEALTH_EVERY_N_LOADS = 4
 # A worker that failed is probed again this often, so a restarted one returns quickly.
 UNHEALTHY_RETRY_S = 0.5
 # Generous: a probe that times out marks the worker unhealthy, and a busy 2-core machine
 # can stall an event loop for a second.
 PROBE_TIMEOUT_S = 3.0
-
-
-def estimate_queue_depth(num_reported: int, num_local_now: int, num_local_at_report: int) -> int:
-    """Requests queued or running on a worker: its last report, corrected by what this
-    router has started or finished there since (reports are up to LOAD_INTERVAL_S old)."""
-    return max(0, num_reported + num_local_now - num_local_at_report)
 
 
 # A worker that refused with its queue full is not routed to for this long when it names

@@ -250,13 +250,15 @@ class ScorerWeights:
 
 @dataclass(frozen=True)
 class WorkerTlsSpec:
-    """Worker gRPC over mutual TLS, from a Secret laid out as cert-manager issues one."""
+    """Worker gRPC and the TCP KV port over mutual TLS, from a Secret laid out as cert-manager
+    issues one."""
 
     secret_name: str = field(
         """A Secret in the pool's namespace with tls.crt, tls.key and ca.crt (a cert-manager
         Certificate's). Its certificate must name <pool>-workers.<namespace>.svc and allow
         server and client auth: workers serve with it and require callers to present one
-        the same CA signed; the pool's routers present it.""",
+        the same CA signed; the pool's routers present it, and prefill workers present it
+        to the decode workers they send KV to.""",
         min_length=1,
         max_length=253,
     )

@@ -22,7 +22,7 @@ OWNED_WORKER_FLAGS = frozenset(
         "--device", "--dtype", "--block-size", "--max-num-batched-tokens", "--max-num-seqs",
         "--max-model-len", "--kv-cache-gib", "--simulate", "--drain-timeout-s",
         "--kv-transport", "--kv-port", "--advertise-host", "--kv-cache-dtype",
-        "--gpu-memory-utilization", "--tensor-parallel-size", "-tp",
+        "--gpu-memory-utilization", "--tensor-parallel-size", "-tp", "--kv-tls-server-name",
     }
 )  # fmt: skip
 

@@ -50,8 +50,8 @@ class StubWorker(pb_grpc.WorkerServicer):
             request.prompt_token_ids,
             block_size=BLOCK_SIZE,
             seed=self.info.hash_seed,
-            salt=request.cache_salt,
-            num_public_blocks=request.num_public_blocks,
+            salt=request.context.cache_salt,
+            num_public_blocks=request.context.num_public_blocks,
         )
         if not hashes:
             return

@@ -164,20 +164,27 @@ def test_bad_input_is_invalid_argument_and_the_worker_keeps_serving(
     )
 
 
+# The salt as routers send it (RequestContext) and as routers before it did (the loose
+# deprecated fields, still read when no context is set): both hash the blocks alike.
+@pytest.mark.parametrize("wire", ["context", "legacy"])
 def test_kv_events_snapshot_then_numbered_events(
-    stub: pb_grpc.WorkerStub, worker: WorkerProcess
+    stub: pb_grpc.WorkerStub, worker: WorkerProcess, wire: str
 ) -> None:
     seed = stub.Health(pb.HealthRequest()).info.hash_seed
     events = stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest(), timeout=30)
     snapshot = next(events)
     assert snapshot.is_snapshot
-    prompt = list(range(7000, 7000 + 64))
+    start = 7000 if wire == "context" else 7100
+    prompt = list(range(start, start + 64))
     req = pb.GenerateRequest(
-        request_id="events-1",
+        request_id=f"events-{wire}",
         prompt_token_ids=prompt,
-        cache_salt="tenant-x",
         sampling=pb.SamplingParams(max_tokens=1, ignore_eos=True),
     )
+    if wire == "context":
+        req.context.cache_salt = "tenant-x"
+    else:
+        req.cache_salt = "tenant-x"
     list(stub.Generate(req, timeout=30))
     batch = next(events)
     assert not batch.is_snapshot

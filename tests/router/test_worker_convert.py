@@ -22,6 +22,7 @@ from kvflow.router.workers.records import (
     KvReservation,
     PrefillInput,
     TokenChunk,
+    WorkerContext,
     WorkerUsage,
 )
 
@@ -41,12 +42,16 @@ def test_sampling_options_become_sampling_params() -> None:
 
 
 def test_generate_input_with_and_without_remote_prefill() -> None:
-    g = GenerateInput("r-c0-a0", [1, 2, 3], SAMPLING, "salt", 2, 1)
+    g = GenerateInput("r-c0-a0", [1, 2, 3], SAMPLING, WorkerContext("salt", 2, 1))
     request = to_generate_request(g)
     assert (request.request_id, list(request.prompt_token_ids)) == ("r-c0-a0", [1, 2, 3])
-    assert (request.cache_salt, request.priority, request.num_public_blocks) == ("salt", 2, 1)
-    assert not request.HasField("remote_prefill") and request.tenant == ""
-    assert to_generate_request(replace(g, tenant="acme")).tenant == "acme"
+    ctx = request.context
+    assert (ctx.cache_salt, ctx.priority, ctx.num_public_blocks, ctx.tenant) == ("salt", 2, 1, "")
+    # The deprecated loose fields stay empty: a worker reads them only without a context.
+    assert (request.cache_salt, request.priority, request.tenant) == ("", 0, "")
+    assert not request.HasField("remote_prefill")
+    acme = replace(g, context=WorkerContext("salt", tenant="acme"))
+    assert to_generate_request(acme).context.tenant == "acme"
     request = to_generate_request(replace(g, remote_prefill_timeout_s=2.5))
     assert request.remote_prefill.version == pb.KV_HANDOFF_VERSION_1
     assert request.remote_prefill.timeout_s == 2.5
@@ -59,9 +64,13 @@ def test_responses_become_chunks_and_reservations() -> None:
     assert isinstance(got, KvReservation)
     assert (got.first_token, got.end_token, got.num_tokens) == (16, 64, 48)
     # Handed on verbatim to the prefill worker.
-    prefill = to_prefill_request(PrefillInput("r", [1] * 70, "s", 1, 0), got)
+    context = WorkerContext("s", 1, 0, "acme")
+    prefill = to_prefill_request(PrefillInput("r", [1] * 70, context), got)
     assert prefill.destination == reservation
-    assert (prefill.request_id, len(prefill.prompt_token_ids), prefill.cache_salt) == ("r", 70, "s")
+    assert (prefill.request_id, len(prefill.prompt_token_ids)) == ("r", 70)
+    # The prefill half carries the same context as its decode half.
+    decode = to_generate_request(GenerateInput("r", [1], SAMPLING, context))
+    assert prefill.context == decode.context
 
     final = pb.GenerateResponse(
         token_ids=[4, 5],

@@ -36,6 +36,7 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.loop_records import KvReservationOut, KvSnapshot
 from kvflow.engine_worker.metrics import WorkerMetrics
+from kvflow.engine_worker.wire_context import request_context
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
@@ -223,6 +224,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             remote_kv_timeout_s = request.remote_prefill.timeout_s
         trace_parent = tracing.parent_from(context)  # None unless tracing is on and asked
         try:
+            ctx = request_context(request)
             sampling = sampling_from_proto(request.sampling)
             if request.HasField("structured_output"):
                 sampling = await self._constrained(sampling, request.structured_output)
@@ -230,10 +232,10 @@ class WorkerService(pb_grpc.WorkerServicer):
                 request.request_id,
                 list(request.prompt_token_ids),
                 sampling,
-                cache_salt=request.cache_salt,
-                num_public_blocks=request.num_public_blocks,
-                priority=request.priority,
-                tenant=request.tenant or None,
+                cache_salt=ctx.cache_salt,
+                num_public_blocks=ctx.num_public_blocks,
+                priority=ctx.priority,
+                tenant=ctx.tenant or None,
                 remote_kv_timeout_s=remote_kv_timeout_s,
             )
             # A client that goes away closes this handler at a yield: close the engine's
@@ -270,6 +272,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         target = SendTarget(dest.transfer_id, dest.endpoint, dest.tag, dest.decode_instance_id)
+        ctx = request_context(request)
         try:
             result = await self.loop.prefill(
                 request.request_id,
@@ -278,10 +281,10 @@ class WorkerService(pb_grpc.WorkerServicer):
                 first_token=dest.first_token,
                 end_token=dest.end_token,
                 timeout_s=dest.deadline_s,
-                cache_salt=request.cache_salt,
-                num_public_blocks=request.num_public_blocks,
-                priority=request.priority,
-                tenant=request.tenant or None,
+                cache_salt=ctx.cache_salt,
+                num_public_blocks=ctx.num_public_blocks,
+                priority=ctx.priority,
+                tenant=ctx.tenant or None,
             )
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

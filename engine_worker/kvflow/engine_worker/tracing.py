@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from kvflow.engine_worker.wire_context import request_context
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto.otel import TracingConfig, tracer_provider
 from kvflow.proto.roles import Role
@@ -101,7 +102,7 @@ def record_generate(
         start_time=arrival_ns,
         attributes={
             "kvflow.worker_request_id": request.request_id,
-            "kvflow.tenant": request.tenant,
+            "kvflow.tenant": request_context(request).tenant,
             "kvflow.worker.role": Role.from_pb(info.role).value,
             "kvflow.worker.instance_id": info.instance_id,
             "gen_ai.request.model": info.model,
@@ -151,7 +152,7 @@ def record_prefill(
         start_time=arrival_ns,
         attributes={
             "kvflow.worker_request_id": request.request_id,
-            "kvflow.tenant": request.tenant,
+            "kvflow.tenant": request_context(request).tenant,
             "kvflow.worker.role": Role.from_pb(info.role).value,
             "gen_ai.request.model": info.model,
             "gen_ai.usage.input_tokens": len(request.prompt_token_ids),

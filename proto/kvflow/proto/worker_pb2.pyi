@@ -100,10 +100,11 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "priority", "num_public_blocks", "remote_prefill", "structured_output", "tenant")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "context", "cache_salt", "priority", "num_public_blocks", "remote_prefill", "structured_output", "tenant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     NUM_PUBLIC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -113,13 +114,26 @@ class GenerateRequest(_message.Message):
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
+    context: RequestContext
     cache_salt: str
     priority: int
     num_public_blocks: int
     remote_prefill: RemotePrefillParams
     structured_output: StructuredOutput
     tenant: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ..., remote_prefill: _Optional[_Union[RemotePrefillParams, _Mapping]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., context: _Optional[_Union[RequestContext, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ..., remote_prefill: _Optional[_Union[RemotePrefillParams, _Mapping]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class RequestContext(_message.Message):
+    __slots__ = ("tenant", "cache_salt", "priority", "num_public_blocks")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    NUM_PUBLIC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    cache_salt: str
+    priority: int
+    num_public_blocks: int
+    def __init__(self, tenant: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "lark", "ebnf")
@@ -168,22 +182,24 @@ class KvReservation(_message.Message):
     def __init__(self, version: _Optional[_Union[KvHandoffVersion, str]] = ..., transfer_id: _Optional[str] = ..., decode_instance_id: _Optional[str] = ..., transport: _Optional[_Union[KvTransport, str]] = ..., endpoint: _Optional[str] = ..., first_token: _Optional[int] = ..., end_token: _Optional[int] = ..., kv_layout: _Optional[str] = ..., tag: _Optional[int] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "cache_salt", "num_public_blocks", "priority", "destination", "tenant")
+    __slots__ = ("request_id", "prompt_token_ids", "context", "destination", "cache_salt", "num_public_blocks", "priority", "tenant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     NUM_PUBLIC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
-    DESTINATION_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    context: RequestContext
+    destination: KvReservation
     cache_salt: str
     num_public_blocks: int
     priority: int
-    destination: KvReservation
     tenant: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., num_public_blocks: _Optional[int] = ..., priority: _Optional[int] = ..., destination: _Optional[_Union[KvReservation, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., context: _Optional[_Union[RequestContext, _Mapping]] = ..., destination: _Optional[_Union[KvReservation, _Mapping]] = ..., cache_salt: _Optional[str] = ..., num_public_blocks: _Optional[int] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("num_computed_tokens", "num_cached_tokens", "num_sent_blocks", "num_sent_bytes", "queued_s", "prefill_s", "transfer_s")

@@ -183,9 +183,7 @@ class PlanExecutor:
         reservation: KvReservation,
     ) -> None:
         """The prefill half; if it fails, the decode worker is told to prefill locally."""
-        job = PrefillInput(request.request_id, request.prompt_token_ids, request.cache_salt,
-                           request.priority, request.num_public_blocks,
-                           request.tenant)  # fmt: skip
+        job = PrefillInput(request.request_id, request.prompt_token_ids, request.context)
         metrics = self._metrics
         try:
             with self._pool.request_open(WorkerId(client.address)):

@@ -31,7 +31,7 @@ from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.text.tokenizer import TextTokenizer
 from kvflow.router.workers.pool import WorkerPool
-from kvflow.router.workers.records import GenerateInput
+from kvflow.router.workers.records import GenerateInput, WorkerContext
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -163,10 +163,14 @@ class GenerationService:
     ) -> None:
         info = self.model_info(caller.model)
         tokens = spec.prompt_token_ids
-        salt = caller.tenant.cache_salt
-        num_public = self._public.num_public_blocks(tokens, info.block_size)
-        hashes = PromptHashes(self._hasher, tokens, info.block_size, info.hash_seed, salt,
-                              num_public)  # fmt: skip
+        context = WorkerContext(
+            cache_salt=caller.tenant.cache_salt,
+            priority=caller.tenant.priority,
+            num_public_blocks=self._public.num_public_blocks(tokens, info.block_size),
+            tenant=caller.tenant.name,
+        )
+        hashes = PromptHashes(self._hasher, tokens, info.block_size, info.hash_seed,
+                              context.cache_salt, context.num_public_blocks)  # fmt: skip
         excluded: set[WorkerId] = set()
         last_failure = ""
         busy_retry_after_s: list[float] = []  # the hints of the workers that were full
@@ -184,10 +188,7 @@ class GenerationService:
                 request_id=trace.attempt_id(spec.index, attempt),
                 prompt_token_ids=tokens,
                 sampling=spec.sampling,
-                cache_salt=salt,
-                priority=caller.tenant.priority,
-                num_public_blocks=num_public,
-                tenant=caller.tenant.name,
+                context=context,
             )
             sink: list[ChoiceDelta | ChoiceUsage] = []
             choice = ChoiceStream(

@@ -13,6 +13,7 @@ from kvflow.router.workers.records import (
     PrefillResult,
     TokenChunk,
     TokenLogprobs,
+    WorkerContext,
     WorkerUsage,
 )
 
@@ -49,15 +50,17 @@ def to_sampling_params(s: SamplingOptions) -> pb.SamplingParams:
     return params
 
 
+def to_request_context(c: WorkerContext) -> pb.RequestContext:
+    return pb.RequestContext(tenant=c.tenant, cache_salt=c.cache_salt, priority=c.priority,
+                             num_public_blocks=c.num_public_blocks)  # fmt: skip
+
+
 def to_generate_request(g: GenerateInput) -> pb.GenerateRequest:
     request = pb.GenerateRequest(
         request_id=g.request_id,
         prompt_token_ids=g.prompt_token_ids,
         sampling=to_sampling_params(g.sampling),
-        cache_salt=g.cache_salt,
-        priority=g.priority,
-        num_public_blocks=g.num_public_blocks,
-        tenant=g.tenant,
+        context=to_request_context(g.context),
     )
     constraint = g.sampling.constraint
     if constraint is not None:
@@ -98,11 +101,8 @@ def to_prefill_request(p: PrefillInput, destination: KvReservation) -> pb.Prefil
     return pb.PrefillRequest(
         request_id=p.request_id,
         prompt_token_ids=p.prompt_token_ids,
-        cache_salt=p.cache_salt,
-        num_public_blocks=p.num_public_blocks,
-        priority=p.priority,
+        context=to_request_context(p.context),
         destination=pb.KvReservation.FromString(destination.wire),
-        tenant=p.tenant,
     )
 
 

@@ -16,16 +16,24 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerContext:
+    """Who a request runs for and what of a worker it may share (the wire's RequestContext):
+    one value for a choice's generate and prefill requests alike."""
+
+    cache_salt: str
+    priority: int = 0
+    num_public_blocks: int = 0
+    tenant: str = ""  # keys the workers' fair sharing; empty: the cache salt does
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateInput:
     """One attempt at one choice, on one worker."""
 
     request_id: str  # unique on the worker: "<request id>-c<choice>-a<attempt>"
     prompt_token_ids: Sequence[int]
     sampling: SamplingOptions  # `seed` already this choice's own
-    cache_salt: str
-    priority: int
-    num_public_blocks: int
-    tenant: str = ""  # keys the workers' fair sharing; empty: the cache salt does
+    context: WorkerContext
     # Set on the decode half of a disaggregated plan: the worker reserves the blocks it
     # lacks, answers with a KvReservation first, and waits this long for them.
     remote_prefill_timeout_s: float | None = None
@@ -77,10 +85,7 @@ class KvReservation:
 class PrefillInput:
     request_id: str
     prompt_token_ids: Sequence[int]  # the whole prompt: hashes need every block
-    cache_salt: str
-    priority: int
-    num_public_blocks: int
-    tenant: str = ""
+    context: WorkerContext
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,6 +124,8 @@ class Pair:
         return TransferBlocks.in_cache(self.cache, IDS)
 
     def fail(self, kind: int) -> KvTransferError:
+        """Fail one transfer, and return its error (with its traceback: the caller keeps
+        it, as an engine may, and that must not keep the failed group alive)."""
         number = next(self.numbers)
         transfer_id = f"decode-{number}"
         if kind == 1:  # the peer refuses
@@ -167,8 +169,9 @@ def _run(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     pair.settle()
     before = Usage.now()
     started_s = time.monotonic()
+    kept = list(pair.failures(count))  # held to the end, as a caller may hold them
     errors: dict[str, int] = {}
-    for error in pair.failures(count):
+    for error in kept:
         errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1
     elapsed_s = time.monotonic() - started_s
     pair.settle()

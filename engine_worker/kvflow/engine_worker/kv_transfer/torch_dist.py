@@ -42,6 +42,7 @@ import os
 import socket
 import threading
 import time
+import traceback
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -128,6 +129,13 @@ def apply_nccl_watchdog_env(environ: MutableMapping[str, str] = os.environ) -> N
             log.warning("%s=%s overridden to %s: a dead KV peer must not end this worker",
                         name, old, value)  # fmt: skip
         environ[name] = value
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Clear the locals of the frames a failed transfer's error carries: they hold its group
+    (and its pending work), which would otherwise live, sockets, threads and NCCL buffers,
+    for as long as anyone keeps the error, past the parked group's destroy."""
+    traceback.clear_frames(exc.__traceback__)
 
 
 def nccl_options(timeout_s: float) -> Any:
@@ -302,9 +310,11 @@ class TorchDistTransport:
                 group, expected.blocks, expected.tag, deadline_s, self._pipe(expected.blocks),
                 what=f"receiving transfer {transfer_id}",
             )  # fmt: skip
-        except KvTransferError:
+        except KvTransferError as exc:
             if name is not None:
                 self._retire(self._store, name)
+            group = None
+            _drop_frames(exc)
             raise
         finally:
             with self._lock:
@@ -387,11 +397,13 @@ class TorchDistTransport:
                 group, blocks, target.tag, deadline, self._pipe(blocks),
                 what=f"sending transfer {target.transfer_id}",
             )  # fmt: skip
-        except KvTransferError:
+        except KvTransferError as exc:
             with self._lock:
                 if self._send_group.get(peer) == name:
                     del self._send_group[peer]
             self._retire(store, name)
+            group = None
+            _drop_frames(exc)
             raise
 
     def _check_answer(

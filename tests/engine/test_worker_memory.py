@@ -120,6 +120,13 @@ def test_a_real_worker_exports_its_weights_and_cache(tiny: Path) -> None:
     assert m['kvflow_worker_kv_cache_bytes{dtype="int8+float16scales"}'] == blocks * 2304
     weights = load_model(str(tiny))[0]
     assert m['kvflow_worker_weight_bytes{dtype="float32"}'] == weight_memory(weights)["float32"]
+    # The device split, from the same accounting; a CPU has no graphs and no "other".
+    assert m['kvflow_worker_device_memory_bytes{part="weights"}'] == sum(
+        weight_memory(weights).values()
+    )
+    assert m['kvflow_worker_device_memory_bytes{part="kv_cache"}'] == blocks * 2304
+    assert m['kvflow_worker_device_memory_bytes{part="cuda_graphs"}'] == 0
+    assert 'kvflow_worker_device_memory_bytes{part="other"}' not in m
 
 
 def test_flags_refuse_what_cannot_work(capsys: pytest.CaptureFixture[str]) -> None:

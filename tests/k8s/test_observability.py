@@ -44,6 +44,13 @@ ALERTS = {
     "KvflowTTFTP99High", "KvflowTPOTP99High", "KvflowErrorRateHigh", "KvflowNoHealthyWorkers",
     "KvflowGatewayDown", "KvflowWorkerDown", "KvflowKVCacheNearlyFull", "KvflowQueueGrowing",
     "KvflowShedding", "KvflowDeadlineMisses", "KvflowTenantsStale", "KvflowQuotaStoreDown",
+    "KvflowGPUMemoryFull", "KvflowGPUXidError",
+}  # fmt: skip
+# NVIDIA DCGM exporter fields the alerts and the GPU panels query (its default counters,
+# dcgm-exporter's etc/default-counters.csv): a typo would leave a panel empty.
+DCGM_FIELDS = {
+    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS",
 }  # fmt: skip
 # Labels a series gets from the PodMonitors, not from the code (Prometheus adds instance).
 TARGET_LABELS = {"job", "namespace", "pod", "pool", "role", "container", "instance"}
@@ -93,6 +100,42 @@ def run_promtool(promtool: Path, *args: str) -> subprocess.CompletedProcess[str]
 def test_monitoring_is_off_by_default(binaries: Binaries, tmp_path: Path) -> None:
     kinds = {d["kind"] for d in helm_template(binaries, tmp_path)}
     assert not kinds & {"PodMonitor", "PrometheusRule", "ConfigMap"}
+    # The kvflow monitors on leave the DCGM exporter's off: it is a flag of its own.
+    docs = helm_template(binaries, tmp_path, *ALL_ON)
+    names = {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}
+    assert names == {"kvflow-router", "kvflow-worker"}
+
+
+def test_dcgm_exporter_pod_monitor(binaries: Binaries, tmp_path: Path) -> None:
+    docs = helm_template(binaries, tmp_path, "--set", "monitoring.dcgmPodMonitor.enabled=true",
+                         "--set", "monitoring.dcgmPodMonitor.labels.release=prom")  # fmt: skip
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["metadata"]["name"] == "kvflow-dcgm-exporter"
+    assert monitor["metadata"]["namespace"] == SYSTEM_NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
+    assert spec["selector"] == {"matchLabels": {"app": "nvidia-dcgm-exporter"}}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == (
+        "metrics",
+        "/metrics",
+        "15s",
+    )
+    # The GPU's own pod and namespace (the exporter's labels) must win over the target's.
+    assert endpoint["honorLabels"] is True
+    assert {"targetLabel": "job", "replacement": "dcgm-exporter"} in endpoint["relabelings"]
+    # The standalone dcgm-exporter chart, in any namespace (null drops the default label).
+    values = tmp_path / "dcgm.yaml"
+    selector = {"app": None, "app.kubernetes.io/name": "dcgm-exporter"}
+    values.write_text(yaml.safe_dump({"monitoring": {"dcgmPodMonitor": {
+        "enabled": True, "namespaces": [], "selector": selector}}}))  # fmt: skip
+    docs = helm_template(binaries, tmp_path, "-f", str(values))
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["selector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "dcgm-exporter"}
+    }
 
 
 def test_helm_lint_strict_with_monitoring_on(binaries: Binaries, tmp_path: Path) -> None:
@@ -108,6 +151,9 @@ def test_values_schema_rejects_bad_monitoring_values(binaries: Binaries, tmp_pat
         ("monitoring.podMonitor.interval=fast", "podMonitor/interval"),
         ("monitoring.dashboard.namespace=Bad_NS", "dashboard/namespace"),
         ("monitoring.serviceMonitor.enabled=true", "serviceMonitor"),
+        ("monitoring.prometheusRule.gpuMemoryRatio=1.5", "prometheusRule/gpuMemoryRatio"),
+        ("monitoring.dcgmPodMonitor.interval=often", "dcgmPodMonitor/interval"),
+        ("monitoring.dcgmPodMonitor.namespaces={Bad_NS}", "dcgmPodMonitor/namespaces"),
     ]:
         out = helm(binaries, tmp_path, "template", RELEASE, str(CHART), "--set", bad)
         assert out.returncode != 0, bad
@@ -217,6 +263,8 @@ def test_every_queried_metric_is_exported_by_the_code(binaries: Binaries, tmp_pa
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
     exprs += [fill_grafana_variables(e) for e in dashboard_exprs()]
     queried = {name for expr in exprs for name in re.findall(r"\bkvflow_\w+", expr)}
+    dcgm = {name for expr in exprs for name in re.findall(r"\bDCGM_\w+", expr)}
+    assert dcgm == DCGM_FIELDS, dcgm
     assert len(queried) > 30, queried
     unknown = sorted(name for name in queried if base_name(name, exported) is None)
     assert not unknown, f"queried but exported by no metrics class: {unknown}"

@@ -1,22 +1,33 @@
 """`kvflow profile` fits the real engine, and the simulator then predicts it (issue 8's
 calibration check, on the tiny random Llama; docs/simulator.md has the SmolLM2 run).
 
-Both sides keep CPU time (the default clock): the engine's steps are timed by this
-thread's CPU time, so the machine's other jobs move the numbers less than they move the
-wall clock, but not enough on this shared VM. The accuracy claim (15 %) is
-docs/simulator.md's quiet-machine run; set KVFLOW_CALIBRATION_TOLERANCE=0.15 to hold this
-test to it by hand. CI holds the machinery to 60 %: a simulator that is wrong in kind
-(a step 1.6x too slow: +435 % to +1,345 % in six attempts) fails it; the shared host's
-noise does not.
+One clock on both sides: the profile is fitted with `--clock cpu` (each step of the sweep
+timed by the engine thread's CPU time, one torch thread), and `kvflow sim calibrate
+--clock cpu` runs the real engine on the same clock (its time advances by each step's CPU
+time and jumps idle gaps to the next arrival), against the simulator's virtual time. The
+machine's other jobs then change what a step costs (caches, memory bandwidth) but not
+whether a waiting step counts.
 
-The evidence. Both commands run as their own processes, as a user runs them, and the fit
-is the full sweep: `--quick`'s 92 steps of 8 output tokens missed 35 % in 7 of 10 attempts
-here (all but one with the simulator 27-45 % fast) and in all 3 of two clean-clone CI
-runs (-40 % to -47 %). The full sweep's 341 steps gave -40 % to +26 % here, one miss in
-six; in a clean-clone CI run its three attempts gave TTFT/TPOT +8/+48, +41/+36 and
--43/-33 %, both signs, with nothing but the test running (load 1.1). So an attempt that
-misses is measured again, fit and run both, up to three times (a fit with R^2 at most 0.9
-is a miss too), and a miss's report names the machine's load and its busiest processes.
+What error the model has, measured by bench/calibration_spread.py (5 runs of this test's
+fit and check, each a fresh fit; load average 9-12 on the 2-core test machine;
+bench/data/calibration_spread.json):
+
+- the terms over the runs (mean, sd): base step 3.41 +- 0.51 ms (CV 15 %); per prefill
+  token 7.60 +- 0.56 us (7 %); per decoding sequence 4.83 +- 0.13 ms (3 %); per prefill
+  sequence 4.82 +- 0.27 ms (6 %); per KV token read fitted to 0 in 4 of 5 runs (the tiny
+  model's attention reads are lost in its per-sequence cost: this term is not identified
+  here, and its error does not matter here either);
+- the step model, |predicted - measured| / measured: median 5.4 % (P90 11 %) on the run's
+  own steps, 7.2 % (P90 16 %) held out on the other runs' steps; by kind of step, held out:
+  decode 7.2 % (P90 15 %), prefill 8.5 % (P90 24 %), mixed 7.0 % (P90 17 %);
+- end to end, the simulator's P50 against the real engine's: TTFT +1.7 % mean, sd 12.1
+  points, at most 16.4 % off; TPOT -4.3 % mean, sd 5.1 points, at most 11.4 % off. TTFT
+  spreads more: it rests on the prefill steps, the sweep's fewest (18 of 341) and its
+  least certain, and queueing behind a prefill amplifies their error.
+
+The bounds are |mean| + 3 sd of those runs, rounded up to 5 points: TTFT 40 %, TPOT 20 %,
+one try. A simulator wrong in kind (a step 1.6x too slow gave +435 % to +1,345 %) fails
+by far. The fit's R^2 was 0.87-0.99; below 0.8 the sweep itself went wrong.
 """
 
 from __future__ import annotations
@@ -32,37 +43,34 @@ import pytest
 from testkit.tiny_model import write_tiny_llama
 
 KVFLOW = [sys.executable, "-m", "kvflow.cli.main"]
-TOLERANCE = float(os.environ.get("KVFLOW_CALIBRATION_TOLERANCE", "0.6"))
+TTFT_BOUND = 0.40
+TPOT_BOUND = 0.20
+MIN_R_SQUARED = 0.8
 
 
 @pytest.mark.slow
 def test_a_fitted_profile_predicts_the_real_engine(tmp_path: Path) -> None:
     model = write_tiny_llama(tmp_path / "tiny", seed=0)
-    misses = []
-    for attempt in range(3):
-        code, report = _fit_and_calibrate(model, tmp_path / f"tiny-{attempt}.json")
-        assert "simulator error at P50" in report, report
-        if code == 0:
-            break
-        misses.append(report + _machine_state())
-    assert code == 0, "\n".join(misses)
-
-
-def _fit_and_calibrate(model: Path, profile: Path) -> tuple[int, str]:
-    fit = _kvflow("profile", "--model", str(model), "--out", str(profile),
-                  "--max-prompt-tokens", "512")  # fmt: skip
+    profile = tmp_path / "tiny.json"
+    fit = _kvflow("profile", "--model", str(model), "--out", str(profile), "--clock", "cpu",
+                  "--threads", "1", "--max-prompt-tokens", "512")  # fmt: skip
     assert fit.returncode == 0, fit.stderr
     fitted = json.loads(profile.read_text())
     # 16 tokens x (K, V) x 2 layers x 2 KV heads x 16 dims x 4 bytes.
     assert fitted["kv_bytes_per_block"] == 16 * 2 * 2 * 2 * 16 * 4
+    assert "cpu clock" in fitted["source"], fitted["source"]
     r_squared = float(re.search(r"R\^2 ([0-9.]+)", fitted["source"]).group(1))  # type: ignore[union-attr]
-    if r_squared <= 0.9:  # a noisy sweep is a miss too; a broken fit misses every time
-        return 1, f"{fitted['source']}: R^2 at most 0.9\nsimulator error at P50: not run\n"
     run = _kvflow("sim", "calibrate", "--profile", str(profile), "--model", str(model),
-                  "--rate", "4", "--duration-s", "15", "--warmup-s", "3",
-                  "--tolerance", str(TOLERANCE))  # fmt: skip
+                  "--clock", "cpu", "--threads", "1", "--rate", "4", "--duration-s", "15",
+                  "--warmup-s", "3", "--tolerance", "1")  # fmt: skip
     assert run.returncode in (0, 1), run.stderr
-    return run.returncode, fitted["source"] + "\n" + run.stdout
+    report = fitted["source"] + "\n" + run.stdout + _machine_state()
+    errors = re.search(r"TTFT ([-+0-9.]+)%, TPOT ([-+0-9.]+)%", run.stdout)
+    assert errors, report
+    ttft_error, tpot_error = float(errors.group(1)) / 100, float(errors.group(2)) / 100
+    assert r_squared > MIN_R_SQUARED, report
+    assert abs(ttft_error) <= TTFT_BOUND, report
+    assert abs(tpot_error) <= TPOT_BOUND, report
 
 
 def _kvflow(*args: str) -> subprocess.CompletedProcess[str]:

@@ -52,6 +52,17 @@ def rate(metric: str, by: str, what: str = "", selector: str = SEL) -> tuple[str
     return f"sum by ({by}) (rate({metric}{{{selector}}}{RATE}))", legend
 
 
+def on_workers(dcgm_metric: str) -> str:
+    """A DCGM exporter series of the selected pools' worker pods only, with their pool: the
+    exporter labels each GPU with the pod that holds it (docs/observability.md)."""
+    workers = f'up{{job="kvflow-worker", {SEL}}}'
+    join = "on (namespace, pod) group_left (pool) group by (namespace, pod, pool)"
+    return f"({dcgm_metric}) * {join} ({workers})"
+
+
+GPU = "{{pod}} GPU {{gpu}}"
+
+
 ROWS: dict[str, list[Panel]] = {
     "Gateway: what tenants see": [
         Panel(
@@ -157,6 +168,51 @@ ROWS: dict[str, list[Panel]] = {
             ),
             "Matched blocks/s (the chosen worker already cached them), failovers/s, and the "
             "routing index's size.",
+        ),
+    ],
+    "GPUs (NVIDIA DCGM exporter), beside the latencies above": [
+        Panel(
+            "GPU utilisation",
+            "percent",
+            ((on_workers("DCGM_FI_DEV_GPU_UTIL"), GPU),),
+            "Time the GPU ran a kernel (DCGM_FI_DEV_GPU_UTIL), per worker GPU. Low utilisation "
+            "with high TPOT points at the host (scheduling, sampling), not the device.",
+        ),
+        Panel(
+            "GPU memory",
+            "decmbytes",
+            (
+                (on_workers("DCGM_FI_DEV_FB_USED"), GPU + " used"),
+                (on_workers("DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE"), GPU + " total"),
+            ),
+            "Framebuffer used and total (MiB, DCGM), every process on the GPU; "
+            "KvflowGPUMemoryFull alerts near full.",
+        ),
+        Panel(
+            "Worker device memory by part",
+            "bytes",
+            (
+                (
+                    "sum by (pod, part) (kvflow_worker_device_memory_bytes{" + SEL + "})",
+                    "{{pod}} {{part}}",
+                ),
+            ),
+            "The worker's own split (its /metrics): weights, KV cache, CUDA graphs, and the "
+            "rest of torch's allocator.",
+            stack=True,
+        ),
+        Panel(
+            "GPU power",
+            "watt",
+            ((on_workers("DCGM_FI_DEV_POWER_USAGE"), GPU),),
+            "Board power draw (DCGM_FI_DEV_POWER_USAGE).",
+        ),
+        Panel(
+            "GPU XID errors",
+            "short",
+            ((on_workers("DCGM_FI_DEV_XID_ERRORS"), GPU),),
+            "The last XID the driver reported for the GPU (0: none); KvflowGPUXidError alerts "
+            "on any.",
         ),
     ],
     "Overload and deadlines": [

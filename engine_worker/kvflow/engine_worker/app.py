@@ -266,7 +266,8 @@ def _binding(what: str, flag: str, port: int, bind: Callable[[], T]) -> T:
 async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
-    metrics.observe_memory(built.memory)
+    # A simulated worker holds no device memory: its accounting is reported as the CPU's.
+    metrics.observe_memory(built.memory, "cpu" if settings.simulate else settings.device)
     kv = _binding(
         "KV transfer",
         "--kv-port",

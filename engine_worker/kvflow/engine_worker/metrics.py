@@ -6,10 +6,12 @@ buckets from 1 ms to 60 s: a CPU worker's TTFT is seconds, a GPU worker's tens o
 
 from __future__ import annotations
 
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
 from kvflow.engine_worker.loop_records import TransferRecord
+from kvflow.engine_worker.memory.device_memory import DeviceMemoryProbe
 from kvflow.engine_worker.memory.report import MemoryReport
 from kvflow.proto import metric_names as names
 
@@ -125,12 +127,25 @@ class WorkerMetrics:
         self.kv_cache_tokens = Gauge(
             p + "kv_cache_tokens", "Tokens the KV cache holds (blocks x block size)", registry=r
         )
+        # The device's memory by part, read at each scrape (memory/device_memory.py): next
+        # to DCGM's whole-device figure it says what of a full GPU is the worker's own.
+        self.device_memory = Gauge(
+            p + "device_memory_bytes",
+            "Device memory by part: weights, kv_cache, cuda_graphs, other (the rest of "
+            "torch's allocator; CUDA only)",
+            ["part"],
+            registry=r,
+        )
         self._last_token_time_s: dict[str, float] = {}
         self._last_step_time_s: float | None = None
         self._seen_queried = 0
         self._seen_hits = 0
 
-    def observe_memory(self, memory: MemoryReport) -> None:
+    def observe_memory(self, memory: MemoryReport, device: str = "cpu") -> None:
+        """``device``: the worker's --device (cpu, cuda, cuda:N)."""
+        probe = DeviceMemoryProbe(memory, torch.device(device))
+        for part in probe.parts:
+            self.device_memory.labels(part).set_function(probe.reader(part))
         for dtype, num_bytes in memory.weight_bytes.items():
             self.weight_bytes.labels(dtype).set(num_bytes)
         self.kv_cache_bytes.labels(memory.kv_cache_dtype).set(memory.kv_cache_bytes)

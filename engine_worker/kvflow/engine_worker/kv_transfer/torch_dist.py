@@ -23,6 +23,13 @@ the port, so both sides prove the token before a group forms, in signed rendezvo
 group only with a store whose owner answered its nonce. Each new group then runs a mutual
 HMAC challenge-response over its own connections before it carries KV. A peer that fails
 either is refused (the transfer fails, its blocks are freed) and no group is cached.
+
+Every group has an explicit timeout (the transfer's deadline when it formed): gloo's is its
+operations' timeout, NCCL's its watchdog's (the host polls NCCL work against the same
+deadline, pipeline.wait_work). NCCL's watchdog would by default take the whole process down
+when an operation times out or its peer vanishes; a worker with the NCCL transport sets
+NCCL_WATCHDOG_ENV before its first group forms so that a dead peer costs one transfer (which
+falls back to a local prefill), never the worker.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import os
 import socket
 import threading
 import time
+import traceback
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -83,6 +92,58 @@ _FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
 # polled to the transfer's deadline, and aborting the communicator ends any left).
 BROKEN_GROUP_GRACE_S = 2.0
 
+# torch reads these as each ProcessGroupNCCL forms (names as of torch 2.15; the older
+# NCCL_* spellings are aliases torch still reads, which these override).
+NCCL_WATCHDOG_ENV = {
+    # 2 = CleanUpOnly: on an NCCL error or timeout the watchdog aborts that communicator and
+    # fails its work, and the process lives. The default (3, SkipCleanUp) and 1 (TearDown)
+    # rethrow in the watchdog thread, which terminates the worker.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    # The heartbeat monitor aborts the process when the watchdog stalls for
+    # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, e.g. inside ncclCommAbort of a communicator whose
+    # peer is gone. Liveness (liveness.py, the pod's probe) judges a stuck worker instead.
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
+    # The watchdog rethrows CUDA errors it meets (terminating the process), and a timeout
+    # can tear it down too. A real device fault also fails the engine's own next kernel,
+    # which the worker reports and its probe sees; a peer's fault must not end this one.
+    "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
+    "TORCH_NCCL_TEARDOWN_ON_TIMEOUT": "0",
+    # wait() stays non-blocking: the host polls completion against the transfer's own
+    # deadline and raises TransferTimeoutError itself (pipeline.wait_work).
+    "TORCH_NCCL_BLOCKING_WAIT": "0",
+    # No flight-recorder dump and no error broadcast through the store on a timeout: a
+    # failed transfer is routine here (the request prefills locally).
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "TORCH_NCCL_PROPAGATE_ERROR": "0",
+}
+
+
+def apply_nccl_watchdog_env(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set NCCL_WATCHDOG_ENV in ``environ`` (process-wide: the model's tensor-parallel groups
+    formed later get the same, and their failures then fail steps instead of the process).
+    A different value set by hand is overridden, and logged: it would let a peer's death
+    kill this worker."""
+    for name, value in NCCL_WATCHDOG_ENV.items():
+        old = environ.get(name)
+        if old is not None and old != value:
+            log.warning("%s=%s overridden to %s: a dead KV peer must not end this worker",
+                        name, old, value)  # fmt: skip
+        environ[name] = value
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Clear the locals of the frames a failed transfer's error carries: they hold its group
+    (and its pending work), which would otherwise live, sockets, threads and NCCL buffers,
+    for as long as anyone keeps the error, past the parked group's destroy."""
+    traceback.clear_frames(exc.__traceback__)
+
+
+def nccl_options(timeout_s: float) -> Any:
+    """A pair group's NCCL options: its watchdog's timeout is the transfer's deadline."""
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timedelta(seconds=max(timeout_s, 0.001))
+    return options
+
 
 @dataclass(eq=False)
 class _Expected:
@@ -94,7 +155,7 @@ def _make_group(kind: KvTransportKind, store: Any, name: str, rank: int, timeout
     prefixed = dist.PrefixStore(f"kvflow/group/{name}/", store)
     timeout = timedelta(seconds=max(timeout_s, 0.001))
     if kind is KvTransportKind.NCCL:
-        return dist.ProcessGroupNCCL(prefixed, rank, 2, dist.ProcessGroupNCCL.Options())
+        return dist.ProcessGroupNCCL(prefixed, rank, 2, nccl_options(timeout_s))
     return dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
 
 
@@ -110,6 +171,8 @@ class TorchDistTransport:
         assert kind in (KvTransportKind.GLOO, KvTransportKind.NCCL)
         self._peer_allow = peer_allow
         self.kind: KvTransportKind = kind
+        if kind is KvTransportKind.NCCL:
+            apply_nccl_watchdog_env()
         self._instance_id = instance_id
         self._token = token
         # TCPStore binds every address when it opens its own socket; bind --host ourselves
@@ -247,9 +310,11 @@ class TorchDistTransport:
                 group, expected.blocks, expected.tag, deadline_s, self._pipe(expected.blocks),
                 what=f"receiving transfer {transfer_id}",
             )  # fmt: skip
-        except KvTransferError:
+        except KvTransferError as exc:
             if name is not None:
                 self._retire(self._store, name)
+            group = None
+            _drop_frames(exc)
             raise
         finally:
             with self._lock:
@@ -332,11 +397,13 @@ class TorchDistTransport:
                 group, blocks, target.tag, deadline, self._pipe(blocks),
                 what=f"sending transfer {target.transfer_id}",
             )  # fmt: skip
-        except KvTransferError:
+        except KvTransferError as exc:
             with self._lock:
                 if self._send_group.get(peer) == name:
                     del self._send_group[peer]
             self._retire(store, name)
+            group = None
+            _drop_frames(exc)
             raise
 
     def _check_answer(

@@ -9,6 +9,8 @@ writes a profile file that `kvflow worker --simulate --sim-profile FILE` and
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -56,6 +58,11 @@ def parser() -> argparse.ArgumentParser:
         "sweep: within 35 %% either way)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--samples-out",
+        help="also write every timed step (its shape and seconds) as JSON, to study the "
+        "model's error (bench/calibration_spread.py)",
+    )
     return p
 
 
@@ -114,6 +121,9 @@ def main(argv: Sequence[str]) -> int:
         f"R^2 {fit.r_squared:.3f}, median step error {fit.median_abs_error_fraction:.1%}",
     )
     write_profile(profile, Path(args.out))
+    if args.samples_out:
+        rows = [{**dataclasses.asdict(s.shape), "seconds": s.seconds} for s in samples]
+        Path(args.samples_out).write_text(json.dumps(rows))
     print(f"kvflow profile: {profile.source}", file=sys.stderr)
     print(f"kvflow profile: {profile.timing}", file=sys.stderr)
     print(f"kvflow profile: wrote {args.out}", file=sys.stderr)

@@ -30,16 +30,17 @@ import torch.distributed as _dist
 from kv_transfer_profile import profile_block_io
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
+from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport, byte_view
 from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls
 from kvflow.engine_worker.runner import TorchModelRunner
+from kvflow.proto.transports import KvTransport
 
 dist: Any = _dist
 # Generous: a 1 GiB transfer on two busy cores has taken 10 s; a stuck run still ends.
 TRANSFER_TIMEOUT_S = 120.0
-TRANSPORTS = (KvTransportKind.TCP, KvTransportKind.GLOO)
+TRANSPORTS = (KvTransport.TCP, KvTransport.GLOO)
 TINY_BYTES = 16
 
 

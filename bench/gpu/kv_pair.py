@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
+from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.runner import TorchModelRunner
+from kvflow.proto.transports import KvTransport
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Peer:
         self.agents: dict[str, KvTransferAgent] = {}
         for name in spec.transports:
             transport = make_transport(
-                KvTransportKind(name),
+                KvTransport(name),
                 host="127.0.0.1",
                 port=0,
                 advertise_host="127.0.0.1",

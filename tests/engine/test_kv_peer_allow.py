@@ -11,12 +11,13 @@ import torch
 from testkit.kv_pair import Outcome, cache
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
+from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.peers import KvPeerRefusedError, PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 from kvflow.engine_worker.settings import parse_args
+from kvflow.proto.transports import KvTransport
 
 IDS = [3, 1, 4, 9]
 TOKEN = "s3cret"
@@ -88,7 +89,7 @@ def test_gloo_refuses_a_store_outside_the_list_before_connecting() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.5)
     allow = PeerAllowList.parse("10.0.0.0/8")
-    sender = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1", "prefill",
+    sender = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1", "prefill",
                                 token=TOKEN, peer_allow=allow)  # fmt: skip
     try:
         target = SendTarget("x-1", f"127.0.0.1:{listener.getsockname()[1]}", 1, "decode")

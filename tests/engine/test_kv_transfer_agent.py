@@ -18,7 +18,6 @@ import torch
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats, make_transport
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
-    KvTransportKind,
     SendTarget,
     TransferCancelledError,
     TransferTimeoutError,
@@ -26,6 +25,7 @@ from kvflow.engine_worker.kv_transfer.base import (
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.proto.transports import KvTransport
 
 LAYERS, HEADS, POOL, BS, DIM = 3, 2, 40, 4, 8  # runs (blocks) of 256 bytes, 12 runs a layer
 RUN_BYTES = BS * 2 * HEADS * DIM * 2
@@ -43,7 +43,7 @@ def picked(kv_caches: list[torch.Tensor], ids: list[int]) -> list[torch.Tensor]:
     return [kv[ids].clone() for kv in kv_caches]
 
 
-def agent(kind: KvTransportKind, name: str) -> KvTransferAgent:
+def agent(kind: KvTransport, name: str) -> KvTransferAgent:
     transport = make_transport(
         kind, host="127.0.0.1", port=0, advertise_host="127.0.0.1", instance_id=name
     )
@@ -66,7 +66,7 @@ class Outcome:
 
 @pytest.fixture(params=["tcp", "tcp-staged", "gloo"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[KvTransferAgent, KvTransferAgent]]:
-    kind = KvTransportKind.GLOO if request.param == "gloo" else KvTransportKind.TCP
+    kind = KvTransport.GLOO if request.param == "gloo" else KvTransport.TCP
     agents = (agent(kind, "prefill-a"), agent(kind, "decode-b"))
     for a in agents:
         # Messages of 5 runs (1280 bytes): 8 of them, two or three per layer, straddling layers.
@@ -116,7 +116,7 @@ def _connect_and_send_half(endpoint: str, transfer_id: str, payload: bytes) -> s
 
 
 def test_after_cancel_returns_a_late_payload_never_reaches_the_cache() -> None:
-    receiver = agent(KvTransportKind.TCP, "decode-c")
+    receiver = agent(KvTransport.TCP, "decode-c")
     try:
         dst = caches(4)
         blocks = TransferBlocks.in_cache(dst, DST_IDS)
@@ -190,7 +190,7 @@ def test_a_send_cancelled_mid_stream_stops_reading_and_says_so() -> None:
 
 
 def test_a_gloo_receive_waiting_for_its_sender_ends_at_its_deadline_or_at_once_on_cancel() -> None:
-    receiver = agent(KvTransportKind.GLOO, "decode-e")
+    receiver = agent(KvTransport.GLOO, "decode-e")
     try:
         late = Outcome()
         started = time.monotonic()
@@ -233,7 +233,7 @@ def test_a_sender_reuses_its_connection_and_survives_one_the_receiver_closed() -
 
     thread = threading.Thread(target=serve_once_per_connection)
     thread.start()
-    sender = agent(KvTransportKind.TCP, "prefill-f")
+    sender = agent(KvTransport.TCP, "prefill-f")
     try:
         target = SendTarget("x-2", f"127.0.0.1:{listener.getsockname()[1]}", 1, "decode-f")
         for request_id in ("p5", "p6"):
@@ -249,8 +249,8 @@ def test_a_sender_reuses_its_connection_and_survives_one_the_receiver_closed() -
 
 def test_a_receiver_serves_several_transfers_on_one_connection() -> None:
     sender, receiver = (
-        agent(KvTransportKind.TCP, "prefill-g"),
-        agent(KvTransportKind.TCP, "decode-g"),
+        agent(KvTransport.TCP, "prefill-g"),
+        agent(KvTransport.TCP, "decode-g"),
     )
     try:
         src = caches(9)

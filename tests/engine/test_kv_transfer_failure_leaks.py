@@ -36,7 +36,6 @@ from testkit.kv_pair import cache
 from kvflow.engine_worker.kv_transfer import torch_dist
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
-    KvTransportKind,
     PeerUnreachableError,
     SendTarget,
     TransferTimeoutError,
@@ -48,6 +47,7 @@ from kvflow.engine_worker.kv_transfer.torch_dist import (
     apply_nccl_watchdog_env,
     nccl_options,
 )
+from kvflow.proto.transports import KvTransport
 
 pytestmark = pytest.mark.integration
 
@@ -103,9 +103,9 @@ class Pair:
     """A receiver and a sender transport, and a way to fail one transfer of each kind."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.receiver = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1",
+        self.receiver = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1",
                                            "decode", token=TOKEN)  # fmt: skip
-        self.sender = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1",
+        self.sender = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1",
                                          "prefill", token=TOKEN)  # fmt: skip
         self.receiver.message_bytes = self.sender.message_bytes = 64
         self.cache = cache(0)
@@ -222,7 +222,7 @@ def test_an_nccl_transport_applies_the_watchdog_settings_as_it_starts(
 ) -> None:
     for name in NCCL_WATCHDOG_ENV:
         monkeypatch.setenv(name, "1")
-    TorchDistTransport(KvTransportKind.NCCL, "127.0.0.1", 0, "127.0.0.1", "decode")
+    TorchDistTransport(KvTransport.NCCL, "127.0.0.1", 0, "127.0.0.1", "decode")
     assert {name: os.environ[name] for name in NCCL_WATCHDOG_ENV} == NCCL_WATCHDOG_ENV
 
 

@@ -24,10 +24,11 @@ import torch
 from testkit.kv_pair import cache
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind, TransferRejectedError
+from kvflow.engine_worker.kv_transfer.base import TransferRejectedError
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.group_auth import ROLES, group_mac
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
+from kvflow.proto.transports import KvTransport
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +39,17 @@ TOKEN = "s3cret"
 # is loaded, then sends to the ticket it reads from stdin.
 SENDER = """
 import json, sys, torch
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
+from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.proto.transports import KvTransport
 
 name, token = sys.argv[1], (sys.argv[2] or None)
 gen = torch.Generator().manual_seed(1)
 shape = kv_cache_shape(num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
 cache = [torch.randn(shape, generator=gen) for _ in range(2)]
-transport = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1", name,
+transport = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1", name,
                                token=token)
 print("READY", flush=True)
 a = json.loads(sys.stdin.readline())
@@ -99,7 +101,7 @@ class Outcome:
 
 
 def test_only_a_peer_that_proves_the_token_sends_kv_over_gloo() -> None:
-    transport = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1", "decode",
+    transport = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1", "decode",
                                    token=TOKEN)  # fmt: skip
     receiver = KvTransferAgent(transport, instance_id="decode", max_timeout_s=30.0)
     try:
@@ -146,10 +148,10 @@ def test_each_role_proves_something_different_bound_to_the_group_and_nonces() ->
 
 def test_workers_give_the_gloo_transport_the_pool_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVFLOW_WORKER_TOKEN", TOKEN)
-    transport = make_transport(KvTransportKind.GLOO, host="127.0.0.1", port=0,
+    transport = make_transport(KvTransport.GLOO, host="127.0.0.1", port=0,
                                advertise_host="127.0.0.1", instance_id="w")  # fmt: skip
     assert isinstance(transport, TorchDistTransport) and transport._token == TOKEN
     monkeypatch.delenv("KVFLOW_WORKER_TOKEN")
-    transport = make_transport(KvTransportKind.GLOO, host="127.0.0.1", port=0,
+    transport = make_transport(KvTransport.GLOO, host="127.0.0.1", port=0,
                                advertise_host="127.0.0.1", instance_id="w")  # fmt: skip
     assert isinstance(transport, TorchDistTransport) and transport._token is None

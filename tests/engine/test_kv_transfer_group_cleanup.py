@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent
 from kvflow.engine_worker.kv_transfer.base import (
-    KvTransportKind,
     SendTarget,
     TransferRejectedError,
     TransferTimeoutError,
@@ -33,6 +32,7 @@ from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.group_auth import HandshakeRefusedError, prove_peer
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport, _make_group
 from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.proto.transports import KvTransport
 
 pytestmark = pytest.mark.integration
 
@@ -41,14 +41,15 @@ TOKEN = "s3cret"
 
 SENDER = """
 import json, sys, torch
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
+from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.proto.transports import KvTransport
 
 shape = kv_cache_shape(num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
 cache = [torch.zeros(shape) for _ in range(2)]
-transport = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1", "prefill",
+transport = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1", "prefill",
                                token=sys.argv[1])
 print("READY", flush=True)
 a = json.loads(sys.stdin.readline())
@@ -78,7 +79,7 @@ def open_sockets() -> int:
 def test_a_sender_forms_no_group_with_a_store_that_cannot_prove_the_token() -> None:
     """A reservation naming some TCPStore outside the pool: nobody answers the nonce."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    sender = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1", "prefill",
+    sender = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1", "prefill",
                                 token=TOKEN)  # fmt: skip
     target = SendTarget("x-1", f"127.0.0.1:{store.port}", 1, "decode")
     started_s = time.monotonic()
@@ -99,7 +100,7 @@ def test_the_in_group_handshake_refuses_a_peer_with_another_token() -> None:
         # A store client of its own: one runs one call at a time, and forming waits in one.
         client = dist.TCPStore("127.0.0.1", store.port, is_master=False)
         try:
-            group = _make_group(KvTransportKind.GLOO, client, "g-1", r, 10.0)
+            group = _make_group(KvTransport.GLOO, client, "g-1", r, 10.0)
             groups.append(group)
             prove_peer(group, "g-1", r, token, time.monotonic() + 10, torch.device("cpu"))
         except BaseException as exc:
@@ -126,7 +127,7 @@ class Outcome:
 def test_a_failed_transfers_group_is_destroyed_after_its_timeout() -> None:
     """The sender (with the token) joins the pair's group and then stalls; the receive runs
     out its deadline. The group is parked, then destroyed: its sockets are closed."""
-    transport = TorchDistTransport(KvTransportKind.GLOO, "127.0.0.1", 0, "127.0.0.1", "decode",
+    transport = TorchDistTransport(KvTransport.GLOO, "127.0.0.1", 0, "127.0.0.1", "decode",
                                    token=TOKEN)  # fmt: skip
     receiver = KvTransferAgent(transport, instance_id="decode", max_timeout_s=30.0)
     proc = subprocess.Popen(

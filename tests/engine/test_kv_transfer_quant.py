@@ -16,11 +16,12 @@ from testkit.tiny_model import write_tiny_llama
 
 from kvflow.engine_worker.app import build_worker
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats, make_transport
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind, SendTarget
+from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.model.attention import AttentionMetadata
 from kvflow.engine_worker.model.kv_quant import SCALE_BYTES
 from kvflow.engine_worker.model.loader import load_model
 from kvflow.engine_worker.settings import WorkerSettings
+from kvflow.proto.transports import KvTransport
 
 BS = 16
 PROMPT = [(i * 37) % 4000 + 5 for i in range(75)]  # 4 full blocks and a partial one
@@ -70,7 +71,7 @@ def forward(r: Any, tokens: list[int], start: int, table: list[int]) -> torch.Te
 
 @pytest.fixture(params=["tcp", "tcp-staged", "gloo"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[KvTransferAgent, KvTransferAgent]]:
-    kind = KvTransportKind.GLOO if request.param == "gloo" else KvTransportKind.TCP
+    kind = KvTransport.GLOO if request.param == "gloo" else KvTransport.TCP
     agents = []
     for name in ("prefill-q", "decode-q"):
         transport = make_transport(

@@ -22,12 +22,12 @@ from testkit.kv_pair import Outcome, cache
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
-    KvTransportKind,
     SendTarget,
     TransferRejectedError,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
+from kvflow.proto.transports import KvTransport
 
 IDS = [3, 1, 4, 9]
 TOKEN = "s3cret"
@@ -143,7 +143,7 @@ def test_a_worker_without_a_token_says_its_kv_port_is_open(
     monkeypatch.delenv("KVFLOW_WORKER_TOKEN", raising=False)
     with caplog.at_level(logging.WARNING):
         transport = make_transport(
-            KvTransportKind.TCP, host="127.0.0.1", port=0, advertise_host="127.0.0.1",
+            KvTransport.TCP, host="127.0.0.1", port=0, advertise_host="127.0.0.1",
             instance_id="w",
         )  # fmt: skip
     transport.close()

@@ -20,19 +20,19 @@ from kvflow.engine_worker.core.engine import Engine, EngineConfig, ModelRunner
 from kvflow.engine_worker.engine_loop import EngineLoop
 from kvflow.engine_worker.http_server import start_http_server
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
-from kvflow.engine_worker.kv_transfer.base import KvTransportKind
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.memory.report import MemoryReport
 from kvflow.engine_worker.metrics import WorkerMetrics
-from kvflow.engine_worker.server import KV_TRANSPORTS, WorkerService
+from kvflow.engine_worker.server import WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.engine_worker.sim_runner import SimulatedRunner, StepTiming
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.proto.block_hash import make_hash_seed
+from kvflow.proto.transports import KvTransport
 
 log = logging.getLogger("kvflow.worker")
 
@@ -214,7 +214,7 @@ def build_worker(settings: WorkerSettings, *, loaded: tuple[Any, Any] | None = N
         num_total_blocks=num_blocks,
         vocab_size=vocab,
         eos_token_ids=list(eos),
-        kv_transport=KV_TRANSPORTS[KvTransportKind(settings.resolved_kv_transport())],
+        kv_transport=KvTransport(settings.resolved_kv_transport()).to_pb(),
         prefix_caching=settings.enable_prefix_caching,
     )
     return BuiltWorker(engine, info, runner, memory, leader)
@@ -229,7 +229,7 @@ def advertised_host(settings: WorkerSettings) -> str:
 
 
 def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgent:
-    kind = KvTransportKind(settings.resolved_kv_transport())
+    kind = KvTransport(settings.resolved_kv_transport())
     transport = make_transport(
         kind,
         host=settings.host,

@@ -27,7 +27,6 @@ from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.engine_loop import EngineLoop
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
-    KvTransportKind,
     PeerUnreachableError,
     SendTarget,
     TransferCancelledError,
@@ -94,11 +93,6 @@ def sampling_from_proto(s: pb.SamplingParams) -> SamplingParams:
     )
 
 
-KV_TRANSPORTS = {
-    KvTransportKind.TCP: pb.KV_TRANSPORT_TCP,
-    KvTransportKind.GLOO: pb.KV_TRANSPORT_GLOO,
-    KvTransportKind.NCCL: pb.KV_TRANSPORT_NCCL,
-}
 _TRANSFER_ERROR_CODES: dict[type[KvTransferError], grpc.StatusCode] = {
     PeerUnreachableError: grpc.StatusCode.UNAVAILABLE,
     TransferTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -119,7 +113,7 @@ def reservation_to_proto(
     res.kv_layout = kv_layout
     if r.ticket is not None:
         res.transfer_id = r.ticket.transfer_id
-        res.transport = KV_TRANSPORTS[r.ticket.kind]
+        res.transport = r.ticket.kind.to_pb()
         res.endpoint = r.ticket.endpoint
         res.tag = r.ticket.tag
         res.deadline_s = r.ticket.timeout_s

@@ -11,6 +11,7 @@ from kvflow.engine_worker.tls import KV_TLS_MODES, TlsFiles
 from kvflow.proto.block_hash import DEFAULT_BLOCK_SIZE
 from kvflow.proto.otel import TracingConfig, tracing_config
 from kvflow.proto.roles import ROLE_WORDS, Role
+from kvflow.proto.transports import KV_TRANSPORT_CHOICES
 
 # auto: the checkpoint's dtype where the device computes it natively, else float32
 # (auto_dtype.py). No float16: the loader runs none (some checkpoints' activations overflow
@@ -27,7 +28,6 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 # vLLM's default: the fraction of a GPU's memory a worker takes (weights, activations, cache).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-KV_TRANSPORTS = ("auto", "nccl", "gloo", "tcp")
 # `kvflow worker`'s queue bound: a full default batch four deep (256 behind 64 running),
 # minutes of queue on a CPU, tens of seconds on a GPU. Past it a request is refused at once
 # (RESOURCE_EXHAUSTED, with a retry-after) and the router tries another worker or answers 503.
@@ -261,7 +261,7 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
     p.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling")
     p.add_argument(
         "--kv-transport",
-        choices=KV_TRANSPORTS,
+        choices=KV_TRANSPORT_CHOICES,
         default=d.kv_transport,
         help="how KV blocks move between prefill and decode workers (auto: nccl on CUDA, "
         "tcp on CPU); every worker of a pool must use the same",

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
-    KvTransportKind,
     SendTarget,
     TransferCancelledError,
     Transport,
@@ -29,6 +28,7 @@ from kvflow.engine_worker.kv_transfer.base import (
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
 from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls
+from kvflow.proto.transports import KvTransport
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Ticket:
     transfer_id: str
     tag: int
     endpoint: str
-    kind: KvTransportKind
+    kind: KvTransport
     timeout_s: float
 
 
@@ -219,7 +219,7 @@ class KvTransferAgent:
 
 
 def make_transport(
-    kind: KvTransportKind,
+    kind: KvTransport,
     *,
     host: str,
     port: int,
@@ -241,15 +241,45 @@ def make_transport(
             kind.value,
             TOKEN_ENV,
         )
-    if kind is KvTransportKind.TCP:
-        from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
+    return _FACTORIES[kind](
+        _TransportSpec(kind, host, port, advertise_host, instance_id, token, peer_allow, tls)
+    )
 
-        log.info("the KV port (tcp) runs %s", "mutual TLS" if tls else "plaintext")
-        return TcpTransport(host, port, advertise_host, token=token, peer_allow=peer_allow, tls=tls)
-    if tls is not None:
-        log.warning("KV over %s is not encrypted: only the tcp transport runs TLS", kind.value)
+
+@dataclass(frozen=True)
+class _TransportSpec:
+    kind: KvTransport
+    host: str
+    port: int
+    advertise_host: str
+    instance_id: str
+    token: str | None
+    peer_allow: PeerAllowList | None
+    tls: KvTls | None
+
+
+def _tcp(spec: _TransportSpec) -> Transport:
+    from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
+
+    log.info("the KV port (tcp) runs %s", "mutual TLS" if spec.tls else "plaintext")
+    return TcpTransport(spec.host, spec.port, spec.advertise_host, token=spec.token,
+                        peer_allow=spec.peer_allow, tls=spec.tls)  # fmt: skip
+
+
+def _torch_dist(spec: _TransportSpec) -> Transport:
+    if spec.tls is not None:
+        log.warning("KV over %s is not encrypted: only the tcp transport runs TLS", spec.kind)
     from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 
-    return TorchDistTransport(
-        kind, host, port, advertise_host, instance_id, token=token, peer_allow=peer_allow
-    )
+    return TorchDistTransport(spec.kind, spec.host, spec.port, spec.advertise_host,
+                              spec.instance_id, token=spec.token,
+                              peer_allow=spec.peer_allow)  # fmt: skip
+
+
+# Every shared KvTransport has its builder here (tests/contracts/test_transports.py); the
+# torch.distributed ones are imported on first use, so a tcp worker never loads them.
+_FACTORIES: dict[KvTransport, Callable[[_TransportSpec], Transport]] = {
+    KvTransport.TCP: _tcp,
+    KvTransport.GLOO: _torch_dist,
+    KvTransport.NCCL: _torch_dist,
+}

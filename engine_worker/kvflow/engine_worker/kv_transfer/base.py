@@ -11,19 +11,14 @@ is never read and never lands in blocks that another request owns.
 
 from __future__ import annotations
 
-import enum
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from kvflow.proto.transports import KvTransport
+
 if TYPE_CHECKING:
     from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
-
-
-class KvTransportKind(enum.Enum):
-    TCP = "tcp"
-    GLOO = "gloo"
-    NCCL = "nccl"
 
 
 class KvTransferError(Exception):
@@ -65,7 +60,7 @@ class SendTarget:
 
 
 class Transport(Protocol):
-    kind: KvTransportKind
+    kind: KvTransport
     endpoint: str  # host:port peers send to (the receiver or the rendezvous store)
 
     def expect(self, transfer_id: str, tag: int, blocks: TransferBlocks) -> None:

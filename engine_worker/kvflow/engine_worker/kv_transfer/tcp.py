@@ -49,7 +49,6 @@ import torch
 
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
-    KvTransportKind,
     PeerUnreachableError,
     SendTarget,
     TransferCancelledError,
@@ -70,6 +69,7 @@ from kvflow.engine_worker.kv_transfer.tcp_auth import (
 )
 from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls, KvTlsError
 from kvflow.engine_worker.kv_transfer.vectored import IoVecCursor
+from kvflow.proto.transports import KvTransport
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _buffer_cursor(buffer: torch.Tensor, num_bytes: int) -> IoVecCursor:
 
 
 class TcpTransport:
-    kind = KvTransportKind.TCP
+    kind = KvTransport.TCP
 
     def __init__(
         self,

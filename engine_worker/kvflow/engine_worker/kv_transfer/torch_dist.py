@@ -53,7 +53,6 @@ import torch.distributed as _dist
 
 from kvflow.engine_worker.kv_transfer.base import (
     KvTransferError,
-    KvTransportKind,
     PeerUnreachableError,
     SendTarget,
     TransferCancelledError,
@@ -71,6 +70,7 @@ from kvflow.engine_worker.kv_transfer.group_auth import (
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.pipeline import Staging, receive_messages, send_messages
 from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
+from kvflow.proto.transports import KvTransport
 
 log = logging.getLogger(__name__)
 # torch.distributed's stubs do not export the store and group classes used here.
@@ -151,27 +151,27 @@ class _Expected:
     blocks: TransferBlocks
 
 
-def _make_group(kind: KvTransportKind, store: Any, name: str, rank: int, timeout_s: float) -> Any:
+def _make_group(kind: KvTransport, store: Any, name: str, rank: int, timeout_s: float) -> Any:
     prefixed = dist.PrefixStore(f"kvflow/group/{name}/", store)
     timeout = timedelta(seconds=max(timeout_s, 0.001))
-    if kind is KvTransportKind.NCCL:
+    if kind is KvTransport.NCCL:
         return dist.ProcessGroupNCCL(prefixed, rank, 2, nccl_options(timeout_s))
     return dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
 
 
 class TorchDistTransport:
     def __init__(
-        self, kind: KvTransportKind, host: str, port: int, advertise_host: str, instance_id: str,
+        self, kind: KvTransport, host: str, port: int, advertise_host: str, instance_id: str,
         token: str | None = None, peer_allow: PeerAllowList | None = None,
     ) -> None:  # fmt: skip
         """``token``: the pool's worker token, proven by both sides before a group forms and
         by both ranks of every new group (group_auth.py); None: groups are trusted as formed
         (a laptop, a test). ``peer_allow``: the networks this worker sends to (None: any;
         peers.py)."""
-        assert kind in (KvTransportKind.GLOO, KvTransportKind.NCCL)
+        assert kind in (KvTransport.GLOO, KvTransport.NCCL)
         self._peer_allow = peer_allow
-        self.kind: KvTransportKind = kind
-        if kind is KvTransportKind.NCCL:
+        self.kind: KvTransport = kind
+        if kind is KvTransport.NCCL:
             apply_nccl_watchdog_env()
         self._instance_id = instance_id
         self._token = token
@@ -209,7 +209,7 @@ class TorchDistTransport:
 
     def _pipe(self, blocks: TransferBlocks) -> Staging:
         # gloo moves CPU tensors; NCCL the cache's own device.
-        device = blocks.device if self.kind is KvTransportKind.NCCL else torch.device("cpu")
+        device = blocks.device if self.kind is KvTransport.NCCL else torch.device("cpu")
         return Staging(self.pool, device, self.message_bytes)
 
     # -- groups ----------------------------------------------------------------------------
@@ -276,7 +276,7 @@ class TorchDistTransport:
         with self._lock:
             self._broken = [g for g in self._broken if g is not group]
             self._timeouts.pop(name, None)
-        if self.kind is KvTransportKind.NCCL:
+        if self.kind is KvTransport.NCCL:
             with contextlib.suppress(Exception):  # already broken: abort is best effort
                 group.abort()
         log.info("KV group %s destroyed", name)

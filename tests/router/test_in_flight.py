@@ -5,11 +5,13 @@ it was placed on until that worker's STORED events confirm them or the TTL passe
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from kvflow.proto.block_hash import BlockHash, block_hashes, make_hash_seed
 from kvflow.proto.roles import Role
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.cost import DEFAULT_STEP_COSTS
 from kvflow.router.routing.in_flight import InFlightBlocks
 from kvflow.router.routing.pipeline import BLOCK_WEIGHTS
 from kvflow.router.routing.placement import (
@@ -18,6 +20,7 @@ from kvflow.router.routing.placement import (
     Placement,
     PlacementRequest,
     build_placement,
+    max_in_flight_blocks,
 )
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId, WorkerView
@@ -145,7 +148,7 @@ def place(p: Placement, tokens: list[int], queues: dict[str, int], now_s: float 
 def test_a_burst_on_a_new_prefix_follows_its_first_request() -> None:
     p = placement(BlockIndex())
     # Nothing cached: the first goes to any idle worker, and the next two, placed before
-    # any KV event, to the same one (128 blocks in flight outweigh a request or two queued).
+    # any KV event, to the same one (375 blocks in flight outweigh a request or two queued).
     first = place(p, prompt(0), {"a": 0, "b": 0, "c": 0}, now_s=0.0)
     queues = {"a": 0, "b": 0, "c": 0, first: 1}
     assert place(p, prompt(1), queues, now_s=0.1) == first
@@ -165,12 +168,12 @@ def test_an_unconfirmed_placement_stops_counting_after_its_ttl() -> None:
     index = BlockIndex()
     p = placement(index, ttl_s=2.0)
     first = place(p, prompt(0), {"a": 0, "b": 0}, now_s=0.0)
-    assert index.num_in_flight() == MAX_IN_FLIGHT_BLOCKS
+    assert index.num_in_flight() == len(hashes(prompt(0)))
     assert place(p, prompt(1), {"a": 0, "b": 0}, now_s=1.9) == first
     # Two seconds after the last placement its worker has still stored nothing (the
     # requests failed): the other worker, chosen less recently, takes the next one.
     assert place(p, prompt(2), {"a": 0, "b": 0}, now_s=3.9) != first
-    assert index.num_in_flight() == MAX_IN_FLIGHT_BLOCKS
+    assert index.num_in_flight() == len(hashes(prompt(0)))
 
 
 def test_the_load_gate_still_spills_a_burst() -> None:
@@ -189,11 +192,27 @@ def test_recording_a_prompt_does_not_grow_the_hash_memo() -> None:
     tokens = prompt(0)
     request = PlacementRequest("m", PromptHashes(hasher, tokens, 16, SEED), len(tokens), 16)
     assert p.plan(request, [view("a"), view("b")], now_s=0.0) is not None
-    assert index.num_in_flight() == MAX_IN_FLIGHT_BLOCKS
+    assert index.num_in_flight() == len(hashes(tokens))
     assert len(hasher) == 0  # nothing held anywhere yet: nothing worth remembering
     # The next request of the burst walks the in-flight blocks, and those it walks past
-    # are remembered (128 matched, the 129th hashed to find the end).
+    # are remembered (the 375 of the shared prefix matched, the 376th hashed to find the
+    # end).
     request = PlacementRequest("m", PromptHashes(hasher, prompt(1), 16, SEED), len(tokens), 16)
     plan = p.plan(request, [view("a"), view("b")], now_s=0.1)
-    assert plan is not None and plan.matched_blocks == MAX_IN_FLIGHT_BLOCKS
-    assert len(hasher) == MAX_IN_FLIGHT_BLOCKS
+    assert plan is not None and plan.matched_blocks == len(PREFIX) // 16
+    assert len(hasher) == len(PREFIX) // 16
+
+
+def test_a_long_prompt_is_remembered_up_to_a_second_of_prefill() -> None:
+    """The time scorer values a claim at the prefill it saves: the whole prompt is
+    remembered up to the load gate's slack of prefill (placement.IN_FLIGHT_PREFILL_S),
+    2,307 blocks at the default step costs, and no further."""
+    assert max_in_flight_blocks(DEFAULT_STEP_COSTS, 16) == MAX_IN_FLIGHT_BLOCKS == 2307
+    index = BlockIndex()
+    p = placement(index)
+    long_prompt = list(range(200_000, 250_000))  # 3,125 blocks
+    place(p, long_prompt, {"a": 0, "b": 0}, now_s=0.0)
+    assert index.num_in_flight() == MAX_IN_FLIGHT_BLOCKS
+    # Slower prefill, fewer tokens to the second: the limit follows the step costs.
+    slow = replace(DEFAULT_STEP_COSTS, per_prefill_token_s=1e-4)
+    assert max_in_flight_blocks(slow, 16) == 625

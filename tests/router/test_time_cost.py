@@ -181,3 +181,25 @@ def test_no_handoff_to_a_prefill_worker_whose_queue_outlasts_a_local_prefill() -
     # One queued request, but 20,000 prompt tokens: longer than prefilling 7,000 locally.
     busy = plan(20_000)
     assert isinstance(busy, Colocated) and busy.reason is PlanReason.PREFILL_BUSY
+
+
+def test_a_followers_claim_on_a_just_placed_prompt_is_its_whole_shared_prefix() -> None:
+    """A prompt placed a moment ago is claimed for all of its prefix (up to a second of
+    prefill), not its first 2,048 tokens: 0.2 s after the first, its worker has about 2,500
+    of its 6,160 tokens still to prefill, so the follower starts there 0.1 s sooner than on
+    the idle worker, which would compute the 6,000 shared tokens again."""
+    index = BlockIndex()
+    placement = build_placement(DEFAULT_WEIGHTS, DisaggregationConfig(), index=index,
+                                sessions=SessionTable(), rng=random.Random(0))  # fmt: skip
+    workers = [view("a", load_at_s=0.0), view("b", load_at_s=0.0)]
+    shared = list(range(6000))
+
+    def place(question: int, now_s: float) -> str:
+        tokens = shared + [100_000 + question] * 160
+        hashes = block_hashes(tokens, block_size=16, seed=SEED)
+        plan = placement.plan(PlacementRequest("m", hashes, len(tokens), 16), workers, now_s)
+        assert plan is not None
+        return plan.stream_worker
+
+    first = place(0, 0.0)
+    assert place(1, 0.2) == first

@@ -124,3 +124,21 @@ def test_family_targets_judge_up_to_least_loadeds_knee_and_round_robin_past_it()
     ladders["kvflow"] = ladder([0.20, 0.32, 4.0])
     p90_ll, p90_ideal, _, past = family_targets("conv", ladders, SLO)
     assert not p90_ll.is_met and not p90_ideal.is_met and not past.is_met
+
+
+def test_a_report_whose_target_has_no_rung_to_judge_is_valid_json() -> None:
+    """A family that no rung takes past least-loaded's knee has no past-the-knee ratio
+    (NaN): the JSON report writes it as null instead of failing on NaN."""
+    import json
+
+    from kvflow.sim.report import report_dict
+
+    config = ComparisonConfig(trace_path="", arms=["kvflow", "least-loaded", "round-robin"],
+                              slo=SLO)  # fmt: skip
+    spec = ClusterSpec(SimProfile("p", StepTiming(0.01), 16, 1024, 64, 256, 8, 1e9, "test"))
+    result = ComparisonResult(config, spec)
+    for arm in config.arms:
+        result.ladders.append(ArmLadder("agent", arm, ladder([0.2]), [[]], 0.0))
+    report = json.loads(json.dumps(report_dict(result), allow_nan=False))
+    [past] = [t for t in report["targets"] if "past the knee" in t["name"]]
+    assert past["value"] is None and not past["is_target"]

@@ -9,6 +9,7 @@ from typing import Any
 from kvflow.loadgen.report_json import point_dict
 from kvflow.loadgen.summary import LoadPointSummary, knee
 from kvflow.sim.compare import ComparisonResult, verdicts
+from kvflow.sim.targets import Verdict
 
 SCHEMA = "kvflow-sim-compare/1"
 
@@ -86,5 +87,14 @@ def report_dict(result: ComparisonResult) -> dict[str, Any]:
             }
             for r in result.ladders
         ],
-        "targets": [asdict(v) for v in verdicts(result)],
+        "targets": [verdict_dict(v) for v in verdicts(result)],
     }
+
+
+def verdict_dict(verdict: Verdict) -> dict[str, object]:
+    """A verdict as JSON: a value that is not a number (a target with no rung to judge)
+    is null, since JSON has no NaN."""
+    out = asdict(verdict)
+    if math.isnan(verdict.value):
+        out["value"] = None
+    return out

@@ -35,7 +35,12 @@ from kvflow.proto.roles import Role
 from kvflow.router.routing.block_hasher import PromptHashes
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.cost import DEFAULT_STEP_COSTS, PlacedWork, StepCosts
-from kvflow.router.routing.pipeline import SERVING_ROLES, RoutingPipeline, build_pipeline
+from kvflow.router.routing.pipeline import (
+    DEFAULT_WAIT_GATE_SLACK_S,
+    SERVING_ROLES,
+    RoutingPipeline,
+    build_pipeline,
+)
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import (
     RouteDecision,
@@ -66,11 +71,28 @@ DEFAULT_TRANSFER_TIMEOUT_S = 30.0
 # On the routing comparison's hot-prefix workload 1, 2, 5, 10 and 30 s all gave the same
 # placements (docs/router.md, "Routing"); 5 s covers a prompt queued a few seconds.
 DEFAULT_IN_FLIGHT_TTL_S = 5.0
-# Of each placed prompt, the leading blocks remembered (2,048 tokens). A burst's later
-# requests then match up to that many blocks on the first one's worker, more than any queue
-# difference the load gate lets through, and a cold prompt costs at most 128 block hashes
-# (about 0.5 ms) to record. Never more than the prompt holds, so it can only under-claim.
-MAX_IN_FLIGHT_BLOCKS = 128
+# Of each placed prompt, the leading tokens remembered: as many as the load gate's slack
+# of prefill time (``DEFAULT_WAIT_GATE_SLACK_S``, 1 s: 36,900 tokens at the default step
+# costs). The time scorer values a claim at the prefill it saves, so a claim cut short
+# under-values the prefix by what was cut: with 2,048 tokens remembered, a follower of a
+# 17K-token prompt placed 0.1 s before saw 55 ms of hit where 0.46 s was coming and
+# prefilled the whole prefix elsewhere; on the Mooncake trace at 4x that lost 0.27 of the
+# ideal's hit rate (docs/benchmarks.md). Past the slack a claim outweighs any queue the gate
+# lets through, so remembering more changes no choice; a cold prompt costs at most its
+# hashes up to there (about 4 us a block: 2 ms for an 8K-token prompt, 9 ms at the cap).
+# Never more than the prompt holds, so it can only under-claim.
+IN_FLIGHT_PREFILL_S = DEFAULT_WAIT_GATE_SLACK_S
+
+
+def max_in_flight_blocks(costs: StepCosts, block_size: int) -> int:
+    """Of a placed prompt, the leading blocks remembered: ``IN_FLIGHT_PREFILL_S`` of
+    prefill at ``costs``."""
+    num_tokens = IN_FLIGHT_PREFILL_S / max(costs.per_prefill_token_s, 1e-9)
+    return max(1, math.ceil(num_tokens / block_size))
+
+
+# At the default step costs and 16-token blocks: 2,307 blocks.
+MAX_IN_FLIGHT_BLOCKS = max_in_flight_blocks(DEFAULT_STEP_COSTS, 16)
 
 PREFILL_ROLES = frozenset({Role.PREFILL})
 
@@ -253,7 +275,7 @@ class Placement:
     ) -> None:
         """The plan failed on ``failed``: what it sent there will not be stored, so it no
         longer draws the prompt's followers to a worker that refused or lost it."""
-        leading = _leading_blocks(request)
+        leading = self._leading_blocks(request)
         for worker_id in set(failed) & set(_plan_workers(plan)):
             self._index.drop_in_flight(worker_id, leading)
 
@@ -271,9 +293,17 @@ class Placement:
         workers = [w for w in _plan_workers(plan) if w in caching]
         if not workers:
             return
-        leading = _leading_blocks(request)
+        leading = self._leading_blocks(request)
         for worker_id in workers:
             self._index.add_in_flight(worker_id, leading, until_s)
+
+    def _leading_blocks(self, request: PlacementRequest) -> list[BlockHash]:
+        """The prompt's first ``max_in_flight_blocks`` block hashes (hashing them if not
+        yet)."""
+        hashes = request.block_hashes
+        blocks = hashes.peek() if isinstance(hashes, PromptHashes) else iter(hashes)
+        limit = max_in_flight_blocks(self._costs, request.block_size)
+        return list(itertools.islice(blocks, limit))
 
     def _plan(
         self, request: PlacementRequest, workers: Sequence[WorkerView]
@@ -325,13 +355,6 @@ def _plan_workers(plan: ExecutionPlan) -> list[WorkerId]:
     if isinstance(plan, Disaggregated):
         return [plan.stream_worker, plan.prefill.worker_id]
     return [plan.stream_worker]
-
-
-def _leading_blocks(request: PlacementRequest) -> list[BlockHash]:
-    """The prompt's first MAX_IN_FLIGHT_BLOCKS block hashes (hashing them if not yet)."""
-    hashes = request.block_hashes
-    blocks = hashes.peek() if isinstance(hashes, PromptHashes) else iter(hashes)
-    return list(itertools.islice(blocks, MAX_IN_FLIGHT_BLOCKS))
 
 
 def build_placement(

@@ -31,4 +31,6 @@ def test_the_gateway_default_is_the_h100_profile() -> None:
     assert named is not None
     profile = named.timing
     for name in ("base_step_s", "per_prefill_token_s", "per_decode_seq_s", "per_kv_token_s"):
-        assert getattr(DEFAULT_STEP_COSTS, name) == pytest.approx(getattr(profile, name), rel=0.01)
+        assert getattr(DEFAULT_STEP_COSTS.timing, name) == pytest.approx(
+            getattr(profile, name), rel=0.01
+        )

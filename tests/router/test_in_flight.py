@@ -214,5 +214,7 @@ def test_a_long_prompt_is_remembered_up_to_a_second_of_prefill() -> None:
     place(p, long_prompt, {"a": 0, "b": 0}, now_s=0.0)
     assert index.num_in_flight() == MAX_IN_FLIGHT_BLOCKS
     # Slower prefill, fewer tokens to the second: the limit follows the step costs.
-    slow = replace(DEFAULT_STEP_COSTS, per_prefill_token_s=1e-4)
+    slow = replace(
+        DEFAULT_STEP_COSTS, timing=replace(DEFAULT_STEP_COSTS.timing, per_prefill_token_s=1e-4)
+    )
     assert max_in_flight_blocks(slow, 16) == 625

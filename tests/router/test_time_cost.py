@@ -9,6 +9,7 @@ import pytest
 
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
 from kvflow.proto.roles import Role
+from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.cost import (
     DEFAULT_STEP_COSTS,
@@ -46,7 +47,7 @@ def test_a_cached_prefix_is_worth_the_prefill_time_it_saves() -> None:
     idle = view("idle")
     cold = worker_cost(idle, PROMPT_TOKENS, 0, COSTS)
     warm = worker_cost(idle, PROMPT_TOKENS, 4096, COSTS)
-    assert cold.total_s - warm.total_s == pytest.approx(4096 * COSTS.per_prefill_token_s)
+    assert cold.total_s - warm.total_s == pytest.approx(4096 * COSTS.timing.per_prefill_token_s)
     # Queued prompt tokens cost the same per token as the request's own.
     queued = worker_cost(view("q", num_prefill_tokens=4096), PROMPT_TOKENS, 4096, COSTS)
     assert queued.total_s == pytest.approx(cold.total_s)
@@ -67,7 +68,7 @@ def test_a_prompt_past_the_free_kv_pays_for_what_it_evicts() -> None:
     full = worker_cost(view("b", kv_capacity_tokens=100_000, num_kv_tokens=96_000,
                             num_decode_seqs=1), PROMPT_TOKENS, 0, COSTS)  # fmt: skip
     short = PROMPT_TOKENS + 32 - 4000
-    assert full.evict_s == pytest.approx(short * COSTS.per_prefill_token_s)
+    assert full.evict_s == pytest.approx(short * COSTS.timing.per_prefill_token_s)
 
 
 def test_the_hit_wins_until_the_queue_there_costs_more_than_it_saves() -> None:
@@ -125,7 +126,7 @@ def test_placement_spreads_a_burst_of_cold_prompts() -> None:
 
 def test_the_wait_gate_drops_a_backed_up_worker() -> None:
     gate = WaitGate(COSTS, slack_fraction=0.5, slack_s=1.0)
-    tokens_3s = int(3.0 / COSTS.per_prefill_token_s)  # mean 1 s: the line is 2.5 s
+    tokens_3s = int(3.0 / COSTS.timing.per_prefill_token_s)  # mean 1 s: the line is 2.5 s
     kept = gate.keep([view("a", num_prefill_tokens=tokens_3s), view("b"), view("c")])
     assert [w.worker_id for w in kept] == ["b", "c"]
     assert len(gate.keep([view("a", num_prefill_tokens=tokens_3s)])) == 1
@@ -133,7 +134,9 @@ def test_the_wait_gate_drops_a_backed_up_worker() -> None:
 
 def test_step_costs_are_checked() -> None:
     with pytest.raises(ValueError):
-        StepCosts(-1.0, 0.0, 0.0, 0.0, 8192)
+        StepCosts(StepTiming(base_step_s=-1.0), 8192)
+    with pytest.raises(ValueError):
+        StepCosts(StepTiming(), 0)
 
 
 def test_weights_written_for_the_block_policy_keep_it() -> None:

@@ -49,9 +49,7 @@ def step_costs(profile: SimProfile) -> StepCosts:
     """The router's view of the workers' step model: the profile's own coefficients (the
     simulated workers' timing, less its per-prefill-sequence term, which the router's
     model leaves out: a fitted profile's is a few ms per prompt, alike on every worker)."""
-    t = profile.timing
-    return StepCosts(t.base_step_s, t.per_prefill_token_s, t.per_decode_seq_s,
-                     t.per_kv_token_s, profile.max_num_batched_tokens)  # fmt: skip
+    return StepCosts(profile.timing, profile.max_num_batched_tokens)
 
 
 @dataclass(frozen=True)

@@ -47,26 +47,25 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 
 
 @dataclass(frozen=True)
 class StepCosts:
-    """One engine step's time model (seconds), as the simulator's ``StepTiming``:
-    ``base + per_prefill_token x prefill tokens + per_decode_seq x decoding sequences +
-    per_kv_token x KV tokens read``; a step batches at most ``max_batched_tokens``."""
+    """One engine step's time model (seconds): the shared ``StepTiming``
+    (kvflow.proto.step_model: ``base + per_prefill_token x prefill tokens + per_decode_seq x
+    decoding sequences + per_kv_token x KV tokens read``; its per-prefill-sequence term is
+    not used here, a few ms per prompt alike on every worker) and the most tokens a step
+    batches."""
 
-    base_step_s: float
-    per_prefill_token_s: float
-    per_decode_seq_s: float
-    per_kv_token_s: float
+    timing: StepTiming
     max_batched_tokens: int
 
     def __post_init__(self) -> None:
-        if min(self.base_step_s, self.per_prefill_token_s, self.per_decode_seq_s,
-               self.per_kv_token_s) < 0 or self.max_batched_tokens < 1:  # fmt: skip
-            raise ValueError(f"step costs must be >= 0 and a batch >= 1 token: {self}")
+        if self.max_batched_tokens < 1:
+            raise ValueError(f"a step batches at least 1 token: {self}")
 
 
 # H100-SXM x Llama-3-8B bf16, the simulator's roofline profile `h100-llama3-8b`
@@ -74,7 +73,7 @@ class StepCosts:
 # 48.9 ns a KV token read, 8,192 tokens a step. What the gateway assumes for workers that
 # publish no profile: only ratios between workers' costs decide, and those are the
 # model's shape (prefill compute against decode memory reads), not the GPU's speed.
-DEFAULT_STEP_COSTS = StepCosts(6.6e-3, 27.1e-6, 30.3e-6, 48.9e-9, 8192)
+DEFAULT_STEP_COSTS = StepCosts(StepTiming(6.6e-3, 27.1e-6, 30.3e-6, 48.9e-9), 8192)
 # Decode steps a new request is charged for, beside the worker's decodes. Not an answer's
 # length: how much decode balance weighs against prefill waiting. On the trace families
 # (docs/benchmarks.md) 256 and 128 put TTFT P90 behind least-loaded's (a queued prompt
@@ -123,12 +122,12 @@ def worker_cost(
     prefill = worker.num_prefill_tokens + uncached
     per_step_tokens = max(1, costs.max_batched_tokens - decodes)
     num_steps = math.ceil(prefill / per_step_tokens)
-    decode_step_s = decodes * costs.per_decode_seq_s + kv * costs.per_kv_token_s
-    own_ttft_s = prefill * costs.per_prefill_token_s + num_steps * decode_step_s
+    decode_step_s = decodes * costs.timing.per_decode_seq_s + kv * costs.timing.per_kv_token_s
+    own_ttft_s = prefill * costs.timing.per_prefill_token_s + num_steps * decode_step_s
     num_waiting = max(0, worker.queue_depth - decodes)
-    backlog_s = BACKLOG_WEIGHT * num_waiting * uncached * costs.per_prefill_token_s
+    backlog_s = BACKLOG_WEIGHT * num_waiting * uncached * costs.timing.per_prefill_token_s
     own_decode_s = decode_horizon_tokens * decode_step_s
-    mine_s = costs.per_decode_seq_s + num_prompt_tokens * costs.per_kv_token_s
+    mine_s = costs.timing.per_decode_seq_s + num_prompt_tokens * costs.timing.per_kv_token_s
     stall_s = decodes * decode_horizon_tokens * mine_s
     evict_s = 0.0
     if worker.kv_capacity_tokens > 0:
@@ -138,7 +137,7 @@ def worker_cost(
         held = worker.num_kv_tokens + worker.num_prefill_tokens
         empty = worker.kv_capacity_tokens - max(held, worker.num_cached_tokens)
         evict_s = max(0, uncached + decode_horizon_tokens - max(0, empty)) * (
-            costs.per_prefill_token_s
+            costs.timing.per_prefill_token_s
         )
     return WorkerCost(own_ttft_s, own_decode_s, stall_s, evict_s, backlog_s, uncached)
 
@@ -199,7 +198,7 @@ class WaitGate:
         self.slack_s = slack_s
 
     def wait_s(self, worker: WorkerView) -> float:
-        return worker.num_prefill_tokens * self.costs.per_prefill_token_s
+        return worker.num_prefill_tokens * self.costs.timing.per_prefill_token_s
 
     def keep(self, workers: Sequence[WorkerView]) -> list[WorkerView]:
         if not workers:

@@ -87,7 +87,7 @@ IN_FLIGHT_PREFILL_S = DEFAULT_WAIT_GATE_SLACK_S
 def max_in_flight_blocks(costs: StepCosts, block_size: int) -> int:
     """Of a placed prompt, the leading blocks remembered: ``IN_FLIGHT_PREFILL_S`` of
     prefill at ``costs``."""
-    num_tokens = IN_FLIGHT_PREFILL_S / max(costs.per_prefill_token_s, 1e-9)
+    num_tokens = IN_FLIGHT_PREFILL_S / max(costs.timing.per_prefill_token_s, 1e-9)
     return max(1, math.ceil(num_tokens / block_size))
 
 
@@ -234,7 +234,7 @@ class Placement:
         self.config = config
         self.in_flight_ttl_s = in_flight_ttl_s  # 0: remember nothing
         self._costs = costs
-        self._placed = PlacedWork(costs.per_prefill_token_s)
+        self._placed = PlacedWork(costs.timing.per_prefill_token_s)
 
     def plan(
         self,
@@ -327,7 +327,7 @@ class Placement:
             request.num_prompt_tokens, request.block_size, num_cached_blocks
         )
         min_queue_depth = min(w.queue_depth for w in prefill_candidates)
-        per_token_s = self._costs.per_prefill_token_s
+        per_token_s = self._costs.timing.per_prefill_token_s
         prefill_wait_s = min(w.num_prefill_tokens for w in prefill_candidates) * per_token_s
         decode_view = next(w for w in workers if w.worker_id == decode.worker_id)
         local_prefill_s = (decode_view.num_prefill_tokens + num_missing) * per_token_s

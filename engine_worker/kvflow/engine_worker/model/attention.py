@@ -421,9 +421,10 @@ def _decode_workspace(
     scale: float,
 ) -> torch.Tensor:
     """``_decode`` over the dense slots of decode_workspace.py: move the slots the plan
-    compacts, fill the ones it says are new or stale from the paged cache, append this
-    step's K/V ``[B, Hkv, D]``, then one SDPA over slots ``0..num_slots-1``. Row ``i`` of
-    ``q`` is slot ``slots[i]``."""
+    compacts, fill the ones it says are new or stale from the paged cache, reorder them if
+    it sorts them, append this step's K/V ``[B, Hkv, D]``, then one SDPA per run of slots
+    (``ws.groups``), each over its own longest context. Row ``i`` of ``q`` is slot
+    ``slots[i]``."""
     assert layer_kv is not None, "metadata with a workspace is read through meta.layer(i)"
     wk, wv = layer_kv
     for move in ws.moves:
@@ -433,6 +434,11 @@ def _decode_workspace(
         ks, vs = _gather(kv_cache, fill.block_ids, fill.num_tokens, wk.dtype)  # [Hkv, n, D]
         wk[fill.slot, :, : fill.num_tokens].copy_(ks)
         wv[fill.slot, :, : fill.num_tokens].copy_(vs)
+    if ws.permutation is not None:
+        # The right side is a copy (advanced indexing): no slot is overwritten before read.
+        held, n = ws.permutation.shape[0], ws.permute_tokens
+        wk[:held, :, :n] = wk[ws.permutation, :, :n]
+        wv[:held, :, :n] = wv[ws.permutation, :, :n]
     # Advanced indices on axes 0 and 2 around a slice: the indexed view is [B, Hkv, D].
     wk[ws.slots, :, ws.positions] = k.to(wk.dtype)
     wv[ws.slots, :, ws.positions] = v.to(wv.dtype)
@@ -441,7 +447,10 @@ def _decode_workspace(
     else:
         qs = q.new_zeros(ws.num_slots, *q.shape[1:])
         qs[ws.slots] = q
-    keys = wk[: ws.num_slots, :, : ws.num_tokens].to(q.dtype)
-    values = wv[: ws.num_slots, :, : ws.num_tokens].to(q.dtype)
-    o = _attend_grouped(qs, keys, values, ws.mask, scale)
+    outs = []
+    for g in ws.groups:
+        keys = wk[g.start : g.stop, :, : g.num_tokens].to(q.dtype)
+        values = wv[g.start : g.stop, :, : g.num_tokens].to(q.dtype)
+        outs.append(_attend_grouped(qs[g.start : g.stop], keys, values, g.mask, scale))
+    o = outs[0] if len(outs) == 1 else torch.cat(outs)
     return o if ws.identity else o[ws.slots]

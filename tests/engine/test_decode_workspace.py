@@ -21,6 +21,7 @@ import pytest
 import torch
 from testkit.attend import attend
 
+from kvflow.engine_worker.model import decode_workspace
 from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
 from kvflow.engine_worker.model.decode_workspace import (
     CAPACITY_STEP_TOKENS,
@@ -49,6 +50,34 @@ def decode(rid: str, row: int, ctx: int, final: int = 0) -> Decode:
     return Decode(rid, row, ctx, list(range(100, 100 + -(-ctx // BS))), final)
 
 
+def test_runs_pad_to_their_own_longest_and_a_disordered_layout_is_sorted() -> None:
+    """32 decodes alternating 10 and 100 tokens: four runs of 8 slots each pad to 100
+    (3,232 tokens attended); in order of length, two runs pad to 11 and two to 101 (1,792),
+    so the next step sorts the slots, and its runs read each group's own longest."""
+    ws = workspace()
+    lens = [10 if i % 2 else 100 for i in range(32)]
+    step = ws.plan([decode(f"r{i}", i, n) for i, n in enumerate(lens)], all_rows=True)
+    assert step is not None and step.permutation is None  # it grew: the sort waits
+    assert [(g.start, g.stop, g.num_tokens) for g in step.groups] == [
+        (a, a + 8, 100) for a in range(0, 32, 8)
+    ]
+    step = ws.plan([decode(f"r{i}", i, n + 1) for i, n in enumerate(lens)], all_rows=True)
+    assert step is not None and step.permutation is not None
+    # Slot i takes what slot permutation[i] held: the short ones first, in slot order.
+    assert step.permutation.tolist() == list(range(1, 32, 2)) + list(range(0, 32, 2))
+    assert step.permute_tokens == 101
+    assert [(g.start, g.stop, g.num_tokens) for g in step.groups] == [
+        (0, 8, 11),
+        (8, 16, 11),
+        (16, 24, 101),
+        (24, 32, 101),
+    ]
+    assert step.slots.tolist() == [16 + i // 2 if i % 2 == 0 else i // 2 for i in range(32)]
+    assert all(g.mask is None for g in step.groups)  # equal lengths within each run
+    step = ws.plan([decode(f"r{i}", i, n + 2) for i, n in enumerate(lens)], all_rows=True)
+    assert step is not None and step.permutation is None  # sorted stays sorted
+
+
 def test_a_slot_is_filled_once_then_appended_to() -> None:
     ws = workspace()
     step = ws.plan([decode("a", 0, 10), decode("b", 1, 5)], all_rows=True)
@@ -57,7 +86,8 @@ def test_a_slot_is_filled_once_then_appended_to() -> None:
     assert [(f.slot, f.num_tokens) for f in step.fills] == [(0, 9), (1, 4)]
     assert step.slots.tolist() == [0, 1] and step.positions.tolist() == [9, 4]
     assert step.identity and step.num_tokens == 10
-    assert step.mask is not None and step.mask[1, 0, 0, 5:].eq(-torch.inf).all()
+    (group,) = step.groups
+    assert group.mask is not None and group.mask[1, 0, 0, 5:].eq(-torch.inf).all()
     step = ws.plan([decode("a", 0, 11), decode("b", 1, 6)], all_rows=True)
     assert step is not None and step.fills == ()  # one token appended each, nothing copied
     # A context that does not continue the copy (the sequence was recomputed shorter,
@@ -206,11 +236,26 @@ class Seq:
         self.blocks: list[int] = []
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.int8, torch.float8_e4m3fn])
-def test_random_traffic_attends_exactly_as_the_gather_path(cache_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("cache_dtype", "sorts"),
+    [
+        (torch.float32, True),
+        (torch.float32, False),
+        (torch.int8, False),
+        (torch.float8_e4m3fn, False),
+    ],
+)
+def test_random_traffic_attends_exactly_as_the_gather_path(
+    cache_dtype: torch.dtype, sorts: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Arrivals, chunked prefills beside decodes, finishes, preemptions: 2 layers, each step
     run with a workspace and without one on copies of the same cache. A quantized cache's
-    workspace holds what the cache holds, dequantized: the two paths still agree exactly."""
+    workspace holds what the cache holds, dequantized: the two paths still agree exactly.
+    With ``sorts`` the slots are attended in runs and re-sorted by length as arrivals
+    disorder them (a sort compacts too, so no compaction's moves are left); without, the
+    layout is never sorted and compactions move slots."""
+    if not sorts:
+        monkeypatch.setattr(decode_workspace, "SORT_GAIN", float("inf"))
     rnd = random.Random(0)
     gen = torch.Generator().manual_seed(0)
     num_blocks = 400
@@ -223,7 +268,8 @@ def test_random_traffic_attends_exactly_as_the_gather_path(cache_dtype: torch.dt
     rnd.shuffle(free)
     live: list[Seq] = []
     counter = 0
-    seen = {"moves": 0, "fills": 0, "mixed": 0, "pure": 0, "preempted": 0}
+    seen = {"fills": 0, "mixed": 0, "pure": 0, "preempted": 0, "runs": 0}
+    seen |= {"sorts": 0} if sorts else {"moves": 0}
     for _ in range(120):
         while len(live) < 24 and rnd.random() < 0.5:
             live.append(Seq(f"s{counter}", rnd.randint(3, 40), gen))
@@ -261,8 +307,11 @@ def test_random_traffic_attends_exactly_as_the_gather_path(cache_dtype: torch.dt
         ]
         step = ws.plan(decodes, all_rows=len(decodes) == row)
         if step is not None:
-            seen["moves"] += len(step.moves)
+            seen["moves" if not sorts else "sorts"] += (
+                len(step.moves) if not sorts else step.permutation is not None
+            )
             seen["fills"] += len(step.fills)
+            seen["runs"] += len(step.groups) > 1
             seen["pure" if step.rows is None else "mixed"] += 1
         metas = [
             AttentionMetadata.build(

@@ -21,6 +21,11 @@ token to it. With a decode workspace (``decode_workspace.py``, the runner's choi
 decodes instead read dense per-sequence copies kept across steps: filled from the cache
 once, then one token appended per step, and one SDPA over all of them.
 
+On a GPU, decodes skip the gather: the Triton kernel of ``triton_paged.py`` walks each
+sequence's block table and reads its tokens in place (``uses_paged_kernel`` picks it on CUDA
+devices; the CPU never runs it). Prefill chunks keep the gather and SDPA there too: their
+copy is shared by all their query tokens.
+
 On the CPU attention computes in float32 whatever the model's dtype (``compute_dtype``): the
 cache keeps the model's dtype, and a bf16 model's K/V are widened as they are read.
 
@@ -32,7 +37,9 @@ copy of a token it reads, sees the same values.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +91,9 @@ class DecodeBatch:
     # [B, 1, 1, num_tokens] bool, True where a real token is; None when no row is padded.
     mask: torch.Tensor | None
     first_block: int | None = None  # one sequence on consecutive blocks from here: no gather
+    # [B] int64: each row's context; set on CUDA, where the paged kernel reads it instead of
+    # a gather and a mask (triton_paged.py).
+    context_lens: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,9 @@ class AttentionMetadata:
         order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
         group_size = -(-len(order) // MAX_DECODE_GROUPS) if order else 1
         group_size = max(group_size, MIN_DECODE_GROUP)
+        kernel = uses_paged_kernel(torch.device(device), block_size)
+        if kernel:  # the kernel reads each row's own tokens: one batch, no padding to cut
+            group_size = max(group_size, len(order))
         # The rows of a single group that holds every token of the step, in order, need no
         # gather from q nor scatter into the output (a pure decode step of one group).
         all_rows = len(decode_rows) == row and len(order) <= group_size
@@ -169,7 +182,7 @@ class AttentionMetadata:
             ]
             longest = max(lens)
             mask = None
-            if min(lens) != longest:
+            if min(lens) != longest and not kernel:
                 positions = torch.arange(longest)
                 mask = (positions[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
                 mask = mask.to(device)
@@ -184,12 +197,34 @@ class AttentionMetadata:
                     block_ids=torch.tensor(padded, dtype=torch.int64, device=device),
                     num_tokens=longest,
                     mask=mask,
-                    first_block=first,
+                    first_block=None if kernel else first,
+                    context_lens=(
+                        torch.tensor(lens, dtype=torch.int64, device=device) if kernel else None
+                    ),
                 )
             )
         return AttentionMetadata(
             slot_mapping.to(device), tuple(prefills), tuple(decodes), workspace=workspace
         )
+
+
+def uses_paged_kernel(device: torch.device, block_size: int) -> bool:
+    """Whether decodes on ``device`` attend through the paged Triton kernel (triton_paged.py)
+    rather than a gather and SDPA: on CUDA devices, when Triton imports and the block size
+    is a power of two (the kernel's token axis). Never on the CPU: Triton compiles for GPUs."""
+    if device.type != "cuda" or block_size & (block_size - 1):
+        return False
+    return _triton_paged() is not None
+
+
+@functools.cache
+def _triton_paged() -> ModuleType | None:
+    """The kernel's module, imported on first use on a GPU (None: Triton is missing)."""
+    try:
+        from kvflow.engine_worker.model import triton_paged
+    except ImportError:
+        return None
+    return triton_paged
 
 
 def _first_if_consecutive(table: list[int]) -> int | None:
@@ -344,12 +379,18 @@ def paged_attention(
 
 
 def _decode(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeBatch, scale: float) -> torch.Tensor:
-    """One token per sequence ``q`` ``[B, H, D]`` attending to its gathered context.
+    """One token per sequence ``q`` ``[B, H, D]`` attending to its gathered context, or on a
+    GPU (``d.context_lens`` set) to its context read in place by the paged kernel.
 
     Grouped-query heads are folded into the query axis: the ``H / Hkv`` heads that share a
     KV head are that head's query rows (``[B, Hkv, H / Hkv, D]``), so SDPA reads each K/V
     head once and needs no ``enable_gqa`` expansion (SmolLM2's 9 over 3 heads, 64
     decodes over 160 tokens: about 10-40 % less time, noisy)."""
+    if d.context_lens is not None:
+        kernel = _triton_paged()
+        assert kernel is not None, "context_lens are set only where the kernel runs"
+        out: torch.Tensor = kernel.paged_decode(q, kv_cache, d.block_ids, d.context_lens, scale)
+        return out
     kd, vd = _gather(kv_cache, d.block_ids, d.num_tokens, q.dtype, d.first_block)
     return _attend_grouped(q, kd, vd, d.mask, scale)
 
@@ -380,9 +421,10 @@ def _decode_workspace(
     scale: float,
 ) -> torch.Tensor:
     """``_decode`` over the dense slots of decode_workspace.py: move the slots the plan
-    compacts, fill the ones it says are new or stale from the paged cache, append this
-    step's K/V ``[B, Hkv, D]``, then one SDPA over slots ``0..num_slots-1``. Row ``i`` of
-    ``q`` is slot ``slots[i]``."""
+    compacts, fill the ones it says are new or stale from the paged cache, reorder them if
+    it sorts them, append this step's K/V ``[B, Hkv, D]``, then one SDPA per run of slots
+    (``ws.groups``), each over its own longest context. Row ``i`` of ``q`` is slot
+    ``slots[i]``."""
     assert layer_kv is not None, "metadata with a workspace is read through meta.layer(i)"
     wk, wv = layer_kv
     for move in ws.moves:
@@ -392,6 +434,11 @@ def _decode_workspace(
         ks, vs = _gather(kv_cache, fill.block_ids, fill.num_tokens, wk.dtype)  # [Hkv, n, D]
         wk[fill.slot, :, : fill.num_tokens].copy_(ks)
         wv[fill.slot, :, : fill.num_tokens].copy_(vs)
+    if ws.permutation is not None:
+        # The right side is a copy (advanced indexing): no slot is overwritten before read.
+        held, n = ws.permutation.shape[0], ws.permute_tokens
+        wk[:held, :, :n] = wk[ws.permutation, :, :n]
+        wv[:held, :, :n] = wv[ws.permutation, :, :n]
     # Advanced indices on axes 0 and 2 around a slice: the indexed view is [B, Hkv, D].
     wk[ws.slots, :, ws.positions] = k.to(wk.dtype)
     wv[ws.slots, :, ws.positions] = v.to(wv.dtype)
@@ -400,7 +447,10 @@ def _decode_workspace(
     else:
         qs = q.new_zeros(ws.num_slots, *q.shape[1:])
         qs[ws.slots] = q
-    keys = wk[: ws.num_slots, :, : ws.num_tokens].to(q.dtype)
-    values = wv[: ws.num_slots, :, : ws.num_tokens].to(q.dtype)
-    o = _attend_grouped(qs, keys, values, ws.mask, scale)
+    outs = []
+    for g in ws.groups:
+        keys = wk[g.start : g.stop, :, : g.num_tokens].to(q.dtype)
+        values = wv[g.start : g.stop, :, : g.num_tokens].to(q.dtype)
+        outs.append(_attend_grouped(qs[g.start : g.stop], keys, values, g.mask, scale))
+    o = outs[0] if len(outs) == 1 else torch.cat(outs)
     return o if ws.identity else o[ws.slots]

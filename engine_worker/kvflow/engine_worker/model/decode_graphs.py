@@ -11,9 +11,10 @@ longest one. Its inputs are packed on the host into one tensor, copied in one tr
 a device buffer that lives as long as the graphs, and each bucket's graph reads its views of
 that buffer. Padded rows write their K/V into a scratch slot that no request owns (the
 runner gives the cache one block more than the pool hands out) and attend to one token of
-block 0, so their softmax has no NaN; their logits are dropped. Attention is the masked
-gather of ``attention._decode``, its mask computed inside the graph from the context
-lengths.
+block 0, so their softmax has no NaN; their logits are dropped. Attention is the paged
+kernel of triton_paged.py, reading the context lengths from the packed buffer (or, where
+Triton is missing, the masked gather of ``attention._decode``, its mask computed inside the
+graph from the context lengths).
 
 Only pure decode steps (every sequence adds one token and samples) replay; a step with a
 prefill chunk, a batch over ``max_batch``, a table over ``max_blocks`` or more padded tokens
@@ -33,7 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, DecodeBatch
+from kvflow.engine_worker.model.attention import (
+    AttentionMetadata,
+    DecodeBatch,
+    uses_paged_kernel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +181,20 @@ class DecodeGraphs:
         ids, positions, slots, context_lens = (p[i * batch : (i + 1) * batch] for i in range(4))
         table = p[4 * batch : 4 * batch + batch * blocks].view(batch, blocks)
         num_tokens = blocks * self.block_size
-        real = self._token_index[:num_tokens] < context_lens[:, None]  # [B, T]
-        decode = DecodeBatch(
-            rows=None, block_ids=table, num_tokens=num_tokens, mask=real[:, None, None, :]
-        )
+        if uses_paged_kernel(self.device, self.block_size):
+            # The paged kernel reads each row's own tokens in place: no gather, no mask.
+            decode = DecodeBatch(
+                rows=None,
+                block_ids=table,
+                num_tokens=num_tokens,
+                mask=None,
+                context_lens=context_lens,
+            )
+        else:
+            real = self._token_index[:num_tokens] < context_lens[:, None]  # [B, T]
+            decode = DecodeBatch(
+                rows=None, block_ids=table, num_tokens=num_tokens, mask=real[:, None, None, :]
+            )
         meta = AttentionMetadata(slot_mapping=slots, prefills=(), decodes=(decode,))
         return self._forward(ids, positions, meta)
 

@@ -10,6 +10,14 @@ makes the copy stale), and after that each step appends its one new token, so a 
 step's attention is one SDPA over the slots, reading each token's K/V once and copying
 nothing.
 
+Slots are attended in up to ``MAX_GROUPS`` contiguous runs, each padded only to its own
+longest context, not all to the step's longest: padding to the longest slot read 1.56x the
+tokens the contexts held on a ragged batch of 64. Runs of similar lengths need slots in
+order of length, and since every decoding sequence grows one token a step, an order once
+made holds; arrivals into freed slots break it, so when the runs of the current layout pad
+more than ``SORT_GAIN`` times what the sorted layout would, the plan permutes the slots into
+order (one copy of every held slot, per layer).
+
 The paged cache stays the truth (prefix caching, KV transfer, preemption all see only it);
 a slot is a derived copy, so getting one wrong is caught by checking its length against
 the context before use and refilling when they differ. The copy costs memory: at most
@@ -43,6 +51,15 @@ COMPACT_SLACK_SLOTS = 8
 # cost: SmolLM2 at batch 1 decoded 56 % of the bandwidth ceiling with the workspace
 # against 64 % without (bench/engine_roofline.py --quick, one run each).
 MIN_DECODES = 2
+# At most this many runs of slots are attended apart, each at least MIN_GROUP_SLOTS slots:
+# every run is one more SDPA call per layer (tens of us), worth it only when it cuts the
+# padding of several slots.
+MAX_GROUPS = 4
+MIN_GROUP_SLOTS = 8
+# Re-sort the slots by length when the current layout's runs attend this many times the
+# tokens the sorted layout's would: a sort copies every held slot once, so it is kept for
+# layouts that arrivals have disordered, not redone for every small gain.
+SORT_GAIN = 1.2
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,19 @@ class SlotMove:
 
 
 @dataclass(frozen=True)
+class SlotGroup:
+    """Slots ``start..stop-1`` attended together, over their first ``num_tokens`` tokens."""
+
+    start: int
+    stop: int
+    num_tokens: int  # the longest context among them
+    # [stop - start, 1, 1, num_tokens], 0 where a token is and -inf past it (additive: SDPA
+    # converts a bool mask in every layer, 1.1-1.5x the time of the attention itself);
+    # None: nothing padded.
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class WorkspaceStep:
     """This step's decodes as the attention reads them: row ``rows[i]`` of the batch is the
     sequence in slot ``slots[i]``; its new token goes to position ``positions[i]``."""
@@ -72,14 +102,15 @@ class WorkspaceStep:
     slots: torch.Tensor  # [B] int64
     positions: torch.Tensor  # [B] int64: context length - 1, where the new K/V goes
     num_slots: int  # slots 0..num_slots-1 are attended (unused ones are masked to one token)
-    num_tokens: int  # the longest context: tokens attended per slot
-    # [num_slots, 1, 1, num_tokens], 0 where a token is and -inf past it (additive: SDPA
-    # converts a bool mask in every layer, 1.1-1.5x the time of the attention itself);
-    # None: nothing padded.
-    mask: torch.Tensor | None
+    num_tokens: int  # the longest context
+    groups: tuple[SlotGroup, ...]  # slots 0..num_slots-1 in runs, each padded to its own
     identity: bool  # slots == rows == 0..B-1 and num_slots == B: no permutation of q
     moves: tuple[SlotMove, ...]  # done first, in order
     fills: tuple[SlotFill, ...]
+    # Done after the fills, before the appends: slot i takes what slot permutation[i] held
+    # (its first ``permute_tokens`` tokens); ``fills`` name slots as they were before it.
+    permutation: torch.Tensor | None
+    permute_tokens: int
     # One (keys, values) pair per layer, each [capacity_slots, Hkv, capacity_tokens, D].
     layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
@@ -159,9 +190,11 @@ class DecodeWorkspace:
         num_slots = max(slots) + 1
         longest = max(d.context_len for d in decodes)
         reach = max(longest, *(d.final_len for d in decodes))
+        capacity = (self._capacity_slots, self._capacity_tokens)
         if not self._ensure_capacity(num_slots, longest, reach, moves):
             self.reset()
             return None
+        grew = capacity != (self._capacity_slots, self._capacity_tokens)
         fills: list[SlotFill] = []
         for d, slot in zip(decodes, slots, strict=True):
             cached = d.context_len - 1  # already in the paged cache; the new token is not
@@ -171,15 +204,19 @@ class DecodeWorkspace:
                     ids = torch.tensor(d.block_ids[:num_blocks], dtype=torch.int64)
                     fills.append(SlotFill(slot, ids.to(self.device), cached))
             self._filled[slot] = d.context_len
-        lens = [1] * num_slots  # an unused slot attends to one (stale) token: no NaN rows
-        for d, slot in zip(decodes, slots, strict=True):
-            lens[slot] = d.context_len
-        mask = None
-        if min(lens) != longest:
-            positions = torch.arange(longest)
-            padded = (positions[None, :] >= torch.tensor(lens)[:, None])[:, None, None, :]
-            mask = torch.zeros(padded.shape, dtype=self.dtype).masked_fill_(padded, -torch.inf)
-            mask = mask.to(self.device)
+        # A grow or a compaction this step has already planned copies; the sort waits.
+        permutation, permute_tokens = None, 0
+        if not grew and not moves:
+            order = self._sort_order()
+            if order is not None:
+                permutation = torch.tensor(order, dtype=torch.int64, device=self.device)
+                permute_tokens = max(self._filled)  # now in the new order
+                slots = [self._slot_of[d.request_id] for d in decodes]
+                num_slots = max(slots) + 1
+        groups = tuple(
+            self._group(start, stop, lens)
+            for start, stop, lens in _runs(self._attended_lens(decodes, slots, num_slots))
+        )
         identity = all_rows and slots == list(range(len(decodes))) and num_slots == len(decodes)
         rows = None
         if not all_rows:
@@ -192,12 +229,49 @@ class DecodeWorkspace:
             ),
             num_slots=num_slots,
             num_tokens=longest,
-            mask=mask,
+            groups=groups,
             identity=identity,
             moves=moves,
             fills=tuple(fills),
+            permutation=permutation,
+            permute_tokens=permute_tokens,
             layers=tuple(self._layers),
         )
+
+    def _attended_lens(self, decodes: list[Decode], slots: list[int], num_slots: int) -> list[int]:
+        """Tokens each slot 0..num_slots-1 attends this step."""
+        lens = [1] * num_slots  # an unused slot attends to one (stale) token: no NaN rows
+        for d, slot in zip(decodes, slots, strict=True):
+            lens[slot] = d.context_len
+        return lens
+
+    def _group(self, start: int, stop: int, lens: list[int]) -> SlotGroup:
+        longest = max(lens)
+        mask = None
+        if min(lens) != longest:
+            positions = torch.arange(longest)
+            padded = (positions[None, :] >= torch.tensor(lens)[:, None])[:, None, None, :]
+            mask = torch.zeros(padded.shape, dtype=self.dtype).masked_fill_(padded, -torch.inf)
+            mask = mask.to(self.device)
+        return SlotGroup(start, stop, longest, mask)
+
+    def _sort_order(self) -> list[int] | None:
+        """The held slots in order of length, when attending them so would pad less than the
+        current layout by SORT_GAIN; the bookkeeping then follows that order (slot i holds
+        what slot order[i] held). None: the layout stays."""
+        held = sorted(self._slot_of.values())
+        if len(held) < 2 * MIN_GROUP_SLOTS:
+            return None  # one run whatever the order
+        current = [max(n, 1) for n in self._filled[: held[-1] + 1]]
+        order = sorted(held, key=lambda slot: self._filled[slot])
+        ordered = [self._filled[slot] for slot in order]
+        if _padded_tokens(current) <= SORT_GAIN * _padded_tokens(ordered):
+            return None
+        new_slot = {old: new for new, old in enumerate(order)}
+        for request_id, slot in self._slot_of.items():
+            self._slot_of[request_id] = new_slot[slot]
+        self._filled = ordered
+        return order
 
     def _slot_for(self, request_id: str) -> int:
         slot = self._slot_of.get(request_id)
@@ -278,6 +352,18 @@ class DecodeWorkspace:
         for m in moves:
             held[m.src] = m.num_tokens
         return {slot: min(n, self._capacity_tokens) for slot, n in held.items()}
+
+
+def _runs(lens: list[int]) -> list[tuple[int, int, list[int]]]:
+    """Slots cut into up to MAX_GROUPS runs of equal size (at least MIN_GROUP_SLOTS each):
+    ``(start, stop, their lens)``."""
+    size = max(-(-len(lens) // MAX_GROUPS), MIN_GROUP_SLOTS)
+    return [(a, min(a + size, len(lens)), lens[a : a + size]) for a in range(0, len(lens), size)]
+
+
+def _padded_tokens(lens: list[int]) -> int:
+    """Tokens attended when slots of these lengths are read in ``_runs``."""
+    return sum((stop - start) * max(run) for start, stop, run in _runs(lens))
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -12,6 +12,7 @@ as a file of its own beside the JSON, for ``kvflow sim --profile`` and ``kvflow 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -20,10 +21,21 @@ from gpu.plan import SHAPES, Plan
 from gpu.record import Deadline, Recorder, log
 from kvflow.engine_worker.sim.fit import fit_timing
 from kvflow.engine_worker.sim.hardware import H200_SXM
-from kvflow.engine_worker.sim.profile_cli import CPU_KV_LINK_BYTES_PER_S, kv_bytes_per_block
 from kvflow.engine_worker.sim.profile_file import profile_to_dict
 from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.engine_worker.sim.sweep import SweepPoint, default_sweep, run_sweep
+
+# kvflow profile's KV link on a CPU machine (profile_cli.CPU_KV_LINK_BYTES_PER_S, not
+# imported: its module pulls in the worker's settings and with them grpc, whose wheel on
+# the device image may refuse the committed stubs).
+CPU_KV_LINK_BYTES_PER_S = 2.4e9
+
+
+def kv_bytes_per_block(runner: Any) -> int:
+    """The runner's KV bytes per block (all layers, K and V), from its cache tensors, whose
+    first dimension is the block (a graphed runner's spare block included)."""
+    total = sum(int(t.numel()) * int(t.element_size()) for t in runner.kv_caches)
+    return total // int(runner.kv_caches[0].shape[0])
 
 
 def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
@@ -72,7 +84,7 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
         name=f"measured-{p.shape}-{slug}",
         timing=fit.timing,
         block_size=engine.config.scheduler.block_size,
-        kv_bytes_per_block=kv_bytes_per_block(built.runner, built.num_blocks),
+        kv_bytes_per_block=kv_bytes_per_block(built.runner),
         num_kv_blocks=built.num_blocks,
         max_num_batched_tokens=p.max_num_batched_tokens,
         max_num_seqs=p.max_num_seqs,

@@ -39,7 +39,7 @@ STAGES = [
 
 
 def run_check(
-    out: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 400
+    out: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 700
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = subprocess.run(
         ["bash", "bench/gpu_check.sh", "--json", str(out), *args],
@@ -217,6 +217,9 @@ def test_the_profile_is_written_as_a_profile_file(cpu: dict[str, Any]) -> None:
     profile = read_profile(path)  # the schema kvflow sim and kvflow plan read
     assert profile.name == r["profile"]["name"] == "measured-tiny-cpu"
     assert profile.max_num_seqs == 8 and profile.num_kv_blocks == 256
+    assert (
+        profile.kv_bytes_per_block == 2 * 2 * 16 * 2 * 16 * 4
+    )  # K, V x layers x block x heads x dims x f32
     assert cpu["summary"]["profile"] == profile.name
 
 

@@ -73,7 +73,6 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
     ]
     max_len = q.prompt_len + max(q.new_tokens, q.batch_new_tokens) + BLOCK_SIZE
     per_seq = -(-max_len // BLOCK_SIZE)
-    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     mean_context = q.prompt_len + q.new_tokens / 2
     arms: dict[str, Any] = {}
     reference: dict[str, Any] = {}
@@ -102,8 +101,11 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
             one = run_engine(built.engine, [prompt], [q.new_tokens], prefix="one")
             decode_s = one.wall_s - one.step_end_s[0]
             tps = (q.new_tokens - 1) / decode_s
-            kv_bytes = FP8.itemsize if fp8_kv else dtype.itemsize
-            step_bytes = step_weight_bytes(model) + kv_per_token * kv_bytes * mean_context
+            # KV bytes per token as this arm's cache stores them (a quantized row's scale too).
+            caches = built.runner.kv_caches
+            cache_bytes = sum(t.numel() * t.element_size() for t in caches)
+            kv_token_bytes = cache_bytes / (caches[0].shape[0] * BLOCK_SIZE)
+            step_bytes = step_weight_bytes(model) + kv_token_bytes * mean_context
             ceiling = H200_SXM.hbm_bytes_per_s / step_bytes
             many = run_engine(
                 built.engine, batch_prompts, [q.batch_new_tokens] * q.batch, prefix="many"
@@ -113,6 +115,7 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
                 "weights": "fp8" if fp8_weights else str(dtype).removeprefix("torch."),
                 "kv_cache": "fp8" if fp8_kv else str(dtype).removeprefix("torch."),
                 "step_bytes": step_bytes,
+                "kv_bytes_per_token": kv_token_bytes,
                 "roofline_tokens_per_s": ceiling,
                 "decode_tokens_per_s": tps,
                 "fraction_of_roofline": tps / ceiling,

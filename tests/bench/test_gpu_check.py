@@ -200,6 +200,10 @@ def test_fp8_arms_run_and_stay_close_to_the_baseline(cpu: dict[str, Any]) -> Non
         assert arm["fraction_of_roofline"] == pytest.approx(
             arm["decode_tokens_per_s"] / arm["roofline_tokens_per_s"]
         )
+    # The tiny shape's KV per token as stored: K and V x 2 layers x 2 heads x 16 dims, in
+    # float32, or one byte each plus a float16 scale per head row.
+    assert base["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    assert arms["fp8_kv"]["kv_bytes_per_token"] == 2 * 2 * 2 * (16 + 2)
     # FP8 weights read fewer bytes per step than float32 ones; an FP8 cache fewer KV bytes.
     assert arms["fp8_weights"]["step_bytes"] < base["step_bytes"]
     assert arms["fp8_kv"]["step_bytes"] < base["step_bytes"]

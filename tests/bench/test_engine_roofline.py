@@ -65,3 +65,5 @@ def test_stream_bandwidth_reports_read_and_copy() -> None:
     assert r["bytes"] == 16 << 20 and r["threads"] == torch.get_num_threads()
     assert 0 < r["read_gb_s"] <= r["read_best_gb_s"]
     assert 0 < r["copy_gb_s"] <= r["copy_best_gb_s"]
+    assert 0 < r["gemv_gb_s"] <= r["gemv_best_gb_s"]
+    assert r["bandwidth_gb_s"] == max(r["read_gb_s"], r["gemv_gb_s"], r["copy_gb_s"])

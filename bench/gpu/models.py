@@ -146,15 +146,17 @@ def make_engine(
     max_model_len: int,
     enable_prefix_caching: bool = True,
     cuda_graphs: bool = False,
+    kv_cache_dtype: torch.dtype | None = None,
 ) -> BuiltEngine:
     """``cuda_graphs``: pure decode steps replay from CUDA graphs (model/decode_graphs.py;
-    on a CPU the same padded steps run eagerly)."""
+    on a CPU the same padded steps run eagerly). ``kv_cache_dtype``: the cache's (None: the
+    model's; float8_e4m3fn or int8: quantized, model/kv_quant.py)."""
     per_block = kv_bytes_per_block(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
         block_size=BLOCK_SIZE,
-        dtype=dtype,
+        dtype=kv_cache_dtype or dtype,
     )
     # An exact block count, or as many blocks as the budget holds.
     num_blocks = num_blocks or max(int(kv_cache_gib * GIB // per_block), 1)
@@ -170,6 +172,7 @@ def make_engine(
         sampler=Sampler(device, eos_token_ids=config.eos_token_ids),
         decode_graph_batch=max_num_seqs if cuda_graphs else 0,
         max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
     )
     engine = Engine(
         EngineConfig(

@@ -141,55 +141,39 @@ def hf_batch1(hf: Any, prompt: list[int], n: int, device: str) -> float:
     return (n - 1) / decode_s
 
 
-def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
-    p = plan.roofline
-    device = plan.device
-    is_cuda = device.startswith("cuda")
-    dtype = torch.bfloat16 if is_cuda else torch.float32
-    shape = model_shape(p.shape, 2 if is_cuda else 4)
-    raw = SHAPES[p.shape]
-    config = engine_config(raw, p.shape)
-    mean_context = p.prompt_len + p.new_tokens / 2
-    ceiling = roofline(shape, mean_context, H200_SXM.hbm_bytes_per_s)
-    rec.set("shape", p.shape)
-    rec.set("dtype", str(dtype).removeprefix("torch."))
-    rec.set("roofline_datasheet", {**ceiling, "gpu": H200_SXM.name, "mean_context": mean_context})
-    log(f"roofline: building {p.shape} ({shape.num_params / 1e9:.2f} B parameters)")
-    model = kvflow_random(config, dtype, device, plan.seed)
-    need = -(-(p.prompt_len + p.new_tokens) // BLOCK_SIZE) + 4
-    engine_kw: dict[str, Any] = {
-        "dtype": dtype,
-        "device": device,
-        "num_blocks": 2 * need,
-        "max_num_seqs": 1,
-        "max_num_batched_tokens": max(p.prompt_len, 256),
-        "max_model_len": 4096,
-    }
-    built = make_engine(model, config, **engine_kw)
-    rng = random.Random(plan.seed)
-    prompt, warm = (
-        [rng.randrange(3, config.vocab_size) for _ in range(p.prompt_len)] for _ in range(2)
-    )
-
-    # The engine as it runs by default (eager), then with --cuda-graphs: decode steps
-    # replayed from graphs captured on the first step of their bucket. The warm-up request
-    # (other tokens, the same length) captures the bucket the measured decode starts in;
-    # a capture inside the measured run is counted in `captures_measured`.
+def engine_decode(
+    rec: Recorder,
+    model: Any,
+    config: Any,
+    engine_kw: dict[str, Any],
+    prompts: tuple[list[int], list[int]],
+    new_tokens: int,
+    ceiling: dict[str, float],
+    key: str = "",
+) -> Any:
+    """Batch-1 decode through the Engine as it runs by default (eager), then with
+    --cuda-graphs: decode steps replayed from graphs captured on the first step of their
+    bucket. The warm-up request (other tokens, the same length) captures the bucket the
+    measured decode starts in; a capture inside the measured run is counted in
+    ``captures_measured``. Recorded as ``{key}engine`` and ``{key}engine_graphs``; returns
+    the last engine built (its runner's cache serves the forward timings)."""
+    prompt, warm = prompts
+    built = None
     for part, cuda_graphs in (("engine", False), ("engine_graphs", True)):
-        with rec.part(part):
-            if cuda_graphs:
-                built = make_engine(model, config, cuda_graphs=True, **engine_kw)
+        with rec.part(key + part):
+            built = make_engine(model, config, cuda_graphs=cuda_graphs, **engine_kw)
             run_engine(built.engine, [warm], [2], prefix="warm")
             captures_before = built.runner.graphs.captures if cuda_graphs else 0
-            run = run_engine(built.engine, [prompt], [p.new_tokens])
+            run = run_engine(built.engine, [prompt], [new_tokens])
             decode_s = run.wall_s - run.step_end_s[0]
             steps = [b - a for a, b in zip(run.step_end_s, run.step_end_s[1:], strict=False)]
-            tps = (p.new_tokens - 1) / decode_s
+            tps = (new_tokens - 1) / decode_s
             result = {
                 "decode_tokens_per_s": tps,
                 "median_step_ms": 1e3 * sorted(steps)[len(steps) // 2],
                 "prefill_s": run.step_end_s[0],
                 "fraction_of_roofline": tps / ceiling["tokens_per_s"],
+                "tokens": run.tokens["r0"],
             }
             graphs = built.runner.graphs
             if graphs is not None:
@@ -200,11 +184,66 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
                     "capture_s": graphs.capture_s,
                     "buckets": graphs.buckets,
                 }
-            rec.set(part, result)
+            rec.set(key + part, result)
             log(
-                f"roofline: {part} {tps:.1f} tok/s = {tps / ceiling['tokens_per_s']:.0%} of "
+                f"roofline: {key}{part} {tps:.1f} tok/s = {tps / ceiling['tokens_per_s']:.0%} of "
                 f"{ceiling['tokens_per_s']:.0f}"
             )
+    eager, graphed = rec.data.get(key + "engine"), rec.data.get(key + "engine_graphs")
+    if eager and graphed:
+        # --cuda-graphs on and off: the same greedy tokens, and which arm is faster.
+        rec.set(
+            key + "cuda_graphs",
+            {
+                "tokens_identical": eager["tokens"] == graphed["tokens"],
+                "speedup": graphed["decode_tokens_per_s"] / eager["decode_tokens_per_s"],
+                "faster": "on"
+                if graphed["decode_tokens_per_s"] > eager["decode_tokens_per_s"]
+                else "off",
+            },
+        )
+    return built
+
+
+def _setup(
+    name: str, dtype: torch.dtype, p: Any, seed: int, device: str
+) -> tuple[Any, Any, dict[str, Any], tuple[list[int], list[int]], dict[str, float], float]:
+    shape = model_shape(name, dtype.itemsize)
+    config = engine_config(SHAPES[name], name)
+    mean_context = p.prompt_len + p.new_tokens / 2
+    ceiling = roofline(shape, mean_context, H200_SXM.hbm_bytes_per_s)
+    log(f"roofline: building {name} ({shape.num_params / 1e9:.2f} B parameters)")
+    model = kvflow_random(config, dtype, device, seed)
+    need = -(-(p.prompt_len + p.new_tokens) // BLOCK_SIZE) + 4
+    engine_kw: dict[str, Any] = {
+        "dtype": dtype,
+        "device": device,
+        "num_blocks": 2 * need,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": max(p.prompt_len, 256),
+        "max_model_len": 4096,
+    }
+    rng = random.Random(seed)
+    prompt, warm = (
+        [rng.randrange(3, config.vocab_size) for _ in range(p.prompt_len)] for _ in range(2)
+    )
+    return model, config, engine_kw, (prompt, warm), ceiling, mean_context
+
+
+def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
+    p = plan.roofline
+    device = plan.device
+    is_cuda = device.startswith("cuda")
+    dtype = torch.bfloat16 if is_cuda else torch.float32
+    raw = SHAPES[p.shape]
+    model, config, engine_kw, prompts, ceiling, mean_context = _setup(
+        p.shape, dtype, p, plan.seed, device
+    )
+    prompt = prompts[0]
+    rec.set("shape", p.shape)
+    rec.set("dtype", str(dtype).removeprefix("torch."))
+    rec.set("roofline_datasheet", {**ceiling, "gpu": H200_SXM.name, "mean_context": mean_context})
+    built = engine_decode(rec, model, config, engine_kw, prompts, p.new_tokens, ceiling)
     context = int(mean_context)
     steps_n = p.graph_steps or 10
     with rec.part("forward"):
@@ -230,6 +269,29 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
             )
     built = model = None  # type: ignore[assignment]
     free_cuda(device)
+    # The other shapes (the 70B layer slice): batch-1 decode, eager and --cuda-graphs.
+    extra: dict[str, Any] = {}
+    for name in p.extra_shapes:
+        if deadline.left_s() < 15:
+            extra[name] = {"skipped": "stage budget spent"}
+            rec.set("shapes", extra)
+            continue
+        with rec.part(f"{name}/build"):
+            model, config, kw, their_prompts, their_ceiling, mc = _setup(
+                name, dtype, p, plan.seed, device
+            )
+            key = f"{name}/"
+            engine_decode(rec, model, config, kw, their_prompts, p.new_tokens, their_ceiling, key)
+            moved = {
+                k.removeprefix(key): rec.data.pop(k) for k in list(rec.data) if k.startswith(key)
+            }
+            extra[name] = {
+                "roofline_datasheet": {**their_ceiling, "gpu": H200_SXM.name, "mean_context": mc},
+                **moved,
+            }
+            rec.set("shapes", extra)
+        model = None
+        free_cuda(device)
     if p.hf_new_tokens and deadline.left_s() > 20:
         with rec.part("transformers"):
             hf = build_hf(raw, dtype, device, plan.seed)
@@ -238,3 +300,4 @@ def run(plan: Plan, rec: Recorder, deadline: Deadline) -> None:
                 "transformers",
                 {"decode_tokens_per_s": tps, "fraction_of_roofline": tps / ceiling["tokens_per_s"]},
             )
+            hf = None

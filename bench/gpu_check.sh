@@ -12,7 +12,7 @@ need = ["torch", "numpy", "transformers"]
 missing = [m for m in need if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"gpu_check: {sys.executable} lacks {', '.join(missing)}: carry them as wheels in "
-             ".whl/ (see /work/.library/device/README.md) or set PYTHON to an interpreter with them")
+             ".whl/ or set PYTHON to an interpreter with them")
 import kvflow.engine_worker.runner  # the source roots resolve
 PYEOF
 

@@ -1,9 +1,9 @@
 # Sourced by bench/gpu_check.sh and bench/gpu_tests.sh: the interpreter and the import path
-# on a device machine (/work/.library/device/KINDS.md), which has python3 with torch (CUDA),
-# transformers, numpy, safetensors and pytest, and reaches no registry: nothing is
-# installed, no venv is made. kvflow runs from its source roots on PYTHONPATH (no
-# `pip install -e`, which would need setuptools from the network for its build). Wheels
-# carried in .whl/ (the device README's recipe) are unpacked into /tmp/kvflow-site first.
+# on a GPU machine, which has python3 with torch (CUDA), transformers, numpy, safetensors
+# and pytest, and reaches no registry: nothing is installed, no venv is made. kvflow runs
+# from its source roots on PYTHONPATH (no `pip install -e`, which would need setuptools from
+# the network for its build). Wheels carried in .whl/ (what the machine lacks, e.g. from
+# `pip download`) are unpacked into /tmp/kvflow-site first.
 # Sets PY; returns 2 if the wheels cannot be unpacked.
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then

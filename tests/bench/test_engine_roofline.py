@@ -4,7 +4,6 @@ streamed bandwidth's measurement. Never speed: a benchmark is not a test."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from testkit.tiny_gguf import QuantType, write_tiny_gguf
 from testkit.tiny_model import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 import engine_roofline as bench  # noqa: E402
 

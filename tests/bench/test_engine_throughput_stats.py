@@ -4,13 +4,8 @@ statistics over runs that bench/engine_throughput.py reports."""
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
 from throughput_stats import (
     FULL,
     QUICK,

@@ -4,13 +4,11 @@ workload is the same in every run). Never speed: a benchmark is not a test."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from testkit.tiny_model import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 import engine_throughput as bench  # noqa: E402
 from throughput_stats import WorkloadSpec, make_workload  # noqa: E402

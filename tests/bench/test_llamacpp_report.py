@@ -3,11 +3,7 @@ and concurrency (medians, throughput spread) and kvflow's ratios to llama.cpp.""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from llamacpp_report import as_json, ratios, render, rows
 

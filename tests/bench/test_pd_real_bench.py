@@ -15,7 +15,6 @@ import pytest
 from testkit.tiny_model import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 from pd_real_traffic import Kind, Traffic, requests_for, schedule  # noqa: E402
 

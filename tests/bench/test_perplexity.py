@@ -5,14 +5,12 @@ a little, not by nothing. Never speed: a benchmark is not a test."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 from testkit.tiny_model import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 import perplexity as bench  # noqa: E402
 

@@ -4,14 +4,10 @@ instant follower at each report's own margin."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
 from planner_variants import _follower, _labelled, table
 
 

@@ -7,20 +7,17 @@ prompt itself (same tokens, none received) and both workers free everything.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from testkit import pd_client as pc
 from testkit.certs import SERVICE_NAME, make_certs
 from testkit.tiny_model import write_tiny_llama
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.proto import worker_pb2_grpc as pb_grpc
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "pd"))
-import pd_client as pc
 
 pytestmark = pytest.mark.integration
 

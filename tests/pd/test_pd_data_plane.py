@@ -7,17 +7,12 @@ Simulated workers: the real scheduler, blocks, server and transports, no model."
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import grpc
 import pytest
+from testkit import pd_client as pc
 from testkit.worker_process import launch_worker
 
 from kvflow.proto import worker_pb2 as pb
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 pytestmark = [pytest.mark.integration]
 

@@ -10,7 +10,6 @@ half the payload; gloo: after joining the pair's group), which is when these tes
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,12 +17,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from testkit import pd_client as pc
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.proto import worker_pb2 as pb
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 pytestmark = [pytest.mark.integration]
 

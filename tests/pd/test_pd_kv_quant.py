@@ -5,17 +5,14 @@ worker whose KV dtype differs is refused by name before anything moves."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
+from testkit import pd_client as pc
 from testkit.worker_process import WorkerProcess, launch_worker
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 from kvflow.proto import worker_pb2 as pb
 

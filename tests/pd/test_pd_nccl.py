@@ -4,14 +4,11 @@ elsewhere it is skipped and reported as not run (no machine here has two GPUs)."
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from testkit import pd_client as pc
 from testkit.worker_process import launch_worker
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 
 def _num_gpus() -> int:

@@ -8,20 +8,16 @@ takes 150 ms) make the window in which the duplicate arrives wide and the start 
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
+from testkit import pd_client as pc
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.proto import worker_pb2 as pb
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 pytestmark = [pytest.mark.integration]
 

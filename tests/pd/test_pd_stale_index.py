@@ -10,7 +10,6 @@ so it publishes its evictions without block hashes and the router's index stays 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,11 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from testkit import pd_client as pc
 from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.worker_process import WorkerProcess, launch_worker
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 pytestmark = [pytest.mark.integration]
 

@@ -8,17 +8,14 @@ splits work, and so do unequal ones: a 2-rank prefill worker hands its prompt's 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from testkit import pd_client as pc
 from testkit.tiny_model import write_tiny_llama
 from testkit.worker_process import WorkerProcess, launch_worker
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

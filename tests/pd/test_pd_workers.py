@@ -4,17 +4,14 @@ TCP or gloo, with prompts partly cached on either side and prompts of one block 
 
 from __future__ import annotations
 
-import sys
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from testkit import pd_client as pc
 from testkit.worker_process import WorkerProcess, launch_worker
-
-sys.path.insert(0, str(Path(__file__).parent))
-import pd_client as pc
 
 pytestmark = [pytest.mark.integration]
 

@@ -123,9 +123,9 @@ def test_router_config_weights_reach_the_router() -> None:
         }
     )
     config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(spec))))
-    assert config.weights["prefix_blocks"] == 2.0
+    assert config.weights["prefix_cache"] == 2.0
     assert config.weights["queue_depth"] == 0.5
-    assert config.weights["kv_usage"] == 3.0
+    assert config.weights["kv_cache_usage"] == 3.0
 
 
 def test_unset_weights_leave_the_routers_time_based_default() -> None:
@@ -137,7 +137,7 @@ def test_unset_weights_leave_the_routers_time_based_default() -> None:
     # One block weight selects the block policy, the rest at its defaults.
     one = spec_of({"model": {"servedName": "m"}, "router": {"scorerWeights": {"kvCacheUsage": 1}}})
     config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(one))))
-    assert dict(config.weights) == {**BLOCK_WEIGHTS, "kv_usage": 1.0}
+    assert dict(config.weights) == {**BLOCK_WEIGHTS, "kv_cache_usage": 1.0}
 
 
 def test_router_accepts_the_disaggregation_policy() -> None:

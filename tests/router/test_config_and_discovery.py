@@ -33,7 +33,9 @@ def test_config_defaults_and_overrides() -> None:
             "disaggregation": {"min_remote_prefill_tokens": 300, "transfer_timeout_s": 2},
         }
     )
-    assert config.weights["kv_usage"] == 2 and config.weights["prefix_blocks"] == 1.0
+    # kv_usage: the KV scorer's earlier name, read as kv_cache_usage.
+    assert config.weights["kv_cache_usage"] == 2 and config.weights["prefix_cache"] == 1.0
+    assert "kv_usage" not in config.weights
     assert config.session_header == "x-conversation"
     assert config.tenants.lookup("k") is not None
     assert [p.system for p in config.public_prefixes] == ["be nice", None]

@@ -10,10 +10,14 @@ import pytest
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
 from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.cost import DEFAULT_STEP_COSTS
 from kvflow.router.routing.pipeline import (
     BLOCK_WEIGHTS,
+    SCORER_ALIASES,
+    SCORERS,
     SERVING_ROLES,
     RoutingConfigError,
+    ScorerInputs,
     build_pipeline,
 )
 from kvflow.router.routing.sessions import SessionTable
@@ -48,7 +52,7 @@ def request(**kw) -> RouteRequest:  # type: ignore[no-untyped-def]
 
 
 def test_default_score_is_cached_blocks_minus_queue_depth() -> None:
-    pipeline, index, _ = make({"prefix_blocks": 1.0, "queue_depth": 1.0})
+    pipeline, index, _ = make({"prefix_cache": 1.0, "queue_depth": 1.0})
     index.add(WorkerId("a"), PROMPT[:6])
     index.add(WorkerId("b"), PROMPT[:2])
     # a: 6 - 5 = 1; b: 2 - 0 = 2; c: 0 - 1 = -1
@@ -57,7 +61,8 @@ def test_default_score_is_cached_blocks_minus_queue_depth() -> None:
     assert decision is not None
     assert decision.worker_id == "b"
     assert decision.score == 2.0
-    assert decision.scores == {"prefix_blocks": 2.0, "queue_depth": 0.0}
+    # Each scorer's value, then the cached-blocks measure the prefix scorer reports beside it.
+    assert decision.scores == {"prefix_cache": 2.0, "queue_depth": 0.0, "prefix_blocks": 2.0}
     assert decision.num_candidates == 3
     # One more queued request on b tips it to a (6 - 5 = 1 > 2 - 2 = 0).
     workers[1] = worker("b", queue=2)
@@ -89,7 +94,7 @@ def test_filters(workers, kw, roles, expected) -> None:
 
 def test_skipped_blocks_do_not_count_for_the_prefix_scorer() -> None:
     # A prefill worker is worth only the blocks the decode worker lacks.
-    pipeline, index, _ = make({"prefix_blocks": 1.0}, roles=PREFILL_ONLY)
+    pipeline, index, _ = make({"prefix_cache": 1.0}, roles=PREFILL_ONLY)
     index.add(WorkerId("a"), PROMPT[:6])
     index.add(WorkerId("b"), PROMPT[:3])
     workers = [worker(n, role=Role.PREFILL) for n in "ab"]
@@ -104,14 +109,14 @@ def test_skipped_blocks_do_not_count_for_the_prefix_scorer() -> None:
 
 
 # The KV-usage scorer is off by default; the gateway's configuration can weigh it in.
-WITH_KV_USAGE = {**BLOCK_WEIGHTS, "kv_usage": 2.0}
+WITH_KV_USAGE = {**BLOCK_WEIGHTS, "kv_cache_usage": 2.0}
 
 
 def test_kv_usage_scorer_prefers_the_emptier_cache() -> None:
     pipeline, _, _ = make(WITH_KV_USAGE)
     decision = pipeline.route(request(), [worker("a", kv=0.9), worker("b", kv=0.2)])
     assert decision is not None and decision.worker_id == "b"
-    assert decision.scores["kv_usage"] == -0.2
+    assert decision.scores["kv_cache_usage"] == -0.2
 
 
 def test_session_affinity_outweighs_small_load_differences_only() -> None:
@@ -150,11 +155,11 @@ def test_scores_within_half_a_point_tie_and_further_apart_do_not() -> None:
 
 
 def test_zero_weight_drops_a_scorer_and_unknown_names_fail() -> None:
-    pipeline, index, _ = make({"prefix_blocks": 0.0, "queue_depth": 1.0})
+    pipeline, index, _ = make({"prefix_cache": 0.0, "queue_depth": 1.0})
     index.add(WorkerId("a"), PROMPT)
     decision = pipeline.route(request(), [worker("a", queue=1), worker("b")])
     assert decision is not None and decision.worker_id == "b"
-    assert "prefix_blocks" not in decision.scores
+    assert "prefix_cache" not in decision.scores
     with pytest.raises(RoutingConfigError, match="unknown scorer 'prefix'"):
         make({"prefix": 1.0})
     with pytest.raises(RoutingConfigError, match=">= 0"):
@@ -167,8 +172,31 @@ def test_header_value_explains_the_choice() -> None:
     decision = pipeline.route(request(), [worker("a", queue=1, kv=0.5)])
     assert decision is not None
     assert decision.header_value() == (
-        "worker=a; score=2; prefix_blocks=4; queue_depth=-1; session=0; kv_usage=-0.5; candidates=1"
+        "worker=a; score=2; prefix_cache=4; queue_depth=-1; session=0; kv_cache_usage=-0.5; "
+        "prefix_blocks=4; candidates=1"
     )
+
+
+def test_each_registered_scorer_reports_under_its_registered_name() -> None:
+    inputs = ScorerInputs(BlockIndex(), SessionTable(), DEFAULT_STEP_COSTS)
+    assert {name: build(inputs).name for name, build in SCORERS.items()} == {
+        name: name for name in SCORERS
+    }
+    assert set(SCORER_ALIASES.values()) <= set(SCORERS) and not set(SCORER_ALIASES) & set(SCORERS)
+
+
+def test_earlier_scorer_names_build_the_same_pipeline() -> None:
+    # A configuration written with the scorers' earlier names routes and explains the same.
+    old, index, _ = make({"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 2.0})
+    new, new_index, _ = make({"prefix_cache": 1.0, "queue_depth": 1.0, "kv_cache_usage": 2.0})
+    for i in (index, new_index):
+        i.add(WorkerId("a"), PROMPT[:4])
+    workers = [worker("a", queue=1, kv=0.5), worker("b", kv=0.1)]
+    decisions = [p.route(request(), workers) for p in (old, new)]
+    assert decisions[0] is not None and decisions[0] == decisions[1]
+    assert decisions[0].scores["prefix_cache"] == 4.0
+    with pytest.raises(RoutingConfigError, match="'prefix_cache' twice"):
+        make({"prefix_blocks": 1.0, "prefix_cache": 2.0})
 
 
 def test_session_table_is_bounded_lru() -> None:

@@ -144,8 +144,11 @@ def test_weights_written_for_the_block_policy_keep_it() -> None:
 
     assert parse_config(None).weights == DEFAULT_WEIGHTS
     # What the operator renders from a CRD: the block policy's scorers, by name.
-    crd = {"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 0.0, "session": 8.0}
+    crd = {"prefix_cache": 1.0, "queue_depth": 1.0, "kv_cache_usage": 0.0, "session": 8.0}
     assert parse_config({"routing": {"weights": crd}}).weights == crd
+    # ... and by their earlier names, which read as the same scorers.
+    old = {"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 0.0, "session": 8.0}
+    assert parse_config({"routing": {"weights": old}}).weights == crd
     # Session alone tunes the time-based default.
     assert parse_config({"routing": {"weights": {"session": 0.05}}}).weights == {
         "time_cost": 1.0,

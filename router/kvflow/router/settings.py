@@ -2,7 +2,7 @@
 
 ```yaml
 routing:
-  weights: {time_cost: 1.0, session: 0.01}   # prefix_blocks, queue_depth, kv_usage: block policy
+  weights: {time_cost: 1.0, session: 0.01}   # block policy: prefix_cache, queue_depth, ...
   session_header: x-session-id
   max_blocks_per_worker: 262144
 tenants:
@@ -58,7 +58,12 @@ from kvflow.router.models.pools import PoolSpec, parse_pools
 from kvflow.router.models.routes import ModelRoutes, parse_models
 from kvflow.router.protocol.limits import RequestLimits
 from kvflow.router.routing.block_index import DEFAULT_MAX_BLOCKS_PER_WORKER
-from kvflow.router.routing.pipeline import BLOCK_SCORERS, BLOCK_WEIGHTS, DEFAULT_WEIGHTS
+from kvflow.router.routing.pipeline import (
+    BLOCK_SCORERS,
+    BLOCK_WEIGHTS,
+    DEFAULT_WEIGHTS,
+    canonical_weights,
+)
 from kvflow.router.routing.placement import DisaggregationConfig
 from kvflow.router.serving.admission import AdmissionConfig
 from kvflow.router.serving.prepare import PrepareConfig
@@ -177,7 +182,8 @@ def parse_config(raw: object) -> RouterConfig:
     )
     routing = section(raw, "routing")
     check_keys(routing, {"weights", "session_header", "max_blocks_per_worker"}, "routing")
-    configured = section(routing, "weights")
+    # Earlier scorer names (prefix_blocks, kv_usage) read as the scorers' names.
+    configured = canonical_weights(section(routing, "weights"))
     # Weights naming the block policy's scorers (blocks, requests, a fraction) and not the
     # time scorer extend that policy: its units do not mix with seconds.
     is_block_policy = "time_cost" not in configured and bool(set(configured) & BLOCK_SCORERS)

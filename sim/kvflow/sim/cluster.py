@@ -30,7 +30,7 @@ from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.cost import StepCosts
 from kvflow.router.routing.placement import Colocated, PlacementRequest
-from kvflow.router.routing.types import WorkerId
+from kvflow.router.routing.types import PREFIX_BLOCKS, WorkerId
 from kvflow.router.serving.admission import AdmissionConfig, Verdict
 from kvflow.sim.arms import Arm
 from kvflow.sim.events import EventQueue
@@ -200,7 +200,7 @@ class VirtualCluster:
         stream = self.workers[plan.stream_worker]
         prefill = None if isinstance(plan, Colocated) else self.workers[plan.prefill.worker_id]
         decision = plan.worker if isinstance(plan, Colocated) else plan.decode
-        has_prefix_scorer = "prefix_blocks" in decision.scores
+        has_prefix_scorer = PREFIX_BLOCKS in decision.scores
         predicted = int(plan.matched_blocks) if has_prefix_scorer else None
         sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -52,11 +53,9 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
 def routing_section(router: v1alpha1.RouterSpec) -> dict[str, Json]:
     """The router config's `routing:` section: the scorer weights (a pool's or a gateway's)."""
     weights = router.scorer_weights
-    named = {
-        "prefix_blocks": weights.prefix_cache,
-        "queue_depth": weights.queue_depth,
-        "kv_usage": weights.kv_cache_usage,
-    }
+    # Each field's snake_case name is the router's name for its scorer (the contract
+    # tests/contracts/test_scorers.py checks), so the weights pass through untranslated.
+    named = {f.name: getattr(weights, f.name) for f in dataclasses.fields(weights)}
     if all(value is None for value in named.values()):
         return {}  # the router's default: the time-based scorer
     # Any block weight set: the block policy, its unset weights at the router's values.

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
+from kvflow.router.routing.types import PREFIX_BLOCKS, RouteRequest, WorkerId, WorkerView
 
 
 @dataclass(frozen=True)
@@ -163,9 +163,9 @@ class TimeCostScorer:
         self.matched_blocks: dict[WorkerId, float] = {}  # of the last ``score`` call
 
     def details(self, worker_id: WorkerId) -> dict[str, float]:
-        """The chosen worker's cached prefix blocks past the skip, as ``prefix_blocks``
-        (the block scorer's unit), from the last ``score`` call."""
-        return {"prefix_blocks": self.matched_blocks.get(worker_id, 0.0)}
+        """The chosen worker's cached prefix blocks past the skip, as the ``prefix_blocks``
+        measure (the prefix scorer's unit), from the last ``score`` call."""
+        return {PREFIX_BLOCKS: self.matched_blocks.get(worker_id, 0.0)}
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
         matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TypeVar
 
 from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
@@ -14,12 +16,12 @@ from kvflow.router.routing.plugins import (
     ExcludedFilter,
     Filter,
     HealthyFilter,
-    KvUsageScorer,
+    KvCacheUsageScorer,
     LoadGate,
     MaxScorePicker,
     ModelFilter,
     Picker,
-    PrefixBlocksScorer,
+    PrefixCacheScorer,
     QueueDepthScorer,
     RoleFilter,
     Scorer,
@@ -50,7 +52,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
 # 0): its reading is up to 250 ms old, so a worker just sent a long prompt still looks
 # empty and draws the next one too (docs/benchmarks.md, "No-reuse control").
 BLOCK_WEIGHTS: Mapping[str, float] = {
-    "prefix_blocks": 1.0,
+    "prefix_cache": 1.0,
     "queue_depth": 1.0,
     "session": 8.0,
 }
@@ -58,7 +60,7 @@ BLOCK_WEIGHTS: Mapping[str, float] = {
 # The block policy's own scorers: weights that name one of them (and not time_cost) start
 # from BLOCK_WEIGHTS (settings.py), so that a configuration written for that policy, as
 # the operator's CRD renders one, keeps meaning what it meant.
-BLOCK_SCORERS = frozenset({"prefix_blocks", "queue_depth", "kv_usage"})
+BLOCK_SCORERS = frozenset({"prefix_cache", "queue_depth", "kv_cache_usage"})
 
 # Totals within this many seconds tie (the time scorer's picker): below what the model
 # can tell apart, so equal workers take turns (plugins.MaxScorePicker).
@@ -87,6 +89,52 @@ SERVING_ROLES = frozenset({Role.COLOCATED, Role.DECODE})
 
 class RoutingConfigError(ValueError):
     """The routing section of the configuration names an unknown scorer or a bad weight."""
+
+
+@dataclass(frozen=True)
+class ScorerInputs:
+    """What a scorer may be built from: the router's shared block index and session table,
+    and the workers' step-time model."""
+
+    index: BlockIndex
+    sessions: SessionTable
+    costs: StepCosts
+
+
+# The scorers `routing.weights` may name, by the name each reports its value under. The
+# names are the InferencePool CRD's `router.scorerWeights` fields in snake_case
+# (prefixCache -> prefix_cache), so the operator writes a field's weight under its own
+# name; tests/contracts/test_scorers.py holds the two to each other.
+SCORERS: Mapping[str, Callable[[ScorerInputs], Scorer]] = MappingProxyType({
+    "time_cost": lambda inputs: TimeCostScorer(inputs.index, inputs.costs),
+    "prefix_cache": lambda inputs: PrefixCacheScorer(inputs.index),
+    "queue_depth": lambda inputs: QueueDepthScorer(),
+    "kv_cache_usage": lambda inputs: KvCacheUsageScorer(),
+    "session": lambda inputs: SessionAffinityScorer(inputs.sessions),
+})  # fmt: skip
+
+_W = TypeVar("_W")  # a weight as configured: checked by build_pipeline
+
+# Earlier names of scorers, still read in `routing.weights` so that configurations written
+# before the scorers took the CRD's names keep working (docs/router.md, "Routing").
+SCORER_ALIASES: Mapping[str, str] = MappingProxyType({
+    "prefix_blocks": "prefix_cache",
+    "kv_usage": "kv_cache_usage",
+})  # fmt: skip
+
+
+def canonical_weights(weights: Mapping[str, _W]) -> dict[str, _W]:
+    """``weights`` with each alias (SCORER_ALIASES) replaced by the scorer's name; a scorer
+    named twice, once by each, is refused: which weight was meant is unknowable."""
+    canonical: dict[str, _W] = {}
+    for name, weight in weights.items():
+        scorer = SCORER_ALIASES.get(name, name)
+        if scorer in canonical:
+            raise RoutingConfigError(
+                f"routing.weights names the scorer {scorer!r} twice (as {name!r} too)"
+            )
+        canonical[scorer] = weight
+    return canonical
 
 
 @dataclass(frozen=True)
@@ -157,27 +205,22 @@ def build_pipeline(
     costs: StepCosts = DEFAULT_STEP_COSTS,
 ) -> RoutingPipeline:
     """The default filters, workers of ``roles`` only, the load gate, and the scorers named
-    in ``weights`` (weight 0 drops a scorer). ``costs``: the workers' step-time model, for
-    the time scorer and its gate."""
-    available: dict[str, Scorer] = {
-        "time_cost": TimeCostScorer(index, costs),
-        "prefix_blocks": PrefixBlocksScorer(index),
-        "queue_depth": QueueDepthScorer(),
-        "kv_usage": KvUsageScorer(),
-        "session": SessionAffinityScorer(sessions),
-    }
+    in ``weights`` (SCORERS, or an alias; weight 0 drops a scorer). ``costs``: the
+    workers' step-time model, for the time scorer and its gate."""
+    inputs = ScorerInputs(index, sessions, costs)
     scorers = []
-    for name, weight in weights.items():
-        if name not in available:
+    for name, weight in canonical_weights(weights).items():
+        if name not in SCORERS:
             raise RoutingConfigError(
-                f"routing.weights names an unknown scorer {name!r}; known: {sorted(available)}"
+                f"routing.weights names an unknown scorer {name!r}; known: {sorted(SCORERS)}"
+                f" (and the earlier names {sorted(SCORER_ALIASES)})"
             )
         if not isinstance(weight, int | float) or weight < 0:
             raise RoutingConfigError(
                 f"routing.weights.{name} must be a number >= 0, got {weight!r}"
             )
         if weight > 0:
-            scorers.append(WeightedScorer(available[name], float(weight)))
+            scorers.append(WeightedScorer(SCORERS[name](inputs), float(weight)))
     filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(roles), ExcludedFilter()]
     is_timed = any(w.scorer.name == "time_cost" for w in scorers)
     if gate is AutoGate.AUTO:

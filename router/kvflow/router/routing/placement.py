@@ -43,6 +43,7 @@ from kvflow.router.routing.pipeline import (
 )
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import (
+    PREFIX_BLOCKS,
     RouteDecision,
     RouteRequest,
     WorkerId,
@@ -181,7 +182,7 @@ class Colocated:
     @property
     def matched_blocks(self) -> float:
         """Prompt blocks the streaming worker caches, per the index (0 without the scorer)."""
-        return self.worker.scores.get("prefix_blocks", 0.0)
+        return self.worker.scores.get(PREFIX_BLOCKS, 0.0)
 
     def header_value(self) -> str:
         return "; ".join([f"worker={self.worker.worker_id}", f"plan={self.decision}",
@@ -205,7 +206,7 @@ class Disaggregated:
 
     @property
     def matched_blocks(self) -> float:
-        return self.decode.scores.get("prefix_blocks", 0.0)
+        return self.decode.scores.get(PREFIX_BLOCKS, 0.0)
 
     def header_value(self) -> str:
         return "; ".join([f"prefill={self.prefill.worker_id} decode={self.decode.worker_id}",
@@ -344,7 +345,7 @@ class Placement:
     def _num_cached_blocks(self, decode: RouteDecision, request: PlacementRequest) -> int:
         """The decode worker's cached prefix blocks: the scorer's count, or the index's
         when the prefix scorer is weighted out."""
-        scored = decode.scores.get("prefix_blocks")
+        scored = decode.scores.get(PREFIX_BLOCKS)
         if scored is not None:
             return int(scored)
         matched = self._index.match_prefix(request.block_hashes, [decode.worker_id])

@@ -16,7 +16,7 @@ from typing import Protocol
 from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
+from kvflow.router.routing.types import PREFIX_BLOCKS, RouteRequest, WorkerId, WorkerView
 
 
 class Filter(Protocol):
@@ -79,20 +79,27 @@ class ExcludedFilter:
 # -- scorers -------------------------------------------------------------------------------
 
 
-class PrefixBlocksScorer:
+class PrefixCacheScorer:
     """Leading prompt blocks the worker already caches, past the request's
     ``num_skip_blocks`` (unit: blocks). For a prefill worker that is its cached share of
     what the decode worker lacks: blocks decode holds are never sent, so they save nothing."""
 
-    name = "prefix_blocks"
+    name = "prefix_cache"
 
     def __init__(self, index: BlockIndex) -> None:
         self._index = index
+        self._matched: dict[WorkerId, float] = {}  # of the last ``score`` call
+
+    def details(self, worker_id: WorkerId) -> dict[str, float]:
+        """The chosen worker's count as the ``prefix_blocks`` measure, which the route
+        header, placement and the simulator read whichever prefix scorer ran."""
+        return {PREFIX_BLOCKS: self._matched.get(worker_id, 0.0)}
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
         matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))
         skip = request.num_skip_blocks
-        return {worker_id: float(max(0, n - skip)) for worker_id, n in matched.items()}
+        self._matched = {worker_id: float(max(0, n - skip)) for worker_id, n in matched.items()}
+        return dict(self._matched)
 
 
 class QueueDepthScorer:
@@ -104,13 +111,13 @@ class QueueDepthScorer:
         return {w.worker_id: 0.0 - w.queue_depth for w in workers}  # 0.0 - 0 is 0, not -0
 
 
-class KvUsageScorer:
+class KvCacheUsageScorer:
     """Minus the fraction of the worker's KV blocks in use (unit: fraction, 0..1).
 
     A nearly full cache means the next long prompt evicts or preempts there.
     """
 
-    name = "kv_usage"
+    name = "kv_cache_usage"
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
         return {w.worker_id: 0.0 - w.kv_usage for w in workers}

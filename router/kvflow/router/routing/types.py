@@ -9,6 +9,12 @@ from typing import NewType
 from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.roles import Role
 
+# A measure, not a scorer: the chosen worker's cached prompt blocks past the skip, which
+# the prefix scorer and the time scorer both report beside their values
+# (RouteDecision.scores). The `x-kvflow-route` header prints it under this name, placement
+# and the simulator read it, and `kvflow bench` parses it.
+PREFIX_BLOCKS = "prefix_blocks"
+
 WorkerId = NewType("WorkerId", str)
 """A worker's gRPC address, "host:port": stable across the worker's restarts."""
 
@@ -63,7 +69,8 @@ class RouteRequest:
 class RouteDecision:
     worker_id: WorkerId
     score: float
-    # Each scorer's raw value for the chosen worker, before weighting: why it won.
+    # Each scorer's raw value for the chosen worker, before weighting: why it won; then
+    # the measures scorers report beside it (PREFIX_BLOCKS).
     scores: dict[str, float]
     num_candidates: int
     role: Role = Role.COLOCATED

@@ -21,7 +21,13 @@ from kvflow.operator.builders.router import router_config
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
 from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.pipeline import BLOCK_WEIGHTS, SCORER_ALIASES, SCORERS, build_pipeline
+from kvflow.router.routing.pipeline import (
+    BLOCK_WEIGHTS,
+    DEFAULT_WEIGHTS,
+    SCORER_ALIASES,
+    SCORERS,
+    build_pipeline,
+)
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 from kvflow.router.settings import parse_config
@@ -71,5 +77,23 @@ def test_all_fields_set_reach_the_router_as_they_are() -> None:
     assert {name: weights[name] for name in (f.name for f in FIELDS)} == {
         f.name: float(i + 1) for i, f in enumerate(FIELDS)
     }
-    # The block policy's other weights (session) stay at its defaults.
-    assert set(weights) == {f.name for f in FIELDS} | set(BLOCK_WEIGHTS)
+    assert set(weights) == {f.name for f in FIELDS}
+
+
+@pytest.mark.parametrize(
+    ("scorer_weights", "policy"),
+    [
+        ({}, DEFAULT_WEIGHTS),
+        ({"session": 0.05}, DEFAULT_WEIGHTS),
+        ({"queueDepth": 2.0}, BLOCK_WEIGHTS),
+        ({"kvCacheUsage": 1.0, "timeCost": 0.0}, BLOCK_WEIGHTS),
+        ({"prefixCache": 2.0, "timeCost": 1.0}, DEFAULT_WEIGHTS),
+    ],
+)
+def test_the_fields_set_choose_the_routers_policy(
+    scorer_weights: dict[str, float], policy: dict[str, float]
+) -> None:
+    # Unset: the time-based default; a block weight without timeCost: the block policy.
+    # The unset weights are the chosen policy's; the set ones are as written.
+    snake = {f.name: scorer_weights[json_name(f)] for f in FIELDS if json_name(f) in scorer_weights}
+    assert rendered_weights(scorer_weights) == {**policy, **snake}

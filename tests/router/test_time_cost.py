@@ -19,7 +19,7 @@ from kvflow.router.routing.cost import (
     WaitGate,
     worker_cost,
 )
-from kvflow.router.routing.pipeline import DEFAULT_WEIGHTS, build_pipeline
+from kvflow.router.routing.pipeline import BLOCK_WEIGHTS, DEFAULT_WEIGHTS, build_pipeline
 from kvflow.router.routing.placement import DisaggregationConfig, PlacementRequest, build_placement
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
@@ -149,6 +149,12 @@ def test_weights_written_for_the_block_policy_keep_it() -> None:
     # ... and by their earlier names, which read as the same scorers.
     old = {"prefix_blocks": 1.0, "queue_depth": 1.0, "kv_usage": 0.0, "session": 8.0}
     assert parse_config({"routing": {"weights": old}}).weights == crd
+    # The time scorer weighted out beside a block weight: still the block policy.
+    off = parse_config({"routing": {"weights": {"time_cost": 0, "kv_cache_usage": 1.0}}})
+    assert off.weights == {**BLOCK_WEIGHTS, "time_cost": 0, "kv_cache_usage": 1.0}
+    # Weighted in, it keeps the time-based default's weights under the block one's.
+    on = parse_config({"routing": {"weights": {"time_cost": 2.0, "queue_depth": 0.5}}})
+    assert on.weights == {**DEFAULT_WEIGHTS, "time_cost": 2.0, "queue_depth": 0.5}
     # Session alone tunes the time-based default.
     assert parse_config({"routing": {"weights": {"session": 0.05}}}).weights == {
         "time_cost": 1.0,

@@ -185,8 +185,10 @@ def parse_config(raw: object) -> RouterConfig:
     # Earlier scorer names (prefix_blocks, kv_usage) read as the scorers' names.
     configured = canonical_weights(section(routing, "weights"))
     # Weights naming the block policy's scorers (blocks, requests, a fraction) and not the
-    # time scorer extend that policy: its units do not mix with seconds.
-    is_block_policy = "time_cost" not in configured and bool(set(configured) & BLOCK_SCORERS)
+    # time scorer, or it at 0 (as a CRD may set it), extend that policy: its units do not
+    # mix with seconds.
+    is_timed = configured.get("time_cost", 0) != 0
+    is_block_policy = not is_timed and bool(set(configured) & BLOCK_SCORERS)
     weights = dict(BLOCK_WEIGHTS if is_block_policy else DEFAULT_WEIGHTS)
     weights.update(configured)
     limits = section(raw, "limits")

@@ -237,15 +237,32 @@ class RoleSpec:
 
 @dataclass(frozen=True)
 class ScorerWeights:
-    """The block policy's scorer weights. Unset (all three): the router's default, which
-    scores a worker by the seconds the request would cost there (docs/router.md,
-    "Routing"). Any one set: the block policy, a weighted sum of these scorers."""
+    """The router's scorer weights, each field named as the router's scorer (in snake_case:
+    docs/router.md, "Routing"). All unset: the router's default, which scores a worker by
+    the seconds the request would cost there (timeCost 1, session 0.01). Any of
+    prefixCache, queueDepth or kvCacheUsage set, and timeCost not: the block policy, a
+    weighted sum of these scorers, its unset weights at the router's block defaults
+    (prefixCache 1, queueDepth 1, session 8). Otherwise the time-based default, with the
+    weights set here over its own."""
 
     prefix_cache: float | None = field(
         "Weight of the share of the prompt's blocks a worker already caches.", None, minimum=0
     )
     queue_depth: float | None = field("Weight of the (negated) queue length.", None, minimum=0)
     kv_cache_usage: float | None = field("Weight of the (negated) KV-cache fill.", None, minimum=0)
+    time_cost: float | None = field(
+        """Weight of the (negated) seconds the request would cost on a worker: the
+        router's default scorer, at weight 1. 0 with a block weight set leaves the block
+        policy as it is.""",
+        None,
+        minimum=0,
+    )
+    session: float | None = field(
+        """Weight of returning to the worker that served the session last (0.01 by
+        default, in seconds; 8 in the block policy, in blocks).""",
+        None,
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True)

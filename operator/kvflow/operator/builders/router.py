@@ -58,7 +58,9 @@ def routing_section(router: v1alpha1.RouterSpec) -> dict[str, Json]:
     named = {f.name: getattr(weights, f.name) for f in dataclasses.fields(weights)}
     if all(value is None for value in named.values()):
         return {}  # the router's default: the time-based scorer
-    # Any block weight set: the block policy, its unset weights at the router's values.
+    # The router picks the policy from the names set (kvflow.router.settings): a block
+    # weight without time_cost, the block policy; else the time-based default. Either way
+    # its unset weights stay at the router's values.
     return {"weights": {name: value for name, value in named.items() if value is not None}}
 
 

@@ -10,6 +10,7 @@ reconciler logs it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -65,14 +66,11 @@ def pool_applied_event(
         **_applied("pool", body, router, changes, now_s),
         "worker_token_secret": token.name,
         "served_model": spec.model.served_name,
+        # Every scorer weight the spec sets, under the router's scorer name (= the field's).
         "routing_weights": {
-            k: v
-            for k, v in (
-                ("prefix_cache", weights.prefix_cache),
-                ("queue_depth", weights.queue_depth),
-                ("kv_cache_usage", weights.kv_cache_usage),
-            )
-            if v is not None
+            f.name: getattr(weights, f.name)
+            for f in dataclasses.fields(weights)
+            if getattr(weights, f.name) is not None
         },
     }
 

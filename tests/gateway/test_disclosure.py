@@ -61,7 +61,7 @@ def test_salts_come_from_the_secret_and_each_prompt_cache_key(tmp_path: Path) ->
             assert ready.status_code == 200 and "fake" not in ready.text
         finally:
             g.stop()
-    plain, one, one_again, two = (r.cache_salt for r in worker.requests)
+    plain, one, one_again, two = (r.context.cache_salt for r in worker.requests)
     alice = tenant_salt(SECRET, "alice")
     assert plain == alice  # without a key: the tenant's salt, shared by its users
     assert one == one_again == user_salt(alice, "u1")  # one user's requests share blocks

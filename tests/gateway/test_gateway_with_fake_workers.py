@@ -169,17 +169,19 @@ def test_tenant_salt_priority_and_public_prefix_reach_the_worker(tmp_path: Path)
         client_for(g, "sk-alice").chat.completions.create(model="fake", messages=MESSAGES)
     alice, bob, alice_private = worker.requests
     # Derived under the replicas' shared secret: the same on each, unguessable without it.
-    assert alice.cache_salt == tenant_salt(b"s3cret-of-the-replicas", "alice") != bob.cache_salt
-    assert bob.cache_salt == tenant_salt(b"s3cret-of-the-replicas", "bob")
-    assert (alice.priority, bob.priority) == (3, 0)
+    alice_salt, bob_salt = alice.context.cache_salt, bob.context.cache_salt
+    assert alice_salt == tenant_salt(b"s3cret-of-the-replicas", "alice") != bob_salt
+    assert bob_salt == tenant_salt(b"s3cret-of-the-replicas", "bob")
+    assert (alice.context.priority, bob.context.priority) == (3, 0)
     template = load_text_model(None).chat_template
     assert template is not None
     prefix = TOKENIZER.encode(
         template.render([{"role": "system", "content": system}], add_generation_prompt=False),
         add_special_tokens=False,
     )
-    assert alice.num_public_blocks == bob.num_public_blocks == len(prefix) // 16 > 2
-    assert alice_private.num_public_blocks == 0  # the default system prompt is not public
+    public = len(prefix) // 16
+    assert alice.context.num_public_blocks == bob.context.num_public_blocks == public > 2
+    assert alice_private.context.num_public_blocks == 0  # the default system prompt is not public
     assert Counter(r.prompt_token_ids[0] for r in worker.requests) == Counter({1: 3})
 
 

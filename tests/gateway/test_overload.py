@@ -309,7 +309,7 @@ def test_fair_shares_follow_the_tenant_field_not_the_cache_salt(
     one_at_a_time_worker: WorkerProcess,
 ) -> None:
     """Two tenants configured with one cache salt (sharing a prefix cache on purpose) still
-    get a fair share each: the router sends the tenant's name (GenerateRequest.tenant)."""
+    get a fair share each: the router sends the tenant's name (RequestContext.tenant)."""
 
     async def finish_order(b_tenant: str) -> list[str]:
         async with grpc.aio.insecure_channel(one_at_a_time_worker.address) as channel:
@@ -320,7 +320,7 @@ def test_fair_shares_follow_the_tenant_field_not_the_cache_salt(
                 sampling = pb.SamplingParams(max_tokens=8, ignore_eos=True)
                 request = pb.GenerateRequest(
                     request_id=request_id, prompt_token_ids=list(range(20)), sampling=sampling,
-                    cache_salt="shared", tenant=tenant,
+                    context=pb.RequestContext(cache_salt="shared", tenant=tenant),
                 )  # fmt: skip
                 async for _ in stub.Generate(request):
                     pass

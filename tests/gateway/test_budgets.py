@@ -4,9 +4,11 @@ header, at the budget the next request is refused with 429 and Retry-After namin
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
@@ -62,11 +64,33 @@ def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayP
             worker.stop(timeout_s=10)
 
 
-def _chat(g: GatewayProcess) -> httpx.Response:
+def _chat(g: GatewayProcess, request_id: str, *, stream: bool = False) -> httpx.Response:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 2, "ignore_eos": True}  # fmt: skip
-    return httpx.post(f"{g.base_url}/chat/completions", json=body,
-                      headers={"authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
+            "max_tokens": 2, "ignore_eos": True, "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}  # fmt: skip
+    return httpx.post(f"{g.base_url}/chat/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {KEY}",
+                               "x-request-id": request_id})  # fmt: skip
+
+
+def _usage(answer: httpx.Response) -> dict[str, int]:
+    if answer.headers["content-type"].startswith("text/event-stream"):
+        events = [json.loads(line[6:]) for line in answer.text.splitlines()
+                  if line.startswith("data: {")]  # fmt: skip
+        usage: dict[str, int] = events[-1]["usage"]
+        return usage
+    usage = answer.json()["usage"]
+    return usage
+
+
+def _log_line(g: GatewayProcess, request_id: str) -> str:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in g.log.splitlines():
+            if f"request_id={request_id} " in line:
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no log line for {request_id}:\n{g.log}")
 
 
 def _metric_sum(gateways: list[GatewayProcess], pattern: str) -> float:
@@ -80,17 +104,23 @@ def _metric_sum(gateways: list[GatewayProcess], pattern: str) -> float:
 def test_tenant_sees_the_warning_then_429_across_replicas(gateways: list[GatewayProcess]) -> None:
     spent_pusd = 0
     warnings = []
-    # Alternate replicas: the spend one charged is what the other judges.
+    # Alternate replicas: the spend one charged is what the other judges. The third answer
+    # streams: its header is sent before the first token.
     for i in range(3):
-        answer = _chat(gateways[i % 2])
+        request_id = f"budget-{i}-{time.time_ns()}"
+        answer = _chat(gateways[i % 2], request_id, stream=i == 2)
         assert answer.status_code == 200, answer.text
-        usage = answer.json()["usage"]
+        usage = _usage(answer)
         assert usage["completion_tokens"] == 2
-        spent_pusd += usage["prompt_tokens"] * 1 + usage["completion_tokens"] * 10**12
+        spend = usage["prompt_tokens"] * 1 + usage["completion_tokens"] * 10**12
+        spent_pusd += spend
         warnings.append(answer.headers.get("x-kvflow-budget-warning"))
+        # The request log line has the spend, every digit of it.
+        line = _log_line(gateways[i % 2], request_id)
+        assert f" spend_usd={Decimal(spend).scaleb(-12).normalize():f} " in line, line
     # 0 and 2.0... USD spent before the first two: under 75% of 5 USD; 4.0... before the third.
     assert warnings == [None, None, "daily 80% of 5.00 USD"]
-    refused = _chat(gateways[1])
+    refused = _chat(gateways[1], "budget-refused")
     assert refused.status_code == 429
     error = refused.json()["error"]
     assert "daily_budget_usd" in error["message"] and "5.00 USD" in error["message"]

@@ -117,3 +117,27 @@ def test_the_router_dials_each_tls_pool_with_the_files_the_gateway_mounts(tmp_pa
         f"{root}/ca.crt", f"{root}/tls.crt", f"{root}/tls.key")  # fmt: skip
     assert tls.server_name == "v3-workers.ns.svc"
     assert by_name["v1"].worker_tls is None  # plaintext: the router has no --worker-tls-* flags
+
+
+def test_the_router_charges_each_pools_prices_exactly() -> None:
+    from kvflow.operator.builders.router import router_config
+    from kvflow.router.tenants.money import ModelPrices
+
+    prices = {"inputUsdPerMillionTokens": "0.15", "cachedInputUsdPerMillionTokens": "0.075",
+              "outputUsdPerMillionTokens": "0.6"}  # fmt: skip
+    priced = from_json(v1alpha1.InferencePoolSpec,
+                       {"model": {"servedName": "smollm2-v3", "prices": prices}})  # fmt: skip
+    expected = ModelPrices(150_000, 75_000, 600_000)  # pico-USD per token
+    # A pool's own router ...
+    config = parse_config(yaml.safe_load(yaml.safe_dump(router_config(priced))))
+    assert config.prices == {"smollm2-v3": expected}
+    assert parse_config(yaml.safe_load(yaml.safe_dump(router_config(POOLS["v1"])))).prices == {}
+    # ... and a gateway's, under each pool's served name (an unpriced pool: free).
+    pools = {**POOLS, "v3": priced}
+    resolution = resolve([model("smollm2", {"v1": 1, "v3": 1})], pools)
+    spec = from_json(gw.InferenceGatewaySpec, {"router": {"redis": {"url": "redis://r:6379"}}})
+    configmap, *_ = desired_gateway_children(
+        GATEWAY, spec, Images(worker="w", router="r"), resolution, pools
+    )
+    config = parse_config(yaml.safe_load(configmap["data"][CONFIG_KEY]))
+    assert config.prices == {"smollm2-v3": expected}

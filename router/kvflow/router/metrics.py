@@ -207,6 +207,21 @@ class RouterMetrics:
             ["tenant"],
             registry=r,
         )
+        # Labels bounded like the others: tenants are configured, models are the pools' served
+        # names (the answering pool's, never what the client sent).
+        self.tenant_spend_usd = Counter(
+            "kvflow_router_tenant_spend_usd_total",
+            "Spend at the configured prices (config `prices`), in USD",
+            ["tenant", "model"],
+            registry=r,
+        )
+        self.tenant_budget_warnings = Counter(
+            "kvflow_router_tenant_budget_warnings_total",
+            "Requests admitted past a budget's warning fraction (answered with a warning "
+            "header), by budget: daily or monthly",
+            ["tenant", "budget"],
+            registry=r,
+        )
         self.tenant_rejections = Counter(
             "kvflow_router_tenant_rejections_total",
             "Requests refused by a quota or rate limit",

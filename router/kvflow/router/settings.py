@@ -33,6 +33,10 @@ disaggregation:                                   # pools with prefill and decod
   transfer_timeout_s: 30.0                        # the longest wait of each handoff step
 pools: [...]                                      # several models: models/pools.py
 models: [...]                                     # public names -> pools: models/routes.py
+prices:                                           # per served model, USD per million tokens
+  smollm2-135m-instruct: {input_usd_per_million_tokens: 0.15,
+                          cached_input_usd_per_million_tokens: 0.075,
+                          output_usd_per_million_tokens: 0.6}
 ```
 """
 
@@ -73,6 +77,7 @@ from kvflow.router.tenants.config import (
     parse_max_tokens_limits,
     parse_tenants,
 )
+from kvflow.router.tenants.money import ModelPrices, parse_prices
 from kvflow.router.tenants.quota_scope import DEFAULT_QUOTA_SCOPE
 from kvflow.router.text.generation_config import NO_DEFAULTS, SamplingDefaults
 from kvflow.router.workers.deadlines import StreamDeadlines
@@ -106,6 +111,8 @@ class RouterConfig:
     # Several pools behind this gateway (models/pools.py); (): one, from the command line.
     pools: tuple[PoolSpec, ...] = ()
     models: ModelRoutes = field(default_factory=ModelRoutes)  # public names -> pools
+    # Served model name -> its prices (tenants/money.py); a model not listed costs nothing.
+    prices: Mapping[str, ModelPrices] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,7 @@ def parse_config(raw: object) -> RouterConfig:
             "disaggregation",
             "pools",
             "models",
+            "prices",
         },
         "the configuration",
     )
@@ -228,6 +236,7 @@ def parse_config(raw: object) -> RouterConfig:
         **_sampling(section(raw, "sampling")),
         pools=pools,
         models=parse_models(raw.get("models"), [p.name for p in pools]),
+        prices=parse_prices(raw.get("prices"), ConfigError),
     )
 
 

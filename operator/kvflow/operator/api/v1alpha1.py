@@ -69,6 +69,29 @@ class ModelVolume:
     host_path: HostPathSource | None = field("A node folder holding the model.", None)
 
 
+# USD per million tokens as a decimal string: exact where a float is not (the router holds
+# money in whole pico-dollars, so at most 6 decimals).
+_USD_PER_MILLION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?$"
+
+
+@dataclass(frozen=True)
+class PriceSpec:
+    """What the model's tokens cost, for tenants' spend and budgets in money (docs/router.md,
+    "Tenants"): USD per million tokens, as decimal strings such as "0.15"."""
+
+    input_usd_per_million_tokens: str = field(
+        "Prompt tokens not served from a prefix cache.", "0", pattern=_USD_PER_MILLION_PATTERN
+    )
+    cached_input_usd_per_million_tokens: str | None = field(
+        "Prompt tokens served from a worker's prefix cache; unset: the input price.",
+        None,
+        pattern=_USD_PER_MILLION_PATTERN,
+    )
+    output_usd_per_million_tokens: str = field(
+        "Generated tokens.", "0", pattern=_USD_PER_MILLION_PATTERN
+    )
+
+
 @cel(
     CelRule(
         "!has(self.volume) || (self.path != '' && !self.path.startsWith('/'))",
@@ -108,6 +131,9 @@ class ModelSpec:
         4096,
         minimum=16,
         maximum=1048576,
+    )
+    prices: PriceSpec | None = field(
+        "The model's prices, charged to tenants' spend (unset: free).", None
     )
 
 

@@ -39,6 +39,7 @@ from kvflow.operator.builders.router import (
     RouterPod,
     disaggregation_config,
     listen_args,
+    prices_entry,
     router_workload,
     routing_section,
     shared_args,
@@ -171,6 +172,15 @@ def gateway_config(
             entry["worker_tls"] = pool_worker_tls(name, namespace)
         entries.append(entry)
     config["pools"] = entries
+    # Each pool's prices under its served name, the name the router charges spend by; pools
+    # serving one name share an entry (the first pool's, in the resolution's order).
+    prices: dict[str, Json] = {}
+    for name in resolution.pools:
+        price = prices_entry(pools[name].model.prices)
+        if price is not None:
+            prices.setdefault(pools[name].model.served_name, price)
+    if prices:
+        config["prices"] = prices
     config["models"] = [
         {
             "name": m.name,

@@ -47,7 +47,24 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
     config: dict[str, Json] = {"routing": routing_section(spec.router)}
     if spec.mode == "disaggregated":
         config["disaggregation"] = disaggregation_config(spec.router.disaggregation)
+    prices = prices_entry(spec.model.prices)
+    if prices is not None:
+        config["prices"] = {spec.model.served_name: prices}
     return config
+
+
+def prices_entry(prices: v1alpha1.PriceSpec | None) -> dict[str, Json] | None:
+    """One model's entry of the router's `prices:` section: decimal strings, as the router
+    parses them exactly."""
+    if prices is None:
+        return None
+    entry: dict[str, Json] = {
+        "input_usd_per_million_tokens": prices.input_usd_per_million_tokens,
+        "output_usd_per_million_tokens": prices.output_usd_per_million_tokens,
+    }
+    if prices.cached_input_usd_per_million_tokens is not None:
+        entry["cached_input_usd_per_million_tokens"] = prices.cached_input_usd_per_million_tokens
+    return entry
 
 
 def routing_section(router: v1alpha1.RouterSpec) -> dict[str, Json]:

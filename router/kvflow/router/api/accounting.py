@@ -2,10 +2,11 @@
 and logged as one line per request.
 
 The line (logger ``kvflow.router.requests``, INFO) carries what an operator greps for: the
-request id, tenant, model (and the pool that answered, with several), token counts, finish
-reasons, TTFT and end-to-end time, and the attempts the router made. Never prompt or
-completion text: they can hold anything a user typed, and logs are kept and shipped with far
-less care than the requests themselves.
+request id, tenant, model (and the pool that answered, with several), token counts, the
+spend at the configured prices (``spend_usd``, exact: tenants/money.py), finish reasons,
+TTFT and end-to-end time, and the attempts the router made. Never prompt or completion text:
+they can hold anything a user typed, and logs are kept and shipped with far less care than
+the requests themselves.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kvflow.router.api.gateway import Gateway
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
+from kvflow.router.tenants.money import FREE, PICO_USD_PER_USD, spend_pusd
 from kvflow.router.tenants.service import Lease
 from kvflow.router.tenants.store import UsageTotals
 
@@ -66,6 +68,16 @@ class Accounting:
             cached_tokens=sum(u.cached_tokens for u in self._prompt.values()),
         )
 
+    def spend_pusd(self, usage: UsageCounts) -> int:
+        """What this request costs at its served model's prices (pico-USD)."""
+        prices = self.gateway.settings.config.prices.get(self.served_model, FREE)
+        return spend_pusd(
+            prices,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+        )
+
     async def finish(self) -> None:
         if self._is_finished:
             return
@@ -78,6 +90,9 @@ class Accounting:
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)
         metrics.tenant_completion_tokens.labels(name).inc(usage.completion_tokens)
         metrics.tenant_cached_tokens.labels(name).inc(usage.cached_tokens)
+        spend = self.spend_pusd(usage)
+        if spend:
+            metrics.tenant_spend_usd.labels(name, self.served_model).inc(spend / PICO_USD_PER_USD)
         finished_s = time.perf_counter()
         metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
         first_token_s = self.trace.first_token_s
@@ -85,17 +100,18 @@ class Accounting:
             tpot_s = (finished_s - first_token_s) / (usage.completion_tokens - 1)
             metrics.tpot_s.labels(self.served_model).observe(tpot_s)
         if log.isEnabledFor(logging.INFO):
-            log.info("%s", self.log_line(usage, finished_s))
+            log.info("%s", self.log_line(usage, finished_s, spend))
         await self.gateway.quotas.finish(
             self.lease,
             UsageTotals(
                 prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens,
                 cached_tokens=usage.cached_tokens,
+                spend_pusd=spend,
             ),
         )
 
-    def log_line(self, usage: UsageCounts, finished_s: float) -> str:
+    def log_line(self, usage: UsageCounts, finished_s: float, spend_pusd: int = 0) -> str:
         """``key=value`` pairs (logfmt). ``finish_reason`` lists each choice's, in order,
         ``none`` for one that never finished (an error, or the client left)."""
         trace = self.trace
@@ -112,12 +128,19 @@ class Accounting:
             ("prompt_tokens", usage.prompt_tokens),
             ("completion_tokens", usage.completion_tokens),
             ("cached_tokens", usage.cached_tokens),
+            ("spend_usd", _usd(spend_pusd)),
             ("finish_reason", reasons),
             ("ttft_ms", ttft_ms),
             ("e2e_ms", f"{(finished_s - trace.arrival_s) * 1e3:.1f}"),
             ("attempts", len(trace.routes)),
         ]
         return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
+
+
+def _usd(pusd: int) -> str:
+    """Exact USD: every digit of the pico-dollars, trailing zeros dropped (0.000123)."""
+    whole, frac = divmod(pusd, PICO_USD_PER_USD)
+    return f"{whole}.{frac:012d}".rstrip("0").rstrip(".") if frac else str(whole)
 
 
 def _logfmt(value: object) -> str:

@@ -2,7 +2,8 @@
 
 model (404/403), resolved to a pool -> a worker of that pool is up (503) -> the tenant's
 concurrency at this replica (429) -> the tenant's quotas, checked against the least the
-request can reserve (429: requests per minute, tokens per minute, daily budget) ->
+request can reserve (429: requests per minute, tokens per minute, daily token budget, daily
+and monthly budgets in USD) ->
 admission control (503/429) -> prepare on the prepare threads: schemas compiled, template
 rendered, prompts tokenized (400; 503 when busy) -> prompt fits the context, max_tokens
 planned (400) -> the quotas admit the request with its real reservation (429).
@@ -41,6 +42,7 @@ from kvflow.router.serving.tenant_gate import TenantGate
 from kvflow.router.serving.token_budget import plan_tokens, reservation_floor
 from kvflow.router.serving.types import RequestTrace, new_request_id
 from kvflow.router.structured.constraint import check_constraint
+from kvflow.router.tenants.money import format_usd
 from kvflow.router.tenants.service import Lease
 from kvflow.router.tenants.store import Admission
 from kvflow.router.tools.prompt import prepare_tool_prompt
@@ -51,7 +53,12 @@ _LIMIT_KINDS = {
     "tokens_per_minute": "tokens",
     "max_concurrent_requests": "requests",
     "daily_token_budget": "insufficient_quota",
+    "daily_budget_usd": "insufficient_quota",
+    "monthly_budget_usd": "insufficient_quota",
 }
+_BUDGETS = ("daily_budget_usd", "monthly_budget_usd")
+# Set when the tenant's spend is past a budget's warning fraction (tenants/money.py).
+BUDGET_WARNING_HEADER = "x-kvflow-budget-warning"
 
 
 @dataclass
@@ -101,7 +108,7 @@ async def start_job(
             policy=policy,
             is_chat=isinstance(parsed, ChatRequest),
         )
-        lease = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+        lease, admission = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
     except BaseException:
         in_flight.close()
         raise
@@ -121,7 +128,10 @@ async def start_job(
         # Worker addresses and scores: for admin tenants only (and the one caller of a
         # gateway without tenants); anyone else asking gets the answer without them.
         wants_route=ROUTE_DEBUG_HEADER in request.headers and tenant.is_admin,
+        budget_warning=admission.budget_warning,
     )
+    if admission.warning_budget is not None:
+        gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()
     return StartedJob(job, backend, _accounting(gw, job, lease, on_finish=in_flight.close))
 
 
@@ -149,6 +159,17 @@ def _raise_unless_admitted(gw: Gateway, tenant: TenantContext, admission: Admiss
 
 
 def _quota_exceeded(tenant: TenantContext, admission: Admission, limit: str) -> ApiError:
+    if limit in _BUDGETS:
+        budget = tenant.tenant.quotas.budgets
+        amount = budget.daily_pusd if limit == "daily_budget_usd" else budget.monthly_pusd
+        period = "day" if limit == "daily_budget_usd" else "month"
+        return rate_limited(
+            f"Budget reached for tenant '{tenant.name}': {limit} "
+            f"({format_usd(amount or 0)}) is spent. It resets at the next UTC {period}, "
+            f"in {admission.retry_after_s:.0f} s.",
+            retry_after_s=admission.retry_after_s,
+            kind=_LIMIT_KINDS[limit],
+        )
     return rate_limited(
         f"Rate limit reached for tenant '{tenant.name}': {limit.replace('_', ' ')}. "
         f"Retry after {admission.retry_after_s:.1f} s.",
@@ -159,10 +180,10 @@ def _quota_exceeded(tenant: TenantContext, admission: Admission, limit: str) -> 
 
 async def _admit(
     gw: Gateway, tenant: TenantContext, prompt_tokens: int, reserved_tokens: int
-) -> Lease:
+) -> tuple[Lease, Admission]:
     admission, lease = await gw.quotas.admit(tenant.tenant, prompt_tokens, reserved_tokens)
     _raise_unless_admitted(gw, tenant, admission)
-    return lease
+    return lease, admission
 
 
 def _trace(request: Request) -> RequestTrace:

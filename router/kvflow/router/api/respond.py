@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.http import wait_for_disconnect
-from kvflow.router.api.job_start import ROUTE_DEBUG_HEADER
+from kvflow.router.api.job_start import BUDGET_WARNING_HEADER, ROUTE_DEBUG_HEADER
 from kvflow.router.api.streaming import ManagedStreamingResponse, sse_body
 from kvflow.router.protocol.responses import (
     ChoiceDelta,
@@ -74,9 +74,7 @@ async def streamed(
         await stream.aclose()
         await accounting.finish()
 
-    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-    if job.wants_route:
-        headers[ROUTE_DEBUG_HEADER] = job.route_header()
+    headers = {"cache-control": "no-cache", "x-accel-buffering": "no", **_job_headers(job)}
     return ManagedStreamingResponse(body_iter, close, headers)
 
 
@@ -135,5 +133,13 @@ async def _collect(
         accounting.usage,
         with_logprobs=job.sampling.logprobs,
     )
-    headers = {ROUTE_DEBUG_HEADER: job.route_header()} if job.wants_route else None
-    return JSONResponse(body, headers=headers)
+    return JSONResponse(body, headers=_job_headers(job) or None)
+
+
+def _job_headers(job: CompletionJob) -> dict[str, str]:
+    headers = {}
+    if job.wants_route:
+        headers[ROUTE_DEBUG_HEADER] = job.route_header()
+    if job.budget_warning is not None:
+        headers[BUDGET_WARNING_HEADER] = job.budget_warning
+    return headers

@@ -61,6 +61,8 @@ class CompletionJob:
     created_s: int
     # The caller asked for the route header and may see it (admins only).
     wants_route: bool = False
+    # Admitted past a budget's warning fraction: the header's text (api/job_start.py).
+    budget_warning: str | None = None
 
     @property
     def is_chat(self) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvflow.router.tenants.money import DEFAULT_BUDGET_WARNING_FRACTION, Budgets, usd_to_pusd
 from kvflow.router.tenants.salts import random_secret, tenant_salt
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -51,6 +52,8 @@ class Quotas:
     tokens_per_minute: int | None = None  # prompt + completion tokens
     max_concurrent_requests: int | None = None
     daily_token_budget: int | None = None  # prompt + completion tokens per UTC day
+    # Spend limits in money, per UTC day and per UTC month (tenants/money.py).
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
         "name", "api_key_sha256", "api_key_hmac_sha256", "models", "priority", "cache_salt",
         "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
         "daily_token_budget", "default_max_tokens", "max_tokens_limit", "admin",
+        "daily_budget_usd", "monthly_budget_usd", "budget_warning_fraction",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -134,6 +138,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
         tokens_per_minute=_positive_int(raw, "tokens_per_minute", where),
         max_concurrent_requests=_positive_int(raw, "max_concurrent_requests", where),
         daily_token_budget=_positive_int(raw, "daily_token_budget", where),
+        budgets=_budgets(raw, where),
     )
     max_tokens = parse_max_tokens_limits(raw, where, TenantConfigError)
     models_set = None if models is None or "*" in models else frozenset(models)
@@ -143,6 +148,26 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     tenant = Tenant(name, models_set, priority, quotas, salt, max_tokens, is_admin,
                     is_salt_derived="cache_salt" not in raw)  # fmt: skip
     return tenant, hashes, macs
+
+
+def _budgets(raw: Mapping[str, Any], where: str) -> Budgets:
+    limits: list[int | None] = []
+    for key in ("daily_budget_usd", "monthly_budget_usd"):
+        value = raw.get(key)
+        pusd = None if value is None else usd_to_pusd(value, f"{where}.{key}", TenantConfigError)
+        if pusd == 0:
+            raise TenantConfigError(f"{where}.{key} must be more than 0, got {value!r}")
+        limits.append(pusd)
+    fraction = raw.get("budget_warning_fraction", DEFAULT_BUDGET_WARNING_FRACTION)
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not (0 < fraction <= 1)
+    ):
+        raise TenantConfigError(
+            f"{where}.budget_warning_fraction must be a number in (0, 1], got {fraction!r}"
+        )
+    return Budgets(limits[0], limits[1], float(fraction))
 
 
 def _digests(raw: Mapping[str, Any], key: str, where: str) -> list[str]:

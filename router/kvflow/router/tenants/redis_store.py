@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from kvflow.router.tenants.buckets import SECONDS_PER_DAY, utc_day
 from kvflow.router.tenants.config import Tenant
+from kvflow.router.tenants.money import judge_budgets, seconds_until_next_utc_month, utc_month
 from kvflow.router.tenants.quota_scope import DEFAULT_QUOTA_SCOPE
 from kvflow.router.tenants.store import ADMITTED, Admission, UsageTotals
 
@@ -47,10 +48,15 @@ end
 """
 )
 
-# KEYS: requests bucket, tokens bucket, leases zset, daily tokens counter
+# KEYS: requests bucket, tokens bucket, leases zset, daily tokens counter, daily spend
+#       counter, monthly spend counter (pico-USD)
 # ARGV: rpm, tpm, max concurrent, daily budget (0 = unlimited), reserved tokens, lease id,
-#       lease ttl s, seconds to the next UTC day, 1 to only check (take nothing) else 0
-# Returns {1} or {0, limit name, retry after in ms}.
+#       lease ttl s, seconds to the next UTC day, 1 to only check (take nothing) else 0,
+#       daily and monthly budgets in pico-USD (0 = none), seconds to the next UTC month
+# Returns {1, day's spend, month's spend} or {0, limit name, retry after in ms}. The spends
+# come back as Redis holds them (decimal strings) so the warning is judged on exact integers;
+# the comparison here is in Lua's doubles, exact below 2^53 pico-USD (about 9000 USD) and
+# off by far less than a cent above.
 _ADMIT = (
     _REFILL
     + """
@@ -82,7 +88,16 @@ if daily > 0 then
     return {0, 'daily_token_budget', math.ceil(tonumber(ARGV[8]) * 1000)}
   end
 end
-if ARGV[9] == '1' then return {1} end
+local day_spend = redis.call('GET', KEYS[5]) or '0'
+local month_spend = redis.call('GET', KEYS[6]) or '0'
+local day_budget, month_budget = tonumber(ARGV[10]), tonumber(ARGV[11])
+if day_budget > 0 and tonumber(day_spend) >= day_budget then
+  return {0, 'daily_budget_usd', math.ceil(tonumber(ARGV[8]) * 1000)}
+end
+if month_budget > 0 and tonumber(month_spend) >= month_budget then
+  return {0, 'monthly_budget_usd', math.ceil(tonumber(ARGV[12]) * 1000)}
+end
+if ARGV[9] == '1' then return {1, day_spend, month_spend} end
 if rpm > 0 then
   redis.call('HSET', KEYS[1], 'level', tostring(req_level - 1), 'ts', tostring(now))
   redis.call('PEXPIRE', KEYS[1], BUCKET_TTL_MS)
@@ -95,14 +110,16 @@ if conc > 0 then
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[6])
   redis.call('PEXPIRE', KEYS[3], math.ceil(tonumber(ARGV[7]) * 1000))
 end
-return {1}
+return {1, day_spend, month_spend}
 """
 )
 
-# KEYS: tokens bucket, leases zset, daily tokens counter, usage totals hash
+# KEYS: tokens bucket, leases zset, daily tokens counter, usage totals hash, daily spend
+#       counter, monthly spend counter
 # ARGV: tpm (0 = unlimited), tokens used beyond the reservation (negative: given back),
-#       lease id, prompt + completion tokens, daily counter ttl s, then usage field/count
-#       pairs to add (the usage rides along: one round trip per request instead of two)
+#       lease id, prompt + completion tokens, daily counter ttl s, spend in pico-USD,
+#       monthly counter ttl s, then usage field/count pairs to add (the usage rides along:
+#       one round trip per request instead of two)
 _FINISH = (
     _REFILL
     + """
@@ -116,7 +133,13 @@ if tpm > 0 then
 end
 redis.call('INCRBY', KEYS[3], ARGV[4])
 redis.call('EXPIRE', KEYS[3], ARGV[5])
-for i = 6, #ARGV, 2 do redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
+if ARGV[6] ~= '0' then
+  redis.call('INCRBY', KEYS[5], ARGV[6])
+  redis.call('EXPIRE', KEYS[5], ARGV[5])
+  redis.call('INCRBY', KEYS[6], ARGV[6])
+  redis.call('EXPIRE', KEYS[6], ARGV[7])
+end
+for i = 8, #ARGV, 2 do redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1]) end
 return 1
 """
 )
@@ -129,7 +152,9 @@ for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[i]) end
 return 1
 """
 
-_USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens")
+_USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "spend_pusd")
+# Last month's spend counter lingers a month, then goes.
+_MONTH_TTL_S = 62 * SECONDS_PER_DAY
 
 
 class RedisQuotaStore:
@@ -147,6 +172,13 @@ class RedisQuotaStore:
 
     def _daily_key(self, tenant: Tenant) -> str:
         return self._key(tenant, f"day:{utc_day(time.time())}")
+
+    def _spend_keys(self, tenant: Tenant) -> list[str]:
+        now_s = time.time()
+        return [
+            self._key(tenant, f"spend:day:{utc_day(now_s)}"),
+            self._key(tenant, f"spend:month:{utc_month(now_s)}"),
+        ]
 
     async def admit(
         self,
@@ -172,6 +204,7 @@ class RedisQuotaStore:
                 self._key(tenant, "tokens"),
                 self._key(tenant, "leases"),
                 self._daily_key(tenant),
+                *self._spend_keys(tenant),
             ],
             args=[
                 q.requests_per_minute or 0,
@@ -183,10 +216,20 @@ class RedisQuotaStore:
                 LEASE_TTL_S,
                 SECONDS_PER_DAY - time.time() % SECONDS_PER_DAY,
                 1 if is_check else 0,
+                q.budgets.daily_pusd or 0,
+                q.budgets.monthly_pusd or 0,
+                seconds_until_next_utc_month(time.time()),
             ],
         )
         if int(result[0]) == 1:
-            return ADMITTED
+            verdict = judge_budgets(
+                q.budgets, day_pusd=int(result[1]), month_pusd=int(result[2]), now_s=time.time()
+            )
+            if verdict.warning is None:
+                return ADMITTED
+            return Admission(
+                True, budget_warning=verdict.warning, warning_budget=verdict.warning_budget
+            )
         limit = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
         return Admission(False, limit, int(result[2]) / 1000.0)
 
@@ -211,6 +254,7 @@ class RedisQuotaStore:
                 self._key(tenant, "leases"),
                 self._daily_key(tenant),
                 self._key(tenant, "usage"),
+                *self._spend_keys(tenant),
             ],
             args=[
                 tenant.quotas.tokens_per_minute or 0,
@@ -218,6 +262,8 @@ class RedisQuotaStore:
                 lease_id,
                 prompt_tokens + completion_tokens,
                 2 * SECONDS_PER_DAY,  # yesterday's counter lingers a day, then goes
+                usage.spend_pusd if usage else 0,
+                _MONTH_TTL_S,
                 *counts,
             ],
         )

@@ -13,15 +13,19 @@ from typing import Protocol
 
 from kvflow.router.tenants.buckets import Bucket, seconds_until_next_utc_day, take, utc_day
 from kvflow.router.tenants.config import Tenant
+from kvflow.router.tenants.money import judge_budgets, utc_month
 
 
 @dataclass(frozen=True)
 class Admission:
     is_admitted: bool
     # Which quota refused it: requests_per_minute, tokens_per_minute,
-    # max_concurrent_requests or daily_token_budget.
+    # max_concurrent_requests, daily_token_budget, daily_budget_usd or monthly_budget_usd.
     limit: str | None = None
     retry_after_s: float = 0.0
+    # Admitted, but spend is past a budget's warning fraction: "daily 82% of 10.00 USD".
+    budget_warning: str | None = None
+    warning_budget: str | None = None  # daily or monthly
 
 
 ADMITTED = Admission(True)
@@ -33,6 +37,7 @@ class UsageTotals:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spend_pusd: int = 0  # pico-USD (tenants/money.py)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -40,6 +45,7 @@ class UsageTotals:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
+            "spend_pusd": self.spend_pusd,
         }
 
 
@@ -92,6 +98,9 @@ class _TenantState:
     leases: set[str] = field(default_factory=set)
     day: int = -1
     day_tokens: int = 0
+    day_spend_pusd: int = 0
+    month: int = -1
+    month_spend_pusd: int = 0
     usage: UsageTotals = field(default_factory=UsageTotals)
 
 
@@ -107,7 +116,9 @@ class MemoryQuotaStore:
 
     def _roll_day(self, state: _TenantState, now_s: float) -> None:
         if state.day != utc_day(now_s):
-            state.day, state.day_tokens = utc_day(now_s), 0
+            state.day, state.day_tokens, state.day_spend_pusd = utc_day(now_s), 0, 0
+        if state.month != utc_month(now_s):
+            state.month, state.month_spend_pusd = utc_month(now_s), 0
 
     async def admit(
         self,
@@ -154,6 +165,19 @@ class MemoryQuotaStore:
         if q.daily_token_budget is not None and state.day_tokens >= q.daily_token_budget:
             wait_s = seconds_until_next_utc_day(now_s)
             return Admission(False, "daily_token_budget", wait_s), None, None
+        verdict = judge_budgets(
+            q.budgets,
+            day_pusd=state.day_spend_pusd,
+            month_pusd=state.month_spend_pusd,
+            now_s=now_s,
+        )
+        if verdict.exceeded is not None:
+            return Admission(False, verdict.exceeded, verdict.retry_after_s), None, None
+        if verdict.warning is not None:
+            admission = Admission(
+                True, budget_warning=verdict.warning, warning_budget=verdict.warning_budget
+            )
+            return admission, new_requests, new_tokens
         return ADMITTED, new_requests, new_tokens
 
     async def finish(
@@ -178,6 +202,9 @@ class MemoryQuotaStore:
             )
         self._roll_day(state, now_s)
         state.day_tokens += prompt_tokens + completion_tokens
+        if usage is not None:
+            state.day_spend_pusd += usage.spend_pusd
+            state.month_spend_pusd += usage.spend_pusd
 
     async def add_usage(self, tenant: Tenant, usage: UsageTotals) -> None:
         total = self._state(tenant).usage
@@ -185,7 +212,10 @@ class MemoryQuotaStore:
         total.prompt_tokens += usage.prompt_tokens
         total.completion_tokens += usage.completion_tokens
         total.cached_tokens += usage.cached_tokens
+        total.spend_pusd += usage.spend_pusd
 
     async def read_usage(self, tenant: Tenant) -> UsageTotals:
         u = self._state(tenant).usage
-        return UsageTotals(u.requests, u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+        return UsageTotals(
+            u.requests, u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.spend_pusd
+        )

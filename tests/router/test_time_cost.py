@@ -164,16 +164,17 @@ def test_weights_written_for_the_block_policy_keep_it() -> None:
 
 def test_the_pool_passes_the_workers_load_in_tokens_to_routing() -> None:
     from kvflow.proto import worker_pb2 as pb
-    from kvflow.router.workers.pool import _with_token_load, _Worker
+    from kvflow.proto.roles import Role
+    from kvflow.router.workers.book import WorkerBook, WorkerFacts
+    from kvflow.router.workers.convert import from_load_response
 
-    worker = _Worker(WorkerId("a"), client=None)  # type: ignore[arg-type]
-    base = view("a")
-    assert _with_token_load(base, worker) is base  # no Load answer yet
-    worker.info = pb.WorkerInfo(block_size=16)
-    worker.load = pb.LoadResponse(num_prefill_tokens=7000, num_decode_seqs=3, num_kv_tokens=9000,
-                                  num_total_blocks=100, num_cached_blocks=40)  # fmt: skip
-    worker.load_at_s = 12.5
-    got = _with_token_load(base, worker)
+    book = WorkerBook()
+    book.add(WorkerId("a"), WorkerFacts("m", Role.COLOCATED, True), is_healthy=True)
+    assert book.views(0.0)[0].load_at_s is None  # no Load answer yet
+    load = pb.LoadResponse(num_prefill_tokens=7000, num_decode_seqs=3, num_kv_tokens=9000,
+                           num_total_blocks=100, num_cached_blocks=40)  # fmt: skip
+    book.apply_report(WorkerId("a"), from_load_response(load, block_size=16), at_s=12.5)
+    (got,) = book.views(12.5)
     assert (got.num_prefill_tokens, got.num_decode_seqs, got.num_kv_tokens) == (7000, 3, 9000)
     assert (got.kv_capacity_tokens, got.num_cached_tokens, got.load_at_s) == (1600, 640, 12.5)
 

@@ -14,8 +14,8 @@ Deployment and its pods do, and this subclass does them on the event clock:
   measured (`Timings.queued_s`), the requests that ended, and each worker's running
   requests and KV usage as its Load RPC answers.
 
-It touches two things of its base classes that they do not publish: `RouterSide._workers`
-(to add and hide a worker) and `VirtualCluster._poll` (a removed worker stops polling).
+It touches one thing of its base classes that they do not publish: `VirtualCluster._poll`
+(a removed worker stops polling).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.serving.admission import Verdict
 from kvflow.sim.arms import Arm
 from kvflow.sim.cluster import ClusterSpec, VirtualCluster, _InFlight
-from kvflow.sim.router_side import RouterSide, _Counters
+from kvflow.sim.router_side import RouterSide
 from kvflow.sim.worker import SimWorker
 
 
@@ -43,23 +43,22 @@ class ElasticRouterSide(RouterSide):
         self.model = base.model
         self.index = base.index
         self.sessions = base.sessions
-        self._workers = base._workers
+        self.book = base.book
         self._hidden: set[WorkerId] = set()
-
-    def add(self, worker_id: WorkerId, role: Role) -> None:
-        self._workers[worker_id] = _Counters(role)
 
     def num_open(self, worker_id: WorkerId) -> int:
         """Requests this router opened there and has not closed (their end not yet seen)."""
-        return self._workers[worker_id].num_local
+        return self.book.local_counts(worker_id).num_open
 
     def hide(self, worker_id: WorkerId) -> None:
-        """Out of the endpoints (draining): no new request goes there."""
+        """Out of the endpoints (draining): no new request goes there, and admission no
+        longer counts its queue."""
         self._hidden.add(worker_id)
+        self.book.set_healthy(worker_id, False)
 
     def drop(self, worker_id: WorkerId) -> None:
         self._hidden.discard(worker_id)
-        del self._workers[worker_id]
+        self.book.remove(worker_id)
         self.index.clear(worker_id)
 
     def views(self) -> list[WorkerView]:

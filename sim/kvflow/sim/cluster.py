@@ -212,7 +212,6 @@ class VirtualCluster:
             self._fail(request, now_s, "http_400", str(exc))
             return
         self.router.open(WorkerId(stream.worker_id))
-        self.router.dispatched(WorkerId(stream.worker_id))
         self._inflight[request.request_id] = _InFlight(
             request, now_s, tokens, stream, prefill, predicted, free
         )

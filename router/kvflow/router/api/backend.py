@@ -27,6 +27,7 @@ from kvflow.router.settings import RouterSettings
 from kvflow.router.tenants.config import MaxTokensLimits, Tenant
 from kvflow.router.text.generation_config import SamplingDefaults
 from kvflow.router.text.model_files import TextModel, load_text_model
+from kvflow.router.workers.book import LOAD_INTERVAL_S
 from kvflow.router.workers.discovery import DnsWorkers, StaticWorkers, parse_address
 from kvflow.router.workers.pool import WorkerPool
 from kvflow.router.workers.tls import WorkerTls
@@ -70,16 +71,12 @@ class PoolBackend:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
-        if self.admission is not None:
-            self.admission.start()
         self._tasks.append(asyncio.create_task(self.discovery.run(self.pool.set_addresses)))
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.admission is not None:
-            await self.admission.stop()
         await self.pool.close()
 
     def served_models(self) -> list[str]:
@@ -160,7 +157,10 @@ def build_backend(
     placement = build_placement(
         config.weights, source.disaggregation, index=index, sessions=sessions, rng=rng
     )
-    pool = WorkerPool(index, sessions, source.worker_tls)
+    # One Load poll serves routing and admission: as often as admission asks, if oftener.
+    admission_s = settings.admission.poll_interval_s if settings.admission.is_enabled else None
+    load_interval_s = min(LOAD_INTERVAL_S, admission_s or LOAD_INTERVAL_S)
+    pool = WorkerPool(index, sessions, source.worker_tls, load_interval_s=load_interval_s)
     admission = AdmissionControl(pool, settings.admission, metrics, source.name)
     service = AdmittedGenerationService(
         admission,

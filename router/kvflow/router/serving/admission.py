@@ -56,8 +56,8 @@ REMOVED_ENV = {
 # token; 30 s is where clients with default timeouts start giving up and retrying.
 DEFAULT_SHED_QUEUE_TIME_S = 10.0
 DEFAULT_MAX_QUEUE_TIME_S = 30.0
-# How often this router reads each worker's queue (besides the pool's own probes);
-# between reads its own dispatches are counted in.
+# The oldest a worker's queue report may be: the pool's one Load poll runs at the shorter
+# of this and its own interval (api/backend.py); between reports admissions are counted in.
 DEFAULT_POLL_INTERVAL_S = 0.5
 
 

@@ -1,28 +1,28 @@
-"""Gateway admission control, the I/O shell: read the workers' queues, count this router's
+"""Gateway admission control, the shell: read the workers' queues, count this router's
 requests in flight per tenant, and refuse with 429 or 503 before generating
 (serving/admission.py decides; this module only gathers what it needs and says no).
 
-The queues are read with the workers' Load call every ``poll_interval_s``; the pool reads
-Load too, for routing, but keeps only a queue depth, and the estimate needs the waiting
-count, the queue's bound and its drain rate.
+The queues are the worker pool's: its one Load poll per worker (workers/pool.py) records
+each report in its WorkerBook (workers/book.py), waiting count, bound and drain rate
+included; admission reads them at each check and asks the workers nothing itself. What
+it admitted after the oldest of those reports was asked for cannot show in them, so it
+counts those admissions in (a burst is counted as it is admitted, before any reaches a
+worker). ``poll_interval_s`` bounds how old a report may be: the pool polls at the
+shorter of it and its own interval (api/backend.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvflow.proto.fairness import priority_weight
-from kvflow.proto.roles import Role
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import no_worker_available, rate_limited
 from kvflow.router.protocol.responses import ChoiceDelta
-from kvflow.router.routing.types import WorkerId
 from kvflow.router.serving.admission import (
     AdmissionConfig,
     TenantLoad,
@@ -33,20 +33,7 @@ from kvflow.router.serving.admission import (
 from kvflow.router.serving.generate import GenerationService
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
-from kvflow.router.workers.errors import GRPC_CALL_ERRORS
 from kvflow.router.workers.pool import WorkerPool
-
-log = logging.getLogger("kvflow.router.admission")
-
-# A Load is a few bytes; a worker that takes longer than this is busy enough that its last
-# report (or none) is as good.
-LOAD_TIMEOUT_S = 1.0
-
-
-@dataclass
-class _Polled:
-    model: str
-    queue: WorkerQueue
 
 
 class AdmissionControl:
@@ -59,63 +46,20 @@ class AdmissionControl:
         self._metrics = metrics
         self.pool_name = pool_name
         metrics.admission_pool(pool_name)
-        self._queues: dict[WorkerId, _Polled] = {}
-        self._num_dispatched = 0  # admitted since the queues were last read
         self._in_flight: Counter[str] = Counter()
         self._weights: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._admitted_s: deque[float] = deque()  # when (monotonic), not yet in every report
 
-    def start(self) -> None:
-        if self.config.is_enabled:
-            self._task = asyncio.create_task(self._poll_forever())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _poll_forever(self) -> None:
-        while True:
-            await self.poll_once()
-            await asyncio.sleep(self.config.poll_interval_s)
-
-    async def poll_once(self) -> None:
-        """Read every healthy worker's queue; forget the others'."""
-        views = [v for v in self._pool.views() if v.is_healthy]
-        dispatched_before = self._num_dispatched
-        results = await asyncio.gather(*(self._read(v.worker_id) for v in views))
-        self._queues = {
-            v.worker_id: _Polled(v.model, queue)
-            for v, queue in zip(views, results, strict=True)
-            if queue is not None
-        }
-        # What was admitted while the reads were out may not show in them yet: keep it.
-        self._num_dispatched -= dispatched_before
-
-    async def _read(self, worker_id: WorkerId) -> WorkerQueue | None:
-        try:
-            load = await self._pool.client(worker_id).load(LOAD_TIMEOUT_S)
-        except KeyError:  # left the pool since views()
-            return None
-        except GRPC_CALL_ERRORS as exc:
-            log.debug("reading the queue of %s failed: %s", worker_id, exc)
-            return None
-        return WorkerQueue(worker_id, load.num_waiting, load.max_waiting_requests,
-                           load.queue_drain_rate_per_s)  # fmt: skip
-
-    def eligible_queues(self, model: str) -> list[WorkerQueue]:
-        """The last read queues of the healthy workers that can stream ``model``."""
-        queues = []
-        for view in self._pool.views():
-            polled = self._queues.get(view.worker_id)
-            if (
-                polled is not None
-                and view.is_healthy
-                and view.model == model
-                and view.role is not Role.PREFILL
-            ):
-                queues.append(polled.queue)
-        return queues
+    def eligible_queues(self, model: str) -> tuple[list[WorkerQueue], int]:
+        """The last reported queues of the healthy workers that can stream ``model``, and
+        how many admissions may not show in them yet (admitted after the oldest report)."""
+        found = self._pool.book.queues(model, time.monotonic())
+        if found.oldest_report_s is None:
+            self._admitted_s.clear()
+            return found.queues, 0
+        while self._admitted_s and self._admitted_s[0] < found.oldest_report_s:
+            self._admitted_s.popleft()
+        return found.queues, len(self._admitted_s)
 
     def tenant_load(self, tenant: Tenant) -> TenantLoad:
         weight = priority_weight(tenant.priority)
@@ -130,11 +74,12 @@ class AdmissionControl:
         )
 
     def check(self, tenant: Tenant, model: str) -> Verdict:
-        """Admit (counted as dispatched), or raise the ApiError: 429 or 503 + Retry-After."""
-        verdict = decide(self.eligible_queues(model), self._num_dispatched,
-                         self.tenant_load(tenant), self.config)  # fmt: skip
+        """Admit (counted until the reports can show it), or raise the ApiError: 429 or
+        503 + Retry-After."""
+        queues, num_unseen = self.eligible_queues(model)
+        verdict = decide(queues, num_unseen, self.tenant_load(tenant), self.config)
         if verdict.is_admitted:
-            self._num_dispatched += 1
+            self._admitted_s.append(time.monotonic())
             return verdict
         self._metrics.tenant_rejections.labels(tenant.name, verdict.reason).inc()
         rejections = self._metrics.admission_rejections

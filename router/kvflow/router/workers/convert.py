@@ -1,10 +1,11 @@
 """Typed records <-> kvflow.worker.v1 messages. The only place the router builds or reads
-the worker's wire format (the probes' Health/Load aside)."""
+the worker's wire format (the probes' Health aside)."""
 
 from __future__ import annotations
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.router.protocol.requests import SamplingOptions
+from kvflow.router.workers.book import LoadReport
 from kvflow.router.workers.records import (
     FinishReason,
     GenerateInput,
@@ -115,4 +116,20 @@ def from_prefill_response(r: pb.PrefillResponse) -> PrefillResult:
         queued_s=r.queued_s,
         prefill_s=r.prefill_s,
         transfer_s=r.transfer_s,
+    )
+
+
+def from_load_response(load: pb.LoadResponse, block_size: int) -> LoadReport:
+    """A Load answer in tokens (its block counts times the worker's ``block_size``)."""
+    return LoadReport(
+        num_waiting=load.num_waiting,
+        num_running=load.num_running,
+        kv_usage=load.kv_usage,
+        max_waiting_requests=load.max_waiting_requests,
+        queue_drain_rate_per_s=load.queue_drain_rate_per_s,
+        num_prefill_tokens=load.num_prefill_tokens,
+        num_decode_seqs=load.num_decode_seqs,
+        num_kv_tokens=load.num_kv_tokens,
+        kv_capacity_tokens=load.num_total_blocks * block_size,
+        num_cached_tokens=load.num_cached_blocks * block_size,
     )

@@ -1,5 +1,7 @@
 """The set of workers this router knows, each probed for health and load, each followed
-for KV events; `views()` is the snapshot routing reads."""
+for KV events. What the probes learn goes into the pool's WorkerBook (workers/book.py):
+`views()` is the snapshot routing reads, `book` what admission control reads. One Load
+call per worker per interval serves both."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -17,16 +19,17 @@ from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId, WorkerView
+from kvflow.router.workers.book import LOAD_INTERVAL_S, WorkerBook, WorkerFacts
 from kvflow.router.workers.client import WorkerClient
+from kvflow.router.workers.convert import from_load_response
 from kvflow.router.workers.deadlines import quarantine_s
 from kvflow.router.workers.kv_events import KvEventFollower
-from kvflow.router.workers.load import LOAD_INTERVAL_S, estimate_queue_depth
 from kvflow.router.workers.tls import WorkerTls
 
 log = logging.getLogger("kvflow.router.workers")
 
-# Load every 250 ms: 16 workers cost 64 small calls a second, and between polls this
-# router's own in-flight count keeps the estimate current (estimate_queue_depth).
+# Load every 250 ms (book.LOAD_INTERVAL_S): 16 workers cost 64 small calls a second, and
+# between polls this router's own in-flight count keeps the estimate current.
 HEALTH_EVERY_N_LOADS = 4
 # A worker that failed is probed again this often, so a restarted one returns quickly.
 UNHEALTHY_RETRY_S = 0.5
@@ -44,49 +47,41 @@ MAX_BUSY_HOLD_S = 10.0
 
 @dataclass
 class _Worker:
+    """The I/O side of a worker: its client, its tasks, its quarantine. Its state as routing
+    and admission read it is in the pool's WorkerBook."""
+
     worker_id: WorkerId
     client: WorkerClient
-    info: pb.WorkerInfo | None = None
+    info: pb.WorkerInfo | None = None  # its last Health's (model_info hands it out)
     is_healthy: bool = False
-    num_reported: int = 0  # waiting + running at the last Load
-    kv_usage: float = 0.0
-    num_local: int = 0  # this router's open requests there
-    num_local_at_report: int = 0
-    load: pb.LoadResponse | None = None  # the last Load answer (the load in tokens)
-    load_at_s: float | None = None  # time.monotonic() when it was asked for
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     follower: asyncio.Task[None] | None = None
     # After a missed deadline: not probed, so not routed to, before this (loop time).
     held_until_s: float = 0.0
-    # After a RESOURCE_EXHAUSTED (its queue full): not routed to before this (monotonic).
-    busy_until_s: float = 0.0
     num_misses: int = 0  # deadline misses in a row (a finished stream resets it)
 
 
-def _with_token_load(view: WorkerView, worker: _Worker) -> WorkerView:
-    """The view with its load in tokens from the last Load answer (routing/cost.py)."""
-    load, info = worker.load, worker.info
-    if load is None or info is None:
-        return view
-    return replace(
-        view,
-        num_prefill_tokens=load.num_prefill_tokens,
-        num_decode_seqs=load.num_decode_seqs,
-        num_kv_tokens=load.num_kv_tokens,
-        kv_capacity_tokens=load.num_total_blocks * info.block_size,
-        num_cached_tokens=load.num_cached_blocks * info.block_size,
-        load_at_s=worker.load_at_s,
-    )
+def _facts(info: pb.WorkerInfo) -> WorkerFacts:
+    return WorkerFacts(info.model, Role.from_pb(info.role), info.prefix_caching)
 
 
 class WorkerPool:
     def __init__(
-        self, index: BlockIndex, sessions: SessionTable, tls: WorkerTls | None = None
+        self,
+        index: BlockIndex,
+        sessions: SessionTable,
+        tls: WorkerTls | None = None,
+        *,
+        load_interval_s: float = LOAD_INTERVAL_S,
     ) -> None:
+        """``load_interval_s``: how often each healthy worker is asked for its load."""
         self._index = index
         self._sessions = sessions
         self._tls = tls  # worker gRPC over TLS (workers/tls.py); None: plaintext
+        self.load_interval_s = load_interval_s
         self._workers: dict[WorkerId, _Worker] = {}
+        # Busy holds are on time.monotonic(), as are the reports' times.
+        self.book = WorkerBook()
 
     # -- membership ------------------------------------------------------------------------
 
@@ -98,11 +93,13 @@ class WorkerPool:
         for worker_id in sorted(wanted - set(self._workers)):
             worker = _Worker(worker_id, WorkerClient(worker_id, self._tls))
             self._workers[worker_id] = worker
+            self.book.add(worker_id)
             worker.tasks.append(asyncio.create_task(self._monitor(worker)))
             log.info("worker %s added", worker_id)
 
     async def _remove(self, worker_id: WorkerId) -> None:
         worker = self._workers.pop(worker_id)
+        self.book.remove(worker_id)
         await self._cancel(worker)
         self._index.drop_worker(worker_id)
         self._sessions.forget_worker(worker_id)
@@ -132,6 +129,8 @@ class WorkerPool:
         if worker.is_healthy:
             log.warning("worker %s is unhealthy: %s", worker.worker_id, why)
         worker.is_healthy = False
+        if worker.worker_id in self.book:
+            self.book.set_healthy(worker.worker_id, False)
         # Its cache may be gone (a crash) or stale: forget it until a new snapshot says.
         self._index.clear(worker.worker_id)
         if worker.follower is not None:
@@ -145,12 +144,14 @@ class WorkerPool:
             return
         restarted = worker.info is not None and (worker.info.instance_id != health.info.instance_id)
         worker.info = health.info
+        self.book.set_facts(worker.worker_id, _facts(health.info))
         if restarted:
             log.info("worker %s restarted (new instance)", worker.worker_id)
         if not worker.is_healthy or restarted or worker.follower is None:
             if not worker.is_healthy:
                 log.info("worker %s is healthy (model %s)", worker.worker_id, health.info.model)
             worker.is_healthy = True
+            self.book.set_healthy(worker.worker_id, True)
             self._restart_follower(worker)
 
     async def _monitor(self, worker: _Worker) -> None:
@@ -164,14 +165,12 @@ class WorkerPool:
             try:
                 if not worker.is_healthy or num_loads % HEALTH_EVERY_N_LOADS == 0:
                     await self._probe_health(worker)
-                if worker.is_healthy:
-                    local_before = worker.num_local
+                if worker.is_healthy and worker.info is not None:
+                    asked = self.book.local_counts(worker.worker_id)
                     asked_s = time.monotonic()
                     load = await worker.client.load(PROBE_TIMEOUT_S)
-                    worker.load, worker.load_at_s = load, asked_s
-                    worker.num_reported = load.num_waiting + load.num_running
-                    worker.kv_usage = load.kv_usage
-                    worker.num_local_at_report = local_before
+                    report = from_load_response(load, worker.info.block_size)
+                    self.book.apply_report(worker.worker_id, report, asked_s, asked)
                     num_loads += 1
             except grpc.aio.AioRpcError as exc:
                 self._mark_unhealthy(worker, f"{exc.code().name}: {exc.details()}")
@@ -179,30 +178,12 @@ class WorkerPool:
                 # A bug must not silently end the probes of this worker forever.
                 log.exception("probing %s failed", worker.worker_id)
                 self._mark_unhealthy(worker, "probe error")
-            await asyncio.sleep(LOAD_INTERVAL_S if worker.is_healthy else UNHEALTHY_RETRY_S)
+            await asyncio.sleep(self.load_interval_s if worker.is_healthy else UNHEALTHY_RETRY_S)
 
     # -- what routing and serving read -------------------------------------------------------
 
     def views(self) -> list[WorkerView]:
-        now_s = time.monotonic()
-        return [
-            _with_token_load(
-                WorkerView(
-                    worker_id=w.worker_id,
-                    model=w.info.model if w.info is not None else "",
-                    role=Role.from_pb(w.info.role) if w.info else Role.COLOCATED,
-                    # Healthy but refusing: its load report may predate the full queue.
-                    is_healthy=w.is_healthy and w.busy_until_s <= now_s,
-                    queue_depth=estimate_queue_depth(
-                        w.num_reported, w.num_local, w.num_local_at_report
-                    ),
-                    kv_usage=w.kv_usage,
-                    caches_prefixes=w.info is not None and w.info.prefix_caching,
-                ),
-                w,
-            )
-            for w in self._workers.values()
-        ]
+        return self.book.views(time.monotonic())
 
     def client(self, worker_id: WorkerId) -> WorkerClient:
         return self._workers[worker_id].client
@@ -246,10 +227,8 @@ class WorkerPool:
         """The worker refused a request, its queue full: route elsewhere for its pushback
         (BUSY_HOLD_S without one), whatever its last load report said. Still probed and
         counted healthy: it is up, only full."""
-        worker = self._workers.get(worker_id)
-        if worker is not None:
-            hold_s = BUSY_HOLD_S if retry_after_s is None else min(retry_after_s, MAX_BUSY_HOLD_S)
-            worker.busy_until_s = time.monotonic() + hold_s
+        hold_s = BUSY_HOLD_S if retry_after_s is None else min(retry_after_s, MAX_BUSY_HOLD_S)
+        self.book.hold_busy(worker_id, time.monotonic() + hold_s)
 
     def stream_finished(self, worker_id: WorkerId) -> None:
         """A stream there ran to its end: its past deadline misses no longer count."""
@@ -260,11 +239,8 @@ class WorkerPool:
     @contextlib.contextmanager
     def request_open(self, worker_id: WorkerId) -> Iterator[None]:
         """Count a request as in flight on a worker while the block runs."""
-        worker = self._workers.get(worker_id)
-        if worker is not None:
-            worker.num_local += 1
+        self.book.open(worker_id)
         try:
             yield
         finally:
-            if worker is not None:
-                worker.num_local -= 1
+            self.book.close(worker_id)

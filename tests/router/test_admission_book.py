@@ -1,0 +1,44 @@
+"""Admission control reads the worker pool's book (serving/admission_control.py): the last
+Load reports the pool's one poll recorded, plus what it admitted since the oldest of them,
+so a burst admitted between two reports is counted as it is admitted."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvflow.proto.roles import Role
+from kvflow.router.metrics import RouterMetrics
+from kvflow.router.protocol.errors import ApiError
+from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.sessions import SessionTable
+from kvflow.router.routing.types import WorkerId
+from kvflow.router.serving.admission import AdmissionConfig
+from kvflow.router.serving.admission_control import AdmissionControl
+from kvflow.router.tenants.config import Quotas, Tenant
+from kvflow.router.workers.book import LoadReport, WorkerFacts
+from kvflow.router.workers.pool import WorkerPool
+
+W = WorkerId("w:1")
+MODEL = "m"
+# 2 waiting, 1 admitted a second: 2 s of queue; each admission adds a second.
+REPORT = LoadReport(num_waiting=2, queue_drain_rate_per_s=1.0)
+
+
+def test_admissions_since_the_report_count_until_a_newer_report() -> None:
+    pool = WorkerPool(BlockIndex(), SessionTable())  # no addresses: nothing polls
+    pool.book.add(W, WorkerFacts(MODEL, Role.COLOCATED, caches_prefixes=True), is_healthy=True)
+    pool.book.apply_report(W, REPORT, at_s=time.monotonic())
+    config = AdmissionConfig(shed_queue_time_s=3.0, max_queue_time_s=3.0)
+    admission = AdmissionControl(pool, config, RouterMetrics(), "default")
+    tenant = Tenant("t", None, 0, Quotas(), cache_salt="t")
+    assert admission.check(tenant, MODEL).estimated_wait_s == 2.0
+    assert admission.check(tenant, MODEL).estimated_wait_s == 3.0  # one admitted since
+    with pytest.raises(ApiError) as refused:  # two since: 4 s of queue, over 3 s
+        admission.check(tenant, MODEL)
+    assert refused.value.status == 503
+    # A report asked for after those admissions includes them: they no longer count.
+    pool.book.apply_report(W, REPORT, at_s=time.monotonic())
+    assert admission.check(tenant, MODEL).estimated_wait_s == 2.0
+    assert admission.eligible_queues("other") == ([], 0)

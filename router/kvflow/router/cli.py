@@ -163,7 +163,8 @@ def _admission_flags(p: argparse.ArgumentParser, d: AdmissionConfig) -> None:
         type=seconds(allow_zero=False),
         default=d.poll_interval_s,
         metavar="S",
-        help="how often each worker's queue is read (default: %(default)s)",
+        help="the oldest a worker's queue report may be: the pool polls every worker's load at "
+        "the shorter of this and 0.25 s (default: %(default)s)",
     )
 
 

@@ -28,7 +28,7 @@ class WorkerView:
     role: Role
     is_healthy: bool
     # Requests waiting or running there: the worker's last report, plus what this router
-    # has sent since (see workers.load.estimate_queue_depth).
+    # has sent since (see workers.book.estimate_queue_depth).
     queue_depth: int
     kv_usage: float  # fraction of the worker's KV blocks held by requests, 0..1
     # It keeps prompts' blocks and publishes them as KV events (WorkerInfo.prefix_caching):

@@ -167,7 +167,8 @@ class VirtualCluster:
         return [WorkerStats(w.worker_id, w.num_steps, w.busy_s) for w in self.workers.values()]
 
     def _poll(self, worker_id: WorkerId) -> None:
-        self.router.poll(worker_id, self.workers[worker_id].load)
+        worker = self.workers[worker_id]
+        self.router.poll(worker_id, worker.load, worker.load_at_s)
         if self._num_pending or self._inflight:
             self.events.after(LOAD_INTERVAL_S, lambda: self._poll(worker_id))
         else:

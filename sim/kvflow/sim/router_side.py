@@ -20,28 +20,11 @@ from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.serving.admission import AdmissionConfig, TenantLoad, Verdict, decide
 from kvflow.router.workers.book import LOAD_INTERVAL_S, LoadReport, WorkerBook, WorkerFacts
-from kvflow.sim.worker import LoadReport as SimLoadReport
 
 __all__ = ["LOAD_INTERVAL_S", "RouterSide"]
 
 # The virtual cluster's traffic has no tenants: never over a share.
 _ONE_TENANT = TenantLoad(0, 1.0, 0, 1.0, 1)
-
-
-def to_load_report(load: SimLoadReport) -> LoadReport:
-    """A simulated worker's report as the router reads a Load answer (workers/convert.py);
-    its queue is unbounded."""
-    return LoadReport(
-        num_waiting=load.num_waiting,
-        num_running=load.num_running,
-        kv_usage=load.kv_usage,
-        queue_drain_rate_per_s=load.queue_drain_rate_per_s,
-        num_prefill_tokens=load.num_prefill_tokens,
-        num_decode_seqs=load.num_decode_seqs,
-        num_kv_tokens=load.num_kv_tokens,
-        kv_capacity_tokens=load.kv_capacity_tokens,
-        num_cached_tokens=load.num_cached_tokens,
-    )
 
 
 class RouterSide:
@@ -58,9 +41,9 @@ class RouterSide:
         self.book.add(worker_id, WorkerFacts(self.model, role, caches_prefixes=True),
                       is_healthy=True)  # fmt: skip
 
-    def poll(self, worker_id: WorkerId, load: SimLoadReport) -> None:
+    def poll(self, worker_id: WorkerId, load: LoadReport, at_s: float) -> None:
         """A Load answer (WorkerPool._monitor): no wait between asking and answering."""
-        self.book.apply_report(worker_id, to_load_report(load), load.at_s)
+        self.book.apply_report(worker_id, load, at_s)
 
     def apply_kv_events(self, worker_id: WorkerId, events: Sequence[KvEvent]) -> None:
         """A batch of the worker's KV events (KvEventFollower._apply)."""

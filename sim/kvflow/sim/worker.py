@@ -12,7 +12,6 @@ next step, as in the real engine loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from kvflow.engine_worker.core.engine import Engine, EngineConfig, RequestOutput
 from kvflow.engine_worker.core.kv_events import KvEvent
@@ -21,26 +20,8 @@ from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.sim.timing import StepTimer
 from kvflow.engine_worker.sim_runner import SimulatedRunner
 from kvflow.proto.step_model import StepTiming
+from kvflow.router.workers.book import LoadReport
 from kvflow.sim.events import EventQueue
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    """What the worker's Load RPC would answer (engine_loop's LoadSnapshot, in part)."""
-
-    num_waiting: int = 0
-    num_running: int = 0
-    kv_usage: float = 0.0
-    queue_drain_rate_per_s: float = 0.0  # admissions per second while backlogged; 0: unknown
-    # The load in tokens (the time-based router's view, types.WorkerView): prompt tokens
-    # not computed yet, requests past their prompt, the KV tokens those hold, the capacity.
-    num_prefill_tokens: int = 0
-    num_decode_seqs: int = 0
-    num_kv_tokens: int = 0
-    kv_capacity_tokens: int = 0
-    num_cached_tokens: int = 0
-    at_s: float = 0.0  # when the worker took this report (the end of its last step)
-
 
 StepDone = Callable[["SimWorker", list[RequestOutput], list[KvEvent]], None]
 
@@ -71,7 +52,9 @@ class SimWorker:
         self.engine = Engine(config, self.runner, clock=lambda: self._local_s)
         self._kv_capacity_tokens = config.num_kv_blocks * config.scheduler.block_size
         self._cached_at_add: dict[str, int] = {}  # request -> cached prompt tokens, until it runs
-        self.load = LoadReport(kv_capacity_tokens=self._kv_capacity_tokens)  # last step's
+        # The last step's report, as the router reads a Load answer, and when it was taken.
+        self.load = LoadReport(kv_capacity_tokens=self._kv_capacity_tokens)
+        self.load_at_s = 0.0
         self._is_stepping = False
         self.num_steps = 0
         self.busy_s = 0.0
@@ -176,17 +159,19 @@ class SimWorker:
             else:
                 num_decode += 1
                 num_kv += request.num_computed_tokens
-        self.load = LoadReport(
-            scheduler.num_waiting,
-            scheduler.num_running,
-            self.engine.kv_cache.pool.usage,
-            self.engine.queue_stats.drain_rate_per_s,
-            num_prefill,
-            num_decode,
-            num_kv,
-            self._kv_capacity_tokens,
-            self.engine.kv_cache.pool.num_cached_blocks * self.engine.kv_cache.block_size,
-            self._events.now_s,
+        self.load = LoadReport(  # a simulated worker's queue is unbounded
+            num_waiting=scheduler.num_waiting,
+            num_running=scheduler.num_running,
+            kv_usage=self.engine.kv_cache.pool.usage,
+            queue_drain_rate_per_s=self.engine.queue_stats.drain_rate_per_s,
+            num_prefill_tokens=num_prefill,
+            num_decode_seqs=num_decode,
+            num_kv_tokens=num_kv,
+            kv_capacity_tokens=self._kv_capacity_tokens,
+            num_cached_tokens=(
+                self.engine.kv_cache.pool.num_cached_blocks * self.engine.kv_cache.block_size
+            ),
         )
+        self.load_at_s = self._events.now_s
         self._on_step_done(self, outputs, kv_events)
         self.kick()

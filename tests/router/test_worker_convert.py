@@ -47,11 +47,12 @@ def test_generate_input_with_and_without_remote_prefill() -> None:
     assert (request.request_id, list(request.prompt_token_ids)) == ("r-c0-a0", [1, 2, 3])
     ctx = request.context
     assert (ctx.cache_salt, ctx.priority, ctx.num_public_blocks, ctx.tenant) == ("salt", 2, 1, "")
-    # The deprecated loose fields stay empty: a worker reads them only without a context.
-    assert (request.cache_salt, request.priority, request.tenant) == ("", 0, "")
+    # The deprecated loose copies too, for workers that predate RequestContext (a worker
+    # that knows it reads the context).
+    assert (request.cache_salt, request.priority, request.num_public_blocks) == ("salt", 2, 1)
     assert not request.HasField("remote_prefill")
     acme = replace(g, context=WorkerContext("salt", tenant="acme"))
-    assert to_generate_request(acme).context.tenant == "acme"
+    assert to_generate_request(acme).context.tenant == to_generate_request(acme).tenant == "acme"
     request = to_generate_request(replace(g, remote_prefill_timeout_s=2.5))
     assert request.remote_prefill.version == pb.KV_HANDOFF_VERSION_1
     assert request.remote_prefill.timeout_s == 2.5
@@ -71,6 +72,7 @@ def test_responses_become_chunks_and_reservations() -> None:
     # The prefill half carries the same context as its decode half.
     decode = to_generate_request(GenerateInput("r", [1], SAMPLING, context))
     assert prefill.context == decode.context
+    assert (prefill.cache_salt, prefill.priority, prefill.tenant) == ("s", 1, "acme")
 
     final = pb.GenerateResponse(
         token_ids=[4, 5],

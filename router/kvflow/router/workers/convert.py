@@ -56,6 +56,14 @@ def to_request_context(c: WorkerContext) -> pb.RequestContext:
                              num_public_blocks=c.num_public_blocks)  # fmt: skip
 
 
+def _copy_legacy(c: WorkerContext, request: pb.GenerateRequest | pb.PrefillRequest) -> None:
+    """The context's deprecated loose copies, filled while workers that predate
+    RequestContext may be in a pool: such a worker reads only these, and without them it
+    would run every tenant under one empty cache salt during a rolling upgrade."""
+    request.tenant, request.cache_salt = c.tenant, c.cache_salt
+    request.priority, request.num_public_blocks = c.priority, c.num_public_blocks
+
+
 def to_generate_request(g: GenerateInput) -> pb.GenerateRequest:
     request = pb.GenerateRequest(
         request_id=g.request_id,
@@ -63,6 +71,7 @@ def to_generate_request(g: GenerateInput) -> pb.GenerateRequest:
         sampling=to_sampling_params(g.sampling),
         context=to_request_context(g.context),
     )
+    _copy_legacy(g.context, request)
     constraint = g.sampling.constraint
     if constraint is not None:
         out = request.structured_output
@@ -99,12 +108,14 @@ def from_generate_response(message: pb.GenerateResponse) -> TokenChunk | KvReser
 
 
 def to_prefill_request(p: PrefillInput, destination: KvReservation) -> pb.PrefillRequest:
-    return pb.PrefillRequest(
+    request = pb.PrefillRequest(
         request_id=p.request_id,
         prompt_token_ids=p.prompt_token_ids,
         context=to_request_context(p.context),
         destination=pb.KvReservation.FromString(destination.wire),
     )
+    _copy_legacy(p.context, request)
+    return request
 
 
 def from_prefill_response(r: pb.PrefillResponse) -> PrefillResult:

@@ -32,12 +32,29 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_roofline import decode_weights, log, new_engine
+from engine_roofline import log, new_engine
 
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.model.loader import load_model
 
 MODEL_DIR = Path("engine_worker/kvflow/engine_worker/model")
+
+
+def decode_weights(model: Any) -> list[torch.Tensor]:
+    """Every (widened) matrix one decode step multiplies by, in the order the model does."""
+    weights: list[torch.Tensor] = []
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        weights += [
+            attn.qkv_proj.weight,
+            attn.o_proj.weight,
+            mlp.gate_up_proj.weight,
+            mlp.down_proj.weight,
+        ]
+    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    assert head.weight is not None, "the A/B measures widened weights"
+    weights.append(head.weight)
+    return weights
 
 
 def _load(name: str, path: Path) -> ModuleType:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kvflow.router.api import app as app_module
-from kvflow.router.api import completions
+from kvflow.router.api import completions, respond
 from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.cli import main as router_main
@@ -103,7 +103,7 @@ def install_stage_timers() -> None:
     completions.read_json_body = _timed_async("read_body", completions.read_json_body)  # type: ignore[assignment]
     PromptBuilder.chat = _timed_sync("template_and_tokenize", PromptBuilder.chat)  # type: ignore[method-assign]
     QuotaService.admit = _timed_async("quota_admit", QuotaService.admit)  # type: ignore[method-assign]
-    completions._collect = _timed_async("collect", completions._collect)  # type: ignore[assignment]
+    respond._collect = _timed_async("collect", respond._collect)  # type: ignore[assignment]
     GenerationService._plan = _timed_sync("routing_decision", GenerationService._plan)  # type: ignore[method-assign]
     PlanExecutor.run = _timed_async("worker_stream", PlanExecutor.run)  # type: ignore[method-assign]
     Accounting.finish = _timed_async("quota_settle", Accounting.finish)  # type: ignore[method-assign]

@@ -14,6 +14,13 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_PREFILL: _ClassVar[Role]
     ROLE_DECODE: _ClassVar[Role]
 
+class PriorityClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_CLASS_UNSPECIFIED: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_REALTIME: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_NORMAL: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_BATCH: _ClassVar[PriorityClass]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -43,6 +50,10 @@ ROLE_UNSPECIFIED: Role
 ROLE_COLOCATED: Role
 ROLE_PREFILL: Role
 ROLE_DECODE: Role
+PRIORITY_CLASS_UNSPECIFIED: PriorityClass
+PRIORITY_CLASS_REALTIME: PriorityClass
+PRIORITY_CLASS_NORMAL: PriorityClass
+PRIORITY_CLASS_BATCH: PriorityClass
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -124,16 +135,18 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., context: _Optional[_Union[RequestContext, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ..., remote_prefill: _Optional[_Union[RemotePrefillParams, _Mapping]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class RequestContext(_message.Message):
-    __slots__ = ("tenant", "cache_salt", "priority", "num_public_blocks")
+    __slots__ = ("tenant", "cache_salt", "priority", "num_public_blocks", "priority_class")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     NUM_PUBLIC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     cache_salt: str
     priority: int
     num_public_blocks: int
-    def __init__(self, tenant: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ...) -> None: ...
+    priority_class: PriorityClass
+    def __init__(self, tenant: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., num_public_blocks: _Optional[int] = ..., priority_class: _Optional[_Union[PriorityClass, str]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "lark", "ebnf")

@@ -1,0 +1,115 @@
+"""The degradation ladder: which cheaper answers a model gives now (pure, clock passed in).
+
+A model's ladder lists steps in the order to take them. While its SLO signals are hot (a
+burn rate over ``engage_burn`` or queue time over ``engage_queue_s``) for ``engage_after_s``,
+the next step is taken; while they are calm (every burn under ``release_burn`` and queue time
+under ``release_queue_s``) for ``release_after_s``, the last step taken is reverted. Between
+hot and calm the ladder holds: the two thresholds apart are the hysteresis that keeps it from
+flapping, and one step per dwell lets each step show its effect before the next.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvflow.router.degrade.signals import SloSignals
+
+
+class Step(enum.StrEnum):
+    """The steps the guides name, cheapest to the user first."""
+
+    CAP_MAX_TOKENS = "cap_max_tokens"  # generate at most max_tokens_cap tokens
+    DROP_EXTRAS = "drop_extras"  # no tools, structured output or logprobs
+    FALLBACK_MODEL = "fallback_model"  # route to the model's smaller or quantized fallback
+    RESPONSE_CACHE = "response_cache"  # answer from the response cache where one exists
+    QUEUE_WITH_DEADLINE = "queue_with_deadline"  # wait for capacity up to a deadline, not fail
+
+
+STEP_WORDS: tuple[str, ...] = tuple(s.value for s in Step)
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    steps: tuple[Step, ...] = ()
+    engage_burn: float = 2.0
+    release_burn: float = 0.5
+    engage_queue_s: float = 2.0
+    release_queue_s: float = 0.5
+    engage_after_s: float = 10.0
+    release_after_s: float = 30.0
+    min_requests: int = 5  # fewer requests in the window than this: signals are noise, hold
+
+    def __post_init__(self) -> None:
+        if len(set(self.steps)) != len(self.steps):
+            raise ValueError(f"a ladder lists each step once, got {[s.value for s in self.steps]}")
+        if self.release_burn > self.engage_burn or self.release_queue_s > self.engage_queue_s:
+            raise ValueError("release thresholds must not exceed engage thresholds (hysteresis)")
+        if self.engage_after_s < 0 or self.release_after_s < 0:
+            raise ValueError("dwell times must be >= 0")
+
+
+@dataclass(frozen=True)
+class Transition:
+    at_s: float
+    step: Step
+    action: Literal["engaged", "released"]
+    level: int  # steps active after this transition
+    reason: str
+
+
+@dataclass
+class DegradationLadder:
+    config: LadderConfig
+    level: int = 0
+    _hot_since_s: float | None = field(default=None, repr=False)
+    _calm_since_s: float | None = field(default=None, repr=False)
+
+    @property
+    def active(self) -> tuple[Step, ...]:
+        return self.config.steps[: self.level]
+
+    def is_active(self, step: Step) -> bool:
+        return step in self.active
+
+    def observe(self, now_s: float, signals: SloSignals) -> Transition | None:
+        """Feed the model's current signals; returns the step taken or reverted, if any."""
+        cfg = self.config
+        hot = signals.requests >= cfg.min_requests and (
+            signals.ttft_burn > cfg.engage_burn
+            or signals.tpot_burn > cfg.engage_burn
+            or signals.queue_p90_s > cfg.engage_queue_s
+        )
+        calm = (
+            signals.ttft_burn < cfg.release_burn
+            and signals.tpot_burn < cfg.release_burn
+            and signals.queue_p90_s < cfg.release_queue_s
+        )
+        if hot:
+            self._calm_since_s = None
+            self._hot_since_s = now_s if self._hot_since_s is None else self._hot_since_s
+            if self.level < len(cfg.steps) and now_s - self._hot_since_s >= cfg.engage_after_s:
+                self.level += 1
+                self._hot_since_s = now_s  # the next step waits a full dwell
+                return Transition(
+                    now_s, cfg.steps[self.level - 1], "engaged", self.level, _why(signals)
+                )
+            return None
+        self._hot_since_s = None
+        if not calm or self.level == 0:
+            self._calm_since_s = None if not calm else self._calm_since_s
+            return None
+        self._calm_since_s = now_s if self._calm_since_s is None else self._calm_since_s
+        if now_s - self._calm_since_s >= cfg.release_after_s:
+            self.level -= 1
+            self._calm_since_s = now_s
+            return Transition(now_s, cfg.steps[self.level], "released", self.level, _why(signals))
+        return None
+
+
+def _why(s: SloSignals) -> str:
+    return (
+        f"TTFT burn {s.ttft_burn:.2f}, TPOT burn {s.tpot_burn:.2f}, "
+        f"queue P90 {s.queue_p90_s:.2f} s over {s.requests} requests"
+    )

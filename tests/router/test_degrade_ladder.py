@@ -1,0 +1,85 @@
+"""The degradation ladder climbs one step per hot dwell and reverts one per calm dwell."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvflow.router.degrade.ladder import DegradationLadder, LadderConfig, Step
+from kvflow.router.degrade.signals import SloSignals, SloTargets, SloWindow
+
+HOT = SloSignals(ttft_burn=5.0, tpot_burn=0.0, queue_p90_s=0.0, requests=50)
+WARM = SloSignals(ttft_burn=1.0, tpot_burn=0.0, queue_p90_s=0.0, requests=50)
+CALM = SloSignals(ttft_burn=0.1, tpot_burn=0.1, queue_p90_s=0.1, requests=50)
+STEPS = (Step.CAP_MAX_TOKENS, Step.DROP_EXTRAS, Step.FALLBACK_MODEL)
+
+
+def ladder() -> DegradationLadder:
+    return DegradationLadder(LadderConfig(steps=STEPS, engage_after_s=10, release_after_s=30))
+
+
+def test_hot_signals_take_one_step_per_dwell_in_order() -> None:
+    lad = ladder()
+    assert lad.observe(0, HOT) is None
+    assert lad.observe(9, HOT) is None
+    t = lad.observe(10, HOT)
+    assert t is not None and (t.step, t.action, t.level) == (Step.CAP_MAX_TOKENS, "engaged", 1)
+    assert lad.observe(15, HOT) is None  # the next step waits a full dwell
+    t = lad.observe(20, HOT)
+    assert t is not None and t.step is Step.DROP_EXTRAS
+    lad.observe(30, HOT)
+    assert lad.active == STEPS
+    assert lad.observe(100, HOT) is None  # no step past the last
+
+
+def test_calm_signals_revert_the_last_step_first_and_warm_ones_hold() -> None:
+    lad = ladder()
+    for now in (0, 10, 20):
+        lad.observe(now, HOT)
+    assert lad.level == 2
+    assert lad.observe(21, WARM) is None  # between thresholds: hold
+    assert lad.observe(200, WARM) is None and lad.level == 2
+    assert lad.observe(201, CALM) is None
+    t = lad.observe(231, CALM)
+    assert t is not None and (t.step, t.action, t.level) == (Step.DROP_EXTRAS, "released", 1)
+    assert lad.observe(240, CALM) is None
+    t = lad.observe(261, CALM)
+    assert t is not None and t.step is Step.CAP_MAX_TOKENS and lad.level == 0
+
+
+def test_a_blip_of_heat_inside_the_calm_dwell_restarts_it() -> None:
+    lad = ladder()
+    lad.observe(0, HOT)
+    lad.observe(10, HOT)
+    lad.observe(11, CALM)
+    lad.observe(30, HOT)
+    assert lad.observe(45, CALM) is None
+    assert lad.observe(70, CALM) is None and lad.level == 1  # 25 s calm, not 30
+    assert lad.observe(75, CALM) is not None and lad.level == 0
+
+
+def test_too_few_requests_never_climb() -> None:
+    lad = ladder()
+    few = SloSignals(ttft_burn=9.0, tpot_burn=9.0, queue_p90_s=9.0, requests=2)
+    for now in range(0, 100, 5):
+        assert lad.observe(now, few) is None
+
+
+def test_config_rejects_repeated_steps_and_inverted_hysteresis() -> None:
+    with pytest.raises(ValueError, match="once"):
+        LadderConfig(steps=(Step.CAP_MAX_TOKENS, Step.CAP_MAX_TOKENS))
+    with pytest.raises(ValueError, match="hysteresis"):
+        LadderConfig(engage_burn=1.0, release_burn=2.0)
+
+
+def test_window_burn_rates_and_queue_p90() -> None:
+    win = SloWindow(SloTargets(ttft_s=1.0, tpot_s=0.05, percentile=90), window_s=10)
+    for i in range(10):
+        win.record(i * 0.5, ttft_s=2.0 if i < 3 else 0.2, tpot_s=0.01, queue_s=float(i))
+    s = win.signals(5.0)
+    assert s.requests == 10
+    assert s.ttft_burn == pytest.approx(0.3 / 0.1)
+    assert s.tpot_burn == 0.0
+    assert s.queue_p90_s == 9.0
+    win.record(5.0, ttft_s=None, tpot_s=None)  # refused: late, no TPOT
+    assert win.signals(5.0).ttft_burn == pytest.approx(4 / 11 / 0.1)
+    assert win.signals(100.0) == SloSignals.calm()  # the window forgets

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.proto.block_hash import BlockHash
+from kvflow.proto.priority_class import PriorityClass
 
 
 class FinishReason(enum.Enum):
@@ -60,6 +61,9 @@ class Request:
     # Whose share of the worker this request uses (fair_queue.py); the cache salt when the
     # caller names none, which the router makes unique per tenant.
     tenant: str = ""
+    # Above tenants' shares: the scheduler runs a more urgent class first and preempts a less
+    # urgent one's KV before its own (kvflow.proto.priority_class).
+    priority_class: PriorityClass = PriorityClass.NORMAL
     # PD, decode side: wait for a prefill worker to send the prompt blocks this worker lacks.
     wants_remote_kv: bool = False
     # PD, prefill side: compute the prompt's KV (no sampling), then send blocks from this

@@ -33,6 +33,7 @@ disaggregation:                                   # pools with prefill and decod
   transfer_timeout_s: 30.0                        # the longest wait of each handoff step
 pools: [...]                                      # several models: models/pools.py
 models: [...]                                     # public names -> pools: models/routes.py
+degradation: {...}                                # per model, its ladder: degrade/config.py
 prices:                                           # per served model, USD per million tokens
   smollm2-135m-instruct: {input_usd_per_million_tokens: 0.15,
                           cached_input_usd_per_million_tokens: 0.075,
@@ -58,6 +59,7 @@ from kvflow.router.api.http_limits import (
 )
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
+from kvflow.router.degrade.config import DegradationSpec, parse_degradation
 from kvflow.router.models.pools import PoolSpec, parse_pools
 from kvflow.router.models.routes import ModelRoutes, parse_models
 from kvflow.router.protocol.limits import RequestLimits
@@ -113,6 +115,8 @@ class RouterConfig:
     models: ModelRoutes = field(default_factory=ModelRoutes)  # public names -> pools
     # Served model name -> its prices (tenants/money.py); a model not listed costs nothing.
     prices: Mapping[str, ModelPrices] = field(default_factory=dict)
+    # Public model name -> its degradation ladder (degrade/config.py); {}: off for all.
+    degradation: Mapping[str, DegradationSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,7 @@ def parse_config(raw: object) -> RouterConfig:
             "pools",
             "models",
             "prices",
+            "degradation",
         },
         "the configuration",
     )
@@ -224,6 +229,8 @@ def parse_config(raw: object) -> RouterConfig:
     pools = parse_pools(raw.get("pools"), disaggregation)
     if raw.get("models") is not None and not pools:
         raise ConfigError("models routes public names to pools: it needs a pools section")
+    models = parse_models(raw.get("models"), [p.name for p in pools])
+    served_names = [p.served_model_name for p in pools if p.served_model_name] if pools else None
     return RouterConfig(
         weights=weights,
         session_header=str(routing.get("session_header", DEFAULT_SESSION_HEADER)).lower(),
@@ -235,8 +242,9 @@ def parse_config(raw: object) -> RouterConfig:
         max_tokens=parse_max_tokens_limits(limits, "limits", ConfigError),
         **_sampling(section(raw, "sampling")),
         pools=pools,
-        models=parse_models(raw.get("models"), [p.name for p in pools]),
+        models=models,
         prices=parse_prices(raw.get("prices"), ConfigError),
+        degradation=parse_degradation(raw.get("degradation"), models, served_names),
     )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvflow.router.api.gateway import Gateway
+from kvflow.router.degrade.service import RequestDegradation
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
@@ -43,6 +44,8 @@ class Accounting:
     served_model: str = ""
     # Called once when the request ends (the tenant's in-flight count, serving/tenant_gate.py).
     on_finish: Callable[[], None] | None = None
+    # Its model's degradation ladder, fed this request's timings (degrade/service.py).
+    degradation: RequestDegradation | None = None
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -96,9 +99,13 @@ class Accounting:
         finished_s = time.perf_counter()
         metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
         first_token_s = self.trace.first_token_s
+        tpot_s = None
         if first_token_s is not None and usage.completion_tokens >= 2:
             tpot_s = (finished_s - first_token_s) / (usage.completion_tokens - 1)
             metrics.tpot_s.labels(self.served_model).observe(tpot_s)
+        if self.degradation is not None:
+            ttft_s = None if first_token_s is None else first_token_s - self.trace.arrival_s
+            self.degradation.finished(ttft_s, tpot_s)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", self.log_line(usage, finished_s, spend))
         await self.gateway.quotas.finish(

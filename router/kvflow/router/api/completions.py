@@ -42,7 +42,15 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     context = TenantContext(
         tenant_for_request(tenant, body), request.headers.get(gw.session_header)
     )
-    started = await start_job(request, gw, parsed, context)
+    # The model's active degradation steps (degrade/service.py): a capped, plainer request,
+    # maybe for its fallback model; its refusals and timings feed the model's ladder.
+    degradation = gw.degradation.plan(parsed, context.tenant)
+    parsed = degradation.request
+    try:
+        started = await start_job(request, gw, parsed, context, degradation)
+    except BaseException as exc:
+        degradation.refused(exc)
+        raise
     job, accounting = started.job, started.accounting
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = started.backend.service.run(
         job.caller, job.specs(), job.trace, buffered=not parsed.stream

@@ -19,6 +19,7 @@ from kvflow.router.api.backend import (
     PoolSource,
     build_backend,
 )
+from kvflow.router.degrade.service import Degradation
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
 from kvflow.router.protocol.errors import (
@@ -70,6 +71,8 @@ class Gateway:
     )
     # Draws a weighted target for a request without a session (seeded by --seed).
     rng: random.Random = field(default_factory=random.Random)
+    # Each configured model's degradation ladder (degrade/service.py); none: off.
+    degradation: Degradation = field(default_factory=lambda: Degradation({}))
 
     @property
     def session_header(self) -> str:
@@ -84,8 +87,10 @@ class Gateway:
         self.quotas.start()
         for backend in self.backends:
             await backend.start()
+        self.degradation.start()
 
     async def stop(self) -> None:
+        await self.degradation.stop()
         await asyncio.gather(*(b.stop() for b in self.backends))
         await self.quotas.stop()
         if self.redis is not None:
@@ -250,4 +255,5 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         routes=config.models,
         tenants=tenants,
         rng=random.Random(settings.seed),
+        degradation=Degradation(config.degradation, metrics.registry),
     )

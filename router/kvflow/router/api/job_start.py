@@ -27,6 +27,7 @@ from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.backend import PoolBackend
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
+from kvflow.router.degrade.service import RequestDegradation
 from kvflow.router.protocol.errors import ApiError, rate_limited
 from kvflow.router.protocol.requests import (
     ChatRequest,
@@ -71,12 +72,17 @@ class StartedJob:
 
 
 async def start_job(
-    request: Request, gw: Gateway, parsed: ChatRequest | CompletionRequest, tenant: TenantContext
+    request: Request,
+    gw: Gateway,
+    parsed: ChatRequest | CompletionRequest,
+    tenant: TenantContext,
+    degradation: RequestDegradation | None = None,
 ) -> StartedJob:
     """Route, gate, prepare and admit ``parsed``; raises the ApiError of the first refusal.
     Once past the gates the request counts as in flight (the tenant's concurrency here,
     admission control) until its accounting finishes."""
     trace = _trace(request)
+    degradation = degradation or RequestDegradation(parsed)  # none configured: no steps
     route = gw.route(parsed.model, tenant.tenant, tenant.session_id)
     backend, served_name = route.backend, route.served_name
     setattr(request.state, SERVED_MODEL_STATE, served_name)
@@ -93,7 +99,7 @@ async def start_job(
         floor = reservation_floor(num_prompts, parsed.sampling, policy)
         _raise_unless_admitted(gw, tenant, await gw.quotas.check(tenant.tenant, floor))
         if backend.admission is not None:  # 503/429 from the workers' queues
-            backend.admission.check(tenant.tenant, served_name)
+            await degradation.admit(backend.admission, tenant.tenant, served_name)
             in_flight.enter_context(backend.admission.in_flight(tenant.tenant))
             trace.is_admitted = True
         prompts = await _prepare_pool(request, gw).run(
@@ -108,6 +114,7 @@ async def start_job(
             policy=policy,
             is_chat=isinstance(parsed, ChatRequest),
         )
+        budget = degradation.cap(budget, prompt_lens, sampling.n)  # cap_max_tokens
         lease, admission = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
     except BaseException:
         in_flight.close()
@@ -129,10 +136,13 @@ async def start_job(
         # gateway without tenants); anyone else asking gets the answer without them.
         wants_route=ROUTE_DEBUG_HEADER in request.headers and tenant.is_admin,
         budget_warning=admission.budget_warning,
+        degraded=degradation.header,
     )
     if admission.warning_budget is not None:
         gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()
-    return StartedJob(job, backend, _accounting(gw, job, lease, on_finish=in_flight.close))
+    accounting = _accounting(gw, job, lease, on_finish=in_flight.close)
+    accounting.degradation = degradation
+    return StartedJob(job, backend, accounting)
 
 
 def _accounting(

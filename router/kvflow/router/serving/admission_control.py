@@ -99,6 +99,12 @@ class AdmissionControl:
             retry_after_s=verdict.retry_after_s,
         )
 
+    def peek(self, tenant: Tenant, model: str) -> Verdict:
+        """What `check` would answer now, counting and raising nothing: for a request that
+        waits for capacity (degrade/service.py, queue_with_deadline) and asks again."""
+        queues, num_unseen = self.eligible_queues(model)
+        return decide(queues, num_unseen, self.tenant_load(tenant), self.config)
+
     @contextlib.contextmanager
     def in_flight(self, tenant: Tenant) -> Iterator[None]:
         """Count one of the tenant's requests as in flight at this router meanwhile."""

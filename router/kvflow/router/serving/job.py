@@ -63,6 +63,8 @@ class CompletionJob:
     wants_route: bool = False
     # Admitted past a budget's warning fraction: the header's text (api/job_start.py).
     budget_warning: str | None = None
+    # The degradation steps that changed this request: the header's text (degrade/).
+    degraded: str | None = None
 
     @property
     def is_chat(self) -> bool:

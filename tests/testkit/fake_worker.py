@@ -78,6 +78,10 @@ class FakeWorker(pb_grpc.WorkerServicer):
     mode: str = "ok"
     die_after: int = 2
     num_running: int = 0  # reported by Load: makes this worker look busy
+    # Reported by Load: a waiting queue at its bound (num_waiting >= max_waiting_requests
+    # > 0) is one admission control refuses to add to (a 503).
+    num_waiting: int = 0
+    max_waiting_requests: int = 0
     token_delay_s: float = 0.0
     max_model_len: int = 2048
     role: int = pb.ROLE_COLOCATED
@@ -261,7 +265,11 @@ class FakeWorker(pb_grpc.WorkerServicer):
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:  # noqa: N802
         # As the engine reports it: running requests decode (the time scorer reads tokens).
         return pb.LoadResponse(
-            num_running=self.num_running, num_decode_seqs=self.num_running, num_total_blocks=1024
+            num_running=self.num_running,
+            num_decode_seqs=self.num_running,
+            num_total_blocks=1024,
+            num_waiting=self.num_waiting,
+            max_waiting_requests=self.max_waiting_requests,
         )
 
     async def SubscribeKvEvents(  # noqa: N802

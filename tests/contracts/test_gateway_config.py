@@ -141,3 +141,42 @@ def test_the_router_charges_each_pools_prices_exactly() -> None:
     )
     config = parse_config(yaml.safe_load(configmap["data"][CONFIG_KEY]))
     assert config.prices == {"smollm2-v3": expected}
+
+
+def test_the_router_reads_each_models_degradation_ladder() -> None:
+    from kvflow.router.degrade.ladder import Step
+
+    ladder = {"steps": ["cap_max_tokens", "drop_extras", "fallback_model", "queue_with_deadline"],
+              "slo": {"ttftTargetMs": 500, "tpotTargetMs": 50, "percentile": 95},
+              "engageAfterSeconds": 5, "maxTokensCap": 256, "fallbackModel": "smollm2-small",
+              "queueDeadlineSeconds": 4}  # fmt: skip
+    resolution = resolve(
+        [
+            model("smollm2", {"v1": 1}, aliases=["chat"], degradation=ladder),
+            model("smollm2-small", {"v2": 1}),
+            # A fallback this gateway does not serve: that step is left out, and reported.
+            model("pinned", {"v2": 1}, degradation={**ladder, "fallbackModel": "gone"}),
+        ],
+        POOLS,
+    )
+    assert [p.reason for p in resolution.problems] == ["FallbackModelNotServed"]
+    assert "'gone' is not served by this gateway" in resolution.problems[0].message
+    spec = from_json(gw.InferenceGatewaySpec, {"router": {"redis": {"url": "redis://r:6379"}}})
+    configmap, *_ = desired_gateway_children(
+        GATEWAY, spec, Images(worker="w", router="r"), resolution, POOLS
+    )
+    config = parse_config(yaml.safe_load(configmap["data"][CONFIG_KEY]))
+    big = config.degradation["smollm2"]
+    assert big.names == {"smollm2", "chat"}
+    assert big.ladder.steps == (Step.CAP_MAX_TOKENS, Step.DROP_EXTRAS, Step.FALLBACK_MODEL,
+                                Step.QUEUE_WITH_DEADLINE)  # fmt: skip
+    assert (big.targets.ttft_s, big.targets.tpot_s, big.targets.percentile) == (0.5, 0.05, 95)
+    assert (big.ladder.engage_after_s, big.ladder.release_after_s) == (5, 30)  # the default
+    assert (big.max_tokens_cap, big.fallback_model, big.queue_deadline_s) == (
+        256,
+        "smollm2-small",
+        4,
+    )
+    pinned = config.degradation["pinned"]
+    assert Step.FALLBACK_MODEL not in pinned.ladder.steps and pinned.fallback_model is None
+    assert "smollm2-small" not in config.degradation  # no ladder: never degraded

@@ -19,6 +19,7 @@ from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, cel, field
 from kvflow.operator.api.v1alpha1 import ROUTER_AUTH_RULES, RouterSpec
+from kvflow.operator.api.v1alpha1_degradation import DegradationSpec
 from kvflow.operator.api.v1alpha1_status import Condition
 
 GATEWAY_KIND = "InferenceGateway"
@@ -110,6 +111,11 @@ class InferenceModelSpec:
         list_set=True,
         item_pattern=_ALIAS_PATTERN,
         item_max_length=128,
+    )
+    degradation: DegradationSpec | None = field(
+        """Cheaper answers while the model's SLO burns (docs/router.md, "When demand
+        exceeds supply"). Unset: the model is never degraded.""",
+        None,
     )
 
 

@@ -21,6 +21,7 @@ import yaml
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json
+from kvflow.operator.api.v1alpha1_degradation import DegradationSpec
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.gateway_models import Resolution
 from kvflow.operator.builders.names import (
@@ -189,7 +190,33 @@ def gateway_config(
         }
         for m in resolution.models
     ]
+    if resolution.degradations:
+        config["degradation"] = {
+            name: degradation_entry(d) for name, d in resolution.degradations.items()
+        }
     return config
+
+
+def degradation_entry(d: DegradationSpec) -> dict[str, Json]:
+    """A model's `degradation:` entry, in the router's words (kvflow.router.degrade.config)."""
+    entry: dict[str, Json] = {
+        "steps": list(d.steps),
+        "ttft_slo_s": d.slo.ttft_target_ms / 1000,
+        "tpot_slo_s": d.slo.tpot_target_ms / 1000,
+        "slo_percentile": d.slo.percentile,
+        "window_s": d.window_seconds,
+        "engage_burn": d.engage_burn,
+        "release_burn": d.release_burn,
+        "engage_queue_s": d.engage_queue_seconds,
+        "release_queue_s": d.release_queue_seconds,
+        "engage_after_s": d.engage_after_seconds,
+        "release_after_s": d.release_after_seconds,
+        "min_requests": d.min_requests,
+    }
+    optional = {"max_tokens_cap": d.max_tokens_cap, "fallback_model": d.fallback_model,
+                "queue_deadline_s": d.queue_deadline_seconds}  # fmt: skip
+    entry.update({k: v for k, v in optional.items() if v is not None})
+    return entry
 
 
 def config_text(config: Mapping[str, Json]) -> str:

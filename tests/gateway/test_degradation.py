@@ -7,6 +7,7 @@ queue_with_deadline step, under which a request waits for capacity up to its dea
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from testkit.fake_worker import FakeWorker, running_fake_worker
 from testkit.gateway_process import GatewayProcess, running_gateway
 from testkit.scrape import sample
 
+from kvflow.router.api.gateway import build_gateway
+from kvflow.router.settings import RouterSettings, parse_config
 from kvflow.router.text.model_files import load_text_model
 
 pytestmark = pytest.mark.integration
@@ -140,8 +143,9 @@ def test_a_full_cluster_waits_for_capacity_up_to_the_deadline(tmp_path: Path) ->
     path.write_text(yaml.safe_dump(config))
     with (
         running_fake_worker(worker) as address,
-        running_gateway(["--workers", address, "--config", str(path),
-                         "--admission-poll-interval-s", "0.1"]) as g,  # fmt: skip
+        running_gateway(
+            ["--workers", address, "--config", str(path), "--admission-poll-interval-s", "0.1"]
+        ) as g,  # fmt: skip
     ):
         g.wait_ready(num_workers=1)
         url = f"{g.base_url}/chat/completions"
@@ -182,3 +186,16 @@ def test_a_full_cluster_waits_for_capacity_up_to_the_deadline(tmp_path: Path) ->
         started_s = time.monotonic()
         assert httpx.post(url, json=body, timeout=30).status_code == 503
         assert time.monotonic() - started_s < 1.0
+
+
+def test_a_ladder_for_a_name_the_one_pool_does_not_serve_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without pools the served name may come from the workers, so the config cannot check
+    it; with --served-model-name the gateway can, and says so at startup."""
+    ladder = {"steps": ["drop_extras"], "ttft_slo_s": 1, "tpot_slo_s": 1}
+    config = parse_config({"degradation": {"fake": ladder, "typo": ladder}})
+    with caplog.at_level(logging.WARNING, "kvflow.router"):
+        build_gateway(RouterSettings(served_model_name="fake", config=config))
+    assert "degradation.typo names no model this gateway serves" in caplog.text
+    assert "degradation.fake" not in caplog.text

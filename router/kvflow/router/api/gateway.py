@@ -238,6 +238,11 @@ def build_gateway(settings: RouterSettings) -> Gateway:
                            salt_secret=settings.cache_salt_secret,
                            on_reload_failure=metrics.tenants_reload_failures.inc)  # fmt: skip
     metrics.tenants_stale.set_function(lambda: float(tenants.is_stale))
+    served = settings.served_model_name
+    for model in config.degradation if not config.pools and served is not None else ():
+        if model != served:  # with pools the config's check is exact (degrade/config.py)
+            log.warning("degradation.%s names no model this gateway serves (it serves %r): "
+                        "that ladder never applies", model, served)  # fmt: skip
     if tenants.current.is_open:
         log.warning("no tenants configured: the gateway accepts any API key (one shared cache)")
     elif settings.cache_salt_secret is None:

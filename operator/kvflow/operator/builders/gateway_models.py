@@ -10,10 +10,11 @@ InferenceModel keeps a contested name, so a newcomer cannot take a name that ser
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.v1alpha1_degradation import DegradationSpec, DegradationStep
 from kvflow.operator.api.v1alpha1_gateway import (
     InferenceModelSpec,
     ResolvedModel,
@@ -59,6 +60,8 @@ class Resolution:
     pools: tuple[str, ...]  # pools any served model targets, sorted
     verdicts: Mapping[str, ModelVerdict]  # by InferenceModel name
     problems: tuple[GatewayProblem, ...]  # for the gateway's Degraded condition
+    # Public model name -> its degradation ladder, for the router config's `degradation:`.
+    degradations: Mapping[str, DegradationSpec] = field(default_factory=dict)
 
 
 def resolve(
@@ -102,7 +105,38 @@ def resolve(
         )
         verdicts[model.name] = ModelVerdict(True, "Accepted", "; ".join(w for _, w in why), missing)
     used = sorted({t.pool for m in resolved for t in m.targets})
-    return Resolution(tuple(resolved), tuple(used), verdicts, tuple(problems))
+    served = {n for m in resolved for n in (m.name, *m.aliases)}
+    served |= {pools[p].model.served_name for p in used}
+    accepted = [m for m in models if verdicts[m.name].accepted]
+    degradations = _degradations(accepted, served, problems)
+    return Resolution(tuple(resolved), tuple(used), verdicts, tuple(problems), degradations)
+
+
+def _degradations(
+    models: Sequence[ModelObject], served: set[str], problems: list[GatewayProblem]
+) -> dict[str, DegradationSpec]:
+    """The accepted models' ladders. The router refuses a fallback it does not serve (or
+    the model itself): that step is left out and reported, the rest of the ladder kept."""
+    out: dict[str, DegradationSpec] = {}
+    for model in models:
+        spec = model.spec.degradation
+        if spec is None:
+            continue
+        fallback = spec.fallback_model
+        own = {model.public_name, *model.spec.aliases}
+        if fallback is not None and (fallback not in served or fallback in own):
+            why = "is the model itself" if fallback in own else "is not served by this gateway"
+            problems.append(GatewayProblem(
+                "FallbackModelNotServed",
+                f"InferenceModel {model.name}: degradation.fallbackModel {fallback!r} {why}; "
+                "its fallback_model step is left out",
+            ))  # fmt: skip
+            steps: list[DegradationStep] = [s for s in spec.steps if s != "fallback_model"]
+            spec = replace(spec, steps=steps, fallback_model=None)
+            if not steps:
+                continue
+        out[model.public_name] = spec
+    return out
 
 
 def _targets(

@@ -34,7 +34,7 @@ CAP = 7
 LEVEL = "kvflow_router_degradation_level"
 TRANSITIONS = "kvflow_router_degradation_transitions_total"
 # Small windows and dwells, so the ladder moves within seconds.
-FAST_LADDER = {"ttft_slo_s": 0.1, "tpot_slo_s": 10.0, "window_s": 1.5, "engage_after_s": 0.3,
+FAST_LADDER = {"ttft_slo_s": 0.1, "tpot_slo_s": 10.0, "window_s": 3.0, "engage_after_s": 0.3,
                "release_after_s": 0.5, "min_requests": 3, "check_interval_s": 0.1}  # fmt: skip
 
 

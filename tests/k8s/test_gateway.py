@@ -131,6 +131,12 @@ def dry_run(cluster: ControlPlane, namespace: str, kind: str, name: str, spec: A
 
 GOOD_MODEL = model_spec("front", a=1)
 TARGETS = GOOD_MODEL["targets"]
+
+
+def degraded(**degradation: Any) -> dict[str, Any]:
+    return {**GOOD_MODEL, "degradation": degradation}
+
+
 # (kind, name, spec, what the API server answers; "" for accepted)
 CASES: list[tuple[str, str, Any, str]] = [
     ("InferenceModel", "ok", GOOD_MODEL, ""),
@@ -144,6 +150,20 @@ CASES: list[tuple[str, str, Any, str]] = [
     ("InferenceGateway", "smol-gateway", {}, "must not end in -gateway or -workers"),
     ("InferenceGateway", "front", {"router": {"replicas": 0}}, "spec.router.replicas"),
 ]
+# Automatic degradation: each step's field, hysteresis, and no step the router lacks.
+CASES += [
+    ("InferenceModel", "degraded", degraded(steps=["cap_max_tokens", "queue_with_deadline"],
+                                            maxTokensCap=64, queueDeadlineSeconds=5), ""),
+    ("InferenceModel", "no-cap", degraded(steps=["cap_max_tokens"]),
+     "step cap_max_tokens needs maxTokensCap"),
+    ("InferenceModel", "no-fallback", degraded(steps=["fallback_model"]),
+     "step fallback_model needs fallbackModel"),
+    ("InferenceModel", "flapping", degraded(steps=["drop_extras"], releaseBurn=3),
+     "releaseBurn must be at most engageBurn"),
+    ("InferenceModel", "cache", degraded(steps=["response_cache"]), "response_cache"),
+    ("InferenceModel", "forever", degraded(steps=["queue_with_deadline"],
+                                           queueDeadlineSeconds=3600), "less than or equal to 300"),
+]  # fmt: skip
 
 
 def test_crd_validation_rejects_bad_objects_at_the_api_server(

@@ -46,6 +46,17 @@ def wait_until(what: Callable[[], bool], timeout_s: float, tick: Callable[[], An
         tick()
 
 
+def request_log_line(g: GatewayProcess, request_id: str) -> str:
+    """The gateway's request log line for ``request_id`` (its output arrives on a thread)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in g.log.splitlines():
+            if f"request_id={request_id} " in line:
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no log line for {request_id}")
+
+
 def level(g: GatewayProcess, model: str) -> float:
     return sample(f"{g.url}/metrics", LEVEL, model=model)
 
@@ -118,12 +129,17 @@ def test_slow_answers_climb_the_ladder_and_recovery_reverts_it(
         assert r.headers["x-kvflow-degraded"] == "cap_max_tokens,fallback_model"
         assert r.json()["model"] == "small-v1"
         assert small.requests[-1].sampling.max_tokens == CAP
+        # The log line keeps the name the client sent, and says which steps and pool served.
+        line = request_log_line(g, r.headers["x-request-id"])
+        assert " model=chat pool=small " in line
+        assert " degraded=cap_max_tokens,fallback_model" in line
 
         big.token_delay_s = 0.0  # recovered: the ladder reverts, one step per calm dwell
         wait_until(lambda: level(g, "big") == 0, 30, lambda: time.sleep(0.1))
         r = post()
         assert "x-kvflow-degraded" not in r.headers
         assert r.json()["model"] == "big-v1" and big.requests[-1].sampling.max_tokens == 500
+        assert "degraded=" not in request_log_line(g, r.headers["x-request-id"])
 
         metrics = f"{g.url}/metrics"
         for step in ("cap_max_tokens", "drop_extras", "fallback_model"):

@@ -121,7 +121,7 @@ class Accounting:
     def log_line(self, usage: UsageCounts, finished_s: float, spend_pusd: int = 0) -> str:
         """``key=value`` pairs (logfmt). ``finish_reason`` lists each choice's, in order,
         ``none`` for one that never finished (an error, or the client left)."""
-        trace = self.trace
+        trace, d = self.trace, self.degradation
         reasons = ",".join(self.finish_reasons.get(i, "none") for i in range(self.num_choices))
         ttft = trace.first_token_s
         ttft_ms = "none" if ttft is None else f"{(ttft - trace.arrival_s) * 1e3:.1f}"
@@ -130,7 +130,8 @@ class Accounting:
             # The workers' id, when the caller brought its own (serving/types.py).
             *([("server_id", trace.server_id)] if trace.server_id != trace.request_id else []),
             ("tenant", self.tenant.name),
-            ("model", self.model),
+            # As the client asked for it, also when a fallback model answered.
+            ("model", self.model if d is None else d.asked_model),
             *([("pool", self.pool)] if self.pool is not None else []),
             ("prompt_tokens", usage.prompt_tokens),
             ("completion_tokens", usage.completion_tokens),
@@ -140,6 +141,8 @@ class Accounting:
             ("ttft_ms", ttft_ms),
             ("e2e_ms", f"{(finished_s - trace.arrival_s) * 1e3:.1f}"),
             ("attempts", len(trace.routes)),
+            # The degradation steps that changed it (degrade/service.py), as in its header.
+            *([("degraded", d.header)] if d is not None and d.header is not None else []),
         ]
         return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
 

@@ -97,7 +97,13 @@ class RequestDegradation:
     applied: set[Step] = field(default_factory=set)  # the steps that changed it
     clock: Clock = time.monotonic
     queue_s: float = 0.0  # the admission's estimated wait, plus any wait for capacity here
+    _asked_model: str = ""  # set when fallback_model replaced the request's model
     _is_recorded: bool = False
+
+    @property
+    def asked_model(self) -> str:
+        """The model the client sent, before a fallback replaced it."""
+        return self._asked_model or self.request.model
 
     @property
     def header(self) -> str | None:
@@ -225,6 +231,7 @@ class Degradation:
                 plan.applied.add(Step.DROP_EXTRAS)
         fallback = spec.fallback_model
         if Step.FALLBACK_MODEL in active and fallback is not None and tenant.may_use(fallback):
+            plan._asked_model = request.model
             plan.request = fall_back(plan.request, fallback)
             plan.applied.add(Step.FALLBACK_MODEL)
         return plan

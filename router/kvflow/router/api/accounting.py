@@ -48,6 +48,10 @@ class Accounting:
     # Choice index -> why it ended, as the client was told (tool_calls included).
     finish_reasons: dict[int, str] = field(default_factory=dict)
     _is_finished: bool = False
+    # A response-cache hit (caches/): the stored answer is replayed and nothing generated,
+    # so its completion tokens are shown to the caller but neither billed nor counted; its
+    # prompt tokens are, all of them as cached.
+    is_replayed: bool = False
 
     def add(self, item: ChoiceDelta | ChoiceUsage) -> None:
         if isinstance(item, ChoiceDelta):
@@ -85,6 +89,8 @@ class Accounting:
         if self.on_finish is not None:
             self.on_finish()
         usage = self.usage
+        if self.is_replayed:
+            usage = UsageCounts(usage.prompt_tokens, 0, usage.cached_tokens)
         name, metrics = self.tenant.name, self.gateway.metrics
         metrics.tenant_requests.labels(name).inc()
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)
@@ -133,6 +139,7 @@ class Accounting:
             ("ttft_ms", ttft_ms),
             ("e2e_ms", f"{(finished_s - trace.arrival_s) * 1e3:.1f}"),
             ("attempts", len(trace.routes)),
+            *([("response_cache", "hit")] if self.is_replayed else []),
         ]
         return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
 

@@ -19,6 +19,8 @@ from kvflow.router.api.backend import (
     PoolSource,
     build_backend,
 )
+from kvflow.router.caches.config import ResponseCacheConfig
+from kvflow.router.caches.service import ResponseCache, build_response_cache
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
 from kvflow.router.protocol.errors import (
@@ -70,6 +72,10 @@ class Gateway:
     )
     # Draws a weighted target for a request without a session (seeded by --seed).
     rng: random.Random = field(default_factory=random.Random)
+    # Answers of repeated deterministic requests (caches/; off unless --response-cache on).
+    response_cache: ResponseCache = field(
+        default_factory=lambda: ResponseCache(ResponseCacheConfig())
+    )
 
     @property
     def session_header(self) -> str:
@@ -250,4 +256,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         routes=config.models,
         tenants=tenants,
         rng=random.Random(settings.seed),
+        response_cache=build_response_cache(
+            settings.response_cache, redis, metrics.registry, settings.quota_scope
+        ),
     )

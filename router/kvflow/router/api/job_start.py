@@ -27,6 +27,8 @@ from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.backend import PoolBackend
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
+from kvflow.router.api.response_cache import look_up as look_up_answer
+from kvflow.router.caches.service import OFF, CacheTicket
 from kvflow.router.protocol.errors import ApiError, rate_limited
 from kvflow.router.protocol.requests import (
     ChatRequest,
@@ -68,6 +70,7 @@ class StartedJob:
     job: CompletionJob
     backend: PoolBackend
     accounting: Accounting
+    cache: CacheTicket = OFF  # the response cache's: a hit replays its stored answer
 
 
 async def start_job(
@@ -86,13 +89,15 @@ async def start_job(
     template = backend.text.chat_template
     template_source = template.source if template is not None else None
     policy = backend.token_policy(tenant.tenant, parsed.model)
+    cached = await look_up_answer(request, gw, parsed, tenant.tenant, (backend, served_name, info))
     in_flight = contextlib.ExitStack()
     try:
         in_flight.callback(_tenant_gate(request).enter(tenant.tenant))
         num_prompts = 1 if isinstance(parsed, ChatRequest) else len(parsed.prompts)
         floor = reservation_floor(num_prompts, parsed.sampling, policy)
         _raise_unless_admitted(gw, tenant, await gw.quotas.check(tenant.tenant, floor))
-        if backend.admission is not None:  # 503/429 from the workers' queues
+        # 503/429 from the workers' queues; a cached answer runs on no worker.
+        if backend.admission is not None and not cached.is_hit:
             backend.admission.check(tenant.tenant, served_name)
             in_flight.enter_context(backend.admission.in_flight(tenant.tenant))
             trace.is_admitted = True
@@ -108,7 +113,9 @@ async def start_job(
             policy=policy,
             is_chat=isinstance(parsed, ChatRequest),
         )
-        lease, admission = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+        # A cached answer generates nothing: it reserves its prompt only.
+        reserved = sum(prompt_lens) if cached.is_hit else budget.reserved_tokens
+        lease, admission = await _admit(gw, tenant, sum(prompt_lens), reserved)
     except BaseException:
         in_flight.close()
         raise
@@ -129,10 +136,13 @@ async def start_job(
         # gateway without tenants); anyone else asking gets the answer without them.
         wants_route=ROUTE_DEBUG_HEADER in request.headers and tenant.is_admin,
         budget_warning=admission.budget_warning,
+        response_cache=cached.result,
     )
     if admission.warning_budget is not None:
         gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()
-    return StartedJob(job, backend, _accounting(gw, job, lease, on_finish=in_flight.close))
+    accounting = _accounting(gw, job, lease, on_finish=in_flight.close)
+    accounting.is_replayed = cached.is_hit
+    return StartedJob(job, backend, accounting, cached)
 
 
 def _accounting(

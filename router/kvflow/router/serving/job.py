@@ -63,6 +63,8 @@ class CompletionJob:
     wants_route: bool = False
     # Admitted past a budget's warning fraction: the header's text (api/job_start.py).
     budget_warning: str | None = None
+    # What the response cache did (hit, miss, bypass; caches/): its header. None: it is off.
+    response_cache: str | None = None
 
     @property
     def is_chat(self) -> bool:

@@ -32,13 +32,20 @@ BASE: dict[str, Any] = {
     "temperature": 0,
     "max_tokens": 8,
 }
-INFO = pb.WorkerInfo(model="m", hash_seed=b"\x01" * 16, vocab_size=100, max_model_len=512,
-                     eos_token_ids=[2])  # fmt: skip
+INFO = pb.WorkerInfo(
+    model="m", hash_seed=b"\x01" * 16, vocab_size=100, max_model_len=512, eos_token_ids=[2]
+)
 VERSION = model_version("pool-a", "m", INFO, "{{ messages }}")
 
 
-def key_of(body: dict[str, Any], *, tenant: str = "a", version: ModelVersion = VERSION,
-           user: str | None = None, namespace: str = "default") -> str:  # fmt: skip
+def key_of(
+    body: dict[str, Any],
+    *,
+    tenant: str = "a",
+    version: ModelVersion = VERSION,
+    user: str | None = None,
+    namespace: str = "default",
+) -> str:
     parsed = parse_chat_request(body)
     fingerprint = request_fingerprint(parsed, parsed.sampling)
     return cache_key(namespace, TenantScope(tenant, user), version, fingerprint)
@@ -127,17 +134,18 @@ def test_defaults_are_applied_before_the_key() -> None:
 
 def test_chat_and_completion_of_the_same_text_differ() -> None:
     chat = parse_chat_request(BASE)
-    completion = parse_completion_request({"model": "m", "prompt": "hi", "temperature": 0,
-                                           "max_tokens": 8})  # fmt: skip
+    completion = parse_completion_request(
+        {"model": "m", "prompt": "hi", "temperature": 0, "max_tokens": 8}
+    )
     assert request_fingerprint(chat, chat.sampling) != request_fingerprint(
         completion, completion.sampling
     )
 
 
-def _decide(body: dict[str, Any], headers: dict[str, str] | None = None, *,
-            tenant_allows: bool = True) -> str | None:  # fmt: skip
-    decision = decide(headers or {}, parse_chat_request(body).sampling,
-                      tenant_allows=tenant_allows)  # fmt: skip
+def _decide(
+    body: dict[str, Any], headers: dict[str, str] | None = None, *, tenant_allows: bool = True
+) -> str | None:
+    decision = decide(headers or {}, parse_chat_request(body).sampling, tenant_allows=tenant_allows)
     return decision.bypass
 
 
@@ -158,16 +166,23 @@ def test_callers_and_tenants_opt_out() -> None:
     assert _decide(BASE, {"cache-control": "max-age=0, No-Store"}) == "no_store"
     assert _decide(BASE, tenant_allows=False) == "tenant"
     # no-cache: the stored answer is not used, the fresh one replaces it.
-    refresh = decide({"cache-control": "no-cache"}, parse_chat_request(BASE).sampling,
-                     tenant_allows=True)  # fmt: skip
+    refresh = decide(
+        {"cache-control": "no-cache"}, parse_chat_request(BASE).sampling, tenant_allows=True
+    )
     assert (refresh.is_lookup, refresh.is_store) == (False, True)
 
 
 def _answer(reason: str | None = "stop") -> list[ChoiceDelta | ChoiceUsage]:
     return [
         ChoiceDelta(0, "Hel", num_prompt_tokens=5, num_completion_tokens=1),
-        ChoiceDelta(0, "lo", finish_reason=reason, num_prompt_tokens=5, num_completion_tokens=2,
-                    tool_calls=(ToolCallDelta(0, "call_1", "f", '{"a":'),)),  # fmt: skip
+        ChoiceDelta(
+            0,
+            "lo",
+            finish_reason=reason,
+            num_prompt_tokens=5,
+            num_completion_tokens=2,
+            tool_calls=(ToolCallDelta(0, "call_1", "f", '{"a":'),),
+        ),
         ChoiceUsage(0, 0, UsageCounts(5, 2, 0)),
     ]
 
@@ -181,7 +196,7 @@ def test_an_answer_round_trips_and_replays_as_cached_prompt_tokens() -> None:
     assert isinstance(usage, ChoiceUsage) and usage.usage == UsageCounts(5, 2, 5)
     assert answer.prompt_tokens == 5
     assert decode(b"not json") is None
-    assert decode(b'[99, []]') is None
+    assert decode(b"[99, []]") is None
 
 
 def test_unfinished_or_aborted_answers_are_not_storable() -> None:

@@ -80,14 +80,14 @@ class ResponseCacheMetrics:
             self.skipped_stores.labels(reason)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CacheTicket:
     """What the cache did for one request. ``result`` None: the cache is off (no header)."""
 
     result: Result | None = None
     key: str | None = None  # set when the fresh answer may be stored
     answer: CachedAnswer | None = None  # a hit's
-    cache: ResponseCache | None = field(default=None, repr=False)
+    cache: ResponseCache | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_hit(self) -> bool:

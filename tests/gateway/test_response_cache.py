@@ -243,3 +243,68 @@ def test_metrics_count_what_the_cache_did(cluster: Cluster) -> None:
         pattern = "^" + re.escape(f"kvflow_router_response_cache_{name}") + r" (\S+)$"
         match = re.search(pattern, text, re.MULTILINE)
         assert match is not None and float(match.group(1)) > 0, name
+
+
+@pytest.fixture(scope="module")
+def alone() -> Iterator[tuple[FakeWorker, GatewayProcess]]:
+    """One gateway without Redis: the in-process store."""
+    worker = FakeWorker(tokens=tokens(" alone"))
+    with running_fake_worker(worker) as address:
+        g = launch_gateway(["--workers", address, "--response-cache", "on",
+                            "--response-cache-max-entry-kib", "1"])  # fmt: skip
+        try:
+            g.wait_ready()
+            yield worker, g
+        finally:
+            g.stop()
+
+
+def _client(g: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0, timeout=30)
+
+
+def test_without_redis_the_gateway_keeps_answers_in_process(alone) -> None:
+    worker, g = alone
+    prompt = unique("in-process")
+    worker.tokens = tokens(" kept here")
+    assert ask(_client(g), prompt)[:2] == (" kept here", "miss")
+    worker.tokens = tokens(" other")
+    assert ask(_client(g), prompt)[:2] == (" kept here", "hit")
+    text = httpx.get(f"{g.url}/metrics").text
+    assert re.search(r"^kvflow_router_response_cache_bytes [1-9]", text, re.MULTILINE), text
+
+
+def test_errors_disconnects_and_large_answers_are_not_stored(alone) -> None:
+    worker, g = alone
+    prompt = unique("unfinished")
+    # A worker dying mid-stream: an error event, nothing stored.
+    worker.tokens, worker.mode, worker.die_after = tokens(" a b c d e f"), "die", 2
+    try:
+        with pytest.raises(openai.APIError):
+            ask_streamed(_client(g), prompt)
+    finally:
+        worker.mode = "ok"
+    # A client that leaves mid-stream: the answer is cut short, nothing stored.
+    worker.token_delay_s = 0.05
+    try:
+        body = {"model": "fake", "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0, "max_tokens": 8, "stream": True}  # fmt: skip
+        with httpx.stream("POST", f"{g.base_url}/chat/completions", json=body) as answer:
+            assert answer.headers["x-kvflow-response-cache"] == "miss"
+            next(answer.iter_lines())  # the role chunk; then hang up
+    finally:
+        worker.token_delay_s = 0.0
+    time.sleep(0.5)
+    worker.tokens = tokens(" complete")
+    assert ask(_client(g), prompt)[:2] == (" complete", "miss")
+    assert ask(_client(g), prompt)[:2] == (" complete", "hit")
+    # Past --response-cache-max-entry-kib: answered, not stored.
+    big = unique("big")
+    worker.tokens = tokens(" word" * 300)
+    assert ask(_client(g), big, max_tokens=400)[1] == "miss"
+    assert ask(_client(g), big, max_tokens=400)[1] == "miss"
+    text = httpx.get(f"{g.url}/metrics").text
+    for reason in ("unfinished", "too_large"):
+        pattern = rf'^kvflow_router_response_cache_skipped_stores_total{{reason="{reason}"}} (\S+)$'
+        match = re.search(pattern, text, re.MULTILINE)
+        assert match is not None and float(match.group(1)) >= 1, reason

@@ -297,6 +297,22 @@ def test_without_redis_the_gateway_keeps_answers_in_process(alone) -> None:
     assert re.search(r"^kvflow_router_response_cache_bytes [1-9]", text, re.MULTILINE), text
 
 
+def test_off_by_default_every_request_reaches_the_model() -> None:
+    worker = FakeWorker(tokens=tokens(" live"))
+    with running_fake_worker(worker) as address:
+        g = launch_gateway(["--workers", address])
+        try:
+            g.wait_ready()
+            for _ in range(2):
+                raw = _client(g).chat.completions.with_raw_response.create(
+                    model="fake", messages=[{"role": "user", "content": "same"}], temperature=0
+                )
+                assert "x-kvflow-response-cache" not in raw.headers
+            assert len(worker.requests) == 2
+        finally:
+            g.stop()
+
+
 def test_errors_disconnects_and_large_answers_are_not_stored(alone) -> None:
     worker, g = alone
     prompt = unique("unfinished")

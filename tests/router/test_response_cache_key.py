@@ -237,3 +237,44 @@ def test_an_unknown_field_type_fails_loudly() -> None:
     with pytest.raises(TypeError):
         _plain(object())
     assert isinstance(CachedAnswer(()).replayed(), list)
+
+
+def test_flags_and_the_tenant_setting() -> None:
+    from kvflow.router.cli import parse_args
+    from kvflow.router.tenants.config import TenantConfigError, hash_api_key, parse_tenants
+
+    default = parse_args([])
+    assert default is not None and not default.response_cache.is_enabled  # off by default
+    settings = parse_args(
+        [
+            "--response-cache",
+            "on",
+            "--response-cache-ttl-s",
+            "5",
+            "--response-cache-max-mib",
+            "0.5",
+            "--response-cache-max-entry-kib",
+            "8",
+        ]
+    )
+    assert settings is not None
+    config = settings.response_cache
+    assert (config.is_enabled, config.ttl_s, config.max_bytes, config.max_entry_bytes) == (
+        True,
+        5.0,
+        512 * 1024,
+        8 * 1024,
+    )
+    for bad in (
+        ["--response-cache-ttl-s", "0"],
+        ["--response-cache-max-mib", "-1"],
+        ["--response-cache-max-entry-kib", "nan"],
+        ["--response-cache", "yes"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    entry = {"name": "t", "api_key_sha256": hash_api_key("k")}
+    assert parse_tenants([entry]).tenants["t"].response_cache
+    assert not parse_tenants([{**entry, "response_cache": False}]).tenants["t"].response_cache
+    with pytest.raises(TenantConfigError, match="response_cache"):
+        parse_tenants([{**entry, "response_cache": "no"}])

@@ -239,14 +239,25 @@ def _usage(g: GatewayProcess, tenant: str) -> dict[str, int]:
     return usage
 
 
+def _e2e_count(g: GatewayProcess) -> float:
+    text = httpx.get(f"{g.url}/metrics").text
+    match = re.search(
+        r'^kvflow_router_e2e_seconds_count\{model="fake"\} (\S+)$', text, re.MULTILINE
+    )
+    return 0.0 if match is None else float(match.group(1))
+
+
 def test_a_hit_bills_cached_input_and_no_completion(cluster: Cluster) -> None:
     prompt = unique("billing")
     cluster.worker.tokens = tokens(" billed")
     assert ask(cluster.client(0, "b"), prompt)[1] == "miss"
     before = _usage(cluster.gateways[0], "b")
+    e2e_before = _e2e_count(cluster.gateways[1])
     _, result, usage = ask(cluster.client(1, "b"), prompt)
     assert result == "hit" and usage.completion_tokens > 0
     after = _usage(cluster.gateways[0], "b")
+    # The model's latency histograms stay the model's.
+    assert _e2e_count(cluster.gateways[1]) == e2e_before
     delta = {k: after[k] - before[k] for k in ("requests", "prompt_tokens", "completion_tokens",
                                                "cached_tokens", "spend_pusd")}  # fmt: skip
     p = usage.prompt_tokens

@@ -100,7 +100,8 @@ class Accounting:
         if spend:
             metrics.tenant_spend_usd.labels(name, self.served_model).inc(spend / PICO_USD_PER_USD)
         finished_s = time.perf_counter()
-        metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
+        if not self.is_replayed:  # the model's latency: a replay's is the cache's
+            metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
         first_token_s = self.trace.first_token_s
         if first_token_s is not None and usage.completion_tokens >= 2:
             tpot_s = (finished_s - first_token_s) / (usage.completion_tokens - 1)

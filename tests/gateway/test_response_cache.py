@@ -335,7 +335,7 @@ def test_errors_disconnects_and_large_answers_are_not_stored(alone) -> None:
     finally:
         worker.mode = "ok"
     # A client that leaves mid-stream: the answer is cut short, nothing stored.
-    worker.token_delay_s = 0.05
+    worker.token_delay_s = 0.2  # the whole answer takes 1.2 s: the hang-up comes first
     try:
         body = {"model": "fake", "messages": [{"role": "user", "content": prompt}],
                 "temperature": 0, "max_tokens": 8, "stream": True}  # fmt: skip

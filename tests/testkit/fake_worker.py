@@ -91,6 +91,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
     prefix_caching: bool = False
     requests: list[pb.GenerateRequest] = field(default_factory=list)
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Part of the model identity it reports (its hash seed): another revision of the model.
+    model_revision: str = ""
     # -- decode side of a remote prefill ----------------------------------------------------
     fabric: FakeKvFabric | None = None
     # "ok"; "die" (UNAVAILABLE `die_delay_s` after reserving); "ignore" (no reservation:
@@ -252,7 +254,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             model=self.model,
             role=self.role,
             block_size=BLOCK_SIZE,
-            hash_seed=make_hash_seed(self.model),
+            hash_seed=make_hash_seed(self.model, self.model_revision),
             max_model_len=self.max_model_len,
             num_total_blocks=1024,
             vocab_size=49152,

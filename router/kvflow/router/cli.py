@@ -18,6 +18,7 @@ import uvloop
 
 from kvflow.proto import otel
 from kvflow.router import tracing
+from kvflow.router.caches.config import parse_response_cache, response_cache_flags
 from kvflow.router.cli_args import seconds
 from kvflow.router.cli_limits import parse_request_limits, request_limit_flags
 from kvflow.router.cli_security import (
@@ -113,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     _tracing_flags(p)
     request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
     security_flags(p, d)
+    response_cache_flags(p, d.response_cache)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument(
         "--seed",
@@ -248,6 +250,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         request_limits=request_limits,
         prepare=prepare,
         body_timeout_s=args.body_timeout_s,
+        response_cache=parse_response_cache(args),
         **security_settings(args, env),
     )
 

@@ -51,6 +51,10 @@ class Accounting:
     # Choice index -> why it ended, as the client was told (tool_calls included).
     finish_reasons: dict[int, str] = field(default_factory=dict)
     _is_finished: bool = False
+    # A response-cache hit (caches/): the stored answer is replayed and nothing generated,
+    # so its completion tokens are shown to the caller but neither billed nor counted; its
+    # prompt tokens are, all of them as cached.
+    is_replayed: bool = False
 
     def add(self, item: ChoiceDelta | ChoiceUsage) -> None:
         if isinstance(item, ChoiceDelta):
@@ -88,6 +92,8 @@ class Accounting:
         if self.on_finish is not None:
             self.on_finish()
         usage = self.usage
+        if self.is_replayed:
+            usage = UsageCounts(usage.prompt_tokens, 0, usage.cached_tokens)
         name, metrics = self.tenant.name, self.gateway.metrics
         metrics.tenant_requests.labels(name).inc()
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)
@@ -97,7 +103,8 @@ class Accounting:
         if spend:
             metrics.tenant_spend_usd.labels(name, self.served_model).inc(spend / PICO_USD_PER_USD)
         finished_s = time.perf_counter()
-        metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
+        if not self.is_replayed:  # the model's latency: a replay's is the cache's
+            metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
         first_token_s = self.trace.first_token_s
         tpot_s = None
         if first_token_s is not None and usage.completion_tokens >= 2:
@@ -143,6 +150,7 @@ class Accounting:
             ("attempts", len(trace.routes)),
             # The degradation steps that changed it (degrade/service.py), as in its header.
             *([("degraded", d.header)] if d is not None and d.header is not None else []),
+            *([("response_cache", "hit")] if self.is_replayed else []),
         ]
         return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
 

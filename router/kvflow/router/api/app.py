@@ -24,6 +24,7 @@ from kvflow.router.api.http import (
     TracingMiddleware,
 )
 from kvflow.router.api.openapi import build_openapi
+from kvflow.router.api.response_cache import purge as purge_answers
 from kvflow.router.protocol.errors import ApiError
 
 log = logging.getLogger("kvflow.router.api")
@@ -34,6 +35,7 @@ _ENDPOINTS = frozenset(
         "/v1/completions",
         "/v1/models",
         "/v1/usage",
+        "/v1/response_cache/purge",
         "/health",
         "/ready",
         "/metrics",
@@ -130,6 +132,11 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
         tenant = gateway.authenticate(request.headers)
         totals, scope = await gateway.quotas.read_usage(tenant)
         return {"object": "usage", "tenant": tenant.name, "scope": scope, **totals.as_dict()}
+
+    @app.post("/v1/response_cache/purge")
+    async def purge_response_cache(request: Request) -> dict[str, Any]:
+        """Admins: drop stored answers (api/response_cache.py)."""
+        return await purge_answers(request, gateway)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -17,6 +17,7 @@ from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body
 from kvflow.router.api.job_start import start_job
 from kvflow.router.api.respond import collected, streamed
+from kvflow.router.api.response_cache import remember_user
 from kvflow.router.protocol.requests import (
     ChatRequest,
     CompletionRequest,
@@ -46,12 +47,17 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     # maybe for its fallback model; its refusals and timings feed the model's ladder.
     degradation = gw.degradation.plan(parsed, context.tenant)
     parsed = degradation.request
+    remember_user(request, body)
     try:
         started = await start_job(request, gw, parsed, context, degradation)
     except BaseException as exc:
         degradation.refused(exc)
         raise
-    job, accounting = started.job, started.accounting
+    job, accounting, cached = started.job, started.accounting, started.cache
+    if cached.is_hit:  # the stored answer, tool calls already extracted
+        return await (streamed if parsed.stream else collected)(
+            request, job, cached.replay(), accounting
+        )
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = started.backend.service.run(
         job.caller, job.specs(), job.trace, buffered=not parsed.stream
     )
@@ -59,5 +65,6 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
         tool_extractor = extractor_factory(parsed, job.template_source)
         if tool_extractor is not None:
             stream = with_tool_calls(stream, tool_extractor)
+    stream = cached.recording(stream, job.num_choices)  # stored once complete
     respond = streamed if parsed.stream else collected
     return await respond(request, job, stream, accounting)

@@ -19,6 +19,8 @@ from kvflow.router.api.backend import (
     PoolSource,
     build_backend,
 )
+from kvflow.router.caches.config import ResponseCacheConfig
+from kvflow.router.caches.service import ResponseCache, build_response_cache
 from kvflow.router.degrade.service import Degradation
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
@@ -73,6 +75,10 @@ class Gateway:
     rng: random.Random = field(default_factory=random.Random)
     # Each configured model's degradation ladder (degrade/service.py); none: off.
     degradation: Degradation = field(default_factory=lambda: Degradation({}))
+    # Answers of repeated deterministic requests (caches/; off unless --response-cache on).
+    response_cache: ResponseCache = field(
+        default_factory=lambda: ResponseCache(ResponseCacheConfig())
+    )
 
     @property
     def session_header(self) -> str:
@@ -261,4 +267,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         tenants=tenants,
         rng=random.Random(settings.seed),
         degradation=Degradation(config.degradation, metrics.registry),
+        response_cache=build_response_cache(
+            settings.response_cache, redis, metrics.registry, settings.quota_scope
+        ),
     )

@@ -27,6 +27,8 @@ from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.backend import PoolBackend
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
+from kvflow.router.api.response_cache import look_up as look_up_answer
+from kvflow.router.caches.service import OFF, CacheTicket
 from kvflow.router.degrade.service import RequestDegradation
 from kvflow.router.protocol.errors import ApiError, rate_limited
 from kvflow.router.protocol.requests import (
@@ -69,6 +71,7 @@ class StartedJob:
     job: CompletionJob
     backend: PoolBackend
     accounting: Accounting
+    cache: CacheTicket = OFF  # the response cache's: a hit replays its stored answer
 
 
 async def start_job(
@@ -92,13 +95,15 @@ async def start_job(
     template = backend.text.chat_template
     template_source = template.source if template is not None else None
     policy = backend.token_policy(tenant.tenant, parsed.model)
+    cached = await look_up_answer(request, gw, parsed, tenant.tenant, (backend, served_name, info))
     in_flight = contextlib.ExitStack()
     try:
         in_flight.callback(_tenant_gate(request).enter(tenant.tenant))
         num_prompts = 1 if isinstance(parsed, ChatRequest) else len(parsed.prompts)
         floor = reservation_floor(num_prompts, parsed.sampling, policy)
         _raise_unless_admitted(gw, tenant, await gw.quotas.check(tenant.tenant, floor))
-        if backend.admission is not None:  # 503/429 from the workers' queues
+        # 503/429 from the workers' queues; a cached answer runs on no worker.
+        if backend.admission is not None and not cached.is_hit:
             await degradation.admit(backend.admission, tenant.tenant, served_name)
             in_flight.enter_context(backend.admission.in_flight(tenant.tenant))
             trace.is_admitted = True
@@ -115,7 +120,9 @@ async def start_job(
             is_chat=isinstance(parsed, ChatRequest),
         )
         budget = degradation.cap(budget, prompt_lens, sampling.n)  # cap_max_tokens
-        lease, admission = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+        # A cached answer generates nothing: it reserves its prompt only.
+        reserved = sum(prompt_lens) if cached.is_hit else budget.reserved_tokens
+        lease, admission = await _admit(gw, tenant, sum(prompt_lens), reserved)
     except BaseException:
         in_flight.close()
         raise
@@ -137,12 +144,14 @@ async def start_job(
         wants_route=ROUTE_DEBUG_HEADER in request.headers and tenant.is_admin,
         budget_warning=admission.budget_warning,
         degraded=degradation.header,
+        response_cache=cached.result,
     )
     if admission.warning_budget is not None:
         gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()
     accounting = _accounting(gw, job, lease, on_finish=in_flight.close)
     accounting.degradation = degradation
-    return StartedJob(job, backend, accounting)
+    accounting.is_replayed = cached.is_hit
+    return StartedJob(job, backend, accounting, cached)
 
 
 def _accounting(

@@ -65,6 +65,8 @@ class CompletionJob:
     budget_warning: str | None = None
     # The degradation steps that changed this request: the header's text (degrade/).
     degraded: str | None = None
+    # What the response cache did (hit, miss, bypass; caches/): its header. None: it is off.
+    response_cache: str | None = None
 
     @property
     def is_chat(self) -> bool:

@@ -77,6 +77,8 @@ class Tenant:
     is_admin: bool = False
     # The salt is derived from the name under the server's secret (no cache_salt given).
     is_salt_derived: bool = False
+    # May its deterministic requests be answered from the response cache (caches/)?
+    response_cache: bool = True
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -106,6 +108,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
         "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
         "daily_token_budget", "default_max_tokens", "max_tokens_limit", "admin",
         "daily_budget_usd", "monthly_budget_usd", "budget_warning_fraction",
+        "response_cache",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -145,8 +148,12 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     is_admin = raw.get("admin", False)
     if not isinstance(is_admin, bool):
         raise TenantConfigError(f"{where}.admin must be true or false")
+    response_cache = raw.get("response_cache", True)
+    if not isinstance(response_cache, bool):
+        raise TenantConfigError(f"{where}.response_cache must be true or false")
     tenant = Tenant(name, models_set, priority, quotas, salt, max_tokens, is_admin,
-                    is_salt_derived="cache_salt" not in raw)  # fmt: skip
+                    is_salt_derived="cache_salt" not in raw,
+                    response_cache=response_cache)  # fmt: skip
     return tenant, hashes, macs
 
 

@@ -33,6 +33,11 @@ disaggregation:                                   # pools with prefill and decod
   transfer_timeout_s: 30.0                        # the longest wait of each handoff step
 pools: [...]                                      # several models: models/pools.py
 models: [...]                                     # public names -> pools: models/routes.py
+rate_limits:                                      # model, client IP, global: limits/levels.py
+  global: {requests_per_minute: 6000, tokens_per_minute: 2000000, max_in_flight: 512}
+  client_ip: {requests_per_minute: 120, max_in_flight: 8}
+  models: {smollm2-135m-instruct: {max_in_flight: 64}}
+  trusted_proxy_cidrs: [10.0.0.0/8]
 prices:                                           # per served model, USD per million tokens
   smollm2-135m-instruct: {input_usd_per_million_tokens: 0.15,
                           cached_input_usd_per_million_tokens: 0.075,
@@ -58,6 +63,7 @@ from kvflow.router.api.http_limits import (
 )
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
+from kvflow.router.limits.levels import LimitsConfig, parse_limits_config
 from kvflow.router.models.pools import PoolSpec, parse_pools
 from kvflow.router.models.routes import ModelRoutes, parse_models
 from kvflow.router.protocol.limits import RequestLimits
@@ -113,6 +119,8 @@ class RouterConfig:
     models: ModelRoutes = field(default_factory=ModelRoutes)  # public names -> pools
     # Served model name -> its prices (tenants/money.py); a model not listed costs nothing.
     prices: Mapping[str, ModelPrices] = field(default_factory=dict)
+    # Limits per served model, client IP and for the whole gateway (limits/levels.py).
+    rate_limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,7 @@ def parse_config(raw: object) -> RouterConfig:
             "pools",
             "models",
             "prices",
+            "rate_limits",
         },
         "the configuration",
     )
@@ -237,6 +246,7 @@ def parse_config(raw: object) -> RouterConfig:
         pools=pools,
         models=parse_models(raw.get("models"), [p.name for p in pools]),
         prices=parse_prices(raw.get("prices"), ConfigError),
+        rate_limits=parse_limits_config(section(raw, "rate_limits")),
     )
 
 

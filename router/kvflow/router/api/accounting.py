@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvflow.router.api.gateway import Gateway
+from kvflow.router.limits.service import LevelLease
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
@@ -43,6 +44,8 @@ class Accounting:
     served_model: str = ""
     # Called once when the request ends (the tenant's in-flight count, serving/tenant_gate.py).
     on_finish: Callable[[], None] | None = None
+    # The request's hold on the model, client-IP and global limits (limits/service.py).
+    level_lease: LevelLease | None = None
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -85,6 +88,9 @@ class Accounting:
         if self.on_finish is not None:
             self.on_finish()
         usage = self.usage
+        if self.level_lease is not None:  # released at once, settled in the background
+            used_tokens = usage.prompt_tokens + usage.completion_tokens
+            self.gateway.limits.release(self.level_lease, used_tokens)
         name, metrics = self.tenant.name, self.gateway.metrics
         metrics.tenant_requests.labels(name).inc()
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)

@@ -19,6 +19,9 @@ from kvflow.router.api.backend import (
     PoolSource,
     build_backend,
 )
+from kvflow.router.limits.levels import LimitsConfig
+from kvflow.router.limits.redis_store import RedisLimitStore
+from kvflow.router.limits.service import LimitService
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
 from kvflow.router.protocol.errors import (
@@ -70,6 +73,8 @@ class Gateway:
     )
     # Draws a weighted target for a request without a session (seeded by --seed).
     rng: random.Random = field(default_factory=random.Random)
+    # Limits per model, client IP and for the whole gateway (limits/).
+    limits: LimitService = field(default_factory=lambda: LimitService(LimitsConfig(), None))
 
     @property
     def session_header(self) -> str:
@@ -82,12 +87,14 @@ class Gateway:
 
     async def start(self) -> None:
         self.quotas.start()
+        self.limits.start()
         for backend in self.backends:
             await backend.start()
 
     async def stop(self) -> None:
         await asyncio.gather(*(b.stop() for b in self.backends))
         await self.quotas.stop()
+        await self.limits.stop()
         if self.redis is not None:
             await self.redis.aclose()
 
@@ -250,4 +257,22 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         routes=config.models,
         tenants=tenants,
         rng=random.Random(settings.seed),
+        limits=_limit_service(settings, redis, metrics),
+    )
+
+
+def _limit_service(
+    settings: RouterSettings, redis: Redis | None, metrics: RouterMetrics
+) -> LimitService:
+    """The levels' limits, in the quotas' Redis (and under their scope and failure mode)."""
+    config = settings.config.rate_limits
+    store = None
+    if redis is not None and config.is_limited:
+        store = RedisLimitStore(redis, lease_ttl_s=config.lease_ttl_s, scope=settings.quota_scope)
+    return LimitService(
+        config,
+        store,
+        on_store_failure=settings.quota_on_store_failure,
+        on_fallback=lambda action: metrics.quota_store_fallbacks.labels(action).inc(),
+        on_refusal=lambda level, kind: metrics.limit_rejections.labels(level, kind).inc(),
     )

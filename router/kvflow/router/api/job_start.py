@@ -3,10 +3,12 @@
 model (404/403), resolved to a pool -> a worker of that pool is up (503) -> the tenant's
 concurrency at this replica (429) -> the tenant's quotas, checked against the least the
 request can reserve (429: requests per minute, tokens per minute, daily token budget, daily
-and monthly budgets in USD) ->
+and monthly budgets in USD) -> the client IP's, the model's and the gateway's limits, the
+same way (429 naming the limit; limits/) ->
 admission control (503/429) -> prepare on the prepare threads: schemas compiled, template
 rendered, prompts tokenized (400; 503 when busy) -> prompt fits the context, max_tokens
-planned (400) -> the quotas admit the request with its real reservation (429).
+planned (400) -> the levels' limits, then the tenant's quotas, admit the request with its
+real reservation (429).
 
 Nothing is rendered, tokenized or compiled for a request that the tenant's limits or the
 cluster's queues turn away. The quota check before preparing takes nothing; the admission
@@ -27,6 +29,9 @@ from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.backend import PoolBackend
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
+from kvflow.router.limits.client_ip import client_address
+from kvflow.router.limits.levels import Slot
+from kvflow.router.limits.service import LevelLease
 from kvflow.router.protocol.errors import ApiError, rate_limited
 from kvflow.router.protocol.requests import (
     ChatRequest,
@@ -92,6 +97,8 @@ async def start_job(
         num_prompts = 1 if isinstance(parsed, ChatRequest) else len(parsed.prompts)
         floor = reservation_floor(num_prompts, parsed.sampling, policy)
         _raise_unless_admitted(gw, tenant, await gw.quotas.check(tenant.tenant, floor))
+        levels = _level_slots(request, gw, served_name)
+        await gw.limits.check(levels, floor)
         if backend.admission is not None:  # 503/429 from the workers' queues
             backend.admission.check(tenant.tenant, served_name)
             in_flight.enter_context(backend.admission.in_flight(tenant.tenant))
@@ -108,7 +115,12 @@ async def start_job(
             policy=policy,
             is_chat=isinstance(parsed, ChatRequest),
         )
-        lease, admission = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+        level_lease = await gw.limits.admit(levels, budget.reserved_tokens)
+        try:
+            lease, admission = await _admit(gw, tenant, sum(prompt_lens), budget.reserved_tokens)
+        except BaseException:
+            await gw.limits.finish(level_lease, 0, is_cancelled=True)
+            raise
     except BaseException:
         in_flight.close()
         raise
@@ -132,11 +144,29 @@ async def start_job(
     )
     if admission.warning_budget is not None:
         gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()
-    return StartedJob(job, backend, _accounting(gw, job, lease, on_finish=in_flight.close))
+    accounting = _accounting(gw, job, lease, on_finish=in_flight.close, level_lease=level_lease)
+    return StartedJob(job, backend, accounting)
+
+
+def _level_slots(request: Request, gw: Gateway, served_name: str) -> tuple[Slot, ...]:
+    """The client IP's, the model's and the gateway's counters this request draws on."""
+    config = gw.limits.config
+    if not config.is_limited:
+        return ()
+    client = None
+    if config.client_ip.is_limited:
+        peer = request.client.host if request.client is not None else None
+        forwarded = request.headers.getlist("x-forwarded-for")
+        client = client_address(peer, forwarded, config.trusted_proxies)
+    return gw.limits.slots(client, served_name)
 
 
 def _accounting(
-    gw: Gateway, job: CompletionJob, lease: Lease, on_finish: Callable[[], None]
+    gw: Gateway,
+    job: CompletionJob,
+    lease: Lease,
+    on_finish: Callable[[], None],
+    level_lease: LevelLease | None = None,
 ) -> Accounting:
     return Accounting(
         gw,
@@ -148,6 +178,7 @@ def _accounting(
         pool=job.served_by.pool_label,
         served_model=job.served_by.served_model,
         on_finish=on_finish,
+        level_lease=level_lease,
     )
 
 

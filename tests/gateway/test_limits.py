@@ -29,6 +29,7 @@ from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.redis_server import RedisServer, running_redis
 
 from kvflow.proto import worker_pb2 as pb
+from kvflow.router.tenants.config import hash_api_key
 from kvflow.router.text.model_files import load_text_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -255,3 +256,49 @@ def test_global_limit_holds_across_replicas(global_pair: list[GatewayProcess]) -
     for r in responses[4:]:
         assert_limited(r, "global/requests_per_minute", max_retry_after_s=15)  # 60 s / 4
     assert rejections(global_pair, "global", "requests_per_minute") == 2
+
+
+def key(name: str) -> str:
+    return f"sk-{name}-0123456789"
+
+
+def test_a_request_the_tenant_refuses_gives_back_what_the_levels_took(
+    tmp_path: Path, redis_server: RedisServer, worker_address: str
+) -> None:
+    # Alice's tokens per minute pass the check before her prompt is prepared (it counts
+    # only max_tokens) and refuse the admission after it (prompt + max_tokens): by then the
+    # levels have admitted the request, and must give it back.
+    text = load_text_model(None)
+    assert text.chat_template is not None
+    rendered = text.chat_template.render([{"role": "user", "content": "hi"}],
+                                         add_generation_prompt=True)  # fmt: skip
+    prompt_tokens = len(text.tokenizer.encode(rendered, add_special_tokens=False))
+    tenants = [
+        {"name": "alice", "api_key_sha256": hash_api_key(key("alice")),
+         "tokens_per_minute": prompt_tokens + 9},
+        {"name": "bob", "api_key_sha256": hash_api_key(key("bob"))},
+    ]  # fmt: skip
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(
+        {"tenants": tenants, "rate_limits": {"global": {"requests_per_minute": 3}}}
+    ))  # fmt: skip
+    g = launch_gateway(["--workers", worker_address, "--config", str(path), "--redis-url",
+                        redis_server.url, "--quota-scope", "cancel"])  # fmt: skip
+    try:
+        g.wait_ready()
+
+        def chat(tenant: str) -> httpx.Response:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2}  # fmt: skip
+            return httpx.post(f"{g.base_url}/chat/completions", json=body, timeout=30,
+                              headers={"authorization": f"Bearer {key(tenant)}"})  # fmt: skip
+
+        assert chat("alice").status_code == 200
+        refused = chat("alice")
+        assert refused.status_code == 429 and "tokens per minute" in refused.text
+        assert "x-kvflow-limit" not in refused.headers  # the tenant's, not a level's
+        # Alice's refused request took nothing from the gateway's 3 a minute.
+        assert [chat("bob").status_code for _ in range(2)] == [200, 200]
+        assert_limited(chat("bob"), "global/requests_per_minute", max_retry_after_s=20)
+    finally:
+        g.stop()

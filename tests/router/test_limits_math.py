@@ -218,3 +218,20 @@ def test_refusal_is_a_429_naming_the_limit() -> None:
         LimitExceededError(refusal.__class__(odd, "max_in_flight", 1.0)).headers()[LIMIT_HEADER]
         == "model/ll%C3%A2ma%202/max_in_flight"
     )
+
+
+def test_router_command_line_reads_the_flags() -> None:
+    from kvflow.router.cli import parse_args
+
+    flags = ["--global-max-in-flight", "3", "--client-ip-tokens-per-minute", "900",
+             "--trusted-proxy-cidrs", "10.0.0.0/8", "--limit-lease-ttl-s", "5"]  # fmt: skip
+    settings = parse_args(flags)
+    assert settings is not None
+    limits = settings.config.rate_limits
+    assert limits.global_limits == LevelLimits(max_in_flight=3)
+    assert limits.client_ip == LevelLimits(tokens_per_minute=900)
+    assert limits.lease_ttl_s == 5.0 and [str(n) for n in limits.trusted_proxies] == ["10.0.0.0/8"]
+    with pytest.raises(ConfigError, match="not a CIDR"):
+        parse_args(["--trusted-proxy-cidrs", "10.0.0.0/33"])
+    with pytest.raises(ConfigError, match="--limit-lease-ttl-s must be >= 1"):
+        parse_args(["--limit-lease-ttl-s", "0.5"])

@@ -164,3 +164,23 @@ def test_redis_answers_as_the_memory_store_does(redis_server: RedisServer) -> No
                 assert answers == expected, store
 
     asyncio.run(run())
+
+
+def test_a_debt_outlives_the_buckets_usual_expiry(redis_server: RedisServer) -> None:
+    # One request reserving ten minutes of a model's tokens: the bucket is in debt for
+    # about nine minutes, and Redis keeps it that long (the in-process store does too).
+    model = Slot("model", "small", LevelLimits(tokens_per_minute=100))
+
+    async def run() -> None:
+        async with two_replicas(redis_server.url, "debt") as (one, two):
+            assert await one.admit([model], lease_id="a", reserved_tokens=1000,
+                                   is_check=False) is None  # fmt: skip
+            refusal = await two.admit([model], lease_id="b", reserved_tokens=1, is_check=False)
+            assert refusal is not None and 540 < refusal.retry_after_s < 541
+            redis = Redis.from_url(redis_server.url)
+            try:
+                assert await redis.pttl(one.key(model, "tokens")) > 9 * 60_000
+            finally:
+                await redis.aclose()
+
+    asyncio.run(run())

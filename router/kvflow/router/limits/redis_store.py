@@ -24,12 +24,24 @@ from kvflow.router.limits.levels import Slot
 from kvflow.router.tenants.quota_scope import DEFAULT_QUOTA_SCOPE
 from kvflow.router.tenants.redis_store import _REFILL as REFILL_LUA
 
+# A bucket is kept until it has refilled, and a while longer: a request reserving more than a
+# level's minute leaves a debt that takes minutes to refill (decide.py), which the tenants'
+# fixed expiry would forgive early.
+_KEEP = """
+local function keep(key, level, capacity, now)
+  redis.call('HSET', key, 'level', tostring(level), 'ts', tostring(now))
+  local refill_ms = math.ceil(math.max(0, capacity - level) * 60000 / capacity)
+  redis.call('PEXPIRE', key, math.max(BUCKET_TTL_MS, refill_ms + 60000))
+end
+"""
+
 # KEYS: per slot, in checking order: requests bucket, tokens bucket, leases zset
 # ARGV: 1 only check (take nothing), else 0; lease id; lease ttl s; reserved tokens; then
 #       per slot: requests per minute, tokens per minute, max in flight (0 = unlimited)
 # Returns {1} or {0, the refusing slot's index (from 1), limit kind, retry after in ms}.
 _ADMIT = (
     REFILL_LUA
+    + _KEEP
     + """
 local now = now_s()
 local is_check, lease = ARGV[1] == '1', ARGV[2]
@@ -61,14 +73,8 @@ end
 if is_check then return {1} end
 for i, t in ipairs(taken) do
   local k = (i - 1) * 3
-  if t[1] > 0 then
-    redis.call('HSET', KEYS[k + 1], 'level', tostring(t[4] - 1), 'ts', tostring(now))
-    redis.call('PEXPIRE', KEYS[k + 1], BUCKET_TTL_MS)
-  end
-  if t[2] > 0 then
-    redis.call('HSET', KEYS[k + 2], 'level', tostring(t[5] - reserved), 'ts', tostring(now))
-    redis.call('PEXPIRE', KEYS[k + 2], BUCKET_TTL_MS)
-  end
+  if t[1] > 0 then keep(KEYS[k + 1], t[4] - 1, t[1], now) end
+  if t[2] > 0 then keep(KEYS[k + 2], t[5] - reserved, t[2], now) end
   if t[3] > 0 then
     redis.call('ZADD', KEYS[k + 3], now + ttl, lease)
     redis.call('PEXPIRE', KEYS[k + 3], math.ceil(ttl * 1000))
@@ -83,6 +89,7 @@ return {1}
 #       (give back the request too) else 0; then per slot: requests and tokens per minute
 _FINISH = (
     REFILL_LUA
+    + _KEEP
     + """
 local now = now_s()
 local lease, unused, is_cancelled = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
@@ -90,15 +97,9 @@ for i = 1, #KEYS / 3 do
   local k, a = (i - 1) * 3, 3 + (i - 1) * 2
   local rpm, tpm = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   redis.call('ZREM', KEYS[k + 3], lease)
-  if tpm > 0 then
-    local level = refilled(KEYS[k + 2], tpm, now) + unused
-    redis.call('HSET', KEYS[k + 2], 'level', tostring(level), 'ts', tostring(now))
-    redis.call('PEXPIRE', KEYS[k + 2], BUCKET_TTL_MS)
-  end
+  if tpm > 0 then keep(KEYS[k + 2], refilled(KEYS[k + 2], tpm, now) + unused, tpm, now) end
   if is_cancelled and rpm > 0 then
-    local level = refilled(KEYS[k + 1], rpm, now) + 1
-    redis.call('HSET', KEYS[k + 1], 'level', tostring(level), 'ts', tostring(now))
-    redis.call('PEXPIRE', KEYS[k + 1], BUCKET_TTL_MS)
+    keep(KEYS[k + 1], refilled(KEYS[k + 1], rpm, now) + 1, rpm, now)
   end
 end
 return 1

@@ -18,6 +18,7 @@ from kvflow.router.limits.levels import LevelLimits, LimitsConfig, Slot
 from kvflow.router.limits.redis_store import RedisLimitStore
 from kvflow.router.limits.service import LimitService
 from kvflow.router.limits.store import MemoryLimitStore
+from kvflow.router.protocol.errors import ApiError
 
 pytestmark = pytest.mark.integration
 
@@ -180,6 +181,37 @@ def test_a_debt_outlives_the_buckets_usual_expiry(redis_server: RedisServer) -> 
             redis = Redis.from_url(redis_server.url)
             try:
                 assert await redis.pttl(one.key(model, "tokens")) > 9 * 60_000
+            finally:
+                await redis.aclose()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["memory", "deny"])
+def test_redis_stopped_falls_back_as_the_quotas_do(mode: str) -> None:
+    config = LimitsConfig(global_limits=LevelLimits(requests_per_minute=1))
+    slots = config.slots(None, "m")
+
+    async def run() -> None:
+        with running_redis() as server:
+            redis = Redis.from_url(server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            fallbacks: list[str] = []
+            service = LimitService(config, RedisLimitStore(redis, lease_ttl_s=60, scope=mode),
+                                   on_store_failure=mode, on_fallback=fallbacks.append)  # fmt: skip
+            try:
+                await service.finish(await service.admit(slots, 1), 1)  # Redis's one request
+                server.stop()
+                if mode == "deny":
+                    with pytest.raises(ApiError) as info:
+                        await service.admit(slots, 1)
+                    assert info.value.status == 503 and info.value.retry_after_s == 2.0
+                else:  # this replica's own minute, in memory: one request, then 429
+                    lease = await service.admit(slots, 1)
+                    assert not lease.in_redis
+                    with pytest.raises(ApiError) as info:
+                        await service.admit(slots, 1)
+                    assert info.value.status == 429
+                assert fallbacks and set(fallbacks) == {mode}
             finally:
                 await redis.aclose()
 

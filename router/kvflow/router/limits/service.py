@@ -64,10 +64,6 @@ class LimitService:
         self._renew_task: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Task[None]] = set()
 
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
-
     def slots(self, client_ip: str | None, model: str) -> tuple[Slot, ...]:
         return self.config.slots(client_ip, model)
 

@@ -93,6 +93,3 @@ class MemoryLimitStore:
 
     def num_counters(self) -> int:
         return len(self._states)
-
-    def in_flight(self, slot: Slot) -> int:
-        return len(self._states.get((slot.level, slot.key), SlotState()).leases)

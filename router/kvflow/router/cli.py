@@ -21,6 +21,7 @@ from kvflow.router import tracing
 from kvflow.router.caches.config import parse_response_cache, response_cache_flags
 from kvflow.router.cli_args import seconds
 from kvflow.router.cli_limits import parse_request_limits, request_limit_flags
+from kvflow.router.cli_rate_limits import apply_rate_limit_flags, rate_limit_flags
 from kvflow.router.cli_security import (
     security_flags,
     security_settings,
@@ -113,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     _admission_flags(p, d.admission)
     _tracing_flags(p)
     request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
+    rate_limit_flags(p)
     security_flags(p, d)
     response_cache_flags(p, d.response_cache)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
@@ -222,6 +224,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
     if args.max_body_bytes is not None:
         config = replace(config, max_body_bytes=args.max_body_bytes)
     request_limits, prepare = parse_request_limits(args)
+    config = replace(config, rate_limits=apply_rate_limit_flags(args, config.rate_limits))
     if config.pools:
         _refuse_pool_flags(args, args.config)
     if args.hash_api_key:
@@ -292,6 +295,9 @@ async def _serve(settings: RouterSettings) -> None:
         ),
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
+        # X-Forwarded-For is judged by the app, against --trusted-proxy-cidrs (limits/
+        # client_ip.py); uvicorn's own would believe it from any loopback peer.
+        proxy_headers=False,
     )
     if settings.tls_cert_file is not None:
         try:

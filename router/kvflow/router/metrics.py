@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvflow.proto import metric_names as names
 from kvflow.router.api.http_limits import REFUSAL_REASONS as HTTP_REFUSAL_REASONS
+from kvflow.router.limits.levels import KINDS as LIMIT_KINDS
+from kvflow.router.limits.levels import LEVELS as LIMIT_LEVELS
 
 # Routing decisions take tens of microseconds to a few milliseconds.
 _DECISION_BUCKETS_S = (
@@ -228,6 +230,18 @@ class RouterMetrics:
             ["tenant", "limit"],
             registry=r,
         )
+        # Both labels from fixed sets (not the model or address): bounded, and every
+        # series exists at 0 from the start.
+        self.limit_rejections = Counter(
+            "kvflow_router_limit_rejections_total",
+            "Requests refused (429) by a limit of a model, a client address or the whole "
+            "gateway, by level and limit",
+            ["level", "limit"],
+            registry=r,
+        )
+        for level in LIMIT_LEVELS:
+            for kind in LIMIT_KINDS:
+                self.limit_rejections.labels(level, kind)
         # Label pool: a gateway's pools each have their own admission control, and each
         # pool's planner counts only its own refusals as its demand (docs/planner.md).
         self.admission_rejections = Counter(

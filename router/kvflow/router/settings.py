@@ -34,6 +34,11 @@ disaggregation:                                   # pools with prefill and decod
 pools: [...]                                      # several models: models/pools.py
 models: [...]                                     # public names -> pools: models/routes.py
 degradation: {...}                                # per model, its ladder: degrade/config.py
+rate_limits:                                      # model, client IP, global: limits/levels.py
+  global: {requests_per_minute: 6000, tokens_per_minute: 2000000, max_in_flight: 512}
+  client_ip: {requests_per_minute: 120, max_in_flight: 8}
+  models: {smollm2-135m-instruct: {max_in_flight: 64}}
+  trusted_proxy_cidrs: [10.0.0.0/8]
 prices:                                           # per served model, USD per million tokens
   smollm2-135m-instruct: {input_usd_per_million_tokens: 0.15,
                           cached_input_usd_per_million_tokens: 0.075,
@@ -61,6 +66,7 @@ from kvflow.router.caches.config import ResponseCacheConfig
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.degrade.config import DegradationSpec, parse_degradation
+from kvflow.router.limits.levels import LimitsConfig, parse_limits_config
 from kvflow.router.models.pools import PoolSpec, parse_pools
 from kvflow.router.models.routes import ModelRoutes, parse_models
 from kvflow.router.protocol.limits import RequestLimits
@@ -118,6 +124,8 @@ class RouterConfig:
     prices: Mapping[str, ModelPrices] = field(default_factory=dict)
     # Public model name -> its degradation ladder (degrade/config.py); {}: off for all.
     degradation: Mapping[str, DegradationSpec] = field(default_factory=dict)
+    # Limits per served model, client IP and for the whole gateway (limits/levels.py).
+    rate_limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,7 @@ def parse_config(raw: object) -> RouterConfig:
             "models",
             "prices",
             "degradation",
+            "rate_limits",
         },
         "the configuration",
     )
@@ -248,6 +257,7 @@ def parse_config(raw: object) -> RouterConfig:
         models=models,
         prices=parse_prices(raw.get("prices"), ConfigError),
         degradation=parse_degradation(raw.get("degradation"), models, served_names),
+        rate_limits=parse_limits_config(section(raw, "rate_limits")),
     )
 
 

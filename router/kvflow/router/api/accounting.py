@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.degrade.service import RequestDegradation
+from kvflow.router.limits.service import LevelLease
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
@@ -46,6 +47,8 @@ class Accounting:
     on_finish: Callable[[], None] | None = None
     # Its model's degradation ladder, fed this request's timings (degrade/service.py).
     degradation: RequestDegradation | None = None
+    # The request's hold on the model, client-IP and global limits (limits/service.py).
+    level_lease: LevelLease | None = None
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -94,6 +97,9 @@ class Accounting:
         usage = self.usage
         if self.is_replayed:
             usage = UsageCounts(usage.prompt_tokens, 0, usage.cached_tokens)
+        if self.level_lease is not None:  # released at once, settled in the background
+            used_tokens = usage.prompt_tokens + usage.completion_tokens
+            self.gateway.limits.release(self.level_lease, used_tokens)
         name, metrics = self.tenant.name, self.gateway.metrics
         metrics.tenant_requests.labels(name).inc()
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)

@@ -22,6 +22,9 @@ from kvflow.router.api.backend import (
 from kvflow.router.caches.config import ResponseCacheConfig
 from kvflow.router.caches.service import ResponseCache, build_response_cache
 from kvflow.router.degrade.service import Degradation
+from kvflow.router.limits.levels import LimitsConfig
+from kvflow.router.limits.redis_store import RedisLimitStore
+from kvflow.router.limits.service import LimitService
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
 from kvflow.router.protocol.errors import (
@@ -79,6 +82,8 @@ class Gateway:
     response_cache: ResponseCache = field(
         default_factory=lambda: ResponseCache(ResponseCacheConfig())
     )
+    # Limits per model, client IP and for the whole gateway (limits/).
+    limits: LimitService = field(default_factory=lambda: LimitService(LimitsConfig(), None))
 
     @property
     def session_header(self) -> str:
@@ -91,6 +96,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.quotas.start()
+        self.limits.start()
         for backend in self.backends:
             await backend.start()
         self.degradation.start()
@@ -99,6 +105,7 @@ class Gateway:
         await self.degradation.stop()
         await asyncio.gather(*(b.stop() for b in self.backends))
         await self.quotas.stop()
+        await self.limits.stop()
         if self.redis is not None:
             await self.redis.aclose()
 
@@ -270,4 +277,22 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         response_cache=build_response_cache(
             settings.response_cache, redis, metrics.registry, settings.quota_scope
         ),
+        limits=_limit_service(settings, redis, metrics),
+    )
+
+
+def _limit_service(
+    settings: RouterSettings, redis: Redis | None, metrics: RouterMetrics
+) -> LimitService:
+    """The levels' limits, in the quotas' Redis (and under their scope and failure mode)."""
+    config = settings.config.rate_limits
+    store = None
+    if redis is not None and config.is_limited:
+        store = RedisLimitStore(redis, lease_ttl_s=config.lease_ttl_s, scope=settings.quota_scope)
+    return LimitService(
+        config,
+        store,
+        on_store_failure=settings.quota_on_store_failure,
+        on_fallback=lambda action: metrics.quota_store_fallbacks.labels(action).inc(),
+        on_refusal=lambda level, kind: metrics.limit_rejections.labels(level, kind).inc(),
     )

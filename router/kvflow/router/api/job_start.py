@@ -3,10 +3,12 @@
 model (404/403), resolved to a pool -> a worker of that pool is up (503) -> the tenant's
 concurrency at this replica (429) -> the tenant's quotas, checked against the least the
 request can reserve (429: requests per minute, tokens per minute, daily token budget, daily
-and monthly budgets in USD) ->
+and monthly budgets in USD) -> the client IP's, the model's and the gateway's limits, the
+same way (429 naming the limit; limits/) ->
 admission control (503/429) -> prepare on the prepare threads: schemas compiled, template
 rendered, prompts tokenized (400; 503 when busy) -> prompt fits the context, max_tokens
-planned (400) -> the quotas admit the request with its real reservation (429).
+planned (400) -> the levels' limits, then the tenant's quotas, admit the request with its
+real reservation (429).
 
 Nothing is rendered, tokenized or compiled for a request that the tenant's limits or the
 cluster's queues turn away. The quota check before preparing takes nothing; the admission
@@ -30,6 +32,9 @@ from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
 from kvflow.router.api.response_cache import look_up as look_up_answer
 from kvflow.router.caches.service import OFF, CacheTicket
 from kvflow.router.degrade.service import RequestDegradation
+from kvflow.router.limits.client_ip import client_address
+from kvflow.router.limits.levels import Slot
+from kvflow.router.limits.service import LevelLease
 from kvflow.router.protocol.errors import ApiError, rate_limited
 from kvflow.router.protocol.requests import (
     ChatRequest,
@@ -102,6 +107,8 @@ async def start_job(
         num_prompts = 1 if isinstance(parsed, ChatRequest) else len(parsed.prompts)
         floor = reservation_floor(num_prompts, parsed.sampling, policy)
         _raise_unless_admitted(gw, tenant, await gw.quotas.check(tenant.tenant, floor))
+        levels = _level_slots(request, gw, served_name)
+        await gw.limits.check(levels, floor)
         # 503/429 from the workers' queues; a cached answer runs on no worker.
         if backend.admission is not None and not cached.is_hit:
             await degradation.admit(backend.admission, tenant.tenant, served_name)
@@ -122,7 +129,12 @@ async def start_job(
         budget = degradation.cap(budget, prompt_lens, sampling.n)  # cap_max_tokens
         # A cached answer generates nothing: it reserves its prompt only.
         reserved = sum(prompt_lens) if cached.is_hit else budget.reserved_tokens
-        lease, admission = await _admit(gw, tenant, sum(prompt_lens), reserved)
+        level_lease = await gw.limits.admit(levels, reserved)
+        try:
+            lease, admission = await _admit(gw, tenant, sum(prompt_lens), reserved)
+        except BaseException:
+            await gw.limits.finish(level_lease, 0, is_cancelled=True)
+            raise
     except BaseException:
         in_flight.close()
         raise
@@ -148,14 +160,31 @@ async def start_job(
     )
     if admission.warning_budget is not None:
         gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()
-    accounting = _accounting(gw, job, lease, on_finish=in_flight.close)
+    accounting = _accounting(gw, job, lease, on_finish=in_flight.close, level_lease=level_lease)
     accounting.degradation = degradation
     accounting.is_replayed = cached.is_hit
     return StartedJob(job, backend, accounting, cached)
 
 
+def _level_slots(request: Request, gw: Gateway, served_name: str) -> tuple[Slot, ...]:
+    """The client IP's, the model's and the gateway's counters this request draws on."""
+    config = gw.limits.config
+    if not config.is_limited:
+        return ()
+    client = None
+    if config.client_ip.is_limited:
+        peer = request.client.host if request.client is not None else None
+        forwarded = request.headers.getlist("x-forwarded-for")
+        client = client_address(peer, forwarded, config.trusted_proxies)
+    return gw.limits.slots(client, served_name)
+
+
 def _accounting(
-    gw: Gateway, job: CompletionJob, lease: Lease, on_finish: Callable[[], None]
+    gw: Gateway,
+    job: CompletionJob,
+    lease: Lease,
+    on_finish: Callable[[], None],
+    level_lease: LevelLease | None = None,
 ) -> Accounting:
     return Accounting(
         gw,
@@ -167,6 +196,7 @@ def _accounting(
         pool=job.served_by.pool_label,
         served_model=job.served_by.served_model,
         on_finish=on_finish,
+        level_lease=level_lease,
     )
 
 

@@ -19,6 +19,7 @@ from kvflow.engine_worker.core.queue_limits import DrainRateMeter, QueueStats, c
 from kvflow.engine_worker.core.request import FinishReason, KvBlockRange, Request
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.core.scheduler import Scheduler, SchedulerOutput
+from kvflow.proto.priority_class import PriorityClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +134,13 @@ class Engine:
         priority: int = 0,
         tenant: str | None = None,
         wants_remote_kv: bool = False,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
     ) -> Request:
         """Validate and queue a request; raises InvalidRequestError saying what is wrong,
         QueueFullError (holding nothing) when the waiting queue is at its bound.
 
-        ``tenant`` keys fair sharing (None: the cache salt). ``wants_remote_kv`` (PD,
+        ``tenant`` keys fair sharing (None: the cache salt); ``priority_class`` ranks
+        above it (scheduler.py). ``wants_remote_kv`` (PD,
         decode side): reserve blocks for the prompt part this worker lacks and wait for a
         prefill worker to send them; the first output says which."""
         self._validate(request_id, prompt_token_ids, num_public_blocks)
@@ -152,6 +155,7 @@ class Engine:
             num_public_blocks=num_public_blocks,
             priority=priority,
             tenant=cache_salt if tenant is None else tenant,
+            priority_class=priority_class,
             wants_remote_kv=wants_remote_kv,
         )
         self._queue(request)
@@ -168,6 +172,7 @@ class Engine:
         num_public_blocks: int = 0,
         priority: int = 0,
         tenant: str | None = None,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
     ) -> Request:
         """PD, prefill side: compute the KV of prompt positions [0, end_token) (its own
         prefix cache counts) and, once done, hand blocks [first_token, end_token) out as
@@ -193,6 +198,7 @@ class Engine:
             num_public_blocks=num_public_blocks,
             priority=priority,
             tenant=cache_salt if tenant is None else tenant,
+            priority_class=priority_class,
             send_from_token=first_token,
         )
         self._check_queue()

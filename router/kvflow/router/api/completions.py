@@ -17,6 +17,7 @@ from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body
 from kvflow.router.api.job_start import start_job
 from kvflow.router.api.respond import collected, streamed
+from kvflow.router.protocol.priority_class import applied_class, requested_class
 from kvflow.router.protocol.requests import (
     ChatRequest,
     CompletionRequest,
@@ -38,9 +39,13 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     parsed: ChatRequest | CompletionRequest = (
         parse_chat_request(body, limits) if is_chat else parse_completion_request(body, limits)
     )
+    # The class asked for (400 on an unknown word), capped to the tenant's ceiling.
+    priority_class = applied_class(
+        requested_class(request.headers, body), tenant.max_priority_class
+    )
     # prompt_cache_key: a per-user cache salt under the tenant's.
     context = TenantContext(
-        tenant_for_request(tenant, body), request.headers.get(gw.session_header)
+        tenant_for_request(tenant, body), request.headers.get(gw.session_header), priority_class
     )
     started = await start_job(request, gw, parsed, context)
     job, accounting = started.job, started.accounting

@@ -93,7 +93,7 @@ async def start_job(
         floor = reservation_floor(num_prompts, parsed.sampling, policy)
         _raise_unless_admitted(gw, tenant, await gw.quotas.check(tenant.tenant, floor))
         if backend.admission is not None:  # 503/429 from the workers' queues
-            backend.admission.check(tenant.tenant, served_name)
+            backend.admission.check(tenant.tenant, served_name, tenant.priority_class)
             in_flight.enter_context(backend.admission.in_flight(tenant.tenant))
             trace.is_admitted = True
         prompts = await _prepare_pool(request, gw).run(
@@ -147,6 +147,7 @@ def _accounting(
         job.num_choices,
         pool=job.served_by.pool_label,
         served_model=job.served_by.served_model,
+        priority_class=job.tenant.priority_class.value,
         on_finish=on_finish,
     )
 

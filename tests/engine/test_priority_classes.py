@@ -6,10 +6,12 @@ the victim's class."""
 
 from __future__ import annotations
 
+import pytest
 from testkit.fake_runner import FakeRunner
 
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.engine import Engine, EngineConfig, RequestOutput
+from kvflow.engine_worker.core.errors import QueueFullError
 from kvflow.engine_worker.core.fair_queue import FairWaitingQueue
 from kvflow.engine_worker.core.request import FinishReason, Request, RequestStatus
 from kvflow.engine_worker.core.sampling_params import SamplingParams
@@ -158,3 +160,25 @@ def test_realtime_takes_a_seat_from_batch_when_every_seat_is_taken() -> None:
     assert [r.request_id for r in out.preempted] == ["b2"]  # the later of the two
     assert {s.request.request_id for s in out.scheduled} == {"b1", "n"}
     assert len(e.scheduler.running) == 2
+
+
+def test_the_queue_bound_counts_the_requests_ahead_of_a_class() -> None:
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1, max_model_len=256,
+                                  block_size=BS, max_waiting_requests=2),
+        num_kv_blocks=64, vocab_size=VOCAB, eos_token_ids=(VOCAB - 1,), hash_seed=b"s",
+    )  # fmt: skip
+    e = Engine(config, FakeRunner(block_size=BS, vocab_size=VOCAB), Clock())
+    for i in range(3):  # one runs, two wait: the queue is at its bound for batch
+        add(e, f"b{i}", BATCH, [1, 2, 3], max_tokens=50)
+        e.step()
+    with pytest.raises(QueueFullError, match=r"\(2 requests waiting, --max-waiting-requests 2\)"):
+        add(e, "b3", BATCH, [1, 2, 3])
+    # Normal and realtime requests are admitted before every waiting batch one: not full.
+    add(e, "n0", NORMAL, [1, 2, 3])
+    add(e, "n1", NORMAL, [1, 2, 3])
+    with pytest.raises(QueueFullError):  # two normal ahead now
+        add(e, "n2", NORMAL, [1, 2, 3])
+    add(e, "r0", RT, [1, 2, 3])
+    assert e.scheduler.waiting.num_waiting_by_rank == (1, 2, 2)
+    assert e.queue_stats.num_waiting == 5

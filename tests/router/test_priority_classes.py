@@ -162,10 +162,11 @@ def queue(waiting: int, bound: int = 256) -> list[WorkerQueue]:
         (queue(60), UNDER_SHARE, "batch_shed", "admitted", "admitted"),  # 15 s: batch first
         (queue(60), OVER_SHARE, "batch_shed", "over_share", "admitted"),
         (queue(200), UNDER_SHARE, "batch_shed", "cluster_full", "admitted"),  # 50 s
-        (queue(256), UNDER_SHARE, "queues_full", "queues_full", "queues_full"),  # hard full
+        # Every queue at its bound: the workers bound each class's queue, and take realtime.
+        (queue(256), UNDER_SHARE, "queues_full", "queues_full", "admitted"),
     ],
 )
-def test_admission_sheds_batch_first_then_normal_and_keeps_realtime(
+def test_admission_sheds_batch_first_then_normal_and_leaves_realtime_to_the_workers(
     queues: list[WorkerQueue], tenant: TenantLoad, batch: str, normal: str, realtime: str
 ) -> None:
     got = {cls: decide(queues, 0, tenant, CONFIG, cls).reason for cls in (BATCH, NORMAL, RT)}

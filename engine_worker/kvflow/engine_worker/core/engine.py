@@ -145,7 +145,7 @@ class Engine:
         prefill worker to send them; the first output says which."""
         self._validate(request_id, prompt_token_ids, num_public_blocks)
         sampling.validate(self.config.vocab_size)
-        self._check_queue()
+        self._check_queue(priority_class)
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -201,12 +201,12 @@ class Engine:
             priority_class=priority_class,
             send_from_token=first_token,
         )
-        self._check_queue()
+        self._check_queue(priority_class)
         self._queue(request)
         return request
 
-    def _check_queue(self) -> None:
-        check_queue(self.queue_stats, self.config.scheduler.max_queue_time_s)
+    def _check_queue(self, priority_class: PriorityClass) -> None:
+        check_queue(self.queue_stats, self.config.scheduler.max_queue_time_s, priority_class)
 
     def _queue(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -218,6 +218,7 @@ class Engine:
             num_waiting=self.scheduler.num_waiting,
             drain_rate_per_s=self._drain.rate_per_s,
             max_waiting_requests=self.config.scheduler.max_waiting_requests,
+            num_waiting_by_rank=self.scheduler.waiting.num_waiting_by_rank,
         )
 
     def _validate(

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 
 from kvflow.engine_worker.core.request import Request
 from kvflow.proto.fairness import priority_weight
+from kvflow.proto.priority_class import PriorityClass
 
 _Key = tuple[int, int, float, str]
 
@@ -58,6 +59,7 @@ class FairWaitingQueue:
         self._served: dict[str, float] = {}
         self._last_admitted_served = 0.0
         self._num_waiting = 0
+        self._num_by_rank = [0] * len(PriorityClass)  # waiting requests per class, by rank
 
     def push(self, request: Request) -> None:
         tenant = request.tenant
@@ -69,6 +71,7 @@ class FairWaitingQueue:
             heap = self._heaps[tenant] = []
         heapq.heappush(heap, (_key(request), request))
         self._num_waiting += 1
+        self._num_by_rank[request.priority_class.rank] += 1
 
     def _floor(self) -> float:
         """Where a newly backlogged tenant's count starts: level with the least served of
@@ -96,6 +99,7 @@ class FairWaitingQueue:
             del self._heaps[tenant]
         self._last_admitted_served = self._served[tenant]
         self._num_waiting -= 1
+        self._num_by_rank[request.priority_class.rank] -= 1
         return request
 
     def remove(self, request: Request) -> None:
@@ -104,6 +108,7 @@ class FairWaitingQueue:
         if len(kept) == len(heap):
             return
         self._num_waiting -= 1
+        self._num_by_rank[request.priority_class.rank] -= 1
         if kept:
             heapq.heapify(kept)
             self._heaps[request.tenant] = kept
@@ -126,6 +131,11 @@ class FairWaitingQueue:
     def served_tokens(self, tenant: str) -> float:
         """The tenant's weighted token count (for tests and metrics)."""
         return self._served.get(tenant, 0.0)
+
+    @property
+    def num_waiting_by_rank(self) -> tuple[int, ...]:
+        """Waiting requests per class, most urgent first (index: ``PriorityClass.rank``)."""
+        return tuple(self._num_by_rank)
 
     @property
     def num_tenants(self) -> int:

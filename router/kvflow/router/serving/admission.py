@@ -20,9 +20,11 @@ cluster sheds in ``SHED_ORDER``, batch first, then normal, and keeps realtime:
 - **batch**: 503 already above ``shed_queue_time_s``, whatever its tenant's share (batch
   work fills spare capacity; a busy cluster has none), reason ``batch_shed``.
 - **normal**: as above (429 over share past the shed time, 503 past the max).
-- **realtime**: admitted until every eligible queue is at its bound (``queues_full``), the
-  one refusal it shares with the others: the workers run it before everything else, so
-  the queue ahead of it is not the one it waits behind.
+- **realtime**: admitted; the workers judge. A worker runs it before everything else and
+  bounds its queue per class (a full queue of normal and batch work still takes it:
+  engine_worker core/queue_limits.py), so the queue this router sees is not the one a
+  realtime request waits behind; a worker whose realtime requests alone fill its bound
+  refuses, and the router tries another, then answers 503 with Retry-After.
 
 Retry-After is the time the best queue needs to drain back under the threshold crossed.
 The shares are this replica's view: N router replicas each judge their own traffic.
@@ -176,13 +178,13 @@ def decide(
     extra = num_dispatched_since_report / len(queues)
     best = min(queues, key=lambda q: (q.is_full, q.estimated_wait_s(extra)))
     wait_s = best.estimated_wait_s(extra)
+    if priority_class is PriorityClass.REALTIME:
+        return Verdict(200, "admitted", wait_s)
     if best.is_full:
         # Every queue is at its bound: the time for the best to drain by one is when a
         # retry could get in.
         one_s = 1.0 / best.drain_rate_per_s if best.drain_rate_per_s > 0 else 1.0
         return Verdict(503, "queues_full", wait_s, _retry_after_s(one_s))
-    if priority_class is PriorityClass.REALTIME:
-        return Verdict(200, "admitted", wait_s)
     if priority_class is PriorityClass.BATCH and wait_s > config.shed_queue_time_s:
         return Verdict(503, "batch_shed", wait_s,
                        _retry_after_s(wait_s - config.shed_queue_time_s))  # fmt: skip

@@ -6,6 +6,8 @@ the victim's class."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from testkit.fake_runner import FakeRunner
 
@@ -182,3 +184,38 @@ def test_the_queue_bound_counts_the_requests_ahead_of_a_class() -> None:
     add(e, "r0", RT, [1, 2, 3])
     assert e.scheduler.waiting.num_waiting_by_rank == (1, 2, 2)
     assert e.queue_stats.num_waiting == 5
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_mixes_keep_the_invariants(seed: int) -> None:
+    """Random arrivals of every class into a small cache with few seats: a step never both
+    preempts and schedules a request, never preempts a request while scheduling a less
+    urgent one, every request finishes with all its tokens, and every block comes back."""
+    rng = random.Random(seed)
+    e = engine(budget=16, num_blocks=24, max_seqs=4)
+    wanted: dict[str, int] = {}
+    for step in range(3000):
+        if step < 60 and rng.random() < 0.4:
+            rid = f"r{step}"
+            wanted[rid] = rng.randint(1, 12)
+            prompt = [rng.randrange(VOCAB - 1) for _ in range(rng.randint(1, 20))]
+            add(e, rid, rng.choice(list(PriorityClass)), prompt, max_tokens=wanted[rid],
+                tenant=rng.choice("ab"))  # fmt: skip
+        out = e.scheduler.schedule(e.clock())
+        scheduled = [s.request for s in out.scheduled]
+        assert not set(map(id, scheduled)) & set(map(id, out.preempted))
+        if out.preempted and scheduled:
+            least_urgent_served = max(r.priority_class.rank for r in scheduled)
+            assert min(p.priority_class.rank for p in out.preempted) >= least_urgent_served
+        e.runner.execute(out)
+        e.scheduler.update_from_output(out)
+        for s in out.scheduled:
+            if s.samples:
+                s.request.token_ids.append(7)
+                if s.request.num_output_tokens >= wanted[s.request.request_id]:
+                    e.scheduler.finish(s.request, FinishReason.LENGTH)
+                    del e.requests[s.request.request_id]
+        if step >= 60 and not e.requests:
+            break
+    assert not e.requests, "some requests never finished"
+    assert e.kv_cache.pool.num_free_blocks == 24

@@ -173,8 +173,9 @@ class Scheduler:
             request = self.waiting.peek()
             if request.priority_class is not cls:
                 break
-            if request in out.preempted:
-                break  # preempted this step: it waits a step at least
+            # A request preempted this step never gets back in now: its victims would be
+            # of a less urgent class, and those are preempted before it (pending only
+            # shrinks), so it finds none while the step is tight, and breaks below.
             victims = [r for r in pending if cls.more_urgent_than(r.priority_class)]
             no_seat = len(self.running) + len(self.waiting_for_kv) >= self.config.max_num_seqs
             tight = bool(out.preempted) and making_room_for is not request

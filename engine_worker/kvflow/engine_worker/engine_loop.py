@@ -42,6 +42,7 @@ from kvflow.engine_worker.loop_records import (
     StepObserver,
     TransferObserver,
 )
+from kvflow.proto.priority_class import PriorityClass
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class EngineLoop:
         priority: int = 0,
         tenant: str | None = None,
         remote_kv_timeout_s: float | None = None,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
     ) -> AsyncGenerator[RequestOutput | KvReservationOut]:
         """Outputs of one request until it finishes. Leaving early aborts it and frees its
         blocks. Raises the engine's InvalidRequestError before the first output.
@@ -157,6 +159,7 @@ class EngineLoop:
                 priority=priority,
                 tenant=tenant,
                 wants_remote_kv=wants_remote_kv,
+                priority_class=priority_class,
             )
             if wants_remote_kv:
                 assert remote_kv_timeout_s is not None and self.handoff is not None
@@ -182,6 +185,7 @@ class EngineLoop:
         num_public_blocks: int = 0,
         priority: int = 0,
         tenant: str | None = None,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
     ) -> PrefillResult:
         """PD, prefill side: compute the prompt's KV and send blocks [first_token, end_token)
         to ``target``. Raises InvalidRequestError, EngineOverloadedError or KvTransferError;
@@ -201,6 +205,7 @@ class EngineLoop:
                 num_public_blocks=num_public_blocks,
                 priority=priority,
                 tenant=tenant,
+                priority_class=priority_class,
             )
             handoff.send_targets[request_id] = (target, timeout_s)  # accepted: see generate
 

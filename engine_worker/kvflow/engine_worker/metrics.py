@@ -14,6 +14,7 @@ from kvflow.engine_worker.loop_records import TransferRecord
 from kvflow.engine_worker.memory.device_memory import DeviceMemoryProbe
 from kvflow.engine_worker.memory.report import MemoryReport
 from kvflow.proto import metric_names as names
+from kvflow.proto.priority_class import PriorityClass
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
@@ -55,6 +56,17 @@ class WorkerMetrics:
         self.preemptions = Counter(
             p + "preemptions", "Requests preempted to free blocks", registry=r
         )
+        # By the victim's class: a realtime request preempts batch work before its own class,
+        # so batch preemptions rising while realtime ones stay at zero is the design working.
+        self.class_preemptions = Counter(
+            p + "class_preemptions",
+            "Requests preempted to free blocks or a seat, by the preempted request's class",
+            ["victim_class"],
+            registry=r,
+        )
+        self._seen_class_preemptions = dict.fromkeys(PriorityClass, 0)
+        for cls in PriorityClass:
+            self.class_preemptions.labels(cls.value)
         self.ttft = Histogram(
             names.WORKER_TTFT,
             "Arrival to first token",
@@ -163,6 +175,9 @@ class WorkerMetrics:
         self.queried.inc(kv.stats.num_queried_tokens - self._seen_queried)
         self.hits.inc(kv.stats.num_hit_tokens - self._seen_hits)
         self._seen_queried, self._seen_hits = kv.stats.num_queried_tokens, kv.stats.num_hit_tokens
+        for cls, count in engine.scheduler.preemptions_by_class.items():
+            self.class_preemptions.labels(cls.value).inc(count - self._seen_class_preemptions[cls])
+            self._seen_class_preemptions[cls] = count
         if outputs and self._last_step_time_s is not None:
             self.step_duration.observe(now_s - self._last_step_time_s)
         self._last_step_time_s = now_s if engine.has_unfinished_requests else None

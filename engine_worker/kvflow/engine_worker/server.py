@@ -35,7 +35,7 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.loop_records import KvReservationOut, KvSnapshot
 from kvflow.engine_worker.metrics import WorkerMetrics
-from kvflow.engine_worker.wire_context import request_context
+from kvflow.engine_worker.wire_context import priority_class, request_context
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
@@ -231,6 +231,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 priority=ctx.priority,
                 tenant=ctx.tenant or None,
                 remote_kv_timeout_s=remote_kv_timeout_s,
+                priority_class=priority_class(ctx),
             )
             # A client that goes away closes this handler at a yield: close the engine's
             # stream right then, which aborts the request and frees its blocks.
@@ -279,6 +280,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 num_public_blocks=ctx.num_public_blocks,
                 priority=ctx.priority,
                 tenant=ctx.tenant or None,
+                priority_class=priority_class(ctx),
             )
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

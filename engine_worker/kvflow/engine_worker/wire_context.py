@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvflow.proto import worker_pb2 as pb
+from kvflow.proto.priority_class import PriorityClass
 
 
 def request_context(request: pb.GenerateRequest | pb.PrefillRequest) -> pb.RequestContext:
@@ -16,3 +17,8 @@ def request_context(request: pb.GenerateRequest | pb.PrefillRequest) -> pb.Reque
         priority=request.priority,
         num_public_blocks=request.num_public_blocks,
     )
+
+
+def priority_class(context: pb.RequestContext) -> PriorityClass:
+    """The request's class; normal when the router predates classes (the field is unset)."""
+    return PriorityClass.from_pb(context.priority_class)

@@ -16,6 +16,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvflow.proto import metric_names as names
+from kvflow.proto.priority_class import CLASS_WORDS
 from kvflow.router.api.http_limits import REFUSAL_REASONS as HTTP_REFUSAL_REASONS
 from kvflow.router.limits.levels import KINDS as LIMIT_KINDS
 from kvflow.router.limits.levels import LEVELS as LIMIT_LEVELS
@@ -58,7 +59,10 @@ PD_FAILURE_KINDS = (
 )
 
 # Why admission control refused a request (serving/admission.py), by the status answered.
-ADMISSION_REFUSALS = {"429": ("over_share",), "503": ("cluster_full", "queues_full")}
+ADMISSION_REFUSALS = {
+    "429": ("over_share",),
+    "503": ("batch_shed", "cluster_full", "queues_full"),
+}
 DEADLINE_KINDS = ("first_token", "token_stall")  # workers/deadlines.py's DeadlineKind
 
 
@@ -224,6 +228,22 @@ class RouterMetrics:
             ["tenant", "budget"],
             registry=r,
         )
+        # By priority class (kvflow.proto.priority_class), three values: what each class got
+        # and what admission shed of it, which shows the shedding order at work.
+        self.class_requests = Counter(
+            "kvflow_router_priority_class_requests_total",
+            "Admitted requests, by the priority class they ran as",
+            ["priority_class"],
+            registry=r,
+        )
+        self.class_rejections = Counter(
+            "kvflow_router_priority_class_rejections_total",
+            "Requests admission control refused, by priority class and why",
+            ["priority_class", "reason"],
+            registry=r,
+        )
+        for word in CLASS_WORDS:
+            self.class_requests.labels(word)
         self.tenant_rejections = Counter(
             "kvflow_router_tenant_rejections_total",
             "Requests refused by a quota or rate limit",

@@ -19,6 +19,7 @@ from kvflow.engine_worker.core.queue_limits import DrainRateMeter, QueueStats, c
 from kvflow.engine_worker.core.request import FinishReason, KvBlockRange, Request
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.core.scheduler import Scheduler, SchedulerOutput
+from kvflow.proto.priority_class import PriorityClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +134,18 @@ class Engine:
         priority: int = 0,
         tenant: str | None = None,
         wants_remote_kv: bool = False,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
     ) -> Request:
         """Validate and queue a request; raises InvalidRequestError saying what is wrong,
         QueueFullError (holding nothing) when the waiting queue is at its bound.
 
-        ``tenant`` keys fair sharing (None: the cache salt). ``wants_remote_kv`` (PD,
+        ``tenant`` keys fair sharing (None: the cache salt); ``priority_class`` ranks
+        above it (scheduler.py). ``wants_remote_kv`` (PD,
         decode side): reserve blocks for the prompt part this worker lacks and wait for a
         prefill worker to send them; the first output says which."""
         self._validate(request_id, prompt_token_ids, num_public_blocks)
         sampling.validate(self.config.vocab_size)
-        self._check_queue()
+        self._check_queue(priority_class)
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -152,6 +155,7 @@ class Engine:
             num_public_blocks=num_public_blocks,
             priority=priority,
             tenant=cache_salt if tenant is None else tenant,
+            priority_class=priority_class,
             wants_remote_kv=wants_remote_kv,
         )
         self._queue(request)
@@ -168,6 +172,7 @@ class Engine:
         num_public_blocks: int = 0,
         priority: int = 0,
         tenant: str | None = None,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
     ) -> Request:
         """PD, prefill side: compute the KV of prompt positions [0, end_token) (its own
         prefix cache counts) and, once done, hand blocks [first_token, end_token) out as
@@ -193,14 +198,15 @@ class Engine:
             num_public_blocks=num_public_blocks,
             priority=priority,
             tenant=cache_salt if tenant is None else tenant,
+            priority_class=priority_class,
             send_from_token=first_token,
         )
-        self._check_queue()
+        self._check_queue(priority_class)
         self._queue(request)
         return request
 
-    def _check_queue(self) -> None:
-        check_queue(self.queue_stats, self.config.scheduler.max_queue_time_s)
+    def _check_queue(self, priority_class: PriorityClass) -> None:
+        check_queue(self.queue_stats, self.config.scheduler.max_queue_time_s, priority_class)
 
     def _queue(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -212,6 +218,7 @@ class Engine:
             num_waiting=self.scheduler.num_waiting,
             drain_rate_per_s=self._drain.rate_per_s,
             max_waiting_requests=self.config.scheduler.max_waiting_requests,
+            num_waiting_by_rank=self.scheduler.waiting.num_waiting_by_rank,
         )
 
     def _validate(

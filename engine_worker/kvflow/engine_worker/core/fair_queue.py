@@ -1,4 +1,12 @@
-"""The waiting queue: fair across tenants, priority then first come first served within one.
+"""The waiting queue: by priority class first, fair across tenants within a class, priority
+then first come first served within a tenant.
+
+A request's class (``Request.priority_class``: realtime, normal, batch) is a rank, not a
+weight: every waiting realtime request is admitted before any normal one, and every normal
+one before any batch one, whatever the tenants' shares. Each tenant's heap is ordered by
+class first, so its head is its most urgent request, and the next admission goes to the
+tenant whose head is of the most urgent class waiting; the fair share below breaks ties
+among the tenants with a head of that class.
 
 A single priority heap lets one tenant's burst starve everyone behind it: 500 requests of
 tenant A queued at once put tenant B's next request 500 admissions back. Here each tenant
@@ -15,8 +23,9 @@ in Serving Large Language Models" (OSDI 2024). Every token a step computes for a
   ``PRIORITY_WEIGHT_BASE ** p`` (kvflow.proto.fairness) times its share while both wait,
   and the other is never starved (strict priority starved it for as long as the urgent
   tenant kept sending).
-- Within one tenant the old order holds: lower priority value first, then arrival; a
-  preempted request keeps its arrival time and so goes back to the head of its tenant.
+- Within one tenant and class the old order holds: lower priority value first, then
+  arrival; a preempted request keeps its arrival time and so goes back to the head of its
+  tenant and class.
 
 Push, pop and peek are O(log n) in the tenant's requests plus O(t) in the number of
 backlogged tenants (a min over a dict: t is tens, where a second heap keyed by a counter
@@ -30,18 +39,27 @@ from collections.abc import Iterator
 
 from kvflow.engine_worker.core.request import Request
 from kvflow.proto.fairness import priority_weight
+from kvflow.proto.priority_class import PriorityClass
+
+_Key = tuple[int, int, float, str]
+
+
+def _key(request: Request) -> _Key:
+    """The class's rank (0 most urgent), then the request's own order within its tenant."""
+    return (request.priority_class.rank, *request.sort_key())
 
 
 class FairWaitingQueue:
     """Waiting requests per tenant; ``peek``/``pop`` give the next one to admit."""
 
     def __init__(self) -> None:
-        self._heaps: dict[str, list[tuple[tuple[int, float, str], Request]]] = {}
+        self._heaps: dict[str, list[tuple[_Key, Request]]] = {}
         # Weighted tokens served per tenant, kept for tenants that went idle so that a
         # tenant cannot reset its count by pausing for a step.
         self._served: dict[str, float] = {}
         self._last_admitted_served = 0.0
         self._num_waiting = 0
+        self._num_by_rank = [0] * len(PriorityClass)  # waiting requests per class, by rank
 
     def push(self, request: Request) -> None:
         tenant = request.tenant
@@ -51,8 +69,9 @@ class FairWaitingQueue:
             self._prune(floor)
             self._served[tenant] = max(self._served.get(tenant, 0.0), floor)
             heap = self._heaps[tenant] = []
-        heapq.heappush(heap, (request.sort_key(), request))
+        heapq.heappush(heap, (_key(request), request))
         self._num_waiting += 1
+        self._num_by_rank[request.priority_class.rank] += 1
 
     def _floor(self) -> float:
         """Where a newly backlogged tenant's count starts: level with the least served of
@@ -63,7 +82,11 @@ class FairWaitingQueue:
 
     def _next_tenant(self) -> str:
         assert self._heaps, "peek or pop on an empty queue"
-        return min(self._heaps, key=lambda t: (self._served[t], self._heaps[t][0][0]))
+        # The most urgent class at any tenant's head first, then the least served tenant.
+        return min(
+            self._heaps,
+            key=lambda t: (self._heaps[t][0][0][0], self._served[t], self._heaps[t][0][0]),
+        )
 
     def peek(self) -> Request:
         return self._heaps[self._next_tenant()][0][1]
@@ -76,6 +99,7 @@ class FairWaitingQueue:
             del self._heaps[tenant]
         self._last_admitted_served = self._served[tenant]
         self._num_waiting -= 1
+        self._num_by_rank[request.priority_class.rank] -= 1
         return request
 
     def remove(self, request: Request) -> None:
@@ -84,6 +108,7 @@ class FairWaitingQueue:
         if len(kept) == len(heap):
             return
         self._num_waiting -= 1
+        self._num_by_rank[request.priority_class.rank] -= 1
         if kept:
             heapq.heapify(kept)
             self._heaps[request.tenant] = kept
@@ -106,6 +131,11 @@ class FairWaitingQueue:
     def served_tokens(self, tenant: str) -> float:
         """The tenant's weighted token count (for tests and metrics)."""
         return self._served.get(tenant, 0.0)
+
+    @property
+    def num_waiting_by_rank(self) -> tuple[int, ...]:
+        """Waiting requests per class, most urgent first (index: ``PriorityClass.rank``)."""
+        return tuple(self._num_by_rank)
 
     @property
     def num_tenants(self) -> int:

@@ -9,6 +9,13 @@ The wait is estimated from the rate at which requests leave the queue while some
 (admissions per second, an exponentially weighted average over ``DRAIN_TIME_CONSTANT_S``):
 ``n`` requests ahead drain in ``n / rate`` seconds. Steps where nothing waits say nothing
 about capacity (everything was admitted at once) and are not counted.
+
+Both bounds count the requests *ahead of* a new one: the waiting requests of its priority
+class and the more urgent ones (kvflow.proto.priority_class), which the scheduler admits
+before it. A batch flood that fills the queue refuses more batch work but not a realtime
+or normal request, which would be admitted before all of it; a request that names no class
+is normal, and with no class in use every waiting request is ahead, as before classes. So
+the queue holds at most the bound per class (three times it in all).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from kvflow.engine_worker.core.errors import QueueFullError
+from kvflow.proto.priority_class import PriorityClass
 
 # Long enough to smooth over a few long prefill steps (a 2k-token chunk takes ~1 s on 2 CPU
 # cores), short enough that a load change shows within a few seconds.
@@ -33,6 +41,15 @@ class QueueStats:
     num_waiting: int = 0
     drain_rate_per_s: float = 0.0  # 0: not measured yet (the queue has not been backlogged)
     max_waiting_requests: int | None = None  # None: unbounded
+    # Waiting requests per priority class, most urgent first (index: PriorityClass.rank);
+    # empty: not known, every waiting request counts as ahead.
+    num_waiting_by_rank: tuple[int, ...] = ()
+
+    def num_ahead(self, priority_class: PriorityClass) -> int:
+        """Waiting requests a new one of ``priority_class`` would wait behind."""
+        if not self.num_waiting_by_rank:
+            return self.num_waiting
+        return sum(self.num_waiting_by_rank[: priority_class.rank + 1])
 
     def estimated_wait_s(self, num_ahead: int | None = None) -> float | None:
         """Seconds until ``num_ahead`` (default: every waiting) requests have been admitted;
@@ -64,28 +81,35 @@ class DrainRateMeter:
         return self._num_admitted / self._elapsed_s if self._elapsed_s > 0 else 0.0
 
 
-def retry_after_s(stats: QueueStats) -> float:
-    """A client's back-off: the time the queue ahead of it needs to drain, within bounds."""
-    wait_s = stats.estimated_wait_s()
+def retry_after_s(stats: QueueStats, num_ahead: int | None = None) -> float:
+    """A client's back-off: the time the queue ahead of it (default: every waiting request)
+    needs to drain, within bounds."""
+    wait_s = stats.estimated_wait_s(num_ahead)
     if wait_s is None:
         return MIN_RETRY_AFTER_S
     return min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, wait_s))
 
 
-def check_queue(stats: QueueStats, max_queue_time_s: float | None) -> None:
-    """Raise QueueFullError when one more waiting request is over either bound."""
+def check_queue(
+    stats: QueueStats,
+    max_queue_time_s: float | None,
+    priority_class: PriorityClass = PriorityClass.NORMAL,
+) -> None:
+    """Raise QueueFullError when one more waiting request of ``priority_class`` is over
+    either bound (counting the requests ahead of it: its class and the more urgent)."""
     bound = stats.max_waiting_requests
-    if bound is not None and stats.num_waiting >= bound:
+    ahead = stats.num_ahead(priority_class)
+    if bound is not None and ahead >= bound:
         raise QueueFullError(
-            f"this worker's queue is full ({stats.num_waiting} requests waiting, "
+            f"this worker's queue is full ({ahead} requests waiting, "
             f"--max-waiting-requests {bound}); retry later or elsewhere",
-            retry_after_s=retry_after_s(stats),
+            retry_after_s=retry_after_s(stats, ahead),
         )
-    wait_s = stats.estimated_wait_s(stats.num_waiting + 1)
+    wait_s = stats.estimated_wait_s(ahead + 1)
     if max_queue_time_s is not None and wait_s is not None and wait_s > max_queue_time_s:
         raise QueueFullError(
             f"this worker's queue would hold the request about {wait_s:.1f} s "
             f"(--max-queue-time-s {max_queue_time_s:g}); retry later or elsewhere",
-            retry_after_s=retry_after_s(stats),
+            retry_after_s=retry_after_s(stats, ahead),
             reason="queue_time",
         )

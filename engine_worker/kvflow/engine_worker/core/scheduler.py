@@ -9,6 +9,15 @@ their cached prefix is subtracted. When blocks run out, the latest request of th
 tenant served most is preempted: its blocks are freed and it waits again to be recomputed
 (its cached blocks often survive).
 
+A request's priority class (realtime, normal, batch; kvflow.proto.priority_class) ranks
+above all of that. Running requests are served the step's budget class by class (admission
+order within one), waiting requests are admitted class by class (fair_queue.py), and a
+preemption's victim is the least urgent class's first, then the order above. A waiting
+request may take blocks or a seat from a running request of a less urgent class only: a
+realtime request that finds the worker full of batch work preempts batch requests until it
+fits (they recompute later, as any preempted request does), where a request of the same
+class waits its turn. ``preemptions_by_class`` counts the victims by class.
+
 Prefill/decode disaggregation adds two states outside the running list. A decode-side
 request that wants remote KV is admitted by reserving blocks for the prompt part it lacks
 and then waits, unscheduled, until the blocks land (``remote_kv_landed``) or the transfer
@@ -26,6 +35,9 @@ from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.fair_queue import FairWaitingQueue
 from kvflow.engine_worker.core.kv_cache_manager import KVCacheManager
 from kvflow.engine_worker.core.request import FinishReason, KvBlockRange, Request, RequestStatus
+from kvflow.proto.priority_class import PriorityClass
+
+_CLASSES_BY_URGENCY = tuple(sorted(PriorityClass, key=lambda c: c.rank))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +84,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.waiting_for_kv: dict[str, Request] = {}
         self.sending: dict[str, Request] = {}
+        # Requests preempted, ever, by the victim's class (the worker's metrics read it).
+        self.preemptions_by_class: dict[PriorityClass, int] = dict.fromkeys(PriorityClass, 0)
 
     @property
     def num_waiting(self) -> int:
@@ -109,41 +123,78 @@ class Scheduler:
         request.finish_reason = reason
 
     def schedule(self, now_s: float) -> SchedulerOutput:
+        """Class by class, most urgent first: the class's running requests, then its
+        waiting ones, so a waiting realtime request gets budget and blocks before a running
+        batch request does."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        # The running requests not yet scheduled this step, most urgent class first and
+        # admission order within one (a stable sort): the victims a preemption picks from.
+        self.running.sort(key=lambda r: r.priority_class.rank)
+        pending = list(self.running)
+        for cls in _CLASSES_BY_URGENCY:
+            budget = self._run_class(cls, pending, budget, out)
+            budget = self._admit_class(cls, pending, budget, out, now_s)
+        return out
 
-        # Running requests first, in admission order; preempt from the back when full.
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+    def _run_class(
+        self, cls: PriorityClass, pending: list[Request], budget: int, out: SchedulerOutput
+    ) -> int:
+        """Schedule the class's running requests in admission order; when blocks run out,
+        preempt the pending request last in preemption order (a less urgent class's first,
+        possibly the request itself). Returns the budget left."""
+        while pending and pending[0].priority_class is cls and budget > 0:
+            request = pending[0]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             assert num_new >= 1, "a running request always has a token to compute"
             while self.kv_cache.allocate_slots(request, num_new) is None:
-                victim = max(self.running[i:], key=self._preemption_key)
-                self._preempt(victim)
-                out.preempted.append(victim)
+                victim = max(pending, key=self._preemption_key)
+                pending.remove(victim)
+                self._preempt(victim, out)
                 if victim is request:
                     break
             else:
+                pending.pop(0)
                 out.scheduled.append(self._scheduled(request, num_new))
                 budget -= num_new
-                i += 1
+        return budget
 
-        # Admit waiting requests, unless this step had to preempt (memory is tight).
-        while (
-            not out.preempted
-            and self.waiting
-            and budget > 0
-            and len(self.running) + len(self.waiting_for_kv) < self.config.max_num_seqs
-        ):
+    def _admit_class(
+        self, cls: PriorityClass, pending: list[Request], budget: int, out: SchedulerOutput,
+        now_s: float,
+    ) -> int:  # fmt: skip
+        """Admit the class's waiting requests in the queue's order, unless this step had to
+        preempt (memory is tight) or the seats are taken: then only a request that can
+        preempt a less urgent class's running request gets in, by doing so (the victims
+        are all pending: less urgent classes are scheduled after this one). A request that
+        does not fit blocks the queue behind it. Returns the budget left."""
+        making_room_for: Request | None = None  # the request whose victims are being preempted
+        while self.waiting and budget > 0:
             request = self.waiting.peek()
+            if request.priority_class is not cls:
+                break
+            # A request preempted this step never gets back in now: its victims would be
+            # of a less urgent class, and those are preempted before it (pending only
+            # shrinks), so it finds none while the step is tight, and breaks below.
+            victims = [r for r in pending if cls.more_urgent_than(r.priority_class)]
+            no_seat = len(self.running) + len(self.waiting_for_kv) >= self.config.max_num_seqs
+            tight = bool(out.preempted) and making_room_for is not request
+            if (tight or no_seat) and not victims:
+                break
+            making_room_for = request
+            if no_seat:
+                self._preempt_one(victims, pending, out)
+                continue
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(request)
             if request.wants_remote_kv:
                 end_token = self._remote_end_token(request)
                 if end_token > num_hit_tokens:
-                    if not self._reserve_remote(request, hits, num_hit_tokens, end_token, now_s):
+                    if self._reserve_remote(request, hits, num_hit_tokens, end_token, now_s):
+                        out.reserved.append(request)
+                    elif victims:
+                        self._preempt_one(victims, pending, out)
+                    else:
                         break
-                    out.reserved.append(request)
                     continue
                 # It already holds every block a prefill worker could send: say so, and
                 # compute the rest here like any other request.
@@ -152,7 +203,10 @@ class Scheduler:
                 out.reserved.append(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
             if self.kv_cache.allocate_slots(request, num_new, hits) is None:
-                break  # head-of-line blocking keeps priority order
+                if not victims:
+                    break  # head-of-line blocking keeps priority order
+                self._preempt_one(victims, pending, out)
+                continue
             self._admit(request, num_hit_tokens, now_s)
             if num_new == 0:  # a prefill-only request whose every block was cached
                 self._start_sending(request, out)
@@ -160,12 +214,26 @@ class Scheduler:
             self.running.append(request)
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
-        return out
+        return budget
 
-    def _preemption_key(self, request: Request) -> tuple[float, tuple[int, float, str]]:
-        """The largest is preempted first: the tenant served most, then its lowest
-        priority, latest request (so one tenant's burst is not paid for by another)."""
-        return (self.waiting.served_tokens(request.tenant), request.sort_key())
+    def _preempt_one(
+        self, victims: list[Request], pending: list[Request], out: SchedulerOutput
+    ) -> None:
+        """Preempt the first of ``victims`` (pending requests of less urgent classes) in
+        preemption order."""
+        victim = max(victims, key=self._preemption_key)
+        pending.remove(victim)
+        self._preempt(victim, out)
+
+    def _preemption_key(self, request: Request) -> tuple[int, float, tuple[int, float, str]]:
+        """The largest is preempted first: the least urgent class, then the tenant served
+        most, then its lowest priority, latest request (so one tenant's burst is not paid
+        for by another)."""
+        return (
+            request.priority_class.rank,
+            self.waiting.served_tokens(request.tenant),
+            request.sort_key(),
+        )
 
     def _admit(self, request: Request, num_hit_tokens: int, now_s: float) -> None:
         self.waiting.pop()
@@ -242,13 +310,15 @@ class Scheduler:
             self.kv_cache.block_ids(request.request_id),
         )
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.push(request)
+        self.preemptions_by_class[request.priority_class] += 1
+        out.preempted.append(request)
 
     def update_from_output(self, output: SchedulerOutput) -> None:
         """Account the tokens a step computed, once it succeeded: their full blocks enter

@@ -43,6 +43,7 @@ class Accounting:
     # The answering pool's served name (the response's `model`): the latency label, bounded
     # by the pools, where `model` is whatever the client sent.
     served_model: str = ""
+    priority_class: str = "normal"  # the class it ran as (protocol/priority_class.py)
     # Called once when the request ends (the tenant's in-flight count, serving/tenant_gate.py).
     on_finish: Callable[[], None] | None = None
     # Its model's degradation ladder, fed this request's timings (degrade/service.py).
@@ -102,6 +103,7 @@ class Accounting:
             self.gateway.limits.release(self.level_lease, used_tokens)
         name, metrics = self.tenant.name, self.gateway.metrics
         metrics.tenant_requests.labels(name).inc()
+        metrics.class_requests.labels(self.priority_class).inc()
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)
         metrics.tenant_completion_tokens.labels(name).inc(usage.completion_tokens)
         metrics.tenant_cached_tokens.labels(name).inc(usage.cached_tokens)
@@ -143,6 +145,7 @@ class Accounting:
             # The workers' id, when the caller brought its own (serving/types.py).
             *([("server_id", trace.server_id)] if trace.server_id != trace.request_id else []),
             ("tenant", self.tenant.name),
+            ("priority_class", self.priority_class),
             # As the client asked for it, also when a fallback model answered.
             ("model", self.model if d is None else d.asked_model),
             *([("pool", self.pool)] if self.pool is not None else []),

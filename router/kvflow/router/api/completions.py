@@ -18,6 +18,7 @@ from kvflow.router.api.http import read_json_body
 from kvflow.router.api.job_start import start_job
 from kvflow.router.api.respond import collected, streamed
 from kvflow.router.api.response_cache import remember_user
+from kvflow.router.protocol.priority_class import applied_class, requested_class
 from kvflow.router.protocol.requests import (
     ChatRequest,
     CompletionRequest,
@@ -39,9 +40,13 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     parsed: ChatRequest | CompletionRequest = (
         parse_chat_request(body, limits) if is_chat else parse_completion_request(body, limits)
     )
+    # The class asked for (400 on an unknown word), capped to the tenant's ceiling.
+    priority_class = applied_class(
+        requested_class(request.headers, body), tenant.max_priority_class
+    )
     # prompt_cache_key: a per-user cache salt under the tenant's.
     context = TenantContext(
-        tenant_for_request(tenant, body), request.headers.get(gw.session_header)
+        tenant_for_request(tenant, body), request.headers.get(gw.session_header), priority_class
     )
     # The model's active degradation steps (degrade/service.py): a capped, plainer request,
     # maybe for its fallback model; its refusals and timings feed the model's ladder.

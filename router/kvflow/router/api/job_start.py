@@ -111,7 +111,9 @@ async def start_job(
         await gw.limits.check(levels, floor)
         # 503/429 from the workers' queues; a cached answer runs on no worker.
         if backend.admission is not None and not cached.is_hit:
-            await degradation.admit(backend.admission, tenant.tenant, served_name)
+            await degradation.admit(
+                backend.admission, tenant.tenant, served_name, tenant.priority_class
+            )
             in_flight.enter_context(backend.admission.in_flight(tenant.tenant))
             trace.is_admitted = True
         prompts = await _prepare_pool(request, gw).run(
@@ -195,6 +197,7 @@ def _accounting(
         job.num_choices,
         pool=job.served_by.pool_label,
         served_model=job.served_by.served_model,
+        priority_class=job.tenant.priority_class.value,
         on_finish=on_finish,
         level_lease=level_lease,
     )

@@ -42,7 +42,9 @@ def _only(*values: object) -> Schema:
 
 _BOOL = opt({"type": "boolean"})
 _ANY: Schema = {}  # accepted and ignored (user, metadata...)
-_IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+# priority_class and service_tier are read by the gateway (protocol/priority_class.py).
+_IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+            "priority_class")  # fmt: skip
 
 
 def _sampling(*, is_chat: bool, limits: RequestLimits) -> Schema:

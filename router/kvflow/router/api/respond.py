@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from kvflow.proto.priority_class import HEADER as PRIORITY_CLASS_HEADER
 from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.http import wait_for_disconnect
 from kvflow.router.api.job_start import BUDGET_WARNING_HEADER, ROUTE_DEBUG_HEADER
@@ -139,7 +140,9 @@ async def _collect(
 
 
 def _job_headers(job: CompletionJob) -> dict[str, str]:
-    headers = {}
+    # The class the request ran as: a client that asked for more than its tenant's ceiling
+    # learns it was capped (protocol/priority_class.py).
+    headers = {PRIORITY_CLASS_HEADER: job.tenant.priority_class.value}
     if job.wants_route:
         headers[ROUTE_DEBUG_HEADER] = job.route_header()
     if job.budget_warning is not None:

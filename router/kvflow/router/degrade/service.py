@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.degrade.config import DegradationSpec, by_request_name
 from kvflow.router.degrade.ladder import DegradationLadder, Step, Transition
 from kvflow.router.degrade.request import (
@@ -124,19 +125,27 @@ class RequestDegradation:
             self.applied.add(Step.CAP_MAX_TOKENS)
         return capped
 
-    async def admit(self, admission: AdmissionControl, tenant: Tenant, model: str) -> Verdict:
+    async def admit(
+        self,
+        admission: AdmissionControl,
+        tenant: Tenant,
+        model: str,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
+    ) -> Verdict:
         """Admission control's check; under queue_with_deadline a 503 (no capacity) is
         waited out, polling the workers' queues, for up to the model's deadline first."""
         waited_s = 0.0
         if self.model is not None and Step.QUEUE_WITH_DEADLINE in self.active:
             deadline_s = self.model.spec.queue_deadline_s
             assert deadline_s is not None  # the config requires it with the step
-            waited_s = await _wait_for_capacity(admission, tenant, model, deadline_s, self.clock)
+            waited_s = await _wait_for_capacity(
+                admission, tenant, model, priority_class, deadline_s, self.clock
+            )
             if waited_s > 0:
                 self.applied.add(Step.QUEUE_WITH_DEADLINE)
         self.queue_s = waited_s
         try:
-            verdict = admission.check(tenant, model)
+            verdict = admission.check(tenant, model, priority_class)
         except ApiError as exc:
             if waited_s > 0 and exc.status == _CAPACITY_STATUS:
                 raise ApiError(exc.status, f"Waited {waited_s:.1f} s for capacity "
@@ -167,14 +176,19 @@ class RequestDegradation:
 
 
 async def _wait_for_capacity(
-    admission: AdmissionControl, tenant: Tenant, model: str, deadline_s: float, clock: Clock
+    admission: AdmissionControl,
+    tenant: Tenant,
+    model: str,
+    priority_class: PriorityClass,
+    deadline_s: float,
+    clock: Clock,
 ) -> float:
     """Seconds waited until admission control would admit (or refuse for another reason:
     a tenant over its share is not kept waiting), at most ``deadline_s``."""
     started_s = clock()
     has_waited = False
     while True:
-        verdict = admission.peek(tenant, model)
+        verdict = admission.peek(tenant, model, priority_class)
         remaining_s = started_s + deadline_s - clock()
         if verdict.status != _CAPACITY_STATUS or remaining_s <= 0:
             return clock() - started_s if has_waited else 0.0

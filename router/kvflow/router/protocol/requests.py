@@ -34,7 +34,9 @@ MAX_LOGPROBS_COMPLETIONS = 5
 DEFAULTABLE = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 # Accepted and without effect here: account metadata and OpenAI-side storage options.
-_IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+# priority_class and service_tier are read by the gateway (protocol/priority_class.py).
+_IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+            "priority_class")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,18 @@ rate at which they are admitted, the queue's bound):
   requests in flight (share weighted by priority, as on the workers); the others still get
   in, so one tenant's burst is shed first.
 
+A request's priority class (kvflow.proto.priority_class) moves where it is shed, so the
+cluster sheds in ``SHED_ORDER``, batch first, then normal, and keeps realtime:
+
+- **batch**: 503 already above ``shed_queue_time_s``, whatever its tenant's share (batch
+  work fills spare capacity; a busy cluster has none), reason ``batch_shed``.
+- **normal**: as above (429 over share past the shed time, 503 past the max).
+- **realtime**: admitted; the workers judge. A worker runs it before everything else and
+  bounds its queue per class (a full queue of normal and batch work still takes it:
+  engine_worker core/queue_limits.py), so the queue this router sees is not the one a
+  realtime request waits behind; a worker whose realtime requests alone fill its bound
+  refuses, and the router tries another, then answers 503 with Retry-After.
+
 Retry-After is the time the best queue needs to drain back under the threshold crossed.
 The shares are this replica's view: N router replicas each judge their own traffic.
 Configured by the router's --admission* flags (router/cli.py).
@@ -25,6 +37,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.routing.types import WorkerId
 
 MIN_RETRY_AFTER_S = 1.0
@@ -138,7 +151,7 @@ class TenantLoad:
 @dataclass(frozen=True)
 class Verdict:
     status: int  # 200: admitted; 429 or 503
-    reason: str  # "admitted", "over_share", "cluster_full", "queues_full"
+    reason: str  # "admitted", "over_share", "batch_shed", "cluster_full", "queues_full"
     estimated_wait_s: float
     retry_after_s: float = 0.0
 
@@ -156,6 +169,7 @@ def decide(
     num_dispatched_since_report: int,
     tenant: TenantLoad,
     config: AdmissionConfig,
+    priority_class: PriorityClass = PriorityClass.NORMAL,
 ) -> Verdict:
     """Admit, or refuse with a status and a Retry-After; ``queues`` are the eligible
     workers' (none known yet: admit, the pool answers for a cluster with no worker)."""
@@ -164,11 +178,16 @@ def decide(
     extra = num_dispatched_since_report / len(queues)
     best = min(queues, key=lambda q: (q.is_full, q.estimated_wait_s(extra)))
     wait_s = best.estimated_wait_s(extra)
+    if priority_class is PriorityClass.REALTIME:
+        return Verdict(200, "admitted", wait_s)
     if best.is_full:
         # Every queue is at its bound: the time for the best to drain by one is when a
         # retry could get in.
         one_s = 1.0 / best.drain_rate_per_s if best.drain_rate_per_s > 0 else 1.0
         return Verdict(503, "queues_full", wait_s, _retry_after_s(one_s))
+    if priority_class is PriorityClass.BATCH and wait_s > config.shed_queue_time_s:
+        return Verdict(503, "batch_shed", wait_s,
+                       _retry_after_s(wait_s - config.shed_queue_time_s))  # fmt: skip
     if wait_s > config.max_queue_time_s:
         return Verdict(503, "cluster_full", wait_s,
                        _retry_after_s(wait_s - config.max_queue_time_s))  # fmt: skip

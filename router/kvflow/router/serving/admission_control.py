@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
 from kvflow.proto.fairness import priority_weight
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import no_worker_available, rate_limited
 from kvflow.router.protocol.responses import ChoiceDelta
@@ -73,17 +74,21 @@ class AdmissionControl:
             num_active_tenants=len(active),
         )
 
-    def check(self, tenant: Tenant, model: str) -> Verdict:
+    def check(
+        self, tenant: Tenant, model: str, priority_class: PriorityClass = PriorityClass.NORMAL
+    ) -> Verdict:
         """Admit (counted until the reports can show it), or raise the ApiError: 429 or
-        503 + Retry-After."""
+        503 + Retry-After. ``priority_class`` moves the thresholds (batch is shed first)."""
         queues, num_unseen = self.eligible_queues(model)
-        verdict = decide(queues, num_unseen, self.tenant_load(tenant), self.config)
+        load = self.tenant_load(tenant)
+        verdict = decide(queues, num_unseen, load, self.config, priority_class)
         if verdict.is_admitted:
             self._admitted_s.append(time.monotonic())
             return verdict
         self._metrics.tenant_rejections.labels(tenant.name, verdict.reason).inc()
         rejections = self._metrics.admission_rejections
         rejections.labels(str(verdict.status), verdict.reason, self.pool_name).inc()
+        self._metrics.class_rejections.labels(priority_class.value, verdict.reason).inc()
         wait = f"about {verdict.estimated_wait_s:.0f} s of queue"
         if verdict.status == 429:
             raise rate_limited(
@@ -92,6 +97,12 @@ class AdmissionControl:
                 retry_after_s=verdict.retry_after_s,
                 kind="requests",
             )
+        if verdict.reason == "batch_shed":
+            raise no_worker_available(
+                f"The cluster is busy for '{model}' ({wait}): batch requests are shed first; "
+                f"retry after {verdict.retry_after_s:.0f} s.",
+                retry_after_s=verdict.retry_after_s,
+            )
         why = "every worker's queue is full" if verdict.reason == "queues_full" else wait
         raise no_worker_available(
             f"The cluster is at capacity for '{model}' ({why}); "
@@ -99,11 +110,13 @@ class AdmissionControl:
             retry_after_s=verdict.retry_after_s,
         )
 
-    def peek(self, tenant: Tenant, model: str) -> Verdict:
+    def peek(
+        self, tenant: Tenant, model: str, priority_class: PriorityClass = PriorityClass.NORMAL
+    ) -> Verdict:
         """What `check` would answer now, counting and raising nothing: for a request that
         waits for capacity (degrade/service.py, queue_with_deadline) and asks again."""
         queues, num_unseen = self.eligible_queues(model)
-        return decide(queues, num_unseen, self.tenant_load(tenant), self.config)
+        return decide(queues, num_unseen, self.tenant_load(tenant), self.config, priority_class)
 
     @contextlib.contextmanager
     def in_flight(self, tenant: Tenant) -> Iterator[None]:
@@ -134,7 +147,7 @@ class AdmittedGenerationService(GenerationService):
         # counted in flight by its caller, until it ends.
         with contextlib.ExitStack() as in_flight:
             if not trace.is_admitted:
-                self.admission.check(caller.tenant, caller.model)
+                self.admission.check(caller.tenant, caller.model, caller.priority_class)
                 in_flight.enter_context(self.admission.in_flight(caller.tenant))
             stream = super().run(caller, specs, trace, buffered=buffered)
             async with contextlib.aclosing(stream):

@@ -168,6 +168,7 @@ class GenerationService:
             priority=caller.tenant.priority,
             num_public_blocks=self._public.num_public_blocks(tokens, info.block_size),
             tenant=caller.tenant.name,
+            priority_class=caller.priority_class,
         )
         hashes = PromptHashes(self._hasher, tokens, info.block_size, info.hash_seed,
                               context.cache_salt, context.num_public_blocks)  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.protocol.requests import ChatRequest, CompletionRequest, SamplingOptions
 from kvflow.router.serving.prompts import PreparedPrompt
 from kvflow.router.serving.token_budget import TokenBudget
@@ -27,6 +28,9 @@ class TenantContext:
 
     tenant: Tenant
     session_id: str | None = None
+    # The class the request runs as: what it asked for, capped to the tenant's ceiling
+    # (protocol/priority_class.py).
+    priority_class: PriorityClass = PriorityClass.NORMAL
 
     @property
     def name(self) -> str:
@@ -85,7 +89,7 @@ class CompletionJob:
     @property
     def caller(self) -> Caller:
         t = self.tenant
-        return Caller(t.tenant, self.served_by.served_model, t.session_id)
+        return Caller(t.tenant, self.served_by.served_model, t.session_id, t.priority_class)
 
     def specs(self) -> list[ChoiceSpec]:
         """One spec per choice: prompt i's choices are i * n .. i * n + n - 1."""

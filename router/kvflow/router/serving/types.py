@@ -6,6 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.protocol.requests import SamplingOptions
 from kvflow.router.protocol.responses import UsageCounts
 from kvflow.router.tenants.config import Tenant
@@ -27,6 +28,8 @@ class Caller:
     # workers are asked for, and the latency histograms' `model` label.
     model: str
     session_id: str | None = None
+    # The class the request runs as, already capped to the tenant's ceiling.
+    priority_class: PriorityClass = PriorityClass.NORMAL
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvflow.proto.priority_class import CLASS_WORDS, PriorityClass
 from kvflow.router.tenants.money import DEFAULT_BUDGET_WARNING_FRACTION, Budgets, usd_to_pusd
 from kvflow.router.tenants.salts import random_secret, tenant_salt
 
@@ -79,6 +80,11 @@ class Tenant:
     is_salt_derived: bool = False
     # May its deterministic requests be answered from the response cache (caches/)?
     response_cache: bool = True
+    # The most urgent priority class its requests may run as; a request asking for more is
+    # capped to it (protocol/priority_class.py). Normal by default: realtime work preempts
+    # everyone else's on the workers and survives the load that sheds normal requests, so
+    # the operator grants it per tenant; a tenant that names no class is served as before.
+    max_priority_class: PriorityClass = PriorityClass.NORMAL
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -86,7 +92,8 @@ class Tenant:
 
 # With no tenants configured (kvflow up), every caller is this one: no limits, and one
 # shared cache, as on a single-user machine.
-# It is the one caller there is, so it may see route explanations too.
+# It is the one caller there is, so it may see route explanations too. Its priority class
+# ceiling is normal, as a tenant's default: a realtime request runs as normal there.
 ANONYMOUS = Tenant("anonymous", None, 0, Quotas(), cache_salt="", is_admin=True)
 
 
@@ -109,6 +116,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
         "daily_token_budget", "default_max_tokens", "max_tokens_limit", "admin",
         "daily_budget_usd", "monthly_budget_usd", "budget_warning_fraction",
         "response_cache",
+        "max_priority_class",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -153,8 +161,18 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
         raise TenantConfigError(f"{where}.response_cache must be true or false")
     tenant = Tenant(name, models_set, priority, quotas, salt, max_tokens, is_admin,
                     is_salt_derived="cache_salt" not in raw,
-                    response_cache=response_cache)  # fmt: skip
+                    response_cache=response_cache,
+                    max_priority_class=_priority_class(raw, where))  # fmt: skip
     return tenant, hashes, macs
+
+
+def _priority_class(raw: Mapping[str, Any], where: str) -> PriorityClass:
+    value = raw.get("max_priority_class", PriorityClass.NORMAL.value)
+    if not isinstance(value, str) or value not in CLASS_WORDS:
+        raise TenantConfigError(
+            f"{where}.max_priority_class must be one of {', '.join(CLASS_WORDS)}, got {value!r}"
+        )
+    return PriorityClass(value)
 
 
 def _budgets(raw: Mapping[str, Any], where: str) -> Budgets:

@@ -53,7 +53,8 @@ def to_sampling_params(s: SamplingOptions) -> pb.SamplingParams:
 
 def to_request_context(c: WorkerContext) -> pb.RequestContext:
     return pb.RequestContext(tenant=c.tenant, cache_salt=c.cache_salt, priority=c.priority,
-                             num_public_blocks=c.num_public_blocks)  # fmt: skip
+                             num_public_blocks=c.num_public_blocks,
+                             priority_class=c.priority_class.to_pb())  # fmt: skip
 
 
 def _copy_legacy(c: WorkerContext, request: pb.GenerateRequest | pb.PrefillRequest) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.protocol.requests import SamplingOptions
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -24,6 +25,7 @@ class WorkerContext:
     priority: int = 0
     num_public_blocks: int = 0
     tenant: str = ""  # keys the workers' fair sharing; empty: the cache salt does
+    priority_class: PriorityClass = PriorityClass.NORMAL  # ranks above the tenants' shares
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import uvloop
 from kvflow.proto import otel
 from kvflow.router import tracing
 from kvflow.router.cli_args import seconds
+from kvflow.router.cli_breaker import breaker_flags, parse_breaker
 from kvflow.router.cli_limits import parse_request_limits, request_limit_flags
 from kvflow.router.cli_security import (
     security_flags,
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         "tenants reach (default: on --port)",
     )
     _admission_flags(p, d.admission)
+    breaker_flags(p, d.breaker)
     _tracing_flags(p)
     request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
     security_flags(p, d)
@@ -248,6 +250,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         request_limits=request_limits,
         prepare=prepare,
         body_timeout_s=args.body_timeout_s,
+        breaker=parse_breaker(args),
         **security_settings(args, env),
     )
 

@@ -56,6 +56,7 @@ from kvflow.router.api.http_limits import (
     DEFAULT_SSE_KEEPALIVE_INTERVAL_S,
     HttpLimits,
 )
+from kvflow.router.breaker.machine import BreakerConfig
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.models.pools import PoolSpec, parse_pools
@@ -166,6 +167,8 @@ class RouterSettings:
     cache_salt_secret: bytes | None = None
     # Worker gRPC over (mutual) TLS (workers/tls.py); off: plaintext.
     worker_tls: WorkerTls = field(default_factory=WorkerTls)
+    # Circuit breakers per worker and per pool (kvflow.router.breaker): the --breaker* flags.
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
 
 def parse_config(raw: object) -> RouterConfig:

@@ -198,6 +198,8 @@ def test_a_pool_refuses_while_every_healthy_worker_is_open_until_the_first_half_
     assert "all its 2 healthy workers" in refusal.why
     assert pool_state(own, [a, b], 3.0) is OPEN
     assert pool_refusal(own, [a, b], 5.0) is None  # a takes a probe
+    assert pool_state(own, [a, b], 5.0) is HALF_OPEN  # (and only probes go)
+    assert pool_state(own, [a, Breaker(CONFIG)], 3.0) is CLOSED
     assert pool_refusal(own, [a, Breaker(CONFIG)], 3.0) is None  # one worker is closed
     assert pool_refusal(own, [], 3.0) is None  # no healthy worker: another 503 says so
     # Half-open workers whose probes are all out: come back in a second.

@@ -27,10 +27,13 @@ class PoolRefusal:
 
 
 def pool_state(own: Breaker, workers: Sequence[Breaker], now_s: float) -> CircuitState:
-    """The pool's circuit as the gauge shows it: its own breaker's, OPEN too while no
-    healthy worker's circuit admits a request."""
+    """The pool's circuit as the gauge shows it: its own breaker's, but OPEN while no
+    healthy worker's circuit admits a request, and at least HALF_OPEN while none is closed
+    (only probes get through)."""
     if workers and not any(w.admits(now_s) for w in workers):
         return CircuitState.OPEN
+    if workers and not any(w.state(now_s) is CircuitState.CLOSED for w in workers):
+        return max(own.state(now_s), CircuitState.HALF_OPEN)
     return own.state(now_s)
 
 

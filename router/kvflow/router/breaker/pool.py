@@ -52,9 +52,8 @@ def pool_refusal(own: Breaker, workers: Sequence[Breaker], now_s: float) -> Pool
         # answer sooner than an open one opens.
         retry_after_s = BUSY_PROBES_RETRY_S if len(opening) < len(remaining) else min(opening)
         last = max(workers, key=lambda w: w.open_remaining_s(now_s))
-        return PoolRefusal(
-            retry_after_s,
-            f"the circuits of all its {len(workers)} healthy workers are open "
-            f"(the last to open: {last.last_trip})",
-        )
+        which = "the circuit of its one healthy worker is open"
+        if len(workers) > 1:
+            which = f"the circuits of all its {len(workers)} healthy workers are open"
+        return PoolRefusal(retry_after_s, f"{which} (the last to open: {last.last_trip})")
     return None

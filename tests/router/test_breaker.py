@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from kvflow.loadgen.payloads import parse_route_header
 from kvflow.proto.roles import Role
 from kvflow.router.breaker.machine import (
     Breaker,
@@ -237,7 +238,10 @@ def test_routing_never_picks_an_open_circuit_and_says_which_it_left_out() -> Non
     for _ in range(5):
         header = pipeline_route([view("a:1", OPEN), view("b:1"), view("c:1", OPEN)])
         assert header is not None and header.startswith("worker=b:1;")
-        assert "circuit_open=a:1,c:1" in header and "circuit=" not in header
+        assert "circuit_open=a:1|c:1" in header and "circuit=" not in header
+        # The load generator still reads the route's worker, after a failover's ", " too.
+        route = parse_route_header(f"worker=a:1; score=0, {header}")
+        assert route is not None and route.worker == "b:1"
     assert pipeline_route([view("a:1", OPEN)]) is None
     probe = pipeline_route([view("a:1", HALF_OPEN), view("b:1", OPEN)])
     assert probe is not None and probe.startswith("worker=a:1;")

@@ -93,7 +93,8 @@ class RouteDecision:
         if self.circuit is not CircuitState.CLOSED:
             parts.append(f"{prefix}circuit={self.circuit.label}")
         if self.circuit_open:
-            parts.append(f"{prefix}circuit_open={','.join(self.circuit_open)}")
+            # "|" between them: routes are separated by ", " (and parsers split on ",").
+            parts.append(f"{prefix}circuit_open={'|'.join(self.circuit_open)}")
         return parts
 
     def header_value(self) -> str:

@@ -30,9 +30,9 @@ from kvflow.router.breaker.window import SlidingWindow, WindowCounts
 
 # A failure rate over 30 s, judged from 10 requests: one slow or failed request in a quiet
 # minute does not open a worker's circuit, a worker failing every other request does within
-# 10 of them (a few seconds of traffic). 10 s open, as the deadline quarantine it replaces
-# (doubling to 5 minutes for a worker broken for good, which then costs one probe per 5
-# minutes); 2 probes: one lucky request does not close a circuit.
+# 10 of them (a few seconds of traffic). 10 s open covers a passing stall; doubling to 5
+# minutes, a worker broken for good costs one probe per 5 minutes (a wedged one's probe
+# waits a whole first-token deadline). 2 probes: one lucky request does not close it.
 DEFAULT_FAILURE_RATE = 0.5
 DEFAULT_WINDOW_S = 30.0
 DEFAULT_MIN_REQUESTS = 10

@@ -183,6 +183,11 @@ class GenerationService:
         except StreamBrokenError as exc:
             verdict.outcome = exc.outcome
             raise exc.error from exc
+        except ApiError:
+            raise  # (its verdict is the last attempt's)
+        except BaseException:
+            verdict.outcome = None  # the client left (or a bug): nothing said of the pool
+            raise
         finally:
             self._pool.choice_ended(ticket, verdict.outcome)
 

@@ -139,8 +139,15 @@ class WorkerBook:
         return entry.breaker if entry is not None else None
 
     def healthy_breakers(self) -> list[Breaker]:
-        """The circuit breakers of the workers passing their health probes."""
-        return [e.breaker for e in self._entries.values() if e.is_healthy]
+        """The circuit breakers of the workers passing their health probes that stream
+        tokens (a prefill worker alone serves no request). Over a copy of the entries: a
+        metrics scrape calls this from its own thread."""
+        entries = list(self._entries.values())
+        return [
+            e.breaker
+            for e in entries
+            if e.is_healthy and e.facts is not None and e.facts.role is not Role.PREFILL
+        ]
 
     def circuits(self, now_s: float) -> dict[WorkerId, CircuitState]:
         """Each worker's circuit at ``now_s`` (reads only: safe from a metrics scrape)."""

@@ -4,6 +4,7 @@ tests/gateway/test_circuit_breaker.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -25,11 +26,21 @@ from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 from kvflow.router.settings import ConfigError
 from kvflow.router.workers.book import LoadReport, WorkerBook, WorkerFacts
+from kvflow.router.workers.deadlines import DeadlineKind, DeadlineMiss
+from kvflow.router.workers.errors import (
+    RequestRejectedError,
+    WorkerBusyError,
+    WorkerCallError,
+    WorkerDownError,
+    WorkerStalledError,
+)
+from kvflow.router.workers.pool import WorkerPool
 
 CLOSED, HALF_OPEN, OPEN = CircuitState.CLOSED, CircuitState.HALF_OPEN, CircuitState.OPEN
 OK, ERROR, TIMEOUT, STALL = Outcome.SUCCESS, Outcome.ERROR, Outcome.TIMEOUT, Outcome.STALL
 CONFIG = BreakerConfig(failure_rate=0.5, window_s=10.0, min_requests=4, open_s=5.0,
                        max_open_s=20.0, half_open_probes=2)  # fmt: skip
+MIN_CALLS = CONFIG.min_requests
 
 
 def send(breaker: Breaker, outcome: Outcome, now_s: float) -> None:
@@ -269,3 +280,56 @@ def test_the_book_shows_each_circuit_and_a_half_open_one_with_its_probes_out_as_
     breaker.start(5.0)
     assert circuits(5.0)["a:1"] is OPEN  # its probes are out
     assert book.circuits(5.0)[WorkerId("a:1")] is HALF_OPEN  # (its real state, for the gauge)
+
+
+# -- the pool's shell: which failure says what -------------------------------------------------
+
+
+def pool_with_worker() -> tuple[WorkerPool, WorkerId]:
+    pool = WorkerPool(BlockIndex(), SessionTable(), breaker=CONFIG)
+    worker_id = WorkerId("a:1")
+    pool.book.add(worker_id, WorkerFacts("m", Role.COLOCATED, caches_prefixes=True),
+                  is_healthy=True)  # fmt: skip
+    return pool, worker_id
+
+
+def fail_on(pool: WorkerPool, worker_id: WorkerId, exc: Exception) -> None:
+    with pytest.raises(type(exc)), pool.request_open(worker_id):
+        raise exc
+
+
+def test_a_stalled_call_opens_its_worker_and_a_refused_or_full_one_says_nothing() -> None:
+    pool, worker_id = pool_with_worker()
+    for _ in range(MIN_CALLS):
+        fail_on(pool, worker_id, RequestRejectedError(worker_id, "INVALID_ARGUMENT: bad"))
+        fail_on(pool, worker_id, WorkerBusyError(worker_id, "RESOURCE_EXHAUSTED", 1.0))
+        fail_on(pool, worker_id, asyncio.CancelledError())
+    assert pool.worker_circuits()[worker_id] is CLOSED
+    miss = DeadlineMiss(DeadlineKind.FIRST_TOKEN, 2.0, 2.0)
+    fail_on(pool, worker_id, WorkerStalledError(worker_id, miss))
+    assert pool.worker_circuits()[worker_id] is OPEN
+    refusal = pool.circuit_refusal()  # its only worker
+    assert refusal is not None and "stalled" in refusal.why
+
+
+def test_errors_open_a_worker_at_the_rate_and_successes_keep_it_closed() -> None:
+    pool, worker_id = pool_with_worker()
+    for _ in range(MIN_CALLS):
+        with pool.request_open(worker_id):
+            pass  # a stream that ran to its end
+    for _ in range(MIN_CALLS - 1):
+        fail_on(pool, worker_id, WorkerDownError(worker_id, "UNAVAILABLE: gone"))
+    assert pool.worker_circuits()[worker_id] is CLOSED  # 3 of 7
+    fail_on(pool, worker_id, WorkerCallError(worker_id, "ABORTED: cut short"))
+    assert pool.worker_circuits()[worker_id] is OPEN  # 4 of 8
+
+
+def test_one_stalled_choice_does_not_shut_the_pool() -> None:
+    pool, _ = pool_with_worker()
+    pool.choice_ended(pool.choice_started(), Outcome.STALL)
+    assert pool.circuit_state() is CLOSED and pool.circuit_refusal() is None
+    for _ in range(MIN_CALLS - 1):
+        pool.choice_ended(pool.choice_started(), Outcome.ERROR)
+    refusal = pool.circuit_refusal()  # 4 of 4 choices failed: the pool's own circuit
+    assert refusal is not None and "its own circuit is open" in refusal.why
+    assert pool.circuit_state() is OPEN

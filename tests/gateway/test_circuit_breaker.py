@@ -7,7 +7,8 @@ throughout):
   them, one that stalls after one; while open it gets no request (its own counters say
   so, though it is healthy again); half-open probes close the circuit once it recovers;
 - a pool whose workers' circuits are all open answers 503 with Retry-After (the open
-  time left) and an error naming the open circuit, at once.
+  time left) and an error naming the open circuit, at once; a model split between pools
+  is drawn among the others meanwhile.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.scrape import sample
 from testkit.worker_process import WorkerProcess, launch_worker
@@ -177,3 +179,50 @@ def test_a_pool_whose_workers_circuits_are_all_open_answers_503_at_once(tmp_path
             assert time.monotonic() < deadline_s
             assert complete(gateway, 10).status_code == 200
         assert circuit(gateway, worker) == CLOSED
+
+
+def test_a_model_split_between_pools_leaves_out_the_pool_whose_circuit_is_open(
+    tmp_path: Path,
+) -> None:
+    with ExitStack() as stack:
+        workers, faults = {}, {}
+        for pool in ("a", "b"):
+            faults[pool] = tmp_path / f"fault-{pool}"
+            workers[pool] = launch_worker(
+                ["--simulate", "--served-model-name", f"m-{pool}", "--sim-base-step-ms", "2"],
+                timeout_s=120, env={"KVFLOW_FAULT_GENERATE_FILE": str(faults[pool])},
+            )  # fmt: skip
+            stack.callback(workers[pool].stop, timeout_s=10)
+        config = {
+            "pools": [{"name": p, "served_model_name": f"m-{p}", "workers": [w.address]}
+                      for p, w in workers.items()],
+            "models": [{"name": "m", "targets": [{"pool": "a", "weight": 50},
+                                                 {"pool": "b", "weight": 50}]}],
+        }  # fmt: skip
+        path = tmp_path / "router.yaml"
+        path.write_text(yaml.safe_dump(config))
+        gateway = launch_gateway(["--config", str(path), "--seed", "0", *BREAKER_ARGS])
+        stack.callback(gateway.stop)
+        gateway.wait_ready(num_workers=2)
+
+        def ask(model: str) -> httpx.Response:
+            body = {"model": model, "prompt": "hello", "max_tokens": 2}
+            return httpx.post(f"{gateway.base_url}/completions", json=body, timeout=60)
+
+        faults["b"].write_text("stall")
+        for _ in range(20):  # until a draw lands on pool b, whose one worker stalls
+            r = ask("m")
+            if r.status_code == 503:
+                break
+            assert r.status_code == 200 and r.json()["model"] == "m-a", r.text
+        else:
+            pytest.fail("no request was drawn to pool b")
+        # Pool b's circuit is open: every draw goes to pool a, none is refused.
+        models = [ask("m") for _ in range(8)]
+        assert [(r.status_code, r.json().get("model")) for r in models] == [(200, "m-a")] * 8
+        # Asked by its own name, pool b answers 503 at once, naming its circuit.
+        started_s = time.monotonic()
+        r = ask("m-b")
+        assert r.status_code == 503 and time.monotonic() - started_s < 0.5, r.text
+        assert r.json()["error"]["code"] == "circuit_open"
+        assert "pool 'b'" in r.json()["error"]["message"]

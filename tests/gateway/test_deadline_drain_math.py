@@ -1,4 +1,4 @@
-"""The pure parts of stream deadlines, worker quarantine and the router's drain: exact
+"""The pure parts of stream deadlines and the router's drain: exact
 times in, exact answers out (the real-process tests are test_stream_deadlines.py and
 test_router_drain.py)."""
 
@@ -8,12 +8,7 @@ import pytest
 
 from kvflow.router.api.drain import DrainState
 from kvflow.router.cli import parse_args
-from kvflow.router.workers.deadlines import (
-    DeadlineKind,
-    StreamClock,
-    StreamDeadlines,
-    quarantine_s,
-)
+from kvflow.router.workers.deadlines import DeadlineKind, StreamClock, StreamDeadlines
 
 
 def test_first_token_deadline_from_the_start_then_the_stall_from_each_token() -> None:
@@ -35,11 +30,6 @@ def test_first_token_deadline_from_the_start_then_the_stall_from_each_token() ->
     assert miss is not None and miss.kind is DeadlineKind.STALL
     assert (miss.waited_s, miss.limit_s) == (31.0, 30)
     assert "31.0 s" in miss.describe() and "--token-stall-timeout-s" in miss.describe()
-
-
-def test_quarantine_doubles_per_miss_in_a_row_up_to_five_minutes() -> None:
-    assert [quarantine_s(n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
-    assert quarantine_s(10_000) == 300  # no overflow however long a worker stays wedged
 
 
 def test_drain_waits_for_running_requests_up_to_the_grace() -> None:

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -53,6 +54,25 @@ _FAULT_HIDE_REMOVALS = os.environ.get("KVFLOW_FAULT_HIDE_KV_REMOVALS") == "1"
 # mid-stream, as the router sees it (its token-stall deadline). Never set in production.
 _FAULT_STREAM_PAUSE_AFTER = int(os.environ.get("KVFLOW_FAULT_STREAM_PAUSE_AFTER", "0"))
 _FAULT_STREAM_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_STREAM_PAUSE_S", "0"))
+# Fault injection for tests only: while the file this names exists, each Generate call reads
+# it first: a gRPC status name (INTERNAL, ABORTED, ...) fails the call with that status
+# before any token; "stall" holds the call, sending nothing, until the file is gone. Health
+# and Load answer as usual, so a test removes the file to make the worker recover, without
+# a restart. Never set in production.
+_FAULT_GENERATE_FILE = os.environ.get("KVFLOW_FAULT_GENERATE_FILE", "")
+
+
+async def _generate_fault(context: Context) -> None:
+    try:
+        fault = Path(_FAULT_GENERATE_FILE).read_text().strip()
+    except FileNotFoundError:
+        return
+    if fault == "stall":
+        while Path(_FAULT_GENERATE_FILE).exists():
+            await asyncio.sleep(0.05)
+        return
+    await context.abort(grpc.StatusCode[fault], "fault injected (KVFLOW_FAULT_GENERATE_FILE)")
+
 
 _FINISH_REASONS = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -207,6 +227,8 @@ class WorkerService(pb_grpc.WorkerServicer):
                 f"unknown fields {unknown} in the request: this worker speaks "
                 "kvflow.worker.v1 and does not understand them; upgrade the worker",
             )
+        if _FAULT_GENERATE_FILE:
+            await _generate_fault(context)
         remote_kv_timeout_s = None
         if request.HasField("remote_prefill"):
             if request.remote_prefill.version != pb.KV_HANDOFF_VERSION_1:

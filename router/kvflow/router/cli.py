@@ -20,6 +20,7 @@ from kvflow.proto import otel
 from kvflow.router import tracing
 from kvflow.router.caches.config import parse_response_cache, response_cache_flags
 from kvflow.router.cli_args import seconds
+from kvflow.router.cli_breaker import breaker_flags, parse_breaker
 from kvflow.router.cli_limits import parse_request_limits, request_limit_flags
 from kvflow.router.cli_rate_limits import apply_rate_limit_flags, rate_limit_flags
 from kvflow.router.cli_security import (
@@ -112,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         "tenants reach (default: on --port)",
     )
     _admission_flags(p, d.admission)
+    breaker_flags(p, d.breaker)
     _tracing_flags(p)
     request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
     rate_limit_flags(p)
@@ -254,6 +256,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         prepare=prepare,
         body_timeout_s=args.body_timeout_s,
         response_cache=parse_response_cache(args),
+        breaker=parse_breaker(args),
         **security_settings(args, env),
     )
 

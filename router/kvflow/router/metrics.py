@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from kvflow.proto import metric_names as names
 from kvflow.proto.priority_class import CLASS_WORDS
 from kvflow.router.api.http_limits import REFUSAL_REASONS as HTTP_REFUSAL_REASONS
+from kvflow.router.circuit_metrics import CircuitMetrics
 from kvflow.router.limits.levels import KINDS as LIMIT_KINDS
 from kvflow.router.limits.levels import LEVELS as LIMIT_LEVELS
 
@@ -303,6 +304,7 @@ class RouterMetrics:
             "kvflow_router_index_blocks", "Distinct block hashes in the routing index", registry=r
         )
         self._security_metrics(r)
+        self.circuits = CircuitMetrics(r)  # the circuit breakers' (circuit_metrics.py)
 
     # --- exposure and security (docs/router.md, Security) ----------------------------------
 

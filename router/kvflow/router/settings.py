@@ -62,6 +62,7 @@ from kvflow.router.api.http_limits import (
     DEFAULT_SSE_KEEPALIVE_INTERVAL_S,
     HttpLimits,
 )
+from kvflow.router.breaker.machine import BreakerConfig
 from kvflow.router.caches.config import ResponseCacheConfig
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
@@ -181,6 +182,8 @@ class RouterSettings:
     worker_tls: WorkerTls = field(default_factory=WorkerTls)
     # Answers of repeated deterministic requests (caches/): the --response-cache* flags.
     response_cache: ResponseCacheConfig = field(default_factory=ResponseCacheConfig)
+    # Circuit breakers per worker and per pool (kvflow.router.breaker): the --breaker* flags.
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
 
 def parse_config(raw: object) -> RouterConfig:

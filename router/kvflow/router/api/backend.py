@@ -160,7 +160,11 @@ def build_backend(
     # One Load poll serves routing and admission: as often as admission asks, if oftener.
     admission_s = settings.admission.poll_interval_s if settings.admission.is_enabled else None
     load_interval_s = min(LOAD_INTERVAL_S, admission_s or LOAD_INTERVAL_S)
-    pool = WorkerPool(index, sessions, source.worker_tls, load_interval_s=load_interval_s)
+    pool = WorkerPool(
+        index, sessions, source.worker_tls, load_interval_s=load_interval_s, name=source.name,
+        breaker=settings.breaker,
+        on_circuit=lambda scope, _, was, to: metrics.circuits.count(source.name, scope, was, to),
+    )  # fmt: skip
     admission = AdmissionControl(pool, settings.admission, metrics, source.name)
     service = AdmittedGenerationService(
         admission,

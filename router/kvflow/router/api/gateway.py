@@ -29,6 +29,7 @@ from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
 from kvflow.router.protocol.errors import (
     ApiError,
+    circuit_open,
     invalid_api_key,
     model_not_allowed,
     model_not_found,
@@ -159,17 +160,21 @@ class Gateway:
 
     def route(self, model: str, tenant: Tenant, session_id: str | None) -> Route:
         """The pool that answers ``model`` for this request: 404/403 as check_model, 503
-        when the pool's model name is not known yet. A session always draws the same
-        target; a request without one draws from the seeded RNG."""
+        when the pool's model name is not known yet, or at once, before any work, while
+        its circuit breaker is open (a pool whose circuit is open is not drawn while
+        another target of the model can answer). A session always draws the same target;
+        a request without one draws from the seeded RNG."""
         self.check_model(model, tenant)
         if not self.has_pools:
-            return Route(self.backends[0], model)
+            return Route(_circuit_closed(self.backends[0]), model)
         draw = session_draw(session_id) if session_id is not None else self.rng.random()
         served_by_pool = self._served_by_pool()
         by_name = {b.name: b for b in self.backends}
 
         def is_serving(pool: str) -> bool:
-            return pool in served_by_pool and by_name[pool].pool.num_healthy() > 0
+            workers = by_name[pool].pool
+            return (pool in served_by_pool and workers.num_healthy() > 0
+                    and workers.circuit_refusal() is None)  # fmt: skip
 
         pool = self.routes.resolve(model, draw, served_by_pool, is_serving)
         assert pool is not None, model  # check_model found it among the public names
@@ -181,7 +186,7 @@ class Gateway:
                 f"({backend.pool.num_healthy()} of {len(backend.pool)} workers healthy); "
                 "retry shortly."
             )
-        return Route(backend, served_name)
+        return Route(_circuit_closed(backend), served_name)
 
     def readiness(
         self, is_draining: bool, caller: Tenant | None = ANONYMOUS
@@ -206,6 +211,16 @@ class Gateway:
                 for b in self.backends
             }  # fmt: skip
         return is_ready, body
+
+
+def _circuit_closed(backend: PoolBackend) -> PoolBackend:
+    """``backend``, unless its circuit breaker refuses requests now: then a 503 with
+    Retry-After at once, instead of preparing and queueing the request for workers that
+    cannot take it (docs/router.md, "Circuit breaker")."""
+    refusal = backend.pool.circuit_refusal()
+    if refusal is not None:
+        raise circuit_open(backend.name, refusal.why, refusal.retry_after_s)
+    return backend
 
 
 def _pool_sources(settings: RouterSettings) -> list[PoolSource]:
@@ -247,6 +262,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         on_fallback=lambda action: metrics.quota_store_fallbacks.labels(action).inc(),
     )
     metrics.watch({b.name: b.pool for b in backends}, lambda: sum(len(b.index) for b in backends))
+    metrics.circuits.watch({b.name: b.pool for b in backends})
     tenants = TenantSource(config.tenants, settings.tenants_file, key_secret_from_env(),
                            salt_secret=settings.cache_salt_secret,
                            on_reload_failure=metrics.tenants_reload_failures.inc)  # fmt: skip

@@ -109,6 +109,18 @@ def no_worker_available(message: str, *, retry_after_s: float = 1.0) -> ApiError
     )
 
 
+def circuit_open(pool: str, why: str, retry_after_s: float) -> ApiError:
+    """503 at once, without queueing: the pool's circuit breaker is open."""
+    return ApiError(
+        503,
+        f"The circuit breaker of pool '{pool}' is open: {why}. Its requests are refused "
+        f"until it half-opens; retry in {max(1, math.ceil(retry_after_s))} s.",
+        type="server_error",
+        code="circuit_open",
+        retry_after_s=retry_after_s,
+    )
+
+
 def worker_failed(message: str) -> ApiError:
     """A worker broke after the response had started, or every retry failed."""
     return ApiError(502, message, type="server_error", code="worker_error")

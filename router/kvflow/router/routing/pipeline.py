@@ -13,6 +13,7 @@ from kvflow.proto.roles import Role
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.cost import DEFAULT_STEP_COSTS, StepCosts, TimeCostScorer, WaitGate
 from kvflow.router.routing.plugins import (
+    CircuitFilter,
     ExcludedFilter,
     Filter,
     HealthyFilter,
@@ -157,17 +158,28 @@ class RoutingPipeline:
         self._gate = gate
 
     def candidates(self, request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
-        """The workers every filter keeps. Filter by filter over the list, not `all()` over
-        a generator per worker: 15 % faster at 64 workers (docs/benchmarks.md, "Scale
+        """The workers every filter keeps."""
+        return self._filter(request, workers)[0]
+
+    def _filter(
+        self, request: RouteRequest, workers: Sequence[WorkerView]
+    ) -> tuple[list[WorkerView], tuple[WorkerId, ...]]:
+        """The workers every filter keeps, and those the circuit filter alone dropped (for
+        the route's explanation). Filter by filter over the list, not `all()` over a
+        generator per worker: 15 % faster at 64 workers (docs/benchmarks.md, "Scale
         check")."""
         candidates = list(workers)
+        circuit_open: tuple[WorkerId, ...] = ()
         for f in self._filters:
-            candidates = [w for w in candidates if f.keep(request, w)]
-        return candidates
+            kept = [w for w in candidates if f.keep(request, w)]
+            if f.name == CircuitFilter.name and len(kept) < len(candidates):
+                circuit_open = tuple(w.worker_id for w in candidates if not f.keep(request, w))
+            candidates = kept
+        return candidates, circuit_open
 
     def route(self, request: RouteRequest, workers: Sequence[WorkerView]) -> RouteDecision | None:
         """The best worker for ``request``, or None when every worker is filtered out."""
-        candidates = self.candidates(request, workers)
+        candidates, circuit_open = self._filter(request, workers)
         if not candidates:
             return None
         if self._gate is not None:
@@ -191,6 +203,8 @@ class RoutingPipeline:
             scores=scores,
             num_candidates=len(candidates),
             role=chosen.role,
+            circuit=chosen.circuit,
+            circuit_open=circuit_open,
         )
 
 
@@ -221,7 +235,8 @@ def build_pipeline(
             )
         if weight > 0:
             scorers.append(WeightedScorer(SCORERS[name](inputs), float(weight)))
-    filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(roles), ExcludedFilter()]
+    filters: list[Filter] = [HealthyFilter(), ModelFilter(), RoleFilter(roles), ExcludedFilter(),
+                             CircuitFilter()]  # fmt: skip
     is_timed = any(w.scorer.name == "time_cost" for w in scorers)
     if gate is AutoGate.AUTO:
         gate = DEFAULT_LOAD_GATE

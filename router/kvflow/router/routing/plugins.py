@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from kvflow.proto.roles import Role
+from kvflow.router.breaker.machine import CircuitState
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import PREFIX_BLOCKS, RouteRequest, WorkerId, WorkerView
@@ -74,6 +75,16 @@ class ExcludedFilter:
 
     def keep(self, request: RouteRequest, worker: WorkerView) -> bool:
         return worker.worker_id not in request.excluded
+
+
+class CircuitFilter:
+    """Workers whose circuit breaker is open take nothing; a half-open one takes probes
+    while it has one to spare (its view says HALF_OPEN then, OPEN once they are out)."""
+
+    name = "circuit"
+
+    def keep(self, request: RouteRequest, worker: WorkerView) -> bool:
+        return worker.circuit is not CircuitState.OPEN
 
 
 # -- scorers -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import NewType
 
 from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.roles import Role
+from kvflow.router.breaker.machine import CircuitState
 
 # A measure, not a scorer: the chosen worker's cached prompt blocks past the skip, which
 # the prefix scorer and the time scorer both report beside their values
@@ -46,6 +47,9 @@ class WorkerView:
     # When that report was taken, on the clock placement is given (None: unknown): work
     # placed after it is added by the router (routing/cost.py, PlacedWork).
     load_at_s: float | None = None
+    # Its circuit breaker (kvflow.router.breaker) as routing reads it now: OPEN takes
+    # nothing (also a half-open circuit whose probes are all out), HALF_OPEN one probe.
+    circuit: CircuitState = CircuitState.CLOSED
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,23 @@ class RouteDecision:
     scores: dict[str, float]
     num_candidates: int
     role: Role = Role.COLOCATED
+    # The chosen worker's circuit (HALF_OPEN: this request is one of its probes), and the
+    # workers the circuit filter left out, their circuits open, that were otherwise fit.
+    circuit: CircuitState = CircuitState.CLOSED
+    circuit_open: tuple[WorkerId, ...] = ()
 
     def explain(self, prefix: str = "") -> list[str]:
-        """``score=..``, each scorer's value, ``candidates=..``, names prefixed by ``prefix``."""
+        """``score=..``, each scorer's value, ``candidates=..``, the circuit breaker's part
+        (``circuit=half_open`` for a probe, ``circuit_open=`` the workers it left out), names
+        prefixed by ``prefix``."""
         parts = [f"{prefix}score={self.score:g}"]
         parts += [f"{prefix}{name}={value:g}" for name, value in self.scores.items()]
         parts.append(f"{prefix}candidates={self.num_candidates}")
+        if self.circuit is not CircuitState.CLOSED:
+            parts.append(f"{prefix}circuit={self.circuit.label}")
+        if self.circuit_open:
+            # "|" between them: routes are separated by ", " (and parsers split on ",").
+            parts.append(f"{prefix}circuit_open={'|'.join(self.circuit_open)}")
         return parts
 
     def header_value(self) -> str:

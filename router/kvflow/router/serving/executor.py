@@ -8,8 +8,10 @@ the client saw text is a 502 event in the stream.
 
 Every stream the client reads has a first-token and a token-stall deadline
 (workers/deadlines.py). Missing one cancels the call (the worker aborts the request and
-frees its blocks) and quarantines the worker, whose Health may still say serving; before
-the client saw text the request fails over, after it the stream ends with a 504 event.
+frees its blocks) and opens the worker's circuit (kvflow.router.breaker), whatever its
+Health says; before the client saw text the request fails over, after it the stream ends
+with a 504 event. Every call's verdict feeds its worker's circuit breaker
+(`WorkerPool.request_open`).
 
 A disaggregated plan (docs/router.md, "Disaggregated serving"):
 
@@ -29,6 +31,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
+from kvflow.router.breaker.machine import Outcome
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import ApiError, invalid_request, worker_failed
 from kvflow.router.routing.placement import (
@@ -48,6 +51,7 @@ from kvflow.router.workers.errors import (
     WorkerError,
     WorkerStalledError,
     WorkerTimeoutError,
+    breaker_outcome,
 )
 from kvflow.router.workers.pool import WorkerPool
 from kvflow.router.workers.records import GenerateInput, KvReservation, PrefillInput
@@ -69,14 +73,30 @@ def worker_timed_out(message: str) -> ApiError:
 
 class AttemptFailedError(Exception):
     """This attempt failed before the client saw anything: exclude ``worker_ids``, re-plan.
-    ``retry_after_s``: a busy worker's own estimate of when it takes requests again."""
+    ``retry_after_s``: a busy worker's own estimate of when it takes requests again;
+    ``outcome``: what the failure says of the worker (None: nothing, e.g. busy)."""
 
     def __init__(
-        self, why: str, worker_ids: frozenset[WorkerId], retry_after_s: float | None = None
+        self,
+        why: str,
+        worker_ids: frozenset[WorkerId],
+        retry_after_s: float | None = None,
+        outcome: Outcome | None = None,
     ) -> None:
         super().__init__(why)
         self.worker_ids = worker_ids
         self.retry_after_s = retry_after_s
+        self.outcome = outcome
+
+
+class StreamBrokenError(Exception):
+    """The worker failed after the client saw text: the choice ends with ``error``;
+    ``outcome`` is what that says of the worker (for the pool's circuit)."""
+
+    def __init__(self, error: ApiError, outcome: Outcome | None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.outcome = outcome
 
 
 def prefill_failure_kind(exc: WorkerError) -> str:
@@ -107,14 +127,18 @@ class PlanExecutor:
         self, plan: ExecutionPlan, request: GenerateInput, choice: ChoiceStream, *,
         is_buffered: bool,
     ) -> None:  # fmt: skip
-        """Run ``plan`` to the end of the choice. Raises AttemptFailedError or ApiError."""
+        """Run ``plan`` to the end of the choice. Raises AttemptFailedError,
+        StreamBrokenError or ApiError."""
         try:
             if isinstance(plan, Colocated):
                 await self._run_colocated(plan, request, choice)
             else:
                 await self._run_disaggregated(plan, request, choice)
         except WorkerError as exc:
-            raise self._stream_failed(exc, choice, is_buffered) from exc
+            failure = self._stream_failed(exc, choice, is_buffered)
+            if isinstance(failure, ApiError) and choice.has_output and not is_buffered:
+                raise StreamBrokenError(failure, breaker_outcome(exc)) from exc
+            raise failure from exc
 
     async def _run_colocated(
         self, plan: Colocated, request: GenerateInput, choice: ChoiceStream
@@ -124,7 +148,6 @@ class PlanExecutor:
         try:
             with self._pool.request_open(worker_id):
                 await choice.run(stream)
-            self._pool.stream_finished(worker_id)
         finally:
             stream.cancel()  # no-op when finished; aborts the worker's request otherwise
 
@@ -140,12 +163,14 @@ class PlanExecutor:
         prefill: asyncio.Task[None] | None = None
         outcomes = self._metrics.pd_transfers
         try:
-            with self._pool.request_open(decode_id):
+            with self._pool.request_open(decode_id) as attempt:
                 try:
                     first = await stream.next_within(timeout_s)
                 except WorkerTimeoutError as exc:
                     self._metrics.pd_failures.labels("reservation_timeout").inc()
-                    raise AttemptFailedError(str(exc), frozenset({decode_id})) from exc
+                    attempt.outcome = Outcome.TIMEOUT
+                    raise AttemptFailedError(str(exc), frozenset({decode_id}),
+                                             outcome=Outcome.TIMEOUT) from exc  # fmt: skip
                 if not isinstance(first, KvReservation):  # prefilling itself after all
                     outcomes.labels("not_reserved").inc()
                     await choice.run(stream, first)
@@ -157,7 +182,6 @@ class PlanExecutor:
                 else:
                     outcomes.labels("nothing_to_send").inc()
                 await choice.run(stream)
-                self._pool.stream_finished(decode_id)
                 if prefill is not None:
                     await asyncio.wait({prefill}, timeout=PREFILL_RESULT_GRACE_S)
                     if not prefill.done():
@@ -214,9 +238,8 @@ class PlanExecutor:
     ) -> ApiError | AttemptFailedError:
         """What the failure of the stream the client reads means for the request."""
         is_stalled = isinstance(exc, WorkerStalledError)
-        if isinstance(exc, WorkerStalledError):
+        if isinstance(exc, WorkerStalledError):  # (its circuit opened: request_open)
             self._metrics.deadline_misses.labels(exc.miss.kind.value).inc()
-            self._pool.quarantine(WorkerId(exc.worker_id), exc.detail)
         if isinstance(exc, WorkerBusyError):
             self._metrics.worker_rejections.labels(exc.worker_id).inc()
             self._pool.refused_busy(WorkerId(exc.worker_id), exc.retry_after_s)
@@ -232,4 +255,5 @@ class PlanExecutor:
         if isinstance(exc, WorkerDownError):
             self._pool.mark_failed(WorkerId(exc.worker_id), exc.detail)
         retry_after_s = exc.retry_after_s if isinstance(exc, WorkerBusyError) else None
-        return AttemptFailedError(str(exc), frozenset({WorkerId(exc.worker_id)}), retry_after_s)
+        return AttemptFailedError(str(exc), frozenset({WorkerId(exc.worker_id)}), retry_after_s,
+                                  breaker_outcome(exc))  # fmt: skip

@@ -14,19 +14,21 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.router import tracing
+from kvflow.router.breaker.machine import Outcome
 from kvflow.router.metrics import RouterMetrics
-from kvflow.router.protocol.errors import ApiError, no_worker_available
+from kvflow.router.protocol.errors import ApiError, circuit_open, no_worker_available
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.placement import ExecutionPlan, Placement, PlacementRequest
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId
 from kvflow.router.serving.choice_stream import ChoiceStream
-from kvflow.router.serving.executor import AttemptFailedError, PlanExecutor
+from kvflow.router.serving.executor import AttemptFailedError, PlanExecutor, StreamBrokenError
 from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.text.tokenizer import TextTokenizer
@@ -47,6 +49,14 @@ _DONE = object()
 # between each batch of this many.
 CHOICES_PER_LOOP_TURN = 16
 ITEMS_PER_LOOP_TURN = 64
+
+
+@dataclass
+class _Verdict:
+    """A choice's verdict for its pool's circuit: its last attempt's (None: none said
+    anything of the workers, e.g. all were busy)."""
+
+    outcome: Outcome | None = None
 
 
 class GenerationService:
@@ -161,6 +171,35 @@ class GenerationService:
         queue: asyncio.Queue[object],
         buffered: bool,
     ) -> None:
+        """One choice, its verdict after failover given to the pool's circuit breaker; a
+        503 at once while that circuit refuses."""
+        refusal = self._pool.circuit_refusal()
+        if refusal is not None:
+            raise circuit_open(self._pool.name, refusal.why, refusal.retry_after_s)
+        ticket = self._pool.choice_started()
+        verdict = _Verdict()
+        try:
+            await self._attempts(caller, spec, trace, queue, buffered, verdict)
+        except StreamBrokenError as exc:
+            verdict.outcome = exc.outcome
+            raise exc.error from exc
+        except ApiError:
+            raise  # (its verdict is the last attempt's)
+        except BaseException:
+            verdict.outcome = None  # the client left (or a bug): nothing said of the pool
+            raise
+        finally:
+            self._pool.choice_ended(ticket, verdict.outcome)
+
+    async def _attempts(
+        self,
+        caller: Caller,
+        spec: ChoiceSpec,
+        trace: RequestTrace,
+        queue: asyncio.Queue[object],
+        buffered: bool,
+        verdict: _Verdict,
+    ) -> None:
         info = self.model_info(caller.model)
         tokens = spec.prompt_token_ids
         context = WorkerContext(
@@ -208,11 +247,13 @@ class GenerationService:
                 last_failure = str(exc)
                 log.warning("%s: failing over: %s", request.request_id, exc)
                 excluded |= exc.worker_ids
+                verdict.outcome = exc.outcome or verdict.outcome  # (busy: says nothing)
                 self._placement.forget(plan, placing, exc.worker_ids)
                 if exc.retry_after_s is not None:
                     busy_retry_after_s.append(exc.retry_after_s)
                 self._metrics.failovers.inc()
                 continue
+            verdict.outcome = Outcome.SUCCESS
             for item in sink:
                 queue.put_nowait(item)
             self._metrics.matched_blocks.inc(plan.matched_blocks)

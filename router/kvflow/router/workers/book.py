@@ -10,9 +10,11 @@ so both route and admit from the same arithmetic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from kvflow.proto.roles import Role
+from kvflow.router.breaker.machine import Breaker, BreakerConfig, CircuitState
 from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.serving.admission import WorkerQueue
 
@@ -81,17 +83,37 @@ class _Entry:
     num_open: int = 0  # this router's requests there, now
     num_opened: int = 0  # ever: the difference to the report's is what it cannot show yet
     at_report: LocalCounts = LocalCounts(0, 0)
+    # Its circuit breaker (kvflow.router.breaker): fed by whoever sends it requests.
+    breaker: Breaker = field(default_factory=lambda: Breaker(BreakerConfig(is_enabled=False)))
+
+
+# A worker's circuit changed state: (worker, from, to), for the transitions counter and log.
+WorkerTransitionHook = Callable[[WorkerId, CircuitState, CircuitState], None]
 
 
 class WorkerBook:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        breaker: BreakerConfig | None = None,
+        on_transition: WorkerTransitionHook | None = None,
+    ) -> None:
+        """``breaker``: the settings of each worker's circuit breaker; None: none (always
+        closed, as in the simulator, which does not feed them)."""
         self._entries: dict[WorkerId, _Entry] = {}
+        self._breaker = breaker or BreakerConfig(is_enabled=False)
+        self._on_transition = on_transition
+
+    def _new_breaker(self, worker_id: WorkerId) -> Breaker:
+        hook = self._on_transition
+        if hook is None:
+            return Breaker(self._breaker)
+        return Breaker(self._breaker, lambda was, to: hook(worker_id, was, to))
 
     # -- membership and health ---------------------------------------------------------------
 
     def add(self, worker_id: WorkerId, facts: WorkerFacts | None = None, *,
             is_healthy: bool = False) -> None:  # fmt: skip
-        self._entries[worker_id] = _Entry(facts, is_healthy)
+        self._entries[worker_id] = _Entry(facts, is_healthy, breaker=self._new_breaker(worker_id))
 
     def remove(self, worker_id: WorkerId) -> None:
         self._entries.pop(worker_id, None)
@@ -110,6 +132,26 @@ class WorkerBook:
         entry = self._entries.get(worker_id)
         if entry is not None:
             entry.busy_until_s = until_s
+
+    def breaker(self, worker_id: WorkerId) -> Breaker | None:
+        """The worker's circuit breaker; None once it left."""
+        entry = self._entries.get(worker_id)
+        return entry.breaker if entry is not None else None
+
+    def healthy_breakers(self) -> list[Breaker]:
+        """The circuit breakers of the workers passing their health probes that stream
+        tokens (a prefill worker alone serves no request). Over a copy of the entries: a
+        metrics scrape calls this from its own thread."""
+        entries = list(self._entries.values())
+        return [
+            e.breaker
+            for e in entries
+            if e.is_healthy and e.facts is not None and e.facts.role is not Role.PREFILL
+        ]
+
+    def circuits(self, now_s: float) -> dict[WorkerId, CircuitState]:
+        """Each worker's circuit at ``now_s`` (reads only: safe from a metrics scrape)."""
+        return {worker_id: e.breaker.state(now_s) for worker_id, e in list(self._entries.items())}
 
     # -- load ------------------------------------------------------------------------------
 
@@ -145,6 +187,13 @@ class WorkerBook:
     def _is_routable(self, entry: _Entry, now_s: float) -> bool:
         return entry.is_healthy and entry.busy_until_s <= now_s
 
+    @staticmethod
+    def _circuit(entry: _Entry, now_s: float) -> CircuitState:
+        """As routing reads it: a half-open circuit whose probes are out takes nothing."""
+        if not entry.breaker.admits(now_s):
+            return CircuitState.OPEN
+        return entry.breaker.state(now_s)
+
     def views(self, now_s: float) -> list[WorkerView]:
         """Every worker as routing sees it at ``now_s`` (the busy holds' clock)."""
         views = []
@@ -168,6 +217,7 @@ class WorkerBook:
                     kv_capacity_tokens=r.kv_capacity_tokens,
                     num_cached_tokens=r.num_cached_tokens,
                     load_at_s=e.reported_at_s if e.report is not None else None,
+                    circuit=self._circuit(e, now_s),
                 )
             )
         return views
@@ -184,6 +234,7 @@ class WorkerBook:
                 r is None
                 or facts is None
                 or not self._is_routable(e, now_s)
+                or not e.breaker.admits(now_s)  # its queue is no capacity while open
                 or facts.model != model
                 or facts.role is Role.PREFILL
             ):

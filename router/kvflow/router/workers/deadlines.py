@@ -23,13 +23,6 @@ DEFAULT_FIRST_TOKEN_TIMEOUT_S = 60.0
 # recomputes its prompt before its next token: seconds, as for a first token.
 DEFAULT_TOKEN_STALL_TIMEOUT_S = 30.0
 
-# A worker that missed a deadline is avoided for QUARANTINE_BASE_S, doubled for each miss
-# in a row up to QUARANTINE_MAX_S; a stream that finishes there resets the count. 10 s
-# covers a passing stall; a worker wedged for good costs one late request per 5 minutes
-# (or none once its liveness check marks it unhealthy).
-QUARANTINE_BASE_S = 10.0
-QUARANTINE_MAX_S = 300.0
-
 
 class DeadlineKind(enum.StrEnum):
     FIRST_TOKEN = "first_token"
@@ -91,10 +84,3 @@ class StreamClock:
                                 self._deadlines.first_token_s)  # fmt: skip
         return DeadlineMiss(DeadlineKind.STALL, now_s - self._last_token_s,
                             self._deadlines.stall_s)  # fmt: skip
-
-
-def quarantine_s(num_misses_in_a_row: int) -> float:
-    """How long to avoid a worker after its ``num_misses_in_a_row``-th deadline miss."""
-    assert num_misses_in_a_row >= 1
-    doublings = min(num_misses_in_a_row - 1, 16)  # 2**16 * 10 s is far past the cap already
-    return min(QUARANTINE_BASE_S * 2.0**doublings, QUARANTINE_MAX_S)

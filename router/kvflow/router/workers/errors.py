@@ -11,6 +11,7 @@ from typing import cast
 
 import grpc
 
+from kvflow.router.breaker.machine import Outcome
 from kvflow.router.workers.deadlines import DeadlineMiss
 
 
@@ -97,3 +98,16 @@ def from_grpc_error(worker_id: str, exc: Exception) -> WorkerError:
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return WorkerBusyError(worker_id, detail, _pushback_s(exc))
     return WorkerCallError(worker_id, detail)
+
+
+def breaker_outcome(exc: BaseException) -> Outcome | None:
+    """What a failed call says about its worker, for its circuit breaker; None: nothing
+    (refused as invalid: any worker would; full: busy is not broken; cancelled: the client
+    left; anything else: ours, not the worker's)."""
+    if isinstance(exc, WorkerStalledError):
+        return Outcome.STALL
+    if isinstance(exc, WorkerTimeoutError):
+        return Outcome.TIMEOUT
+    if isinstance(exc, WorkerDownError | WorkerCallError):
+        return Outcome.ERROR
+    return None

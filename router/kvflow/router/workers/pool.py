@@ -9,20 +9,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import grpc
 
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto.roles import Role
+from kvflow.router.breaker.machine import Breaker, BreakerConfig, CircuitState, Outcome, Ticket
+from kvflow.router.breaker.pool import PoolRefusal, pool_refusal, pool_state
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import WorkerId, WorkerView
 from kvflow.router.workers.book import LOAD_INTERVAL_S, WorkerBook, WorkerFacts
 from kvflow.router.workers.client import WorkerClient
 from kvflow.router.workers.convert import from_load_response
-from kvflow.router.workers.deadlines import quarantine_s
+from kvflow.router.workers.errors import breaker_outcome
 from kvflow.router.workers.kv_events import KvEventFollower
 from kvflow.router.workers.tls import WorkerTls
 
@@ -45,10 +48,22 @@ BUSY_HOLD_S = 1.0
 MAX_BUSY_HOLD_S = 10.0
 
 
+# A circuit changed state: (scope "worker" or "pool", the worker or None, from, to).
+CircuitHook = Callable[[str, WorkerId | None, CircuitState, CircuitState], None]
+
+
+@dataclass
+class Attempt:
+    """One request on one worker (`WorkerPool.request_open`): its verdict for the worker's
+    circuit breaker, when the caller knows it better than the exception that ends it."""
+
+    outcome: Outcome | None = None
+
+
 @dataclass
 class _Worker:
-    """The I/O side of a worker: its client, its tasks, its quarantine. Its state as routing
-    and admission read it is in the pool's WorkerBook."""
+    """The I/O side of a worker: its client, its tasks. Its state as routing and admission
+    read it (its circuit breaker's too) is in the pool's WorkerBook."""
 
     worker_id: WorkerId
     client: WorkerClient
@@ -56,9 +71,6 @@ class _Worker:
     is_healthy: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     follower: asyncio.Task[None] | None = None
-    # After a missed deadline: not probed, so not routed to, before this (loop time).
-    held_until_s: float = 0.0
-    num_misses: int = 0  # deadline misses in a row (a finished stream resets it)
 
 
 def _facts(info: pb.WorkerInfo) -> WorkerFacts:
@@ -73,15 +85,26 @@ class WorkerPool:
         tls: WorkerTls | None = None,
         *,
         load_interval_s: float = LOAD_INTERVAL_S,
+        name: str = "default",
+        breaker: BreakerConfig | None = None,
+        on_circuit: CircuitHook | None = None,
     ) -> None:
-        """``load_interval_s``: how often each healthy worker is asked for its load."""
+        """``load_interval_s``: how often each healthy worker is asked for its load;
+        ``name``: the pool's, for logs and errors; ``breaker``: the circuit breakers'
+        settings (default: BreakerConfig's), each worker's and the pool's own;
+        ``on_circuit``: told of every change of their states."""
         self._index = index
         self._sessions = sessions
         self._tls = tls  # worker gRPC over TLS (workers/tls.py); None: plaintext
         self.load_interval_s = load_interval_s
+        self.name = name
         self._workers: dict[WorkerId, _Worker] = {}
-        # Busy holds are on time.monotonic(), as are the reports' times.
-        self.book = WorkerBook()
+        self._on_circuit = on_circuit
+        breaker = breaker or BreakerConfig()
+        # Busy holds and circuits are on time.monotonic(), as are the reports' times.
+        self.book = WorkerBook(breaker, partial(self._circuit_changed, "worker"))
+        # The pool's own circuit: its requests' verdicts after failover (`choice_started`).
+        self._breaker = Breaker(breaker, partial(self._circuit_changed, "pool", None))
 
     # -- membership ------------------------------------------------------------------------
 
@@ -156,12 +179,7 @@ class WorkerPool:
 
     async def _monitor(self, worker: _Worker) -> None:
         num_loads = 0
-        loop = asyncio.get_running_loop()
         while True:
-            held_s = worker.held_until_s - loop.time()
-            if held_s > 0:  # quarantined: its Health may say serving while it is wedged
-                await asyncio.sleep(held_s)
-                continue
             try:
                 if not worker.is_healthy or num_loads % HEALTH_EVERY_N_LOADS == 0:
                     await self._probe_health(worker)
@@ -210,19 +228,6 @@ class WorkerPool:
         if worker is not None:
             self._mark_unhealthy(worker, why)
 
-    def quarantine(self, worker_id: WorkerId, why: str) -> None:
-        """A stream there missed a deadline (wedged or far behind): avoid the worker for a
-        while even if its Health says serving; longer for each miss in a row."""
-        worker = self._workers.get(worker_id)
-        if worker is None:
-            return
-        worker.num_misses += 1
-        hold_s = quarantine_s(worker.num_misses)
-        worker.held_until_s = asyncio.get_running_loop().time() + hold_s
-        log.warning("worker %s avoided for %g s (deadline miss %d in a row): %s",
-                    worker_id, hold_s, worker.num_misses, why)  # fmt: skip
-        self._mark_unhealthy(worker, why)
-
     def refused_busy(self, worker_id: WorkerId, retry_after_s: float | None) -> None:
         """The worker refused a request, its queue full: route elsewhere for its pushback
         (BUSY_HOLD_S without one), whatever its last load report said. Still probed and
@@ -230,17 +235,72 @@ class WorkerPool:
         hold_s = BUSY_HOLD_S if retry_after_s is None else min(retry_after_s, MAX_BUSY_HOLD_S)
         self.book.hold_busy(worker_id, time.monotonic() + hold_s)
 
-    def stream_finished(self, worker_id: WorkerId) -> None:
-        """A stream there ran to its end: its past deadline misses no longer count."""
-        worker = self._workers.get(worker_id)
-        if worker is not None:
-            worker.num_misses = 0
-
     @contextlib.contextmanager
-    def request_open(self, worker_id: WorkerId) -> Iterator[None]:
-        """Count a request as in flight on a worker while the block runs."""
+    def request_open(self, worker_id: WorkerId) -> Iterator[Attempt]:
+        """Count a request as in flight on a worker while the block runs, and give the
+        worker's circuit breaker its verdict when it ends: the Attempt's outcome if the
+        block set one, else success, or what the exception ending it says of the worker
+        (workers/errors.breaker_outcome)."""
         self.book.open(worker_id)
+        breaker = self.book.breaker(worker_id)
+        ticket = breaker.start(time.monotonic()) if breaker is not None else None
+        attempt = Attempt()
         try:
-            yield
+            yield attempt
+            attempt.outcome = attempt.outcome or Outcome.SUCCESS
+        except BaseException as exc:
+            attempt.outcome = attempt.outcome or breaker_outcome(exc)
+            raise
         finally:
             self.book.close(worker_id)
+            if breaker is not None and ticket is not None:
+                _judge(breaker, ticket, attempt.outcome)
+
+    # -- circuit breakers (kvflow.router.breaker) ----------------------------------------------
+
+    def circuit_refusal(self) -> PoolRefusal | None:
+        """Whether the pool's circuit refuses a request now (its own breaker is open, or
+        every healthy worker's is), and when to come back."""
+        return pool_refusal(self._breaker, self.book.healthy_breakers(), time.monotonic())
+
+    def circuit_state(self) -> CircuitState:
+        """The pool's circuit, for its gauge (reads only: safe from a scrape's thread)."""
+        return pool_state(self._breaker, self.book.healthy_breakers(), time.monotonic())
+
+    def worker_circuits(self) -> dict[WorkerId, CircuitState]:
+        """Each worker's circuit, for its gauge (reads only)."""
+        return self.book.circuits(time.monotonic())
+
+    def choice_started(self) -> Ticket:
+        """One choice of a request starts on this pool (`choice_ended` gives its verdict)."""
+        return self._breaker.start(time.monotonic())
+
+    def choice_ended(self, ticket: Ticket, outcome: Outcome | None) -> None:
+        """The verdict of a choice after failover: one worker failing and the next serving
+        it is a success of the pool (that worker's own circuit counted the failure). A
+        stall counts as a timeout here: one wedged worker trips its own circuit at once,
+        and must not shut the whole pool for it."""
+        if outcome is Outcome.STALL:
+            outcome = Outcome.TIMEOUT
+        _judge(self._breaker, ticket, outcome)
+
+    def _circuit_changed(
+        self, scope: str, worker_id: WorkerId | None, was: CircuitState, to: CircuitState
+    ) -> None:
+        what = f"worker {worker_id}" if worker_id is not None else f"pool {self.name}"
+        if to is CircuitState.OPEN:
+            breaker = self._breaker if worker_id is None else self.book.breaker(worker_id)
+            why = breaker.last_trip if breaker is not None else ""
+            log.warning("%s: circuit %s -> open: %s", what, was.label, why)
+        else:
+            log.info("%s: circuit %s -> %s", what, was.label, to.label)
+        if self._on_circuit is not None:
+            self._on_circuit(scope, worker_id, was, to)
+
+
+def _judge(breaker: Breaker, ticket: Ticket, outcome: Outcome | None) -> None:
+    now_s = time.monotonic()
+    if outcome is None:
+        breaker.abandon(ticket, now_s)
+    else:
+        breaker.finish(ticket, outcome, now_s)

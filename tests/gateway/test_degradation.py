@@ -150,6 +150,59 @@ def test_slow_answers_climb_the_ladder_and_recovery_reverts_it(
         assert 'reason="TTFT burn' in g.log
 
 
+def test_a_model_whose_pool_refuses_is_answered_by_its_fallback_at_once(
+    big_and_small: tuple[FakeWorker, FakeWorker, str, str], tmp_path: Path
+) -> None:
+    """No ladder step needed: while every pool of the model refuses requests (its circuit
+    open, or no healthy worker), a configured fallback answers instead of a 503; once the
+    pool takes requests again, the model answers itself."""
+    big, small, big_address, small_address = big_and_small
+    config = {
+        "pools": [{"name": "big", "served_model_name": "big-v1", "workers": [big_address]},
+                  {"name": "small", "served_model_name": "small-v1",
+                   "workers": [small_address]}],
+        "models": [{"name": "big", "targets": [{"pool": "big"}]},
+                   {"name": "small", "targets": [{"pool": "small"}]}],
+        # The ladder never climbs here (an SLO nothing misses): only the circuit acts.
+        "degradation": {"big": {"steps": ["cap_max_tokens"], "max_tokens_cap": CAP,
+                                "ttft_slo_s": 60.0, "tpot_slo_s": 60.0,
+                                "fallback_model": "small"}},
+    }  # fmt: skip
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    breaker = ["--breaker-min-requests", "2", "--breaker-open-s", "1"]
+    with running_gateway(["--config", str(path), *breaker]) as g:
+        g.wait_ready(num_workers=2)
+        url = f"{g.base_url}/chat/completions"
+
+        def post() -> httpx.Response:
+            body = {"model": "big", "messages": MESSAGES, "max_tokens": 5}
+            return httpx.post(url, json=body, timeout=30)
+
+        first = post()
+        assert first.status_code == 200 and first.json()["model"] == "big-v1"
+        assert "x-kvflow-degraded" not in first.headers
+        big.mode = "unavailable"
+        answers = [post() for _ in range(4)]
+        assert all(r.status_code in (200, 503) for r in answers), [r.text for r in answers]
+        last = answers[-1]  # by now the pool refuses: the fallback answered
+        assert last.status_code == 200, last.text
+        assert last.json()["model"] == "small-v1"
+        assert last.headers["x-kvflow-degraded"] == "fallback_model"
+        num_big = len(big.requests)
+        for _ in range(3):  # the refusing pool is not even tried
+            r = post()
+            assert r.status_code == 200 and r.json()["model"] == "small-v1"
+        assert len(big.requests) == num_big
+        big.mode = "ok"
+
+        def big_answers() -> bool:
+            r = post()
+            return r.status_code == 200 and r.json()["model"] == "big-v1"
+
+        wait_until(big_answers, 30, lambda: time.sleep(0.2))
+
+
 def test_a_full_cluster_waits_for_capacity_up_to_the_deadline(tmp_path: Path) -> None:
     worker = FakeWorker(tokens=TOKENS)  # serves "fake"
     config = {"degradation": {"fake": {"steps": ["queue_with_deadline"], "queue_deadline_s": 2,

@@ -49,8 +49,9 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
         tenant_for_request(tenant, body), request.headers.get(gw.session_header), priority_class
     )
     # The model's active degradation steps (degrade/service.py): a capped, plainer request,
-    # maybe for its fallback model; its refusals and timings feed the model's ladder.
-    degradation = gw.degradation.plan(parsed, context.tenant)
+    # maybe for its fallback model (also when the model's pools refuse requests: their
+    # circuits open, or no healthy worker); its refusals and timings feed the model's ladder.
+    degradation = gw.degradation.plan(parsed, context.tenant, gw.is_refusing)
     parsed = degradation.request
     remember_user(request, body)
     try:

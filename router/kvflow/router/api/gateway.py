@@ -158,6 +158,22 @@ class Gateway:
         if not tenant.may_use(model):
             raise model_not_allowed(model)
 
+    def is_refusing(self, model: str) -> bool:
+        """Whether every pool that answers the public name ``model`` refuses requests now:
+        its circuit breaker open, or no healthy worker. Degradation then sends the request
+        to the model's fallback at once (degrade/service.py) instead of a 503."""
+        if not self.has_pools:
+            return False  # a fallback needs pools (degrade/config.py)
+        served_by_pool = self._served_by_pool()
+        pools = self.routes.pools_of(model) or [
+            pool for pool, served in served_by_pool.items() if served == model
+        ]
+        by_name = {b.name: b for b in self.backends}
+        backends = [by_name[p] for p in pools if p in by_name]
+        return bool(backends) and not any(
+            b.pool.num_healthy() > 0 and b.pool.circuit_refusal() is None for b in backends
+        )
+
     def route(self, model: str, tenant: Tenant, session_id: str | None) -> Route:
         """The pool that answers ``model`` for this request: 404/403 as check_model, 503
         when the pool's model name is not known yet, or at once, before any work, while

@@ -112,7 +112,9 @@ class RequestDegradation:
         ladder's order; None when none did."""
         if not self.applied:
             return None
-        return ",".join(s.value for s in self.active if s in self.applied)
+        # A fallback taken for an open circuit is applied without being active.
+        order = [*self.active, *(s for s in Step if s not in self.active)]
+        return ",".join(s.value for s in order if s in self.applied)
 
     def cap(self, budget: TokenBudget, prompt_lens: Sequence[int], n: int) -> TokenBudget:
         """The planned budget under cap_max_tokens (a left-out max_tokens' default too)."""
@@ -225,9 +227,16 @@ class Degradation:
     def level(self, model: str) -> int:
         return self._models[model].ladder.level
 
-    def plan(self, request: AnyRequest, tenant: Tenant) -> RequestDegradation:
+    def plan(
+        self,
+        request: AnyRequest,
+        tenant: Tenant,
+        is_refusing: Callable[[str], bool] = lambda model: False,
+    ) -> RequestDegradation:
         """``request`` under its model's active steps. The fallback is taken only for a
-        tenant allowed to use the fallback model (a degraded answer, never a forbidden one)."""
+        tenant allowed to use the fallback model (a degraded answer, never a forbidden one),
+        and also, whatever the ladder's level, while every pool of the model refuses requests
+        (``is_refusing``: circuit open or no healthy worker) and the fallback's do not."""
         state = self._by_name.get(request.model)
         if state is None:
             return RequestDegradation(request, clock=self._clock)
@@ -244,7 +253,10 @@ class Degradation:
             if changed:
                 plan.applied.add(Step.DROP_EXTRAS)
         fallback = spec.fallback_model
-        if Step.FALLBACK_MODEL in active and fallback is not None and tenant.may_use(fallback):
+        wants_fallback = Step.FALLBACK_MODEL in active or (
+            fallback is not None and is_refusing(request.model) and not is_refusing(fallback)
+        )
+        if wants_fallback and fallback is not None and tenant.may_use(fallback):
             plan._asked_model = request.model
             plan.request = fall_back(plan.request, fallback)
             plan.applied.add(Step.FALLBACK_MODEL)

@@ -34,6 +34,7 @@ disaggregation:                                   # pools with prefill and decod
 pools: [...]                                      # several models: models/pools.py
 models: [...]                                     # public names -> pools: models/routes.py
 degradation: {...}                                # per model, its ladder: degrade/config.py
+cascade: {...}                                    # per model, small then large: cascade/config.py
 prices:                                           # per served model, USD per million tokens
   smollm2-135m-instruct: {input_usd_per_million_tokens: 0.15,
                           cached_input_usd_per_million_tokens: 0.075,
@@ -57,6 +58,7 @@ from kvflow.router.api.http_limits import (
     DEFAULT_SSE_KEEPALIVE_INTERVAL_S,
     HttpLimits,
 )
+from kvflow.router.cascade.config import CascadeSpec, parse_cascade
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.degrade.config import DegradationSpec, parse_degradation
@@ -117,6 +119,8 @@ class RouterConfig:
     prices: Mapping[str, ModelPrices] = field(default_factory=dict)
     # Public model name -> its degradation ladder (degrade/config.py); {}: off for all.
     degradation: Mapping[str, DegradationSpec] = field(default_factory=dict)
+    # Public model name -> its small/large cascade (cascade/config.py); {}: off for all.
+    cascade: Mapping[str, CascadeSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,7 @@ def parse_config(raw: object) -> RouterConfig:
             "models",
             "prices",
             "degradation",
+            "cascade",
         },
         "the configuration",
     )
@@ -245,6 +250,7 @@ def parse_config(raw: object) -> RouterConfig:
         models=models,
         prices=parse_prices(raw.get("prices"), ConfigError),
         degradation=parse_degradation(raw.get("degradation"), models, served_names),
+        cascade=parse_cascade(raw.get("cascade"), models, served_names),
     )
 
 

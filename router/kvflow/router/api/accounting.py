@@ -46,6 +46,9 @@ class Accounting:
     on_finish: Callable[[], None] | None = None
     # Its model's degradation ladder, fed this request's timings (degrade/service.py).
     degradation: RequestDegradation | None = None
+    # An earlier call's usage for the same client request (a cascade's small model,
+    # api/cascade.py), settled on its own: in the response's usage, never charged here.
+    prior_usage: UsageCounts = field(default_factory=UsageCounts)
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -65,6 +68,14 @@ class Accounting:
 
     @property
     def usage(self) -> UsageCounts:
+        """What the response reports: this call's usage and any earlier call's."""
+        usage = self.own_usage
+        usage.add(self.prior_usage)
+        return usage
+
+    @property
+    def own_usage(self) -> UsageCounts:
+        """This call's usage: what it is charged for."""
         return UsageCounts(
             prompt_tokens=sum(u.prompt_tokens for u in self._prompt.values()),
             completion_tokens=self.completion_tokens,
@@ -87,7 +98,7 @@ class Accounting:
         self._is_finished = True
         if self.on_finish is not None:
             self.on_finish()
-        usage = self.usage
+        usage = self.own_usage
         name, metrics = self.tenant.name, self.gateway.metrics
         metrics.tenant_requests.labels(name).inc()
         metrics.tenant_prompt_tokens.labels(name).inc(usage.prompt_tokens)

@@ -19,6 +19,7 @@ from kvflow.router.api.backend import (
     PoolSource,
     build_backend,
 )
+from kvflow.router.cascade.service import Cascade
 from kvflow.router.degrade.service import Degradation
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.models.routes import ModelRoutes, describe, session_draw
@@ -73,6 +74,8 @@ class Gateway:
     rng: random.Random = field(default_factory=random.Random)
     # Each configured model's degradation ladder (degrade/service.py); none: off.
     degradation: Degradation = field(default_factory=lambda: Degradation({}))
+    # Each configured model's cascade, small model first (cascade/); none: off.
+    cascade: Cascade = field(default_factory=lambda: Cascade({}))
 
     @property
     def session_header(self) -> str:
@@ -261,4 +264,5 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         tenants=tenants,
         rng=random.Random(settings.seed),
         degradation=Degradation(config.degradation, metrics.registry),
+        cascade=Cascade(config.cascade, metrics.registry),
     )

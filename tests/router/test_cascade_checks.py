@@ -38,7 +38,11 @@ def test_a_cascade_parses_with_its_aliases_and_checks() -> None:
     checks = {"min_mean_logprob": -1.5, "refusal_patterns": ["(?i)sorry"]}
     raw = config({"chat": {"small": "small", "large": "large", "checks": checks}})
     spec = parse_config(raw).cascade["chat"]
-    assert (spec.small, spec.large, spec.names) == ("small", "large", {"chat", "assistant"})
+    assert (spec.small, spec.large, spec.names) == (
+        "small",
+        "large",
+        frozenset({"chat", "assistant"}),
+    )
     assert spec.checks.min_mean_logprob == -1.5
     assert spec.checks.json_when_response_format  # on unless turned off
     assert [p.pattern for p in spec.checks.refusal_patterns] == ["(?i)sorry"]

@@ -7,7 +7,8 @@ sees an escalated small answer's tokens; the usage and the spend are both calls'
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -83,6 +84,24 @@ def events(r: httpx.Response) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines[:-1]]
 
 
+def log_lines(g: GatewayProcess, request_id: str, count: int) -> list[str]:
+    """The gateway's ``count`` request log lines for ``request_id`` (they arrive on a thread)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [line for line in g.log.splitlines() if f"request_id={request_id} " in line]
+        if len(lines) >= count:
+            return lines
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} log lines for {request_id}")
+
+
+def wait_until(what: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def streamed_text(chunks: list[dict[str, Any]]) -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
@@ -139,6 +158,12 @@ def test_a_low_logprob_escalates_and_both_calls_are_counted_and_charged(
         assert sample(metrics, SPEND, model=model) - spent[model] == pytest.approx(want)
     after = sample(metrics, CASCADE, model="chat", outcome="escalated_low_logprob")
     assert after == escalated + 1
+    # One log line per call, each with the name the client sent, its pool and its spend.
+    small_line, large_line = sorted(log_lines(g, r.headers["x-request-id"], 2),
+                                    key=lambda line: " pool=small " not in line)  # fmt: skip
+    for line, pool in ((small_line, "small"), (large_line, "big")):
+        assert f" model=chat pool={pool} " in line
+        assert line.endswith(" cascade=escalated:low_logprob")
 
 
 def test_invalid_json_under_a_response_format_escalates(
@@ -215,3 +240,36 @@ def test_the_openai_client_works_against_a_cascade(
     # The name's own route for another name: no cascade.
     plain = client.chat.completions.with_raw_response.create(model="large", messages=MESSAGES)
     assert "x-kvflow-cascade" not in plain.headers
+
+
+def test_a_client_that_leaves_during_the_small_answer_cancels_it(
+    cluster: tuple[GatewayProcess, FakeWorker, FakeWorker],
+) -> None:
+    g, small, large = cluster
+    script(small, " one two three four five six seven eight nine ten", CONFIDENT)
+    small.token_delay_s = 0.2
+    num_cancelled, num_large = len(small.cancelled), len(large.requests)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{g.base_url}/chat/completions", timeout=0.5,
+                       json={"model": "chat", "messages": MESSAGES, "stream": True})  # fmt: skip
+        # The small call is cancelled on its worker, and nothing goes to the large model.
+        wait_until(lambda: len(small.cancelled) > num_cancelled)
+        assert len(large.requests) == num_large
+    finally:
+        small.token_delay_s = 0.0
+
+
+def test_a_small_model_that_fails_escalates(
+    cluster: tuple[GatewayProcess, FakeWorker, FakeWorker],
+) -> None:
+    # Last in this module: the small worker stays refused for the router a while after.
+    g, small, _ = cluster
+    script(small, SMALL_TEXT, CONFIDENT)
+    small.mode = "unavailable"
+    try:
+        r = post(g)
+        assert r.headers["x-kvflow-cascade"] == "escalated:small_error"
+        assert r.json()["choices"][0]["message"]["content"] == LARGE_TEXT
+    finally:
+        small.mode = "ok"

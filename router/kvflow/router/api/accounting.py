@@ -49,6 +49,8 @@ class Accounting:
     # An earlier call's usage for the same client request (a cascade's small model,
     # api/cascade.py), settled on its own: in the response's usage, never charged here.
     prior_usage: UsageCounts = field(default_factory=UsageCounts)
+    # A cascade's outcome, as its x-kvflow-cascade header says it (both calls' lines).
+    cascade: str | None = None
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -154,6 +156,7 @@ class Accounting:
             ("attempts", len(trace.routes)),
             # The degradation steps that changed it (degrade/service.py), as in its header.
             *([("degraded", d.header)] if d is not None and d.header is not None else []),
+            *([("cascade", self.cascade)] if self.cascade is not None else []),
         ]
         return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
 

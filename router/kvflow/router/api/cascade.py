@@ -67,6 +67,7 @@ async def answer_with_cascade(
         reason = "small_error"
     if small is not None:
         job, accounting = small.job, small.accounting
+        accounting.model = degradation.asked_model  # the log line's: the name the client sent
         stream = small.backend.service.run(job.caller, job.specs(), job.trace, buffered=True)
         try:
             items, error = await _buffered(request, stream)
@@ -80,6 +81,7 @@ async def answer_with_cascade(
         reason = "small_error" if error is not None else escalation(
             _choices(items, job.num_choices), spec.checks, _json_kind(parsed)
         )  # fmt: skip
+        accounting.cascade = header(reason)
         if reason is None:
             gw.cascade.count(spec, None)
             # The client's logprobs setting: the small call's own are not shown unasked.
@@ -107,6 +109,7 @@ async def answer_with_cascade(
     if small is not None:
         large.job.trace.arrival_s = small.job.trace.arrival_s
     large.accounting.prior_usage = small_usage
+    large.accounting.cascade = header(reason)
     job = large.job
     live = large.backend.service.run(job.caller, job.specs(), job.trace, buffered=not parsed.stream)
     respond = streamed if parsed.stream else collected

@@ -70,11 +70,13 @@ async def answer_with_cascade(
         accounting.model = degradation.asked_model  # the log line's: the name the client sent
         stream = small.backend.service.run(job.caller, job.specs(), job.trace, buffered=True)
         try:
-            items, error = await _buffered(request, stream)
+            items, error, is_gone = await _buffered(request, stream)
         except BaseException:
             await accounting.finish()
             raise
-        if items is None:  # the client left: the workers' calls are cancelled
+        if is_gone:  # the client left: the workers' calls are cancelled
+            for item in items:
+                accounting.add(item)
             accounting.degradation = None
             await accounting.finish()
             return Response(status_code=CLIENT_GONE)
@@ -121,10 +123,10 @@ async def answer_with_cascade(
 
 async def _buffered(
     request: Request, stream: AsyncGenerator[Item]
-) -> tuple[list[Item] | None, ApiError | None]:
-    """Every item of the small call; None if the client left first (the stream is then
-    closed, which cancels the workers' calls). A failure mid-way is returned, not raised:
-    the large model answers instead."""
+) -> tuple[list[Item], ApiError | None, bool]:
+    """Every item of the small call, the server error that ended it early (returned, not
+    raised: the large model answers instead), and whether the client left first (the
+    stream is then closed, which cancels the workers' calls; the items so far come back)."""
     items: list[Item] = []
 
     async def consume() -> None:
@@ -142,13 +144,13 @@ async def _buffered(
         await asyncio.gather(consumer, watcher, return_exceptions=True)
         await stream.aclose()
     if consumer.cancelled():
-        return None, None
+        return items, None, True
     error = consumer.exception()
     if isinstance(error, ApiError) and error.status >= _SERVER_ERROR:
-        return items, error
+        return items, error, False
     if error is not None:
         raise error
-    return items, None
+    return items, None, False
 
 
 async def _replay(items: Sequence[Item]) -> AsyncGenerator[Item]:

@@ -180,3 +180,34 @@ def test_the_router_reads_each_models_degradation_ladder() -> None:
     pinned = config.degradation["pinned"]
     assert Step.FALLBACK_MODEL not in pinned.ladder.steps and pinned.fallback_model is None
     assert "smollm2-small" not in config.degradation  # no ladder: never degraded
+
+
+def test_the_router_reads_each_models_cascade() -> None:
+    checks = {"minMeanLogprob": -1.5, "refusalPatterns": ["(?i)I can't help"]}
+    cascade = {"small": "smollm2-small", "large": "smollm2", "checks": checks}
+    resolution = resolve(
+        [
+            model("chat", {"v1": 1}, aliases=["assistant"], cascade=cascade),
+            model("smollm2", {"v1": 1}),
+            model("smollm2-small", {"v2": 1}),
+            # A large model this gateway does not serve, a pattern that is no regex: both
+            # cascades are left out (the router would refuse them), and reported.
+            model("lost", {"v2": 1}, cascade={**cascade, "large": "gone"}),
+            model("broken", {"v2": 1}, cascade={**cascade, "checks": {"refusalPatterns": ["("]}}),
+        ],
+        POOLS,
+    )
+    assert [p.reason for p in resolution.problems] == ["CascadeLeftOut", "CascadeLeftOut"]
+    assert "cascade.large 'gone' is not served by this gateway" in resolution.problems[0].message
+    assert "refusalPatterns[0] is not a valid regex" in resolution.problems[1].message
+    spec = from_json(gw.InferenceGatewaySpec, {"router": {"redis": {"url": "redis://r:6379"}}})
+    configmap, *_ = desired_gateway_children(
+        GATEWAY, spec, Images(worker="w", router="r"), resolution, POOLS
+    )
+    config = parse_config(yaml.safe_load(configmap["data"][CONFIG_KEY]))
+    assert set(config.cascade) == {"chat"}
+    chat = config.cascade["chat"]
+    assert chat.names == {"chat", "assistant"}
+    assert (chat.small, chat.large) == ("smollm2-small", "smollm2")
+    assert chat.checks.min_mean_logprob == -1.5 and chat.checks.json_when_response_format
+    assert [p.pattern for p in chat.checks.refusal_patterns] == ["(?i)I can't help"]

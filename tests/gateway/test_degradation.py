@@ -156,7 +156,7 @@ def test_a_model_whose_pool_refuses_is_answered_by_its_fallback_at_once(
     """No ladder step needed: while every pool of the model refuses requests (its circuit
     open, or no healthy worker), a configured fallback answers instead of a 503; once the
     pool takes requests again, the model answers itself."""
-    big, small, big_address, small_address = big_and_small
+    big, _small, big_address, small_address = big_and_small
     config = {
         "pools": [{"name": "big", "served_model_name": "big-v1", "workers": [big_address]},
                   {"name": "small", "served_model_name": "small-v1",

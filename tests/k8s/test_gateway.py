@@ -166,6 +166,24 @@ CASES += [
 ]  # fmt: skip
 
 
+# The model cascade: two different models, and no empty refusal pattern.
+CASES += [
+    ("InferenceModel", "cascaded", {**GOOD_MODEL, "cascade": {
+        "small": "small", "large": "large",
+        "checks": {"minMeanLogprob": -1.5, "refusalPatterns": ["(?i)sorry"]}}}, ""),
+    ("InferenceModel", "same", {**GOOD_MODEL, "cascade": {"small": "a", "large": "a"}},
+     "small and large must be two models"),
+    ("InferenceModel", "no-large", {**GOOD_MODEL, "cascade": {"small": "a"}},
+     "spec.cascade.large: Required value"),
+    ("InferenceModel", "sure", {**GOOD_MODEL, "cascade": {
+        "small": "a", "large": "b", "checks": {"minMeanLogprob": 0.5}}},
+     "less than or equal to 0"),
+    ("InferenceModel", "empty", {**GOOD_MODEL, "cascade": {
+        "small": "a", "large": "b", "checks": {"refusalPatterns": [""]}}},
+     "a refusal pattern must not be empty"),
+]  # fmt: skip
+
+
 def test_crd_validation_rejects_bad_objects_at_the_api_server(
     cluster: ControlPlane, crd: str, namespace: str
 ) -> None:

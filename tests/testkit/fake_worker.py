@@ -83,6 +83,9 @@ class FakeWorker(pb_grpc.WorkerServicer):
     num_waiting: int = 0
     max_waiting_requests: int = 0
     token_delay_s: float = 0.0
+    # The logprob of each token in `tokens` (the last one repeats), sent when the request
+    # asks for logprobs; empty: none sent.
+    token_logprobs: Sequence[float] = ()
     max_model_len: int = 2048
     role: int = pb.ROLE_COLOCATED
     is_serving: bool = True
@@ -161,7 +164,12 @@ class FakeWorker(pb_grpc.WorkerServicer):
                 if self.mode == "die" and i == self.die_after:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "fake worker: died")
                 await asyncio.sleep(self.token_delay_s)
-                yield pb.GenerateResponse(request_id=request.request_id, token_ids=[token])
+                logprobs = []
+                if request.sampling.logprobs and self.token_logprobs:
+                    lp = self.token_logprobs[min(i, len(self.token_logprobs) - 1)]
+                    logprobs.append(pb.TokenLogprobs(logprob=lp))
+                yield pb.GenerateResponse(request_id=request.request_id, token_ids=[token],
+                                          logprobs=logprobs)  # fmt: skip
             usage = pb.Usage(prompt_tokens=len(request.prompt_token_ids),
                              completion_tokens=len(self.tokens), cached_tokens=first_token,
                              remote_tokens=remote_tokens)  # fmt: skip

@@ -4,6 +4,7 @@
   workload and load options (``--url`` aside), one ladder per routing arm.
 - ``kvflow sim compare``: the routing comparison of docs/benchmarks.md.
 - ``kvflow sim calibrate``: a fitted profile against the real engine on held-out traffic.
+- ``kvflow sim cascade``: a small-then-large model cascade on a mixed workload (sim/cascade.py).
 
 Exit status: 0 done, 1 the run produced nothing usable, 2 bad options or inputs.
 """
@@ -19,8 +20,9 @@ SUBCOMMANDS = {
     "run": "kvflow.sim.run_cli",
     "compare": "kvflow.sim.compare_cli",
     "calibrate": "kvflow.cli.sim_calibrate",
+    "cascade": "kvflow.sim.cascade_cli",
 }
-USAGE = "usage: kvflow sim {run,compare,calibrate} [options]   (each takes --help)"
+USAGE = "usage: kvflow sim {run,compare,calibrate,cascade} [options]   (each takes --help)"
 
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -39,6 +39,7 @@ rate_limits:                                      # model, client IP, global: li
   client_ip: {requests_per_minute: 120, max_in_flight: 8}
   models: {smollm2-135m-instruct: {max_in_flight: 64}}
   trusted_proxy_cidrs: [10.0.0.0/8]
+cascade: {...}                                    # per model, small then large: cascade/config.py
 prices:                                           # per served model, USD per million tokens
   smollm2-135m-instruct: {input_usd_per_million_tokens: 0.15,
                           cached_input_usd_per_million_tokens: 0.075,
@@ -64,6 +65,7 @@ from kvflow.router.api.http_limits import (
 )
 from kvflow.router.breaker.machine import BreakerConfig
 from kvflow.router.caches.config import ResponseCacheConfig
+from kvflow.router.cascade.config import CascadeSpec, parse_cascade
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.degrade.config import DegradationSpec, parse_degradation
@@ -127,6 +129,8 @@ class RouterConfig:
     degradation: Mapping[str, DegradationSpec] = field(default_factory=dict)
     # Limits per served model, client IP and for the whole gateway (limits/levels.py).
     rate_limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # Public model name -> its small/large cascade (cascade/config.py); {}: off for all.
+    cascade: Mapping[str, CascadeSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,7 @@ def parse_config(raw: object) -> RouterConfig:
             "prices",
             "degradation",
             "rate_limits",
+            "cascade",
         },
         "the configuration",
     )
@@ -261,6 +266,7 @@ def parse_config(raw: object) -> RouterConfig:
         prices=parse_prices(raw.get("prices"), ConfigError),
         degradation=parse_degradation(raw.get("degradation"), models, served_names),
         rate_limits=parse_limits_config(section(raw, "rate_limits")),
+        cascade=parse_cascade(raw.get("cascade"), models, served_names),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, cel, field
 from kvflow.operator.api.v1alpha1 import ROUTER_AUTH_RULES, RouterSpec
+from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
 from kvflow.operator.api.v1alpha1_degradation import DegradationSpec
 from kvflow.operator.api.v1alpha1_status import Condition
 
@@ -115,6 +116,11 @@ class InferenceModelSpec:
     degradation: DegradationSpec | None = field(
         """Cheaper answers while the model's SLO burns (docs/router.md, "When demand
         exceeds supply"). Unset: the model is never degraded.""",
+        None,
+    )
+    cascade: CascadeSpec | None = field(
+        """A small model answers first, a large one when a check fails (docs/router.md,
+        "Model cascade"). Unset: this model's targets answer every request.""",
         None,
     )
 

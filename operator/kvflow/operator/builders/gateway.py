@@ -21,6 +21,7 @@ import yaml
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json
+from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
 from kvflow.operator.api.v1alpha1_degradation import DegradationSpec
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.gateway_models import Resolution
@@ -194,7 +195,20 @@ def gateway_config(
         config["degradation"] = {
             name: degradation_entry(d) for name, d in resolution.degradations.items()
         }
+    if resolution.cascades:
+        config["cascade"] = {name: cascade_entry(c) for name, c in resolution.cascades.items()}
     return config
+
+
+def cascade_entry(c: CascadeSpec) -> dict[str, Json]:
+    """A model's `cascade:` entry, in the router's words (kvflow.router.cascade.config)."""
+    checks: dict[str, Json] = {
+        "json_when_response_format": c.checks.json_when_response_format,
+        "refusal_patterns": list(c.checks.refusal_patterns),
+    }
+    if c.checks.min_mean_logprob is not None:
+        checks["min_mean_logprob"] = c.checks.min_mean_logprob
+    return {"small": c.small, "large": c.large, "checks": checks}
 
 
 def degradation_entry(d: DegradationSpec) -> dict[str, Json]:

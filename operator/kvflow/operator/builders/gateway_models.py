@@ -9,11 +9,13 @@ InferenceModel keeps a contested name, so a newcomer cannot take a name that ser
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
 from kvflow.operator.api.v1alpha1_degradation import DegradationSpec, DegradationStep
 from kvflow.operator.api.v1alpha1_gateway import (
     InferenceModelSpec,
@@ -62,6 +64,8 @@ class Resolution:
     problems: tuple[GatewayProblem, ...]  # for the gateway's Degraded condition
     # Public model name -> its degradation ladder, for the router config's `degradation:`.
     degradations: Mapping[str, DegradationSpec] = field(default_factory=dict)
+    # Public model name -> its cascade, for the router config's `cascade:`.
+    cascades: Mapping[str, CascadeSpec] = field(default_factory=dict)
 
 
 def resolve(
@@ -109,7 +113,41 @@ def resolve(
     served |= {pools[p].model.served_name for p in used}
     accepted = [m for m in models if verdicts[m.name].accepted]
     degradations = _degradations(accepted, served, problems)
-    return Resolution(tuple(resolved), tuple(used), verdicts, tuple(problems), degradations)
+    cascades = _cascades(accepted, served, problems)
+    return Resolution(tuple(resolved), tuple(used), verdicts, tuple(problems), degradations,
+                      cascades)  # fmt: skip
+
+
+def _cascades(
+    models: Sequence[ModelObject], served: set[str], problems: list[GatewayProblem]
+) -> dict[str, CascadeSpec]:
+    """The accepted models' cascades. The router refuses a small or large model it does not
+    serve (or the model itself) and a pattern that is not a regex: that cascade is left out
+    and reported, and the model's own targets answer it."""
+    out: dict[str, CascadeSpec] = {}
+    for model in models:
+        spec = model.spec.cascade
+        if spec is None:
+            continue
+        own = {model.public_name, *model.spec.aliases}
+        why = []
+        for role, name in (("small", spec.small), ("large", spec.large)):
+            if name in own or name not in served:
+                what = "is the model itself" if name in own else "is not served by this gateway"
+                why.append(f"cascade.{role} {name!r} {what}")
+        for i, pattern in enumerate(spec.checks.refusal_patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                why.append(f"cascade.checks.refusalPatterns[{i}] is not a valid regex: {exc}")
+        if why:
+            problems.append(GatewayProblem(
+                "CascadeLeftOut",
+                f"InferenceModel {model.name}: {'; '.join(why)}; its cascade is left out",
+            ))  # fmt: skip
+            continue
+        out[model.public_name] = spec
+    return out
 
 
 def _degradations(

@@ -50,6 +50,11 @@ class Accounting:
     degradation: RequestDegradation | None = None
     # The request's hold on the model, client-IP and global limits (limits/service.py).
     level_lease: LevelLease | None = None
+    # An earlier call's usage for the same client request (a cascade's small model,
+    # api/cascade.py), settled on its own: in the response's usage, never charged here.
+    prior_usage: UsageCounts = field(default_factory=UsageCounts)
+    # A cascade's outcome, as its x-kvflow-cascade header says it (both calls' lines).
+    cascade: str | None = None
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -73,6 +78,14 @@ class Accounting:
 
     @property
     def usage(self) -> UsageCounts:
+        """What the response reports: this call's usage and any earlier call's."""
+        usage = self.own_usage
+        usage.add(self.prior_usage)
+        return usage
+
+    @property
+    def own_usage(self) -> UsageCounts:
+        """This call's usage: what it is charged for."""
         return UsageCounts(
             prompt_tokens=sum(u.prompt_tokens for u in self._prompt.values()),
             completion_tokens=self.completion_tokens,
@@ -95,7 +108,7 @@ class Accounting:
         self._is_finished = True
         if self.on_finish is not None:
             self.on_finish()
-        usage = self.usage
+        usage = self.own_usage
         if self.is_replayed:
             usage = UsageCounts(usage.prompt_tokens, 0, usage.cached_tokens)
         if self.level_lease is not None:  # released at once, settled in the background
@@ -160,6 +173,7 @@ class Accounting:
             # The degradation steps that changed it (degrade/service.py), as in its header.
             *([("degraded", d.header)] if d is not None and d.header is not None else []),
             *([("response_cache", "hit")] if self.is_replayed else []),
+            *([("cascade", self.cascade)] if self.cascade is not None else []),
         ]
         return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kvflow.router.api.cascade import answer_with_cascade
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body
 from kvflow.router.api.job_start import start_job
@@ -54,6 +55,10 @@ async def handle_completion(request: Request, *, is_chat: bool) -> Response:
     degradation = gw.degradation.plan(parsed, context.tenant, gw.is_refusing)
     parsed = degradation.request
     remember_user(request, body)
+    # A cascaded model (cascade/): its small model answers first, the large one if a check fails.
+    cascade = gw.cascade.plan(parsed.model, context.tenant)
+    if cascade is not None:
+        return await answer_with_cascade(request, gw, parsed, context, degradation, cascade)
     try:
         started = await start_job(request, gw, parsed, context, degradation)
     except BaseException as exc:

@@ -21,6 +21,7 @@ from kvflow.router.api.backend import (
 )
 from kvflow.router.caches.config import ResponseCacheConfig
 from kvflow.router.caches.service import ResponseCache, build_response_cache
+from kvflow.router.cascade.service import Cascade
 from kvflow.router.degrade.service import Degradation
 from kvflow.router.limits.levels import LimitsConfig
 from kvflow.router.limits.redis_store import RedisLimitStore
@@ -85,6 +86,8 @@ class Gateway:
     )
     # Limits per model, client IP and for the whole gateway (limits/).
     limits: LimitService = field(default_factory=lambda: LimitService(LimitsConfig(), None))
+    # Each configured model's cascade, small model first (cascade/); none: off.
+    cascade: Cascade = field(default_factory=lambda: Cascade({}))
 
     @property
     def session_header(self) -> str:
@@ -310,6 +313,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
             settings.response_cache, redis, metrics.registry, settings.quota_scope
         ),
         limits=_limit_service(settings, redis, metrics),
+        cascade=Cascade(config.cascade, metrics.registry),
     )
 
 

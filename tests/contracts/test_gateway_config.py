@@ -180,3 +180,14 @@ def test_the_router_reads_each_models_degradation_ladder() -> None:
     pinned = config.degradation["pinned"]
     assert Step.FALLBACK_MODEL not in pinned.ladder.steps and pinned.fallback_model is None
     assert "smollm2-small" not in config.degradation  # no ladder: never degraded
+
+
+def test_the_operator_names_every_step_the_router_has() -> None:
+    """A step the router gains is named in the schema too (accepted, or refused there by a
+    CEL rule saying why: response_cache needs the router's response cache)."""
+    from typing import get_args
+
+    from kvflow.operator.api.v1alpha1_degradation import DegradationStep
+    from kvflow.router.degrade.ladder import STEP_WORDS
+
+    assert list(get_args(DegradationStep)) == list(STEP_WORDS)

@@ -6,9 +6,8 @@ The operator writes it into the gateway's router config (`degradation:`, the for
 kvflow.router.degrade.config; builders/gateway.py). What the router would refuse is refused
 here first, by the schema and the CEL rules below, so a model cannot crash-loop its gateway;
 a fallback model the gateway does not serve is dropped and reported (builders/
-gateway_models.py). The response_cache step is named but refused: it needs the router's
-response cache (`--response-cache on`), which no gateway field turns on yet, and the router
-refuses a ladder naming it with the cache off. Pure: imports neither kopf nor kubernetes.
+gateway_models.py), as is a response_cache step on a gateway whose router has its response
+cache off (spec.router.responseCache). Pure: imports neither kopf nor kubernetes.
 """
 
 # schema.field() is a documented dataclasses.field (it returns one); RUF009 cannot tell.
@@ -43,12 +42,6 @@ def _needs(step: str, json_field: str) -> CelRule:
     _needs("fallback_model", "fallbackModel"),
     _needs("queue_with_deadline", "queueDeadlineSeconds"),
     CelRule(
-        "!self.steps.exists(s, s == 'response_cache')",
-        "step response_cache needs the router's response cache (--response-cache on), "
-        "which an InferenceGateway cannot turn on yet; leave the step out",
-        ".steps",
-    ),
-    CelRule(
         "self.releaseBurn <= self.engageBurn",
         "releaseBurn must be at most engageBurn",
         ".releaseBurn",
@@ -72,8 +65,9 @@ class DegradationSpec:
         """The steps, in the order to take them: cap_max_tokens (at most maxTokensCap
         tokens per choice), drop_extras (no tools, structured output or logprobs),
         fallback_model (served by fallbackModel), queue_with_deadline (wait up to
-        queueDeadlineSeconds for capacity instead of a 503). response_cache is refused: it
-        needs the router's response cache, which no gateway field turns on yet.""",
+        queueDeadlineSeconds for capacity instead of a 503), response_cache (a sampled
+        request answered with its greedy twin's stored answer; needs the gateway's
+        router.responseCache.enabled, or the step is left out and reported).""",
         min_items=1,
         max_items=5,
         list_set=True,

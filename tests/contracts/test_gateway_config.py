@@ -211,3 +211,54 @@ def test_the_router_reads_each_models_cascade() -> None:
     assert (chat.small, chat.large) == ("smollm2-small", "smollm2")
     assert chat.checks.min_mean_logprob == -1.5 and chat.checks.json_when_response_format
     assert [p.pattern for p in chat.checks.refusal_patterns] == ["(?i)I can't help"]
+
+
+def test_the_operator_names_every_step_the_router_has() -> None:
+    """A step the router gains is named in the schema too."""
+    from typing import get_args
+
+    from kvflow.operator.api.v1alpha1_degradation import DegradationStep
+    from kvflow.router.degrade.ladder import STEP_WORDS
+
+    assert list(get_args(DegradationStep)) == list(STEP_WORDS)
+
+
+def test_a_response_cache_step_needs_the_gateways_response_cache(tmp_path: Path) -> None:
+    """The gateway's responseCache becomes the router's --response-cache flags, which the
+    router accepts with a ladder naming response_cache; with it off the step is left out
+    and reported, since the router would refuse the ladder."""
+    from kvflow.router.degrade.ladder import Step
+
+    ladder = {"steps": ["drop_extras", "response_cache"],
+              "slo": {"ttftTargetMs": 500, "tpotTargetMs": 50}}  # fmt: skip
+    models = [
+        model("smollm2", {"v1": 1}, degradation=ladder),
+        model("only-cache", {"v2": 1}, degradation={**ladder, "steps": ["response_cache"]}),
+    ]
+    on = {"enabled": True, "ttlSeconds": 60, "maxMib": 8, "maxEntryKib": 32}
+    for cache, steps in (({}, None), (on, (Step.DROP_EXTRAS, Step.RESPONSE_CACHE))):
+        spec = from_json(gw.InferenceGatewaySpec, {"router": {"responseCache": cache}})
+        resolution = resolve(models, POOLS, response_cache=spec.router.response_cache.enabled)
+        configmap, _, deployment, *_ = desired_gateway_children(
+            GATEWAY, spec, Images(worker="w", router="r"), resolution, POOLS
+        )
+        written = tmp_path / CONFIG_KEY
+        written.write_text(configmap["data"][CONFIG_KEY])
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        args = [str(written) if a.endswith(f"/{CONFIG_KEY}") else a for a in args[1:]]
+        settings = parse_router_args(args, env={})
+        assert settings is not None
+        degradation = settings.config.degradation
+        if steps is None:  # off: no flag, the step left out, a ladder of it alone dropped
+            assert "--response-cache" not in args and not settings.response_cache.is_enabled
+            assert degradation["smollm2"].ladder.steps == (Step.DROP_EXTRAS,)
+            assert "only-cache" not in degradation
+            assert [p.reason for p in resolution.problems] == ["ResponseCacheOff"] * 2
+            assert "spec.router.responseCache.enabled" in resolution.problems[0].message
+        else:
+            cache_config = settings.response_cache
+            assert cache_config.is_enabled and cache_config.ttl_s == 60
+            assert (cache_config.max_mib, cache_config.max_entry_kib) == (8, 32)
+            assert degradation["smollm2"].ladder.steps == steps
+            assert degradation["only-cache"].ladder.steps == (Step.RESPONSE_CACHE,)
+            assert not resolution.problems

@@ -150,7 +150,7 @@ CASES: list[tuple[str, str, Any, str]] = [
     ("InferenceGateway", "smol-gateway", {}, "must not end in -gateway or -workers"),
     ("InferenceGateway", "front", {"router": {"replicas": 0}}, "spec.router.replicas"),
 ]
-# Automatic degradation: each step's field, hysteresis, and no step the router lacks.
+# Automatic degradation: each step's field, hysteresis, a deadline within the router's bound.
 CASES += [
     ("InferenceModel", "degraded", degraded(steps=["cap_max_tokens", "queue_with_deadline"],
                                             maxTokensCap=64, queueDeadlineSeconds=5), ""),
@@ -160,7 +160,12 @@ CASES += [
      "step fallback_model needs fallbackModel"),
     ("InferenceModel", "flapping", degraded(steps=["drop_extras"], releaseBurn=3),
      "releaseBurn must be at most engageBurn"),
-    ("InferenceModel", "cache", degraded(steps=["response_cache"]), "response_cache"),
+    # response_cache needs the gateway's router.responseCache (left out otherwise).
+    ("InferenceModel", "cache", degraded(steps=["drop_extras", "response_cache"]), ""),
+    ("InferenceGateway", "cached", {"router": {"responseCache": {"enabled": True,
+                                                                 "ttlSeconds": 60}}}, ""),
+    ("InferenceGateway", "forgetful", {"router": {"responseCache": {"ttlSeconds": 0}}},
+     "spec.router.responseCache.ttlSeconds"),
     ("InferenceModel", "forever", degraded(steps=["queue_with_deadline"],
                                            queueDeadlineSeconds=3600), "less than or equal to 300"),
 ]  # fmt: skip

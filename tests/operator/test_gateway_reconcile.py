@@ -275,3 +275,35 @@ def test_a_gateway_fronts_a_tls_pool_and_a_plaintext_pool() -> None:
     assert "worker_tls" not in v2
     volumes = kube.children[("Deployment", "front-gateway")]["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tls-v1", "secret": {"secretName": "v1-tls"}} in volumes
+
+
+def test_a_response_cache_step_follows_the_gateways_response_cache() -> None:
+    """A model's response_cache step reaches the router only while its gateway turns the
+    router's response cache on; otherwise it is left out, and the gateway says why."""
+    kube = FakeKube()
+    kube.add("inferencepools", obj("InferencePool", "v1", pool_spec("m-v1")))
+    kube.add("inferencegateways", obj("InferenceGateway", "front", GATEWAY))
+    ladder = {"steps": ["drop_extras", "response_cache"],
+              "slo": {"ttftTargetMs": 500, "tpotTargetMs": 50}}  # fmt: skip
+    kube.add("inferencemodels", obj("InferenceModel", "chat",
+                                    {**model("front", "v1"), "degradation": ladder}))  # fmt: skip
+
+    def rendered() -> tuple[list[str], list[str]]:
+        reconciler(kube).reconcile_namespace("ns")
+        children = kube.children
+        config = yaml.safe_load(children[("ConfigMap", "front-gateway")]["data"]["router.yaml"])
+        deployment = children[("Deployment", "front-gateway")]
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return config["degradation"]["chat"]["steps"], args
+
+    steps, args = rendered()
+    assert steps == ["drop_extras"] and "--response-cache" not in args
+    gateway = kube.status("inferencegateways", "front")
+    assert conditions(gateway)["Degraded"] == ("True", "ResponseCacheOff")
+
+    cached = {"router": {**GATEWAY["router"], "responseCache": {"enabled": True}}}
+    kube.add("inferencegateways", obj("InferenceGateway", "front", cached))
+    steps, args = rendered()
+    assert steps == ["drop_extras", "response_cache"]
+    assert args[args.index("--response-cache") + 1] == "on"
+    assert kube.status("inferencegateways", "front")["phase"] == "Ready"

@@ -3,10 +3,14 @@ does to a request, and one model's ladder moved by its window on a clock (no net
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from kvflow.router import cli
+from kvflow.router.caches.config import ResponseCacheConfig
 from kvflow.router.config_fields import ConfigError
 from kvflow.router.degrade.ladder import Step
 from kvflow.router.degrade.request import cap_budget, cap_request, drop_extras
@@ -14,7 +18,7 @@ from kvflow.router.degrade.service import Degradation
 from kvflow.router.protocol.errors import ApiError, rate_limited
 from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
 from kvflow.router.serving.token_budget import TokenBudget
-from kvflow.router.settings import parse_config
+from kvflow.router.settings import RouterSettings, parse_config
 from kvflow.router.tenants.config import ANONYMOUS, Quotas, Tenant
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -63,7 +67,6 @@ def test_the_section_parses_with_aliases_sharing_the_ladder() -> None:
 @pytest.mark.parametrize(
     ("ladder", "message"),
     [
-        ({"steps": ["response_cache"]}, "response_cache is not available yet"),
         ({"steps": ["cap_max_tokens", "cap_max_tokens"]}, "twice"),
         ({"steps": ["go_faster"]}, "unknown step 'go_faster'"),
         ({"steps": []}, "non-empty list"),
@@ -106,6 +109,27 @@ def test_a_fallback_needs_pools() -> None:
     ok = {"degradation": {"smollm2": {**LADDER, "steps": ["cap_max_tokens"]}}}
     del ok["degradation"]["smollm2"]["fallback_model"]
     assert parse_config(ok).degradation["smollm2"].names == {"smollm2"}
+
+
+def test_the_response_cache_step_needs_the_response_cache_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ladder naming response_cache with the cache off would take a step that does
+    nothing: refused at startup, saying how to turn the cache on."""
+    raw = config(steps=["cap_max_tokens", "response_cache"])
+    parsed = parse_config(raw)
+    assert parsed.degradation["big"].ladder.steps[-1] is Step.RESPONSE_CACHE
+    with pytest.raises(ConfigError, match="--response-cache on"):
+        RouterSettings(config=parsed)
+    on = RouterSettings(config=parsed, response_cache=ResponseCacheConfig(is_enabled=True))
+    assert on.config.degradation["big"].ladder.steps[-1] is Step.RESPONSE_CACHE
+    RouterSettings(config=parse_config(config()))  # without the step the cache may be off
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli.main(["--config", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert "degradation.big.steps lists response_cache, but the response cache is off" in error
+    assert "turn it on with --response-cache on" in error
 
 
 # --- what each step does -----------------------------------------------------------------
@@ -196,6 +220,24 @@ def test_slow_requests_climb_the_ladder_and_calm_ones_revert_it() -> None:
         (Step.CAP_MAX_TOKENS, "released"),
     ]  # fmt: skip
     assert d.plan(chat(max_tokens=500), ANONYMOUS).header is None
+
+
+def test_the_response_cache_step_is_named_only_when_it_answered() -> None:
+    """The step lets a sampled request take its greedy twin's stored answer (caches/);
+    the response names it only when a stored answer was served."""
+    degradation = Degradation(
+        parse_config(config(steps=["response_cache"])).degradation, clock=lambda: 0.0
+    )
+    state = degradation._models["big"]
+    idle = degradation.plan(chat(), ANONYMOUS)
+    assert not idle.serves_sampled
+    state.ladder.level = 1
+    plan = degradation.plan(chat(temperature=0.7), ANONYMOUS)
+    assert plan.serves_sampled and plan.header is None  # a miss: not degraded
+    plan.served_from_cache()
+    assert plan.header == "response_cache"
+    assert not degradation.plan(parse_chat_request({"model": "small", "messages": MESSAGES}),
+                                ANONYMOUS).serves_sampled  # fmt: skip
 
 
 def test_a_tenant_not_allowed_the_fallback_keeps_its_model() -> None:

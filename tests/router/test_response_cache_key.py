@@ -18,7 +18,7 @@ from kvflow.router.caches.key import (
     request_fingerprint,
     tenant_user,
 )
-from kvflow.router.caches.policy import decide
+from kvflow.router.caches.policy import Decision, decide, greedy_twin
 from kvflow.router.caches.stores import MemoryAnswerStore
 from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
 from kvflow.router.protocol.responses import ChoiceDelta, ToolCallDelta, UsageCounts
@@ -58,8 +58,6 @@ def key_of(
         {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]},
         {"max_tokens": 9},
         {"temperature": 0.5, "seed": 1},
-        {"seed": 7},
-        {"top_p": 0.5},
         {"stop": ["x"]},
         {"presence_penalty": 1},
         {"logit_bias": {"5": 1}},
@@ -85,6 +83,31 @@ def test_what_the_model_sees_changes_the_key(change: dict[str, Any]) -> None:
 )
 def test_the_wire_format_and_the_model_alias_do_not(change: dict[str, Any]) -> None:
     assert key_of({**BASE, **change}) == key_of(BASE)
+
+
+SAMPLED: dict[str, Any] = {**BASE, "temperature": 0.7, "seed": 1}
+
+
+@pytest.mark.parametrize(
+    "change", [{"seed": 7}, {"top_p": 0.5}, {"top_k": 5}, {"min_p": 0.1}, {"temperature": 0.8}]
+)
+def test_what_sampling_uses_changes_a_sampled_key(change: dict[str, Any]) -> None:
+    assert key_of({**SAMPLED, **change}) != key_of(SAMPLED)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"seed": 7}, {"top_p": 0.5}, {"top_k": 5}, {"min_p": 0.1},
+     {"seed": 3, "top_p": 0.9, "top_k": 40, "min_p": 0.05}],
+)  # fmt: skip
+def test_what_greedy_decoding_ignores_does_not_change_a_greedy_key(
+    change: dict[str, Any],
+) -> None:
+    """At temperature 0 the worker takes the most likely token: top_p, top_k, min_p and the
+    seed change nothing, so every greedy request for the same input shares one answer."""
+    assert key_of({**BASE, **change}) == key_of(BASE)
+    # What greedy decoding does use still counts.
+    assert key_of({**BASE, **change, "presence_penalty": 1}) != key_of(BASE)
 
 
 def test_the_tenant_and_the_user_are_in_the_key() -> None:
@@ -170,6 +193,45 @@ def test_callers_and_tenants_opt_out() -> None:
         {"cache-control": "no-cache"}, parse_chat_request(BASE).sampling, tenant_allows=True
     )
     assert (refresh.is_lookup, refresh.is_store) == (False, True)
+
+
+def test_under_the_response_cache_step_a_sampled_request_reads_its_greedy_twin() -> None:
+    def under_step(
+        body: dict[str, Any], headers: dict[str, str] | None = None, *, tenant_allows: bool = True
+    ) -> Decision:
+        sampling = parse_chat_request(body).sampling
+        return decide(headers or {}, sampling, tenant_allows=tenant_allows, serves_sampled=True)
+
+    sampled = {**BASE, "temperature": 0.7}
+    twin = under_step(sampled)
+    # Read, never stored: a sample is not the greedy answer its twin's key promises.
+    assert twin.is_twin and (twin.is_lookup, twin.is_store) == (True, False)
+    assert under_step({k: v for k, v in BASE.items() if k != "temperature"}).is_twin
+    assert _decide(sampled) == "temperature"  # without the step: skipped as before
+    # Several choices or logprobs: the twin's one greedy answer is not what was asked.
+    assert under_step({**sampled, "n": 2}).bypass == "temperature"
+    assert under_step({**sampled, "logprobs": True}).bypass == "temperature"
+    assert under_step({**sampled, "logprobs": True, "top_logprobs": 2}).bypass == "temperature"
+    # The caller's and the tenant's opt-outs still hold; no-cache would store the sample.
+    assert under_step(sampled, {"x-kvflow-cache": "off"}).bypass == "header"
+    assert under_step(sampled, {"cache-control": "no-store"}).bypass == "no_store"
+    assert under_step(sampled, {"cache-control": "no-cache"}).bypass == "temperature"
+    assert under_step(sampled, tenant_allows=False).bypass == "tenant"
+    # A request the cache serves anyway is unchanged: looked up and stored as itself.
+    for body in (BASE, {**sampled, "seed": 3}):
+        decision = under_step(body)
+        assert not decision.is_twin and (decision.is_lookup, decision.is_store) == (True, True)
+
+
+def test_a_greedy_twin_keys_as_the_greedy_request() -> None:
+    sampled = parse_chat_request({**BASE, "temperature": 0.7, "top_p": 0.9})
+    greedy = parse_chat_request(BASE)
+    assert request_fingerprint(sampled, greedy_twin(sampled.sampling)) == request_fingerprint(
+        greedy, greedy.sampling
+    )
+    assert request_fingerprint(sampled, sampled.sampling) != request_fingerprint(
+        greedy, greedy.sampling
+    )
 
 
 def _answer(reason: str | None = "stop") -> list[ChoiceDelta | ChoiceUsage]:

@@ -132,7 +132,9 @@ class GatewayReconciler:
             self._write_gateway(body, ref, previous, [], 0, None,
                                 [GatewayProblem("InvalidSpec", str(exc))])  # fmt: skip
             return
-        resolution = resolve([m for _, m in models], pools)
+        resolution = resolve(
+            [m for _, m in models], pools, response_cache=spec.router.response_cache.enabled
+        )
         problems = [GatewayProblem("Unauthenticated", p) for p in auth_problems(spec.router)]
         problems += list(resolution.problems)
         # The gateway mounts the model volume of every pool it fronts.

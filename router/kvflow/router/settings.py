@@ -68,7 +68,11 @@ from kvflow.router.caches.config import ResponseCacheConfig
 from kvflow.router.cascade.config import CascadeSpec, parse_cascade
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
-from kvflow.router.degrade.config import DegradationSpec, parse_degradation
+from kvflow.router.degrade.config import (
+    DegradationSpec,
+    check_response_cache,
+    parse_degradation,
+)
 from kvflow.router.limits.levels import LimitsConfig, parse_limits_config
 from kvflow.router.models.pools import PoolSpec, parse_pools
 from kvflow.router.models.routes import ModelRoutes, parse_models
@@ -188,6 +192,10 @@ class RouterSettings:
     response_cache: ResponseCacheConfig = field(default_factory=ResponseCacheConfig)
     # Circuit breakers per worker and per pool (kvflow.router.breaker): the --breaker* flags.
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+
+    def __post_init__(self) -> None:
+        # The config's ladders and the flags' cache meet here (degrade/config.py).
+        check_response_cache(self.config.degradation, self.response_cache.is_enabled)
 
 
 def parse_config(raw: object) -> RouterConfig:

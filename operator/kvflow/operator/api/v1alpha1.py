@@ -20,6 +20,7 @@ from kvflow.operator.api.schema import CelRule, JsonObject, Quantity, cel, field
 from kvflow.operator.api.v1alpha1_admission import AdmissionSpec
 from kvflow.operator.api.v1alpha1_observability import ObservabilitySpec
 from kvflow.operator.api.v1alpha1_planner import AutoscalingSpec, SloSpec
+from kvflow.operator.api.v1alpha1_response_cache import ResponseCacheSpec
 
 GROUP = "kvflow.io"
 VERSION = "v1alpha1"
@@ -421,6 +422,10 @@ class RouterSpec:
     )
     admission: AdmissionSpec = field(
         "Load shedding (429/503 with Retry-After) from the workers' queues.", AdmissionSpec()
+    )
+    response_cache: ResponseCacheSpec = field(
+        "Answers of repeated deterministic requests (the router's --response-cache).",
+        ResponseCacheSpec(),
     )
     node_selector: dict[str, str] = field("Node labels the router pods require.", {})
     tolerations: list[JsonObject] = field("Router pod tolerations.", [])

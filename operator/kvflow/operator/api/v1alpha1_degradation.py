@@ -6,8 +6,8 @@ The operator writes it into the gateway's router config (`degradation:`, the for
 kvflow.router.degrade.config; builders/gateway.py). What the router would refuse is refused
 here first, by the schema and the CEL rules below, so a model cannot crash-loop its gateway;
 a fallback model the gateway does not serve is dropped and reported (builders/
-gateway_models.py). The response cache step is not offered: no response cache exists yet.
-Pure: imports neither kopf nor kubernetes.
+gateway_models.py), as is a response_cache step on a gateway whose router has its response
+cache off (spec.router.responseCache). Pure: imports neither kopf nor kubernetes.
 """
 
 # schema.field() is a documented dataclasses.field (it returns one); RUF009 cannot tell.
@@ -21,7 +21,9 @@ from typing import Literal
 from kvflow.operator.api.schema import CelRule, cel, field
 from kvflow.operator.api.v1alpha1_planner import SloSpec
 
-DegradationStep = Literal["cap_max_tokens", "drop_extras", "fallback_model", "queue_with_deadline"]
+DegradationStep = Literal[
+    "cap_max_tokens", "drop_extras", "fallback_model", "response_cache", "queue_with_deadline"
+]
 # The router's bound on queueDeadlineSeconds (kvflow.router.degrade.config).
 MAX_QUEUE_DEADLINE_SECONDS = 300.0
 _MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
@@ -63,9 +65,11 @@ class DegradationSpec:
         """The steps, in the order to take them: cap_max_tokens (at most maxTokensCap
         tokens per choice), drop_extras (no tools, structured output or logprobs),
         fallback_model (served by fallbackModel), queue_with_deadline (wait up to
-        queueDeadlineSeconds for capacity instead of a 503).""",
+        queueDeadlineSeconds for capacity instead of a 503), response_cache (a sampled
+        request answered with its greedy twin's stored answer; needs the gateway's
+        router.responseCache.enabled, or the step is left out and reported).""",
         min_items=1,
-        max_items=4,
+        max_items=5,
         list_set=True,
     )
     slo: SloSpec = field("The targets the burn rates are measured against.", SloSpec())

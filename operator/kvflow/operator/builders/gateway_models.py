@@ -69,10 +69,14 @@ class Resolution:
 
 
 def resolve(
-    models: Sequence[ModelObject], pools: Mapping[str, v1alpha1.InferencePoolSpec]
+    models: Sequence[ModelObject],
+    pools: Mapping[str, v1alpha1.InferencePoolSpec],
+    *,
+    response_cache: bool = False,
 ) -> Resolution:
     """`models`: the InferenceModels naming the gateway, oldest first. `pools`: the
-    InferencePools of the namespace that can be read, by name."""
+    InferencePools of the namespace that can be read, by name. `response_cache`: the
+    gateway's router has its response cache on (a ladder's response_cache step needs it)."""
     taken: dict[str, str] = {}  # public name -> InferenceModel holding it
     served_by: dict[str, str] = {}  # served name -> the pool (in use) that serves it
     resolved: list[ResolvedModel] = []
@@ -112,7 +116,7 @@ def resolve(
     served = {n for m in resolved for n in (m.name, *m.aliases)}
     served |= {pools[p].model.served_name for p in used}
     accepted = [m for m in models if verdicts[m.name].accepted]
-    degradations = _degradations(accepted, served, problems)
+    degradations = _degradations(accepted, served, problems, response_cache=response_cache)
     cascades = _cascades(accepted, served, problems)
     return Resolution(tuple(resolved), tuple(used), verdicts, tuple(problems), degradations,
                       cascades)  # fmt: skip
@@ -151,10 +155,15 @@ def _cascades(
 
 
 def _degradations(
-    models: Sequence[ModelObject], served: set[str], problems: list[GatewayProblem]
+    models: Sequence[ModelObject],
+    served: set[str],
+    problems: list[GatewayProblem],
+    *,
+    response_cache: bool,
 ) -> dict[str, DegradationSpec]:
     """The accepted models' ladders. The router refuses a fallback it does not serve (or
-    the model itself): that step is left out and reported, the rest of the ladder kept."""
+    the model itself), and a response_cache step with its response cache off: such a step
+    is left out and reported, the rest of the ladder kept."""
     out: dict[str, DegradationSpec] = {}
     for model in models:
         spec = model.spec.degradation
@@ -171,8 +180,15 @@ def _degradations(
             ))  # fmt: skip
             steps: list[DegradationStep] = [s for s in spec.steps if s != "fallback_model"]
             spec = replace(spec, steps=steps, fallback_model=None)
-            if not steps:
-                continue
+        if "response_cache" in spec.steps and not response_cache:
+            problems.append(GatewayProblem(
+                "ResponseCacheOff",
+                f"InferenceModel {model.name}: degradation step response_cache needs the "
+                "gateway's spec.router.responseCache.enabled; the step is left out",
+            ))  # fmt: skip
+            spec = replace(spec, steps=[s for s in spec.steps if s != "response_cache"])
+        if not spec.steps:
+            continue
         out[model.public_name] = spec
     return out
 

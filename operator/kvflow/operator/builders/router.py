@@ -9,7 +9,7 @@ from dataclasses import field as dataclass_field
 
 import yaml
 
-from kvflow.operator.api import v1alpha1, v1alpha1_admission
+from kvflow.operator.api import v1alpha1, v1alpha1_admission, v1alpha1_response_cache
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.names import (
@@ -145,7 +145,7 @@ def shared_args(router: v1alpha1.RouterSpec) -> list[str]:
     elif router.allow_unauthenticated:
         # The router refuses to listen off loopback with no tenants unless told to.
         args.append("--allow-unauthenticated")
-    return args + admission_args(router.admission)
+    return args + admission_args(router.admission) + response_cache_args(router.response_cache)
 
 
 def admission_args(admission: v1alpha1_admission.AdmissionSpec) -> list[str]:
@@ -155,6 +155,21 @@ def admission_args(admission: v1alpha1_admission.AdmissionSpec) -> list[str]:
         ("--admission-shed-queue-time-s", admission.shed_queue_time_seconds),
         ("--admission-max-queue-time-s", admission.max_queue_time_seconds),
         ("--admission-poll-interval-s", admission.poll_interval_seconds),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def response_cache_args(cache: v1alpha1_response_cache.ResponseCacheSpec) -> list[str]:
+    """The router's --response-cache* flags; none while it is off (the router's default)."""
+    if not cache.enabled:
+        return []
+    args = ["--response-cache", "on"]
+    for flag, value in (
+        ("--response-cache-ttl-s", cache.ttl_seconds),
+        ("--response-cache-max-mib", cache.max_mib),
+        ("--response-cache-max-entry-kib", cache.max_entry_kib),
     ):
         if value is not None:
             args += [flag, str(value)]

@@ -100,7 +100,9 @@ async def start_job(
     template = backend.text.chat_template
     template_source = template.source if template is not None else None
     policy = backend.token_policy(tenant.tenant, parsed.model)
-    cached = await look_up_answer(request, gw, parsed, tenant.tenant, (backend, served_name, info))
+    cached = await look_up_answer(
+        request, gw, parsed, tenant.tenant, (backend, served_name, info), degradation
+    )
     in_flight = contextlib.ExitStack()
     try:
         in_flight.callback(_tenant_gate(request).enter(tenant.tenant))

@@ -15,6 +15,7 @@ from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body
 from kvflow.router.caches.key import model_version, tenant_user
 from kvflow.router.caches.service import OFF, CacheTicket
+from kvflow.router.degrade.service import RequestDegradation
 from kvflow.router.protocol.errors import ApiError, invalid_request
 from kvflow.router.protocol.requests import ChatRequest, CompletionRequest
 from kvflow.router.serving.defaults import apply_sampling_defaults
@@ -35,9 +36,12 @@ async def look_up(
     parsed: ChatRequest | CompletionRequest,
     tenant: Tenant,
     route: tuple[PoolBackend, str, pb.WorkerInfo],
+    degradation: RequestDegradation | None = None,
 ) -> CacheTicket:
     """The request's ticket: a hit carries the stored answer. ``route``: the answering
-    pool's backend, its served name, and its workers' facts (their model identity)."""
+    pool's backend, its served name, and its workers' facts (their model identity).
+    Under its model's response_cache degradation step a sampled request may get its greedy
+    twin's answer; the step is then named in its ``x-kvflow-degraded``."""
     if not gw.response_cache.config.is_enabled:
         return OFF
     backend, served_name, info = route
@@ -47,9 +51,13 @@ async def look_up(
     )
     sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
     user = getattr(request.state, _USER_STATE, None)
-    return await gw.response_cache.look_up(
-        request.headers, parsed, sampling, tenant, version, user=user
+    serves_sampled = degradation is not None and degradation.serves_sampled
+    ticket = await gw.response_cache.look_up(
+        request.headers, parsed, sampling, tenant, version, user=user, serves_sampled=serves_sampled
     )
+    if ticket.is_twin and ticket.is_hit and degradation is not None:
+        degradation.served_from_cache()
+    return ticket
 
 
 # As tenants/config.py checks tenant names: no glob characters reach a purge's SCAN.

@@ -12,7 +12,10 @@ A key is a digest of everything that decides the answer:
 - the request: messages, prompts, tools, tool choice, response format, every sampling field
   after the defaults are applied. Not what only changes the wire format (``stream``,
   ``stream_options``) nor the name the client used for the model (aliases of one pool
-  share answers; the pool is in the version).
+  share answers; the pool is in the version). At temperature 0 the worker decodes greedily
+  and ignores top_p, top_k, min_p and the seed: they are left out, so every greedy request
+  for the same input shares one answer (also the twin a degraded pool answers a sampled
+  request with: caches/policy.py).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from kvflow.router.protocol.requests import ChatRequest, CompletionRequest, Samp
 
 # Bumped when the stored answer's format or the fingerprint's fields change: older entries
 # then never match.
-KEY_FORMAT = "v1"
+KEY_FORMAT = "v2"
 # Fields that change the response's shape, not its content, or name no generation input.
 _WIRE_ONLY = frozenset({"model", "stream", "stream_options", "unset"})
 
@@ -80,9 +83,17 @@ def request_fingerprint(parsed: ChatRequest | CompletionRequest, sampling: Sampl
     pool's defaults filled in (serving/defaults.py)."""
     fields = _plain(parsed)
     assert isinstance(fields, dict)
-    fields["sampling"] = _plain(sampling)
+    fields["sampling"] = _plain(greedy_normalized(sampling))
     fields["kind"] = "chat" if isinstance(parsed, ChatRequest) else "completion"
     return _digest(_canonical(fields))
+
+
+def greedy_normalized(sampling: SamplingOptions) -> SamplingOptions:
+    """``sampling`` without the fields greedy decoding ignores, at temperature 0; else as is."""
+    if sampling.temperature != 0:
+        return sampling
+    # What the worker's greedy decoding ignores (engine_worker/sampler.py), at "off".
+    return dataclasses.replace(sampling, top_p=None, top_k=0, min_p=0.0, seed=None)
 
 
 def cache_key(namespace: str, scope: TenantScope, version: ModelVersion, fingerprint: str) -> str:

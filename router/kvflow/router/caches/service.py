@@ -23,7 +23,13 @@ from kvflow.router.caches.key import (
     key_prefix,
     request_fingerprint,
 )
-from kvflow.router.caches.policy import BYPASS_REASONS, RESULT_HEADER, Result, decide
+from kvflow.router.caches.policy import (
+    BYPASS_REASONS,
+    RESULT_HEADER,
+    Result,
+    decide,
+    greedy_twin,
+)
 from kvflow.router.caches.stores import AnswerStore, MemoryAnswerStore, RedisAnswerStore
 from kvflow.router.protocol.requests import ChatRequest, CompletionRequest, SamplingOptions
 from kvflow.router.protocol.responses import ChoiceDelta
@@ -50,6 +56,13 @@ class ResponseCacheMetrics:
             ["reason"],
             registry=registry,
         )
+        self.twin_lookups = Counter(
+            prefix + "twin_lookups",
+            "Sampled requests looked up as their greedy twin under a model's response_cache "
+            "degradation step, by result: hit or miss (also counted in lookups)",
+            ["result"],
+            registry=registry,
+        )
         self.stores = Counter(prefix + "stores", "Answers stored", registry=registry)
         self.stored_bytes = Counter(
             prefix + "stored_bytes", "Bytes of the answers stored", registry=registry
@@ -74,6 +87,8 @@ class ResponseCacheMetrics:
         )
         for result in ("hit", "miss", "bypass"):
             self.lookups.labels(result)
+        for result in ("hit", "miss"):
+            self.twin_lookups.labels(result)
         for reason in BYPASS_REASONS:
             self.bypasses.labels(reason)
         for reason in ("unfinished", "too_large", "error"):
@@ -87,6 +102,7 @@ class CacheTicket:
     result: Result | None = None
     key: str | None = None  # set when the fresh answer may be stored
     answer: CachedAnswer | None = None  # a hit's
+    is_twin: bool = False  # looked up as its greedy twin (caches/policy.py): never stored
     cache: ResponseCache | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -136,23 +152,33 @@ class ResponseCache:
         tenant: Tenant,
         version: ModelVersion,
         user: str | None = None,
+        *,
+        serves_sampled: bool = False,
     ) -> CacheTicket:
         """The ticket of one request: ``sampling`` with the pool's defaults filled in,
-        ``version`` the answering pool's (caches/key.py), ``user`` its prompt_cache_key.
-        Also for other parts of the gateway that want a stored answer (a degraded pool's)."""
+        ``version`` the answering pool's (caches/key.py), ``user`` its prompt_cache_key,
+        ``serves_sampled`` whether its model's response_cache degradation step is active
+        (a sampled request is then answered with its greedy twin's answer, if stored)."""
         if not self.config.is_enabled:
             return OFF
-        decision = decide(headers, sampling, tenant_allows=tenant.response_cache)
+        decision = decide(
+            headers, sampling, tenant_allows=tenant.response_cache, serves_sampled=serves_sampled
+        )
         if decision.bypass is not None:
             self.metrics.lookups.labels("bypass").inc()
             self.metrics.bypasses.labels(decision.bypass).inc()
             return CacheTicket("bypass")
+        if decision.is_twin:
+            sampling = greedy_twin(sampling)
         fingerprint = request_fingerprint(parsed, sampling)
         key = cache_key(self.namespace, TenantScope(tenant.name, user), version, fingerprint)
         answer = await self.get(key) if decision.is_lookup else None
         result: Result = "hit" if answer is not None else "miss"
         self.metrics.lookups.labels(result).inc()
-        return CacheTicket(result, key, answer, self)
+        if decision.is_twin:
+            self.metrics.twin_lookups.labels(result).inc()
+        stored_as = key if decision.is_store else None
+        return CacheTicket(result, stored_as, answer, is_twin=decision.is_twin, cache=self)
 
     async def get(self, key: str) -> CachedAnswer | None:
         try:

@@ -22,8 +22,10 @@ degradation:
     queue_deadline_s: 10            # queue_with_deadline: wait this long for capacity
 ```
 
-A step's field is required when the step is listed. `response_cache` is refused: this
-gateway has no response cache yet, and a ladder that names it would skip a step silently.
+A step's field is required when the step is listed. `response_cache` (a sampled request
+answered with its greedy twin's stored answer: caches/policy.py) needs the response cache
+on (`--response-cache on`): the settings refuse it otherwise (`check_response_cache`), as a
+ladder that names it would take a step that does nothing.
 """
 
 from __future__ import annotations
@@ -44,9 +46,6 @@ MAX_QUEUE_DEADLINE_S = 300.0
 DEFAULT_CHECK_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 30.0
 
-_UNAVAILABLE_STEPS = {
-    Step.RESPONSE_CACHE: "this gateway has no response cache yet; leave the step out",
-}
 # The field each step needs.
 _STEP_FIELDS = {
     Step.CAP_MAX_TOKENS: "max_tokens_cap",
@@ -103,10 +102,6 @@ def _steps(raw: object, where: str) -> tuple[Step, ...]:
                 f"{where}.steps[{i}]: unknown step {word!r}; known: "
                 f"{', '.join(s.value for s in Step)}"
             ) from None
-        if step in _UNAVAILABLE_STEPS:
-            raise ConfigError(
-                f"{where}.steps[{i}]: {step.value} is not available yet: {_UNAVAILABLE_STEPS[step]}"
-            )
         if step in steps:
             raise ConfigError(f"{where}.steps lists {step.value} twice; each step goes once")
         steps.append(step)
@@ -232,6 +227,18 @@ def parse_degradation(
             claimed[name] = model
         specs[model] = spec
     return specs
+
+
+def check_response_cache(specs: Mapping[str, DegradationSpec], is_cache_on: bool) -> None:
+    """The response_cache step answers from the response cache: with it off, refused."""
+    if is_cache_on:
+        return
+    for model, spec in specs.items():
+        if Step.RESPONSE_CACHE in spec.ladder.steps:
+            raise ConfigError(
+                f"degradation.{model}.steps lists response_cache, but the response cache is "
+                "off: turn it on with --response-cache on, or leave the step out"
+            )
 
 
 def by_request_name(specs: Mapping[str, DegradationSpec]) -> dict[str, DegradationSpec]:

@@ -116,6 +116,16 @@ class RequestDegradation:
         order = [*self.active, *(s for s in Step if s not in self.active)]
         return ",".join(s.value for s in order if s in self.applied)
 
+    @property
+    def serves_sampled(self) -> bool:
+        """Under response_cache: a sampled request may get its greedy twin's stored answer
+        (caches/policy.py)."""
+        return Step.RESPONSE_CACHE in self.active
+
+    def served_from_cache(self) -> None:
+        """A sampled request got its greedy twin's stored answer: the step changed it."""
+        self.applied.add(Step.RESPONSE_CACHE)
+
     def cap(self, budget: TokenBudget, prompt_lens: Sequence[int], n: int) -> TokenBudget:
         """The planned budget under cap_max_tokens (a left-out max_tokens' default too)."""
         if self.model is None or Step.CAP_MAX_TOKENS not in self.active:

@@ -268,7 +268,13 @@ ROWS: dict[str, list[Panel]] = {
         Panel(
             "Circuit transitions",
             "short",
-            (rate("kvflow_router_circuit_transitions_total", "scope, from_state, to_state"),),
+            (
+                (
+                    "sum by (scope, from_state, to_state) (rate("
+                    "kvflow_router_circuit_transitions_total{" + SEL + "}" + RATE + "))",
+                    "{{scope}} {{from_state}} -> {{to_state}}",
+                ),
+            ),
             "State changes per second of the workers' circuits (scope worker) and the pools' "
             "own (scope pool). KvflowWorkerCircuitFlapping alerts on many opens an hour.",
         ),
@@ -332,7 +338,7 @@ ROWS: dict[str, list[Panel]] = {
                     + ', result=~"hit|miss"}'
                     + RATE
                     + "))",
-                    "{{pool}} hits / lookups",
+                    "{{pool}} hits / (hits + misses)",
                 ),
                 (
                     "sum by (pool) (rate(kvflow_router_response_cache_lookups_total{"

@@ -31,7 +31,13 @@ from k8s.controlplane import (
 from prometheus_client.metrics import MetricWrapperBase
 
 from kvflow.engine_worker.metrics import WorkerMetrics
+from kvflow.router.breaker.machine import CircuitState
+from kvflow.router.caches.service import ResponseCacheMetrics
+from kvflow.router.cascade.config import CascadeSpec
+from kvflow.router.cascade.service import Cascade
+from kvflow.router.degrade.service import DegradationMetrics
 from kvflow.router.metrics import RouterMetrics
+from kvflow.router.routing.types import WorkerId
 
 ALERTS_TEST = Path(__file__).parent / "observability" / "kvflow_alerts_test.yaml"
 DASHBOARD = CHART / "dashboards" / "kvflow.json"
@@ -44,7 +50,9 @@ ALERTS = {
     "KvflowTTFTP99High", "KvflowTPOTP99High", "KvflowErrorRateHigh", "KvflowNoHealthyWorkers",
     "KvflowGatewayDown", "KvflowWorkerDown", "KvflowKVCacheNearlyFull", "KvflowQueueGrowing",
     "KvflowShedding", "KvflowDeadlineMisses", "KvflowTenantsStale", "KvflowQuotaStoreDown",
-    "KvflowGPUMemoryFull", "KvflowGPUXidError",
+    "KvflowGPUMemoryFull", "KvflowGPUXidError", "KvflowPoolCircuitOpen",
+    "KvflowWorkerCircuitFlapping", "KvflowModelDegraded", "KvflowGlobalLimitRejections",
+    "KvflowRealtimeRejected",
 }  # fmt: skip
 # NVIDIA DCGM exporter fields the alerts and the GPU panels query (its default counters,
 # dcgm-exporter's etc/default-counters.csv): a typo would leave a panel empty.
@@ -154,6 +162,18 @@ def test_values_schema_rejects_bad_monitoring_values(binaries: Binaries, tmp_pat
         ("monitoring.prometheusRule.gpuMemoryRatio=1.5", "prometheusRule/gpuMemoryRatio"),
         ("monitoring.dcgmPodMonitor.interval=often", "dcgmPodMonitor/interval"),
         ("monitoring.dcgmPodMonitor.namespaces={Bad_NS}", "dcgmPodMonitor/namespaces"),
+        (
+            "monitoring.prometheusRule.globalLimitRejectionRatio=2",
+            "prometheusRule/globalLimitRejectionRatio",
+        ),
+        (
+            "monitoring.prometheusRule.workerCircuitOpensPerHour=-1",
+            "prometheusRule/workerCircuitOpensPerHour",
+        ),
+        (
+            "monitoring.prometheusRule.realtimeRejectionsPer10m=0.5",
+            "prometheusRule/realtimeRejectionsPer10m",
+        ),
     ]:
         out = helm(binaries, tmp_path, "template", RELEASE, str(CHART), "--set", bad)
         assert out.returncode != 0, bad
@@ -279,17 +299,47 @@ def test_every_queried_metric_is_exported_by_the_code(binaries: Binaries, tmp_pa
             assert used <= allowed, (name, used - allowed)
 
 
+class _OnePool:
+    """A pool of one worker for the circuit gauges, which read live pools at scrape time."""
+
+    def circuit_state(self) -> CircuitState:
+        return CircuitState.CLOSED
+
+    def worker_circuits(self) -> dict[WorkerId, CircuitState]:
+        return {WorkerId("10.0.0.1:50051"): CircuitState.CLOSED}
+
+
+# Gauges a collector reads off live objects at scrape time (circuit_metrics.py), no
+# attribute of a metrics class: their label names come from their samples.
+COLLECTED_GAUGES = {"kvflow_router_pool_circuit_state", "kvflow_router_worker_circuit_state"}
+
+
 def exported_metrics() -> dict[str, tuple[str, set[str]]]:
-    """Base name -> (type, label names) of every metric the router and a worker export."""
+    """Base name -> (type, label names) of every metric the router and a worker export:
+    the gateway's own classes and the ones its parts register in its registry (the
+    circuit breakers', the degradation ladder's, the response cache's, the cascade's)."""
     found: dict[str, tuple[str, set[str]]] = {}
-    owners = (RouterMetrics(), WorkerMetrics())
+    router, worker = RouterMetrics(), WorkerMetrics()
+    registry = router.registry
+    cascade = CascadeSpec(model="m", names=frozenset({"m"}), small="m-small", large="m-large")
+    owners = (
+        router, router.circuits, worker, DegradationMetrics(registry, []),
+        ResponseCacheMetrics(registry), Cascade({"m": cascade}, registry),
+    )  # fmt: skip
+    router.circuits.watch({"default": _OnePool()})
     for owner in owners:
         for metric in vars(owner).values():
             if isinstance(metric, MetricWrapperBase):
                 # prometheus_client has no public accessor for a parent's label names.
                 found[metric._name] = (metric._type, set(metric._labelnames))
-    collected = {m.name for owner in owners for m in owner.registry.collect()}
+    families = [m for r in (registry, worker.registry) for m in r.collect()]
+    for family in families:
+        if family.name in COLLECTED_GAUGES:
+            labels = {name for sample in family.samples for name in sample.labels}
+            found[family.name] = (family.type, labels)
+    collected = {m.name for m in families}
     assert collected == set(found), "a registered metric that is no attribute of its class"
+    assert collected >= COLLECTED_GAUGES, "the circuit gauges show no pool"
     return found
 
 

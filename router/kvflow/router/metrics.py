@@ -239,7 +239,8 @@ class RouterMetrics:
         )
         self.class_rejections = Counter(
             "kvflow_router_priority_class_rejections_total",
-            "Requests admission control refused, by priority class and why",
+            "Requests refused for capacity, by priority class and why: admission control's"
+            " reasons, or workers_refused (every worker tried refused or failed it: a 503)",
             ["priority_class", "reason"],
             registry=r,
         )

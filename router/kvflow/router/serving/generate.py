@@ -123,6 +123,12 @@ class GenerationService:
                 if item is _DONE:
                     remaining -= 1
                 elif isinstance(item, BaseException):
+                    if isinstance(item, ApiError) and item.status == 503:
+                        # Every worker tried refused it or failed: the class's refusals
+                        # count it too, beside admission control's (KvflowRealtimeRejected).
+                        self._metrics.class_rejections.labels(
+                            caller.priority_class.value, "workers_refused"
+                        ).inc()
                     raise item
                 else:
                     assert isinstance(item, ChoiceDelta | ChoiceUsage)

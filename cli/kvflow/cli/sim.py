@@ -3,6 +3,7 @@
 - ``kvflow sim run``: `kvflow bench` against a simulated cluster in virtual time: the same
   workload and load options (``--url`` aside), one ladder per routing arm.
 - ``kvflow sim compare``: the routing comparison of docs/benchmarks.md.
+- ``kvflow sim overload``: a pool at twice its capacity, degradation off and on.
 - ``kvflow sim calibrate``: a fitted profile against the real engine on held-out traffic.
 
 Exit status: 0 done, 1 the run produced nothing usable, 2 bad options or inputs.
@@ -18,9 +19,10 @@ from typing import TextIO
 SUBCOMMANDS = {
     "run": "kvflow.sim.run_cli",
     "compare": "kvflow.sim.compare_cli",
+    "overload": "kvflow.sim.overload_cli",
     "calibrate": "kvflow.cli.sim_calibrate",
 }
-USAGE = "usage: kvflow sim {run,compare,calibrate} [options]   (each takes --help)"
+USAGE = "usage: kvflow sim {run,compare,overload,calibrate} [options]   (each takes --help)"
 
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -19,8 +19,8 @@ from kvflow.cli.sim import main as sim_main
 from kvflow.engine_worker.sim.profile_file import resolve_profile
 from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.degrade.ladder import LadderConfig
-from kvflow.router.serving.admission import WorkerQueue
 from kvflow.router.routing.types import WorkerId
+from kvflow.router.serving.admission import WorkerQueue
 from kvflow.sim.overload import OverloadConfig, OverloadResult, run_overload
 from kvflow.sim.overload_gateway import (
     DEFAULT_STEPS,

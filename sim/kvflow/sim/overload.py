@@ -1,5 +1,6 @@
-"""The overload scenario (docs/simulator.md, "Overload"): a pool offered twice what it can
-serve, three tenants in three priority classes, degradation off and on side by side.
+"""The overload scenario: a pool offered twice what it can serve, three tenants in three
+priority classes, degradation off and on side by side (docs/simulator.md, "Overload and the
+degradation ladder").
 
 1. **Capacity.** The pool's saturation throughput on the traffic mix: a burst of requests
    drawn from the mix, all sent at once with nothing refused, and the rate at which the

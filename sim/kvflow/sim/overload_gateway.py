@@ -51,9 +51,10 @@ DEFAULT_SHED_WAIT_S: Mapping[PriorityClass, float] = {
     PriorityClass.REALTIME: 30.0,
 }
 DEFAULT_STEPS: tuple[Step, ...] = (Step.CAP_MAX_TOKENS, Step.DROP_EXTRAS, Step.QUEUE_WITH_DEADLINE)
-# The gateway's thresholds, with shorter dwells than its defaults (engage after 10 s,
+# The gateway's thresholds, with other dwells than its defaults (engage after 10 s,
 # release after 30 s, a 30 s window): a faster climb, and a slower descent, because the
-# signals a step calms are calm *because* of the step (see docs/simulator.md, "Overload").
+# signals a step calms are calm *because* of the step (docs/simulator.md, "Overload and
+# the degradation ladder").
 DEFAULT_LADDER = LadderConfig(DEFAULT_STEPS, engage_after_s=5.0, release_after_s=60.0)
 DEFAULT_WINDOW_S = 15.0
 # The window's targets: a sample is latency / its class's target, so 1.0 is "on target".

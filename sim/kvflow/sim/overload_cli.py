@@ -19,7 +19,7 @@ from kvflow.loadgen.report_json import write_json
 from kvflow.proto.priority_class import PriorityClass
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.overload import OverloadConfig, run_overload
-from kvflow.sim.overload_gateway import DEFAULT_SHED_WAIT_S, GatewayConfig
+from kvflow.sim.overload_gateway import DEFAULT_LADDER, DEFAULT_SHED_WAIT_S, GatewayConfig
 from kvflow.sim.overload_report import plot, render, report_dict
 from kvflow.sim.overload_traffic import LoadPhase
 
@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overload-load", type=float, default=2.0, help="x capacity")
     p.add_argument("--calm-before-s", type=float, default=60.0)
     p.add_argument("--overload-s", type=float, default=240.0)
-    p.add_argument("--calm-after-s", type=float, default=180.0)
+    p.add_argument("--calm-after-s", type=float, default=420.0)
     p.add_argument("--capacity-per-s", type=float,
                    help="the pool's capacity in requests/s (default: measured)")  # fmt: skip
     p.add_argument("--capacity-requests", type=int, default=600,
@@ -52,6 +52,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-cap", type=int, default=g.max_tokens_cap,
                    help="cap_max_tokens: most tokens a request generates while on")  # fmt: skip
     p.add_argument("--window-s", type=float, default=g.window_s, help="the SLO window")
+    p.add_argument("--engage-after-s", type=float, default=DEFAULT_LADDER.engage_after_s,
+                   help="the ladder takes its next step after this long hot")  # fmt: skip
+    p.add_argument("--release-after-s", type=float, default=DEFAULT_LADDER.release_after_s,
+                   help="the ladder reverts its last step after this long calm")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write load, ladder level and goodput over time here (PNG)")
@@ -68,6 +72,9 @@ def config_from(args: argparse.Namespace) -> OverloadConfig:
             PriorityClass.NORMAL: normal,
             PriorityClass.REALTIME: realtime,
         },
+        ladder=dataclasses.replace(
+            DEFAULT_LADDER, engage_after_s=args.engage_after_s, release_after_s=args.release_after_s
+        ),
         max_tokens_cap=args.max_tokens_cap,
         window_s=args.window_s,
     )

@@ -55,7 +55,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (Step.CAP_MAX_TOKENS, Step.DROP_EXTRAS, Step.Q
 # release after 30 s, a 30 s window): a faster climb, and a slower descent, because the
 # signals a step calms are calm *because* of the step (docs/simulator.md, "Overload and
 # the degradation ladder").
-DEFAULT_LADDER = LadderConfig(DEFAULT_STEPS, engage_after_s=5.0, release_after_s=60.0)
+DEFAULT_LADDER = LadderConfig(DEFAULT_STEPS, engage_after_s=5.0, release_after_s=120.0)
 DEFAULT_WINDOW_S = 15.0
 # The window's targets: a sample is latency / its class's target, so 1.0 is "on target".
 _NORMALIZED = SloTargets(ttft_s=1.0, tpot_s=1.0, percentile=90.0)

@@ -62,11 +62,12 @@ class LoadPhase:
     load: float  # offered rate as a multiple of the pool's capacity
 
 
-# 60 s calm (half the capacity), 240 s at twice the capacity, 180 s calm to show releases.
+# 60 s calm (half the capacity), 240 s at twice the capacity, 420 s calm: the ladder reverts
+# a step per 120 s calm, so its three steps need 360 s to go.
 DEFAULT_PHASES: tuple[LoadPhase, ...] = (
     LoadPhase(60.0, 0.5),
     LoadPhase(240.0, 2.0),
-    LoadPhase(180.0, 0.5),
+    LoadPhase(420.0, 0.5),
 )
 
 

@@ -8,8 +8,8 @@
   output tokens (TTFT 30 s, TPOT 300 ms: nobody watches it stream).
 
 Requests arrive as one Poisson stream whose class is drawn per request by the mix's shares
-(25 % chat, 25 % app, 50 % reports by default): the batch tenant carries most of the
-compute (its outputs are 86 % of the output tokens), as an offline job does when it
+(15 % chat, 15 % app, 70 % reports by default): the batch tenant carries most of the
+compute (its outputs are 96 % of the output tokens), as an offline job does when it
 shares a pool with interactive traffic. Every prompt is fresh text (no prefix reuse), so
 the cache does not blur what admission and degradation do. The rate follows a piecewise
 profile in multiples of the pool's measured capacity (``LoadPhase``): calm, then the

@@ -3,6 +3,7 @@
 - ``kvflow sim run``: `kvflow bench` against a simulated cluster in virtual time: the same
   workload and load options (``--url`` aside), one ladder per routing arm.
 - ``kvflow sim compare``: the routing comparison of docs/benchmarks.md.
+- ``kvflow sim overload``: a pool at twice its capacity, degradation off and on.
 - ``kvflow sim calibrate``: a fitted profile against the real engine on held-out traffic.
 - ``kvflow sim cascade``: a small-then-large model cascade on a mixed workload (sim/cascade.py).
 
@@ -19,10 +20,11 @@ from typing import TextIO
 SUBCOMMANDS = {
     "run": "kvflow.sim.run_cli",
     "compare": "kvflow.sim.compare_cli",
+    "overload": "kvflow.sim.overload_cli",
     "calibrate": "kvflow.cli.sim_calibrate",
     "cascade": "kvflow.sim.cascade_cli",
 }
-USAGE = "usage: kvflow sim {run,compare,calibrate,cascade} [options]   (each takes --help)"
+USAGE = "usage: kvflow sim {run,compare,overload,cascade,calibrate} [options]   (each takes --help)"
 
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

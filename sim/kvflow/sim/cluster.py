@@ -25,6 +25,7 @@ from kvflow.engine_worker.sim.timing import StepTimer
 from kvflow.loadgen.records import RequestRecord
 from kvflow.loadgen.workload import BenchRequest
 from kvflow.proto.block_hash import make_hash_seed
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.proto.roles import Role
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
@@ -204,10 +205,12 @@ class VirtualCluster:
         has_prefix_scorer = PREFIX_BLOCKS in decision.scores
         predicted = int(plan.matched_blocks) if has_prefix_scorer else None
         sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
+        tenant, priority_class = self._tenant_and_class(request)
         try:
             stream.add_request(
-                request.request_id, tokens, sampling, wants_remote_kv=prefill is not None
-            )
+                request.request_id, tokens, sampling, wants_remote_kv=prefill is not None,
+                tenant=tenant, priority_class=priority_class,
+            )  # fmt: skip
         except InvalidRequestError as exc:
             self._free_tokens.pop(request.request_id, None)
             self._fail(request, now_s, "http_400", str(exc))
@@ -216,6 +219,11 @@ class VirtualCluster:
         self._inflight[request.request_id] = _InFlight(
             request, now_s, tokens, stream, prefill, predicted, free
         )
+
+    def _tenant_and_class(self, request: BenchRequest) -> tuple[str | None, PriorityClass]:
+        """Whose share of a worker the request uses and its priority class: the traffic
+        here has neither (one shared tenant, every request normal)."""
+        return None, PriorityClass.NORMAL
 
     def _refuse(self, request: BenchRequest, now_s: float, verdict: Verdict) -> None:
         """Admission said no: the client gets its status at once, nothing was placed."""

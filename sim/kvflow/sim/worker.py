@@ -19,6 +19,7 @@ from kvflow.engine_worker.core.request import Request
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.sim.timing import StepTimer
 from kvflow.engine_worker.sim_runner import SimulatedRunner
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.workers.book import LoadReport
 from kvflow.sim.events import EventQueue
@@ -74,11 +75,16 @@ class SimWorker:
         sampling: SamplingParams,
         *,
         wants_remote_kv: bool = False,
+        tenant: str | None = None,
+        priority_class: PriorityClass = PriorityClass.NORMAL,
     ) -> Request:
+        """``tenant`` keys the engine's fair share (None: one shared tenant, as before);
+        ``priority_class`` is the class the gateway put on the wire."""
         self._sync()
         request = self.engine.add_request(
-            request_id, prompt_token_ids, sampling, wants_remote_kv=wants_remote_kv
-        )
+            request_id, prompt_token_ids, sampling, wants_remote_kv=wants_remote_kv,
+            tenant=tenant, priority_class=priority_class,
+        )  # fmt: skip
         self._cached_at_add[request_id] = self._num_cached_tokens(request)
         self.kick()
         return request

@@ -46,12 +46,12 @@ workers that had a few more blocks (docs/benchmarks.md, "Trace families").
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.replicas import ReplicaLedger
@@ -185,14 +185,16 @@ class TimeCostScorer:
         return {PREFIX_BLOCKS: self.matched_blocks.get(worker_id, 0.0)}
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
-        matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))
+        seen: list[BlockHash] = []  # the blocks the match read: the copy rule's keys
+        matched = self._index.match_prefix(_tap(request.block_hashes, seen),
+                                           (w.worker_id for w in workers))  # fmt: skip
         skip = request.num_skip_blocks
         # Reported beside the time (``details``): the route header and placement read it.
         self.matched_blocks = {k: float(max(0, n - skip)) for k, n in matched.items()}
         size = request.block_size
         cached = {w.worker_id: max(matched[w.worker_id], skip) * size for w in workers}
         out = {w.worker_id: 0.0 - self._cost_s(w, request, cached[w.worker_id]) for w in workers}
-        copy = self._copy_prefix(request, workers, matched, cached, out)
+        copy = self._copy_prefix(request, workers, matched, cached, out, seen)
         return out if copy is None else copy
 
     def _cost_s(self, worker: WorkerView, request: RouteRequest, num_cached_tokens: int) -> float:
@@ -207,6 +209,7 @@ class TimeCostScorer:
         matched: dict[WorkerId, int],
         cached: dict[WorkerId, int],
         scores: dict[WorkerId, float],
+        seen: Sequence[BlockHash],
     ) -> dict[WorkerId, float] | None:
         """Rent or buy (replicas.py). The best worker's cached prefix costs this request
         ``rent``: the best worker's time over the pool's mean time had every worker held
@@ -233,11 +236,19 @@ class TimeCostScorer:
         # excess over the typical worker. (Scores are minus seconds.)
         rent_s = sum(ideal.values()) / len(ideal) - scores[best]
         price_s = ideal[target] - scores[target]
-        prefix = next(itertools.islice(iter(request.block_hashes), num_blocks - 1, None))
-        if not self.replicas.should_copy(prefix, rent_s, price_s):
+        # The prefix's last block names it (each block hash chains those before it).
+        if not self.replicas.should_copy(seen[num_blocks - 1], rent_s, price_s):
             return None
         self.num_copies += 1
         return ideal
+
+
+def _tap(block_hashes: Iterable[BlockHash], seen: list[BlockHash]) -> Iterator[BlockHash]:
+    """``block_hashes``, each also appended to ``seen`` as it is read (the match stops at
+    the first block no candidate holds, so a lazy prompt is hashed no further)."""
+    for block_hash in block_hashes:
+        seen.append(block_hash)
+        yield block_hash
 
 
 class WaitGate:

@@ -53,7 +53,7 @@ def _route_stream(workers: list[WorkerView], prompts: list[int]) -> list[str]:
     index.add(WorkerId("holder"), prompt(0)[0][:256])  # the preamble's 256 blocks
     pipeline = build_pipeline(DEFAULT_WEIGHTS, index=index, sessions=SessionTable(),
                               rng=random.Random(0))  # fmt: skip
-    chosen = []
+    chosen: list[str] = []
     for i in prompts:
         hashes, num_tokens = prompt(i)
         request = RouteRequest("m", hashes, num_prompt_tokens=num_tokens, block_size=16)

@@ -12,6 +12,7 @@ from kvflow.proto.roles import Role
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.cost import (
+    DEFAULT_DECODE_HORIZON_TOKENS,
     DEFAULT_STEP_COSTS,
     PlacedWork,
     StepCosts,
@@ -67,7 +68,7 @@ def test_a_prompt_past_the_free_kv_pays_for_what_it_evicts() -> None:
     assert roomy.evict_s == 0.0
     full = worker_cost(view("b", kv_capacity_tokens=100_000, num_kv_tokens=96_000,
                             num_decode_seqs=1), PROMPT_TOKENS, 0, COSTS)  # fmt: skip
-    short = PROMPT_TOKENS + 32 - 4000
+    short = PROMPT_TOKENS + DEFAULT_DECODE_HORIZON_TOKENS - 4000  # its prompt and horizon
     assert full.evict_s == pytest.approx(short * COSTS.timing.per_prefill_token_s)
 
 
@@ -216,3 +217,22 @@ def test_a_followers_claim_on_a_just_placed_prompt_is_its_whole_shared_prefix() 
 
     first = place(0, 0.0)
     assert place(1, 0.2) == first
+
+
+def test_a_follow_up_stays_with_its_history_beside_a_few_decoding_neighbours() -> None:
+    """A turn whose 3,000-token history is cached where 6 requests decode (81 ms of prefill
+    saved) stays there rather than start cold on an idle worker: its decode beside them
+    costs it and them 29 ms over the default decode horizon. At a 32-step horizon the same
+    neighbours cost 110 ms and the turn left its history, prefilling it again elsewhere
+    (the agent family's TTFT tail, docs/benchmarks.md)."""
+    history = list(range(3000))
+    tokens = history + [50_000] * 300
+    hashes = block_hashes(tokens, block_size=16, seed=SEED)
+    index = BlockIndex()
+    index.add(WorkerId("home"), hashes[: len(history) // 16])
+    pipeline = build_pipeline(DEFAULT_WEIGHTS, index=index, sessions=SessionTable(),
+                              rng=random.Random(0))  # fmt: skip
+    request = RouteRequest("m", hashes, num_prompt_tokens=len(tokens), block_size=16)
+    home = view("home", num_decode_seqs=6, num_kv_tokens=42_000)
+    decision = pipeline.route(request, [home, view("idle")])
+    assert decision is not None and decision.worker_id == "home"

@@ -31,6 +31,10 @@ decoding sequences, the KV tokens they read):
   takes, and hits are kept (on the shared-prefix comparison's overloaded rung, without
   it the hit rate fell to 0.6 of the ideal's).
 
+A cached prefix many requests share is also worth copying to another worker once the
+load its holder puts on them adds up to the copy's prefill: the rent-or-buy rule,
+``TimeCostScorer(replicas=...)`` and replicas.py.
+
 Constant terms (the base step time every worker pays alike) are left out: only
 differences between workers decide. Why a time and not "cached blocks minus queued
 requests": blocks and requests are not commensurable (one block of a 2-block prompt is not
@@ -44,11 +48,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.replicas import ReplicaLedger
 from kvflow.router.routing.types import PREFIX_BLOCKS, RouteRequest, WorkerId, WorkerView
 
 
@@ -75,11 +81,17 @@ class StepCosts:
 # model's shape (prefill compute against decode memory reads), not the GPU's speed.
 DEFAULT_STEP_COSTS = StepCosts(StepTiming(6.6e-3, 27.1e-6, 30.3e-6, 48.9e-9), 8192)
 # Decode steps a new request is charged for, beside the worker's decodes. Not an answer's
-# length: how much decode balance weighs against prefill waiting. On the trace families
-# (docs/benchmarks.md) 256 and 128 put TTFT P90 behind least-loaded's (a queued prompt
-# looked cheaper than one more decoding neighbour) and 32 was ahead on every family,
-# with TPOT P50 no worse; 64 in between.
-DEFAULT_DECODE_HORIZON_TOKENS = 32
+# length: how much decode balance weighs against prefill waiting. Since shared prefixes
+# are copied by the rent-or-buy rule (replicas.py), the requests that share one spread
+# over its copies, and decode balance no longer has to come from sending a request away
+# from its cached history: at 32 a follow-up turn left its ~3,000-token history for 4 or
+# 5 more decoding neighbours, which made the agent family's TTFT tail (1.16-1.38x the
+# ideal's). One value for every family (docs/benchmarks.md, "Routing comparison"), from
+# 8, 16, 24 and 32 with copies: 8 lost the shared-prefix comparison's hit rate (0.85 of
+# the ideal's at 40 req/s) and the Mooncake trace's (0.83 at 4x), 24 and 32 the agent
+# family's tail (up to 1.24x the ideal's); 128 and 256 put TTFT P90 behind
+# least-loaded's.
+DEFAULT_DECODE_HORIZON_TOKENS = 16
 # The share of a backlog's requests charged for a miss's prefill (``backlog_s``): 1 put
 # the no-reuse control's TTFT P90 19 % behind least-loaded's at 60 req/s on 4 small
 # workers (tests/sim/test_comparison_quick.py), 0.5 within 2 %; 0 lost the hit rate
@@ -156,10 +168,15 @@ class TimeCostScorer:
         index: BlockIndex,
         costs: StepCosts = DEFAULT_STEP_COSTS,
         decode_horizon_tokens: int = DEFAULT_DECODE_HORIZON_TOKENS,
+        replicas: ReplicaLedger | None = None,
     ) -> None:
         self._index = index
         self.costs = costs
         self.decode_horizon_tokens = decode_horizon_tokens
+        # Rent or buy copies of shared prefixes (replicas.py); None: a hit is worth this
+        # request's prefill alone.
+        self.replicas = replicas
+        self.num_copies = 0  # prefixes copied by the rule, for tests and metrics
         self.matched_blocks: dict[WorkerId, float] = {}  # of the last ``score`` call
 
     def details(self, worker_id: WorkerId) -> dict[str, float]:
@@ -168,18 +185,70 @@ class TimeCostScorer:
         return {PREFIX_BLOCKS: self.matched_blocks.get(worker_id, 0.0)}
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
-        matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))
+        seen: list[BlockHash] = []  # the blocks the match read: the copy rule's keys
+        matched = self._index.match_prefix(_tap(request.block_hashes, seen),
+                                           (w.worker_id for w in workers))  # fmt: skip
         skip = request.num_skip_blocks
         # Reported beside the time (``details``): the route header and placement read it.
         self.matched_blocks = {k: float(max(0, n - skip)) for k, n in matched.items()}
         size = request.block_size
-        out: dict[WorkerId, float] = {}
-        for w in workers:
-            cached = max(matched[w.worker_id], request.num_skip_blocks) * size
-            cost = worker_cost(w, request.num_prompt_tokens, cached, self.costs,
-                               self.decode_horizon_tokens)  # fmt: skip
-            out[w.worker_id] = 0.0 - cost.total_s
-        return out
+        cached = {w.worker_id: max(matched[w.worker_id], skip) * size for w in workers}
+        out = {w.worker_id: 0.0 - self._cost_s(w, request, cached[w.worker_id]) for w in workers}
+        copy = self._copy_prefix(request, workers, matched, cached, out, seen)
+        return out if copy is None else copy
+
+    def _cost_s(self, worker: WorkerView, request: RouteRequest, num_cached_tokens: int) -> float:
+        cost = worker_cost(worker, request.num_prompt_tokens, num_cached_tokens, self.costs,
+                           self.decode_horizon_tokens)  # fmt: skip
+        return cost.total_s
+
+    def _copy_prefix(
+        self,
+        request: RouteRequest,
+        workers: Sequence[WorkerView],
+        matched: dict[WorkerId, int],
+        cached: dict[WorkerId, int],
+        scores: dict[WorkerId, float],
+        seen: Sequence[BlockHash],
+    ) -> dict[WorkerId, float] | None:
+        """Rent or buy (replicas.py). The best worker's cached prefix costs this request
+        ``rent``: the best worker's time over the pool's mean time had every worker held
+        the prefix. A copy on the worker that would then be best costs ``price``: the
+        prefill (and eviction) of what it lacks of the prefix. Returns the scores with
+        the prefix counted as held everywhere (the copy's worker wins) when the ledger
+        says buy, else None (the rent is recorded)."""
+        if self.replicas is None or len(workers) < 2:
+            return None
+        best = max(scores, key=lambda w: scores[w])
+        num_blocks = matched[best]
+        if num_blocks <= request.num_skip_blocks:
+            return None  # no prefix to use where it goes
+        shared = cached[best]
+        ideal = {w.worker_id: 0.0 - self._cost_s(w, request, max(cached[w.worker_id], shared))
+                 for w in workers}  # fmt: skip
+        target = max(ideal, key=lambda w: ideal[w])
+        if target == best:
+            return None  # the prefix is already where it is best used
+        # Against the pool's mean, not the idlest worker: queues come and go, and a copy
+        # made on one worker's dip would pay for noise that every placement pays (on the
+        # shared-prefix comparison, 5 users a group, that copied most groups: hit rate
+        # 0.52 against 0.64 at 40 req/s). What a copy saves for good is the holder's
+        # excess over the typical worker. (Scores are minus seconds.)
+        rent_s = sum(ideal.values()) / len(ideal) - scores[best]
+        price_s = ideal[target] - scores[target]
+        # The prefix's last block names it (each block hash chains those before it).
+        if not self.replicas.should_copy(seen[num_blocks - 1], rent_s, price_s):
+            return None
+        self.num_copies += 1
+        return ideal
+
+
+def _tap(block_hashes: Iterable[BlockHash], seen: list[BlockHash]) -> Iterator[BlockHash]:
+    """``block_hashes``, each also appended to ``seen`` as it is read (the match stops at
+    the first block no candidate holds, so a lazy prompt is hashed no further)."""
+    for block_hash in block_hashes:
+        seen.append(block_hash)
+        yield block_hash
 
 
 class WaitGate:

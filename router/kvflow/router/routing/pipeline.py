@@ -28,6 +28,7 @@ from kvflow.router.routing.plugins import (
     Scorer,
     SessionAffinityScorer,
 )
+from kvflow.router.routing.replicas import ReplicaLedger
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import (
     RouteDecision,
@@ -107,7 +108,8 @@ class ScorerInputs:
 # (prefixCache -> prefix_cache), so the operator writes a field's weight under its own
 # name; tests/contracts/test_scorers.py holds the two to each other.
 SCORERS: Mapping[str, Callable[[ScorerInputs], Scorer]] = MappingProxyType({
-    "time_cost": lambda inputs: TimeCostScorer(inputs.index, inputs.costs),
+    "time_cost": lambda inputs: TimeCostScorer(inputs.index, inputs.costs,
+                                               replicas=ReplicaLedger()),
     "prefix_cache": lambda inputs: PrefixCacheScorer(inputs.index),
     "queue_depth": lambda inputs: QueueDepthScorer(),
     "kv_cache_usage": lambda inputs: KvCacheUsageScorer(),

@@ -18,6 +18,7 @@ import uvloop
 
 from kvflow.proto import otel
 from kvflow.router import tracing
+from kvflow.router.batch.config import add_batch_flags, batch_config
 from kvflow.router.cli_args import seconds
 from kvflow.router.cli_limits import parse_request_limits, request_limit_flags
 from kvflow.router.cli_security import (
@@ -112,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     _admission_flags(p, d.admission)
     _tracing_flags(p)
     request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
+    add_batch_flags(p)
     security_flags(p, d)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
     p.add_argument(
@@ -248,6 +250,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         request_limits=request_limits,
         prepare=prepare,
         body_timeout_s=args.body_timeout_s,
+        batch=batch_config(args),
         **security_settings(args, env),
     )
 

@@ -57,6 +57,7 @@ from kvflow.router.api.http_limits import (
     DEFAULT_SSE_KEEPALIVE_INTERVAL_S,
     HttpLimits,
 )
+from kvflow.router.batch.config import BatchConfig
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
 from kvflow.router.degrade.config import DegradationSpec, parse_degradation
@@ -170,6 +171,8 @@ class RouterSettings:
     cache_salt_secret: bytes | None = None
     # Worker gRPC over (mutual) TLS (workers/tls.py); off: plaintext.
     worker_tls: WorkerTls = field(default_factory=WorkerTls)
+    # The Batch API: its store, limits, pace and price (batch/config.py).
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
 
 def parse_config(raw: object) -> RouterConfig:

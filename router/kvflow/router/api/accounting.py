@@ -15,13 +15,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.degrade.service import RequestDegradation
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
-from kvflow.router.tenants.money import FREE, PICO_USD_PER_USD, spend_pusd
+from kvflow.router.tenants.money import FREE, PICO_USD_PER_USD, discounted_pusd, spend_pusd
 from kvflow.router.tenants.service import Lease
 from kvflow.router.tenants.store import UsageTotals
 
@@ -46,6 +47,8 @@ class Accounting:
     on_finish: Callable[[], None] | None = None
     # Its model's degradation ladder, fed this request's timings (degrade/service.py).
     degradation: RequestDegradation | None = None
+    # What its price is multiplied by: a Batch API line's discount (batch/config.py).
+    price_factor: Fraction = Fraction(1)
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -74,12 +77,13 @@ class Accounting:
     def spend_pusd(self, usage: UsageCounts) -> int:
         """What this request costs at its served model's prices (pico-USD)."""
         prices = self.gateway.settings.config.prices.get(self.served_model, FREE)
-        return spend_pusd(
+        full = spend_pusd(
             prices,
             prompt_tokens=usage.prompt_tokens,
             cached_tokens=usage.cached_tokens,
             completion_tokens=usage.completion_tokens,
         )
+        return discounted_pusd(full, self.price_factor)
 
     async def finish(self) -> None:
         if self._is_finished:

@@ -27,6 +27,7 @@ from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.backend import PoolBackend
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
+from kvflow.router.batch.scope import BATCH_SCOPE_KEY
 from kvflow.router.degrade.service import RequestDegradation
 from kvflow.router.protocol.errors import ApiError, rate_limited
 from kvflow.router.protocol.requests import (
@@ -142,6 +143,8 @@ async def start_job(
         gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()
     accounting = _accounting(gw, job, lease, on_finish=in_flight.close)
     accounting.degradation = degradation
+    if request.scope.get(BATCH_SCOPE_KEY):  # a Batch API line: at the batch price
+        accounting.price_factor = gw.settings.batch.price_factor
     return StartedJob(job, backend, accounting)
 
 

@@ -32,6 +32,10 @@ def test_the_state_machine_allows_openais_moves_only() -> None:
         r.moved(Status.IN_PROGRESS, 152)  # a finished batch never runs again
     with pytest.raises(ValueError):
         _record().moved(Status.COMPLETED, 101)  # never without finalizing
+    finalizing = _record().moved(Status.IN_PROGRESS, 1).moved(Status.FINALIZING, 2)
+    for status in (Status.IN_PROGRESS, Status.CANCELLING):  # its lines are over
+        with pytest.raises(ValueError):
+            finalizing.moved(status, 3)
     assert _record().moved(Status.CANCELLING, 5).moved(Status.CANCELLED, 6).status.is_terminal
     assert BatchRecord.loads(r.dumps()) == r
 

@@ -3,14 +3,17 @@ multipart form, and the batch price factor."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
 from kvflow.router.batch.jsonl import parse_input
 from kvflow.router.batch.multipart import MultipartError, boundary_of, parse_multipart
 from kvflow.router.batch.records import BatchRecord, Counts, Status
+from kvflow.router.batch.store import DirBatchStore
 from kvflow.router.tenants.money import discounted_pusd
 
 CHAT = "/v1/chat/completions"
@@ -102,3 +105,23 @@ def test_batch_flags_carry_units_and_refuse_a_factor_past_one() -> None:
     for bad in ("1.5", "-0.1", "half"):
         with pytest.raises(SystemExit):
             parse_args(["--batch-price-factor", bad], env={})
+
+
+def test_the_directory_store_keeps_each_lines_first_result_and_skips_torn_records(
+    tmp_path: Path,
+) -> None:
+    store = DirBatchStore(tmp_path)
+    record = _record()
+
+    async def run() -> None:
+        await store.put_batch(record)
+        await store.add_result(record.id, 0, True, '{"first": 1}')
+        await store.add_result(record.id, 0, False, '{"again": 1}')  # ran twice: kept once
+        with (tmp_path / "results" / f"{record.id}.jsonl").open("a") as f:
+            f.write('{"i": 1, "ok": tr')  # a crash mid-append
+        assert await store.results(record.id) == {0: (True, '{"first": 1}')}
+        assert await store.counts(record.id) == (1, 0)
+        (tmp_path / "batches" / "batch-torn.json").write_text('{"id": "batch-to')
+        assert await store.active_batch_ids() == [record.id]
+
+    asyncio.run(run())

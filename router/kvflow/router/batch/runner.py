@@ -96,12 +96,15 @@ class BatchRunner:
     async def step(self) -> None:
         """One pass over the active batches, oldest first."""
         for batch_id in await self._store.active_batch_ids():
-            record = await self._store.get_batch(batch_id)
-            if record is None or record.status.is_terminal:
-                continue
-            if not await self._store.claim(batch_id, self._owner, LEASE_S):
-                continue  # another replica runs it
-            await self._advance(record)
+            try:
+                record = await self._store.get_batch(batch_id)
+                if record is None or record.status.is_terminal:
+                    continue
+                if not await self._store.claim(batch_id, self._owner, LEASE_S):
+                    continue  # another replica runs it
+                await self._advance(record)
+            except Exception:  # one bad batch must not stop the others
+                log.exception("batch %s: this pass failed; trying again next pass", batch_id)
 
     async def _advance(self, record: BatchRecord) -> None:
         now_s = int(time.time())
@@ -163,7 +166,7 @@ class BatchRunner:
             await self._put(record.moved(Status.FINALIZING, now_s))
             return
         while running.pending and self.num_in_flight() < self._config.max_in_flight:
-            if time.monotonic() < self._hold_until or self._stopping.is_set():
+            if time.monotonic() < self._hold_until or self._is_stopping():
                 return
             line = running.lines[running.pending[0]]
             if self._pool_is_busy(record, line):
@@ -172,6 +175,11 @@ class BatchRunner:
             running.pending.popleft()
             task = asyncio.create_task(self._run_line(record, running, line))
             running.in_flight[line.index] = task
+
+    def _is_stopping(self) -> bool:
+        """Stopping, or draining: a line started now would only be abandoned."""
+        drain = getattr(self._app.state, "drain", None)
+        return self._stopping.is_set() or (drain is not None and drain.is_draining)
 
     def _tenant(self, name: str) -> Tenant | None:
         tenants = self._gw.tenants.current

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Protocol
@@ -17,6 +18,8 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 from kvflow.router.batch.records import BatchRecord, Counts, FileRecord
+
+log = logging.getLogger("kvflow.router.batch")
 
 # A line's result: did it succeed (output file) and its line (JSON text).
 Result = tuple[bool, str]
@@ -194,8 +197,13 @@ class DirBatchStore:
         return BatchRecord.loads(path.read_bytes()) if path.exists() else None
 
     def _all_batches(self) -> list[BatchRecord]:
-        return [BatchRecord.loads(p.read_bytes())
-                for p in (self._root / "batches").glob("*.json")]  # fmt: skip
+        found = []
+        for path in (self._root / "batches").glob("*.json"):
+            try:
+                found.append(BatchRecord.loads(path.read_bytes()))
+            except (ValueError, TypeError, KeyError):  # one unreadable record hides no other
+                log.error("batch store: %s is not a batch record; skipped", path)
+        return found
 
     async def list_batches(self, tenant: str) -> list[BatchRecord]:
         return [b for b in self._all_batches() if b.tenant == tenant]

@@ -220,6 +220,9 @@ def test_cancel_stops_a_batch_and_lists_the_rest_as_cancelled(
         batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                       completion_window="24h")  # fmt: skip
         _wait(client, batch.id, {"in_progress"})
+        with pytest.raises(openai.APIStatusError) as in_use:
+            client.files.delete(file_id)  # a restart would read its lines again
+        assert in_use.value.status_code == 409
         assert client.batches.cancel(batch.id).status == "cancelling"
         done = _wait(client, batch.id, {"cancelled"})
         assert done.cancelled_at is not None
@@ -229,6 +232,7 @@ def test_cancel_stops_a_batch_and_lists_the_rest_as_cancelled(
         with pytest.raises(openai.APIStatusError) as again:
             client.batches.cancel(batch.id)
         assert again.value.status_code == 409
+        assert client.files.delete(file_id).deleted  # the batch is over
     finally:
         g.stop()
 

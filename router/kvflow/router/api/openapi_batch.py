@@ -15,7 +15,7 @@ _WHY = {
     "400": "The request is not a valid upload or batch.",
     "401": "The API key is missing or wrong.",
     "404": "No such file or batch for this tenant, or the Batch API is off.",
-    "409": "The batch cannot be cancelled in its status.",
+    "409": "The batch cannot be cancelled in its status, or the file is a running batch's.",
     "413": "The file is larger than --batch-max-file-bytes.",
 }
 
@@ -133,7 +133,7 @@ def batch_paths() -> Schema:
             "get": {"operationId": "GetFile", "parameters": _id("file_id"),
                     "responses": _responses(_json(file_ref, "The file"), "401", "404")},
             "delete": {"operationId": "DeleteFile", "parameters": _id("file_id"),
-                       "responses": _responses(_json(deleted, "Deleted"), "401", "404")},
+                       "responses": _responses(_json(deleted, "Deleted"), "401", "404", "409")},
         },
         "/v1/files/{file_id}/content": {
             "get": {"operationId": "GetFileContent", "parameters": _id("file_id"),

@@ -195,6 +195,12 @@ def add_batch_routes(app: FastAPI, gateway: Gateway, api: BatchApi | None) -> No
     async def delete_file(file_id: str, request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         await a.own_file(tenant, file_id)
+        for batch in await a.store.list_batches(tenant.name):
+            # Its lines are read again after a restart: keep it while they may be needed.
+            if batch.input_file_id == file_id and not batch.status.is_terminal:
+                raise ApiError(409, f"The file is the input of batch {batch.id}, which is "
+                               f"{batch.status}; cancel it or let it finish first.",
+                               code="file_in_use")  # fmt: skip
         await a.store.delete_file(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 

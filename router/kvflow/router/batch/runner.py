@@ -30,6 +30,7 @@ from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.batch.config import BatchConfig
 from kvflow.router.batch.jsonl import BatchLine, dump_lines, parse_input, result_line, unrun_line
+from kvflow.router.batch.pacing import has_spare_capacity
 from kvflow.router.batch.records import OUTPUT_PURPOSE, BatchRecord, FileRecord, Status
 from kvflow.router.batch.scope import BATCH_SCOPE_KEY
 from kvflow.router.batch.store import BatchStore
@@ -199,7 +200,7 @@ class BatchRunner:
         except ApiError:
             return False
         found = route.backend.pool.book.queues(route.served_name, time.monotonic())
-        return any(q.num_waiting > 0 or q.is_full for q in found.queues)
+        return not has_spare_capacity(q.num_waiting for q in found.queues)
 
     async def _run_line(self, record: BatchRecord, running: _Running, line: BatchLine) -> None:
         try:

@@ -176,6 +176,11 @@ def test_a_tenant_sees_only_its_own_files_and_batches(gateway: GatewayProcess) -
         with pytest.raises(openai.NotFoundError):
             call()
     assert file_id not in [f.id for f in b.files.list()]
+    auth = {"authorization": f"Bearer {KEY_A}"}
+    for odd in (".hidden", "file:x", "x" * 200):  # ids never made here: no such thing
+        for kind in ("files", "batches"):
+            answer = httpx.get(f"{gateway.base_url}/{kind}/{odd}", headers=auth, timeout=10)
+            assert answer.status_code == 404, answer.text
     assert batch.id not in [x.id for x in b.batches.list()]
     with pytest.raises(openai.AuthenticationError):
         _client(gateway, "sk-nobody-0123456789").files.list()

@@ -4,6 +4,7 @@ batches: another's id is a 404, as an id that never existed."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
 
@@ -31,6 +32,13 @@ ENDPOINT_PATHS = ("/v1/files", "/v1/batches")
 # Room for the multipart framing and the purpose field around the file itself.
 _MULTIPART_OVERHEAD_BYTES = 64 * 1024
 MAX_METADATA_KEYS = 16
+_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def _is_id(text: str) -> bool:
+    """Shaped as the ids this gateway makes (records.new_id): anything else names nothing,
+    and never reaches a store's paths or keys."""
+    return _ID.fullmatch(text) is not None
 
 
 def _not_found(kind: str, object_id: str) -> ApiError:
@@ -67,13 +75,13 @@ class BatchApi:
         self.gw, self.store, self.config = gateway, store, config
 
     async def own_file(self, tenant: Tenant, file_id: str) -> FileRecord:
-        record = await self.store.get_file(file_id)
+        record = await self.store.get_file(file_id) if _is_id(file_id) else None
         if record is None or record.tenant != tenant.name:
             raise _not_found("file", file_id)
         return record
 
     async def own_batch(self, tenant: Tenant, batch_id: str) -> BatchRecord:
-        record = await self.store.get_batch(batch_id)
+        record = await self.store.get_batch(batch_id) if _is_id(batch_id) else None
         if record is None or record.tenant != tenant.name:
             raise _not_found("batch", batch_id)
         return record

@@ -28,6 +28,7 @@ from kvflow.proto.priority_class import HEADER as PRIORITY_CLASS_HEADER
 from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.gateway import Gateway
+from kvflow.router.api.respond import CLIENT_GONE
 from kvflow.router.batch.config import BatchConfig
 from kvflow.router.batch.jsonl import BatchLine, dump_lines, parse_input, result_line, unrun_line
 from kvflow.router.batch.pacing import has_spare_capacity
@@ -249,7 +250,7 @@ class BatchRunner:
             log.exception("batch %s line %d failed", record.id, line.index)
             message = f"The gateway failed on this request (request id {request_id})."
             return 500, request_id, ApiError(500, message, type="server_error").body()
-        if response.status_code in (429, 503) or not 200 <= response.status_code < 600:
+        if response.status_code in (429, 503, CLIENT_GONE):  # CLIENT_GONE: the router stops
             self._back_off(None)
             return _RETRY
         return response.status_code, request_id, json.loads(bytes(response.body))

@@ -18,6 +18,7 @@ import uvloop
 
 from kvflow.proto import otel
 from kvflow.router import tracing
+from kvflow.router.batch.config import add_batch_flags, batch_config
 from kvflow.router.caches.config import parse_response_cache, response_cache_flags
 from kvflow.router.cli_args import seconds
 from kvflow.router.cli_breaker import breaker_flags, parse_breaker
@@ -117,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     _tracing_flags(p)
     request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
     rate_limit_flags(p)
+    add_batch_flags(p)
     security_flags(p, d)
     response_cache_flags(p, d.response_cache)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
@@ -257,6 +259,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         body_timeout_s=args.body_timeout_s,
         response_cache=parse_response_cache(args),
         breaker=parse_breaker(args),
+        batch=batch_config(args),
         **security_settings(args, env),
     )
 

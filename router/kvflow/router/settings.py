@@ -63,6 +63,7 @@ from kvflow.router.api.http_limits import (
     DEFAULT_SSE_KEEPALIVE_INTERVAL_S,
     HttpLimits,
 )
+from kvflow.router.batch.config import BatchConfig
 from kvflow.router.breaker.machine import BreakerConfig
 from kvflow.router.caches.config import ResponseCacheConfig
 from kvflow.router.cascade.config import CascadeSpec, parse_cascade
@@ -192,6 +193,8 @@ class RouterSettings:
     response_cache: ResponseCacheConfig = field(default_factory=ResponseCacheConfig)
     # Circuit breakers per worker and per pool (kvflow.router.breaker): the --breaker* flags.
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    # The Batch API: its store, limits, pace and price (batch/config.py).
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     def __post_init__(self) -> None:
         # The config's ladders and the flags' cache meet here (degrade/config.py).

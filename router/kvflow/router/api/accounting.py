@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.degrade.service import RequestDegradation
@@ -22,7 +23,7 @@ from kvflow.router.limits.service import LevelLease
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage, RequestTrace
 from kvflow.router.tenants.config import Tenant
-from kvflow.router.tenants.money import FREE, PICO_USD_PER_USD, spend_pusd
+from kvflow.router.tenants.money import FREE, PICO_USD_PER_USD, discounted_pusd, spend_pusd
 from kvflow.router.tenants.service import Lease
 from kvflow.router.tenants.store import UsageTotals
 
@@ -55,6 +56,8 @@ class Accounting:
     prior_usage: UsageCounts = field(default_factory=UsageCounts)
     # A cascade's outcome, as its x-kvflow-cascade header says it (both calls' lines).
     cascade: str | None = None
+    # What its price is multiplied by: a Batch API line's discount (batch/config.py).
+    price_factor: Fraction = Fraction(1)
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
     # Choice index -> why it ended, as the client was told (tool_calls included).
@@ -95,12 +98,13 @@ class Accounting:
     def spend_pusd(self, usage: UsageCounts) -> int:
         """What this request costs at its served model's prices (pico-USD)."""
         prices = self.gateway.settings.config.prices.get(self.served_model, FREE)
-        return spend_pusd(
+        full = spend_pusd(
             prices,
             prompt_tokens=usage.prompt_tokens,
             cached_tokens=usage.cached_tokens,
             completion_tokens=usage.completion_tokens,
         )
+        return discounted_pusd(full, self.price_factor)
 
     async def finish(self) -> None:
         if self._is_finished:

@@ -25,6 +25,8 @@ from kvflow.router.api.http import (
 )
 from kvflow.router.api.openapi import build_openapi
 from kvflow.router.api.response_cache import purge as purge_answers
+from kvflow.router.batch.routes import ENDPOINT_PATHS
+from kvflow.router.batch.service import install_batches
 from kvflow.router.protocol.errors import ApiError
 
 log = logging.getLogger("kvflow.router.api")
@@ -40,6 +42,7 @@ _ENDPOINTS = frozenset(
         "/ready",
         "/metrics",
         "/openapi.json",
+        *ENDPOINT_PATHS,
     }
 )
 
@@ -60,9 +63,13 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        if batches is not None:
+            batches.start()
         try:
             yield
         finally:
+            if batches is not None:
+                await batches.stop()
             await gateway.stop()
 
     # /openapi.json is served below, per caller: FastAPI's own route would list every model.
@@ -113,6 +120,8 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle_completion(request, is_chat=False)
+
+    batches = install_batches(app, gateway)  # /v1/files, /v1/batches (batch/)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:

@@ -29,13 +29,19 @@ from kvflow.router.protocol.requests import (
 from kvflow.router.protocol.responses import ChoiceDelta
 from kvflow.router.serving.job import TenantContext
 from kvflow.router.serving.types import ChoiceUsage
+from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.prompt_cache import tenant_for_request
 from kvflow.router.tools.extract import extractor_factory, with_tool_calls
 
 
-async def handle_completion(request: Request, *, is_chat: bool) -> Response:
+async def handle_completion(
+    request: Request, *, is_chat: bool, tenant: Tenant | None = None
+) -> Response:
+    """``tenant``: the caller already known (a batch's line, batch/runner.py), else from
+    the request's API key."""
     gw: Gateway = request.app.state.gateway
-    tenant = gw.authenticate(request.headers)
+    if tenant is None:
+        tenant = gw.authenticate(request.headers)
     body = await read_json_body(request, gw.settings.config.max_body_bytes)
     limits = gw.settings.request_limits
     parsed: ChatRequest | CompletionRequest = (

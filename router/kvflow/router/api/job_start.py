@@ -30,6 +30,7 @@ from kvflow.router.api.backend import PoolBackend
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import SERVED_MODEL_STATE, SERVED_POOL_STATE
 from kvflow.router.api.response_cache import look_up as look_up_answer
+from kvflow.router.batch.scope import BATCH_SCOPE_KEY
 from kvflow.router.caches.service import OFF, CacheTicket
 from kvflow.router.degrade.service import RequestDegradation
 from kvflow.router.limits.client_ip import client_address
@@ -167,6 +168,8 @@ async def start_job(
     accounting = _accounting(gw, job, lease, on_finish=in_flight.close, level_lease=level_lease)
     accounting.degradation = degradation
     accounting.is_replayed = cached.is_hit
+    if request.scope.get(BATCH_SCOPE_KEY):  # a Batch API line: at the batch price
+        accounting.price_factor = gw.settings.batch.price_factor
     return StartedJob(job, backend, accounting, cached)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvflow.router.api.openapi_batch import batch_paths, batch_schemas
 from kvflow.router.api.openapi_requests import chat_request, completion_request, integer
 from kvflow.router.protocol.limits import DEFAULT_LIMITS, RequestLimits
 
@@ -250,6 +251,7 @@ def build_openapi(
                 }
             },
             "/metrics": _get("Metrics", text),
+            **batch_paths(),  # /v1/files, /v1/batches
         },
         "components": {
             "schemas": {
@@ -258,6 +260,7 @@ def build_openapi(
                 "CompletionRequest": completion_request(served_models, vocab_size, limits),
                 "ChatCompletionResponse": _completion("chat.completion", _CHAT_CHOICE),
                 "CompletionResponse": _completion("text_completion", _TEXT_CHOICE),
+                **batch_schemas(),
             }
         },
     }

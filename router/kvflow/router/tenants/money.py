@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 PICO_USD_PER_USD = 10**12
@@ -51,6 +52,12 @@ def spend_pusd(
         + cached * prices.cached_input_pusd
         + completion_tokens * prices.output_pusd
     )
+
+
+def discounted_pusd(pusd: int, factor: Fraction) -> int:
+    """A spend times a price factor (a batch's discount), rounded down to a whole
+    pico-dollar: exact, as the factor is a fraction and not a float."""
+    return int(pusd * factor)
 
 
 def usd_to_pusd(value: object, where: str, error: type[ValueError]) -> int:

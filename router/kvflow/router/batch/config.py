@@ -1,0 +1,81 @@
+"""The Batch API's settings and flags (docs/router.md, "Batch API")."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+
+from kvflow.router.cli_args import positive_int, seconds
+
+DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_LINES = 50_000
+DEFAULT_MAX_IN_FLIGHT = 4
+DEFAULT_WINDOW_S = 24 * 3600.0
+DEFAULT_PRICE_FACTOR = Fraction(1, 2)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    # Where files and batches live without Redis (with it, in Redis); neither: API off.
+    batch_dir: Path | None = None
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # an upload past it is a 413
+    max_lines: int = DEFAULT_MAX_LINES  # requests per batch; more fails it at validation
+    # Batch lines this router runs at once, over all batches and tenants.
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    # How long "24h" lasts: shorter in tests and drills, never on the wire.
+    completion_window_s: float = DEFAULT_WINDOW_S
+    # A batch line's spend is its price times this (0.5: half price).
+    price_factor: Fraction = DEFAULT_PRICE_FACTOR
+    poll_interval_s: float = 0.5  # how often the runner looks for work and capacity
+    # After admission refused a line (429/503), the runner waits this, doubling to 30 s.
+    busy_backoff_s: float = 1.0
+
+
+def _factor(text: str) -> Fraction:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value.is_finite() or not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return Fraction(value)
+
+
+def add_batch_flags(p: argparse.ArgumentParser) -> None:
+    d = BatchConfig()
+    g = p.add_argument_group('Batch API (docs/router.md, "Batch API")')
+    g.add_argument("--batch-dir", metavar="DIR",
+                   help="keep batch files and batches here (a volume) when there is no "
+                   "--redis-url; with neither the Batch API is off")  # fmt: skip
+    g.add_argument(
+        "--batch-max-file-bytes",
+        type=positive_int,
+        default=d.max_file_bytes,
+        metavar="BYTES",
+        help="largest upload; larger is a 413 (default: %(default)s)",
+    )
+    g.add_argument("--batch-max-lines", type=positive_int, default=d.max_lines, metavar="N",
+                   help="most requests in one batch (default: %(default)s)")  # fmt: skip
+    g.add_argument("--batch-max-in-flight", type=positive_int, default=d.max_in_flight,
+                   metavar="N", help="batch requests this router runs at once, in spare "
+                   "capacity only (default: %(default)s)")  # fmt: skip
+    g.add_argument("--batch-completion-window-s", type=seconds(allow_zero=False),
+                   default=d.completion_window_s, metavar="S",
+                   help='how long a "24h" window lasts (default: %(default)s)')  # fmt: skip
+    g.add_argument("--batch-price-factor", type=_factor, default=d.price_factor,
+                   metavar="F", help="batch requests cost their price times this, "
+                   "0 to 1 (default: 0.5)")  # fmt: skip
+
+
+def batch_config(args: argparse.Namespace) -> BatchConfig:
+    return BatchConfig(
+        batch_dir=Path(args.batch_dir) if args.batch_dir else None,
+        max_file_bytes=args.batch_max_file_bytes,
+        max_lines=args.batch_max_lines,
+        max_in_flight=args.batch_max_in_flight,
+        completion_window_s=args.batch_completion_window_s,
+        price_factor=args.batch_price_factor,
+    )

@@ -1,0 +1,328 @@
+"""Runs batches' lines in spare capacity, each as a request of the batch's tenant at the
+``batch`` priority class, through the gateway's own completion path (quotas, routing,
+admission, accounting and pricing all apply).
+
+At most ``max_in_flight`` lines run at once in this router. Before starting one the runner
+looks at the pool's last reported queues: while any worker has requests waiting, online
+traffic is using the capacity and the runner waits. A line refused by admission or a quota
+(429/503) is put back and the runner backs off, doubling to 30 s. Each finished line's
+result is stored at once (batch/store.py), so a restarted router resumes a batch without
+running its done lines again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import secrets
+import time
+from dataclasses import replace
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+
+from kvflow.proto.priority_class import HEADER as PRIORITY_CLASS_HEADER
+from kvflow.proto.priority_class import PriorityClass
+from kvflow.router.api.completions import handle_completion
+from kvflow.router.api.gateway import Gateway
+from kvflow.router.api.respond import CLIENT_GONE
+from kvflow.router.batch.config import BatchConfig
+from kvflow.router.batch.jsonl import BatchLine, dump_lines, parse_input, result_line, unrun_line
+from kvflow.router.batch.pacing import has_spare_capacity
+from kvflow.router.batch.records import OUTPUT_PURPOSE, BatchRecord, FileRecord, Status
+from kvflow.router.batch.scope import BATCH_SCOPE_KEY
+from kvflow.router.batch.store import BatchStore
+from kvflow.router.protocol.errors import ApiError
+from kvflow.router.tenants.config import ANONYMOUS, Tenant
+
+log = logging.getLogger("kvflow.router.batch")
+
+MAX_BACKOFF_S = 30.0
+LEASE_S = 30.0  # a batch's lease in a shared store; renewed on every pass
+_RETRY = object()  # a line refused for now (429/503): put back, not a result
+
+
+class _Running:
+    """One batch's lines as this router knows them."""
+
+    def __init__(self, lines: tuple[BatchLine, ...], done: set[int]) -> None:
+        self.lines = lines
+        self.pending = collections.deque(ln.index for ln in lines if ln.index not in done)
+        self.in_flight: dict[int, asyncio.Task[None]] = {}
+
+
+class BatchRunner:
+    def __init__(
+        self, app: FastAPI, gateway: Gateway, store: BatchStore, config: BatchConfig
+    ) -> None:
+        self._app = app
+        self._gw = gateway
+        self._store = store
+        self._config = config
+        self._owner = secrets.token_hex(8)
+        self._running: dict[str, _Running] = {}
+        self._hold_until = 0.0  # monotonic: no new line before
+        self._backoff_s = config.busy_backoff_s
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="batch-runner")
+
+    async def stop(self) -> None:
+        """Lines in flight are abandoned, not stored: a restarted router runs them again."""
+        self._stopping.set()
+        tasks = [t for r in self._running.values() for t in r.in_flight.values()]
+        if self._loop_task is not None:
+            tasks.append(self._loop_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def num_in_flight(self) -> int:
+        return sum(len(r.in_flight) for r in self._running.values())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a store outage: try again next pass
+                log.exception("batch runner pass failed")
+            await asyncio.sleep(self._config.poll_interval_s)
+
+    async def step(self) -> None:
+        """One pass over the active batches, oldest first."""
+        for batch_id in await self._store.active_batch_ids():
+            try:
+                record = await self._store.get_batch(batch_id)
+                if record is None or record.status.is_terminal:
+                    continue
+                if not await self._store.claim(batch_id, self._owner, LEASE_S):
+                    continue  # another replica runs it
+                await self._advance(record)
+            except Exception:  # one bad batch must not stop the others
+                log.exception("batch %s: this pass failed; trying again next pass", batch_id)
+
+    async def _advance(self, record: BatchRecord) -> None:
+        now_s = int(time.time())
+        cancel_at = await self._store.cancel_requested(record.id)
+        if record.status in (Status.VALIDATING, Status.IN_PROGRESS) and cancel_at is not None:
+            record = await self._put(record.moved(Status.CANCELLING, cancel_at))
+        if record.status == Status.VALIDATING:
+            await self._validate(record, now_s)
+        elif record.status == Status.IN_PROGRESS:
+            await self._progress(record, now_s)
+        elif record.status == Status.CANCELLING:
+            running = self._running.get(record.id)
+            if running is None or not running.in_flight:  # the lines in flight end first
+                await self._finalize(record, Status.CANCELLED, now_s)
+        elif record.status == Status.FINALIZING:
+            await self._finalize(record, None, now_s)
+
+    async def _put(self, record: BatchRecord) -> BatchRecord:
+        await self._store.put_batch(record)
+        return record
+
+    async def _validate(self, record: BatchRecord, now_s: int) -> None:
+        content = await self._store.get_content(record.input_file_id)
+        if content is None:
+            problem = {
+                "code": "file_not_found",
+                "param": "input_file_id",
+                "line": None,
+                "message": f"The input file {record.input_file_id} was deleted.",
+            }
+            await self._put(record.moved(Status.FAILED, now_s, errors=(problem,)))
+            return
+        parsed = parse_input(content, record.endpoint, self._config.max_lines)
+        if parsed.errors:
+            await self._put(record.moved(Status.FAILED, now_s, errors=parsed.errors))
+            return
+        self._running[record.id] = _Running(parsed.lines, set())
+        await self._put(record.moved(Status.IN_PROGRESS, now_s, total=len(parsed.lines)))
+
+    async def _running_of(self, record: BatchRecord) -> _Running:
+        """This batch's lines; after a restart read again, and its stored results skipped."""
+        running = self._running.get(record.id)
+        if running is None:
+            content = await self._store.get_content(record.input_file_id) or b""
+            lines = parse_input(content, record.endpoint, self._config.max_lines).lines
+            done = set(await self._store.results(record.id))
+            running = self._running[record.id] = _Running(lines, done)
+        return running
+
+    async def _progress(self, record: BatchRecord, now_s: int) -> None:
+        running = await self._running_of(record)
+        if now_s >= record.expires_at:
+            for task in running.in_flight.values():
+                task.cancel()  # past its window: what has not ended is expired
+            await asyncio.gather(*running.in_flight.values(), return_exceptions=True)
+            await self._put(record.moved(Status.FINALIZING, now_s))
+            return
+        if not running.pending and not running.in_flight:
+            await self._put(record.moved(Status.FINALIZING, now_s))
+            return
+        while running.pending and self.num_in_flight() < self._config.max_in_flight:
+            if time.monotonic() < self._hold_until or self._is_stopping():
+                return
+            line = running.lines[running.pending[0]]
+            if self._pool_is_busy(record, line):
+                self._hold_until = time.monotonic() + self._config.poll_interval_s
+                return
+            running.pending.popleft()
+            task = asyncio.create_task(self._run_line(record, running, line))
+            running.in_flight[line.index] = task
+
+    def _is_stopping(self) -> bool:
+        """Stopping, or draining: a line started now would only be abandoned."""
+        drain = getattr(self._app.state, "drain", None)
+        return self._stopping.is_set() or (drain is not None and drain.is_draining)
+
+    def _tenant(self, name: str) -> Tenant | None:
+        tenants = self._gw.tenants.current
+        if tenants.is_open:
+            return ANONYMOUS
+        return tenants.tenants.get(name)
+
+    def _pool_is_busy(self, record: BatchRecord, line: BatchLine) -> bool:
+        """Online requests wait in some worker's queue of the line's pool: no spare
+        capacity. A line that cannot be routed is not held: it runs into its error."""
+        tenant = self._tenant(record.tenant)
+        model = line.body.get("model")
+        if tenant is None or not isinstance(model, str):
+            return False
+        try:
+            route = self._gw.route(model, tenant, None)
+        except ApiError:
+            return False
+        found = route.backend.pool.book.queues(route.served_name, time.monotonic())
+        return not has_spare_capacity(q.num_waiting for q in found.queues)
+
+    async def _run_line(self, record: BatchRecord, running: _Running, line: BatchLine) -> None:
+        try:
+            outcome = await self._answer(record, line)
+            if outcome is _RETRY:
+                running.pending.appendleft(line.index)
+                return
+            assert isinstance(outcome, tuple)
+            status, request_id, body = outcome
+            self._backoff_s = self._config.busy_backoff_s
+            entry = result_line(line, request_id, status, body)
+            text = json.dumps(entry, separators=(",", ":"))
+            await self._store.add_result(record.id, line.index, 200 <= status < 300, text)
+        finally:
+            running.in_flight.pop(line.index, None)
+
+    def _back_off(self, retry_after_s: float | None) -> None:
+        wait_s = max(self._backoff_s, retry_after_s or 0.0)
+        self._hold_until = time.monotonic() + wait_s
+        self._backoff_s = min(MAX_BACKOFF_S, self._backoff_s * 2)
+
+    async def _answer(
+        self, record: BatchRecord, line: BatchLine
+    ) -> tuple[int, str, dict[str, Any]] | object:
+        request_id = "batch-" + secrets.token_hex(12)
+        tenant = self._tenant(record.tenant)
+        if tenant is None:
+            message = f"The batch's tenant '{record.tenant}' is no longer configured."
+            return 401, request_id, ApiError(401, message, code="invalid_api_key").body()
+        if line.body.get("stream"):
+            message = "stream is not supported in a batch: each result is one response."
+            return 400, request_id, ApiError(400, message, param="stream").body()
+        request = self._request(record.endpoint, line.body, request_id)
+        try:
+            response = await handle_completion(
+                request, is_chat=record.endpoint == "/v1/chat/completions", tenant=tenant
+            )
+        except ApiError as exc:
+            if exc.status in (429, 503):
+                self._back_off(exc.retry_after_s)
+                return _RETRY
+            return exc.status, request_id, exc.body()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("batch %s line %d failed", record.id, line.index)
+            message = f"The gateway failed on this request (request id {request_id})."
+            return 500, request_id, ApiError(500, message, type="server_error").body()
+        if response.status_code in (429, 503, CLIENT_GONE):  # CLIENT_GONE: the router stops
+            self._back_off(None)
+            return _RETRY
+        return response.status_code, request_id, json.loads(bytes(response.body))
+
+    def _request(self, endpoint: str, body: dict[str, Any], request_id: str) -> Request:
+        """The line as a request that came in through this app: the app's own state, the
+        batch class header, and a client that never leaves until the router stops."""
+        payload = json.dumps(body).encode()
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await self._stopping.wait()
+            return {"type": "http.disconnect"}
+
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (PRIORITY_CLASS_HEADER.encode(), PriorityClass.BATCH.value.encode()),
+        ]
+        scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": endpoint, "raw_path": endpoint.encode(), "root_path": "",
+                 "query_string": b"", "headers": headers, "client": None, "server": None,
+                 "app": self._app, "state": {"request_id": request_id},
+                 BATCH_SCOPE_KEY: True}  # fmt: skip
+        return Request(scope, receive)
+
+    async def _finalize(self, record: BatchRecord, end: Status | None, now_s: int) -> None:
+        """The output and error files (ids fixed by the batch's, so a pass repeated after a
+        restart writes the same ones), then the batch's last status."""
+        running = await self._running_of(record)
+        results = await self._store.results(record.id)
+        outputs: list[dict[str, Any]] = []
+        errors: list[dict[str, Any]] = []
+        for line in running.lines:
+            found = results.get(line.index)
+            if found is not None:
+                (outputs if found[0] else errors).append(json.loads(found[1]))
+            elif end == Status.CANCELLED:
+                errors.append(
+                    unrun_line(
+                        line, "batch_cancelled", "The batch was cancelled before this request ran."
+                    )
+                )
+            else:
+                errors.append(
+                    unrun_line(
+                        line,
+                        "batch_expired",
+                        "This request could not be executed before the completion window expired.",
+                    )
+                )
+        output_id = await self._write(record, "output", outputs, now_s)
+        error_id = await self._write(record, "error", errors, now_s)
+        if end is None:
+            end = Status.COMPLETED if len(results) >= len(running.lines) else Status.EXPIRED
+        final = record.moved(end, now_s)
+        await self._put(replace(final, output_file_id=output_id, error_file_id=error_id))
+        self._running.pop(record.id, None)
+        log.info("batch %s %s: %d ok, %d errors", record.id, end, len(outputs), len(errors))
+
+    async def _write(
+        self, record: BatchRecord, kind: str, entries: list[dict[str, Any]], now_s: int
+    ) -> str | None:
+        if not entries:
+            return None
+        content = dump_lines(entries)
+        file_id = f"file-{record.id}-{kind}"
+        name = f"{record.id}_{kind}.jsonl"
+        file = FileRecord(file_id, record.tenant, name, OUTPUT_PURPOSE, len(content), now_s)
+        await self._store.put_file(file, content)
+        return file_id

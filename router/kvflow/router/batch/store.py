@@ -1,0 +1,250 @@
+"""Where files, batches and each line's result live: Redis (shared by router replicas, the
+tenants' connection) or a directory (a volume, one router). Thin I/O shells; the records
+are batch/records.py's.
+
+Results are keyed by the line's index and written once (HSETNX, or the first line for an
+index in an append-only file), so a line run twice across a restart counts once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+
+from redis.asyncio import Redis
+
+from kvflow.router.batch.records import BatchRecord, Counts, FileRecord
+
+log = logging.getLogger("kvflow.router.batch")
+
+# A line's result: did it succeed (output file) and its line (JSON text).
+Result = tuple[bool, str]
+
+
+class BatchStore(Protocol):
+    async def put_file(self, record: FileRecord, content: bytes) -> None: ...
+    async def get_file(self, file_id: str) -> FileRecord | None: ...
+    async def get_content(self, file_id: str) -> bytes | None: ...
+    async def list_files(self, tenant: str) -> list[FileRecord]: ...
+    async def delete_file(self, file_id: str) -> None: ...
+    async def put_batch(self, record: BatchRecord) -> None: ...
+    async def get_batch(self, batch_id: str) -> BatchRecord | None: ...
+    async def list_batches(self, tenant: str) -> list[BatchRecord]: ...
+    async def active_batch_ids(self) -> list[str]: ...
+    async def request_cancel(self, batch_id: str, at_s: int) -> None: ...
+    async def cancel_requested(self, batch_id: str) -> int | None: ...
+    async def add_result(self, batch_id: str, index: int, ok: bool, line: str) -> None: ...
+    async def results(self, batch_id: str) -> dict[int, Result]: ...
+    async def counts(self, batch_id: str) -> tuple[int, int]: ...  # completed, failed
+    async def claim(self, batch_id: str, owner: str, ttl_s: float) -> bool: ...
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def with_counts(record: BatchRecord, done: tuple[int, int]) -> Counts:
+    return Counts(total=record.total, completed=done[0], failed=done[1])
+
+
+class RedisBatchStore:
+    """Keys under ``kvflow:batch:<scope>:``; per tenant, sets of its file and batch ids."""
+
+    def __init__(self, redis: Redis, scope: str) -> None:
+        self._r = redis
+        self._p = f"kvflow:batch:{scope}:"
+
+    async def put_file(self, record: FileRecord, content: bytes) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.set(self._p + "file:" + record.id, record.dumps())
+            pipe.set(self._p + "content:" + record.id, content)
+            pipe.sadd(self._p + "files:" + record.tenant, record.id)
+            await pipe.execute()
+
+    async def get_file(self, file_id: str) -> FileRecord | None:
+        raw = await self._r.get(self._p + "file:" + file_id)
+        return None if raw is None else FileRecord.loads(raw)
+
+    async def get_content(self, file_id: str) -> bytes | None:
+        raw = await self._r.get(self._p + "content:" + file_id)
+        return raw if raw is None or isinstance(raw, bytes) else raw.encode()
+
+    async def list_files(self, tenant: str) -> list[FileRecord]:
+        ids = await self._r.smembers(self._p + "files:" + tenant)
+        found = [await self.get_file(_text(i)) for i in ids]
+        return [f for f in found if f is not None]
+
+    async def delete_file(self, file_id: str) -> None:
+        record = await self.get_file(file_id)
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.delete(self._p + "file:" + file_id, self._p + "content:" + file_id)
+            if record is not None:
+                pipe.srem(self._p + "files:" + record.tenant, file_id)
+            await pipe.execute()
+
+    async def put_batch(self, record: BatchRecord) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.set(self._p + "batch:" + record.id, record.dumps())
+            pipe.sadd(self._p + "batches:" + record.tenant, record.id)
+            if record.status.is_terminal:
+                pipe.srem(self._p + "active", record.id)
+            else:
+                pipe.sadd(self._p + "active", record.id)
+            await pipe.execute()
+
+    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+        raw = await self._r.get(self._p + "batch:" + batch_id)
+        return None if raw is None else BatchRecord.loads(raw)
+
+    async def list_batches(self, tenant: str) -> list[BatchRecord]:
+        ids = await self._r.smembers(self._p + "batches:" + tenant)
+        found = [await self.get_batch(_text(i)) for i in ids]
+        return [b for b in found if b is not None]
+
+    async def active_batch_ids(self) -> list[str]:
+        return sorted(_text(i) for i in await self._r.smembers(self._p + "active"))
+
+    async def request_cancel(self, batch_id: str, at_s: int) -> None:
+        await self._r.set(self._p + "cancel:" + batch_id, at_s, nx=True)
+
+    async def cancel_requested(self, batch_id: str) -> int | None:
+        raw = await self._r.get(self._p + "cancel:" + batch_id)
+        return None if raw is None else int(raw)
+
+    async def add_result(self, batch_id: str, index: int, ok: bool, line: str) -> None:
+        # First writer wins: the index is in neither hash, then in the one it belongs to.
+        other = self._p + ("err:" if ok else "ok:") + batch_id
+        if not await self._r.hexists(other, index):
+            await self._r.hsetnx(self._p + ("ok:" if ok else "err:") + batch_id, index, line)
+
+    async def results(self, batch_id: str) -> dict[int, Result]:
+        found: dict[int, Result] = {}
+        for ok in (True, False):
+            entries = await self._r.hgetall(self._p + ("ok:" if ok else "err:") + batch_id)
+            for index, line in entries.items():
+                found.setdefault(int(index), (ok, _text(line)))
+        return found
+
+    async def counts(self, batch_id: str) -> tuple[int, int]:
+        ok = await self._r.hlen(self._p + "ok:" + batch_id)
+        err = await self._r.hlen(self._p + "err:" + batch_id)
+        return int(ok), int(err)
+
+    async def claim(self, batch_id: str, owner: str, ttl_s: float) -> bool:
+        """One router replica runs a batch at a time: it holds the batch's lease, renewed
+        while it runs; a replica that dies lets it lapse and another resumes the batch."""
+        key = self._p + "lease:" + batch_id
+        ttl_ms = int(ttl_s * 1000)
+        if await self._r.set(key, owner, nx=True, px=ttl_ms):
+            return True
+        holder = await self._r.get(key)
+        if holder is not None and _text(holder) == owner:
+            await self._r.pexpire(key, ttl_ms)
+            return True
+        return False
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class DirBatchStore:
+    """One router's store on a directory: files/, batches/, results/ (append-only JSONL, a
+    torn last line from a crash is skipped), cancel/."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        for sub in ("files", "batches", "results", "cancel"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        self._lock = asyncio.Lock()  # appends from concurrent lines stay whole
+
+    def _path(self, kind: str, name: str) -> Path:
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"not an id: {name!r}")
+        return self._root / kind / name
+
+    async def put_file(self, record: FileRecord, content: bytes) -> None:
+        await asyncio.to_thread(_write_atomic, self._path("files", record.id + ".data"), content)
+        _write_atomic(self._path("files", record.id + ".json"), record.dumps().encode())
+
+    async def get_file(self, file_id: str) -> FileRecord | None:
+        path = self._path("files", file_id + ".json")
+        return FileRecord.loads(path.read_bytes()) if path.exists() else None
+
+    async def get_content(self, file_id: str) -> bytes | None:
+        path = self._path("files", file_id + ".data")
+        return await asyncio.to_thread(path.read_bytes) if path.exists() else None
+
+    async def list_files(self, tenant: str) -> list[FileRecord]:
+        found = [FileRecord.loads(p.read_bytes()) for p in (self._root / "files").glob("*.json")]
+        return [f for f in found if f.tenant == tenant]
+
+    async def delete_file(self, file_id: str) -> None:
+        self._path("files", file_id + ".json").unlink(missing_ok=True)
+        self._path("files", file_id + ".data").unlink(missing_ok=True)
+
+    async def put_batch(self, record: BatchRecord) -> None:
+        _write_atomic(self._path("batches", record.id + ".json"), record.dumps().encode())
+
+    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+        path = self._path("batches", batch_id + ".json")
+        return BatchRecord.loads(path.read_bytes()) if path.exists() else None
+
+    def _all_batches(self) -> list[BatchRecord]:
+        found = []
+        for path in (self._root / "batches").glob("*.json"):
+            try:
+                found.append(BatchRecord.loads(path.read_bytes()))
+            except (ValueError, TypeError, KeyError):  # one unreadable record hides no other
+                log.error("batch store: %s is not a batch record; skipped", path)
+        return found
+
+    async def list_batches(self, tenant: str) -> list[BatchRecord]:
+        return [b for b in self._all_batches() if b.tenant == tenant]
+
+    async def active_batch_ids(self) -> list[str]:
+        return sorted(b.id for b in self._all_batches() if not b.status.is_terminal)
+
+    async def request_cancel(self, batch_id: str, at_s: int) -> None:
+        path = self._path("cancel", batch_id)
+        if not path.exists():
+            _write_atomic(path, str(at_s).encode())
+
+    async def cancel_requested(self, batch_id: str) -> int | None:
+        path = self._path("cancel", batch_id)
+        return int(path.read_text()) if path.exists() else None
+
+    async def add_result(self, batch_id: str, index: int, ok: bool, line: str) -> None:
+        entry = json.dumps({"i": index, "ok": ok, "line": line}) + "\n"
+        async with self._lock:
+            with self._path("results", batch_id + ".jsonl").open("a") as f:
+                f.write(entry)
+                f.flush()
+                os.fsync(f.fileno())
+
+    async def results(self, batch_id: str) -> dict[int, Result]:
+        path = self._path("results", batch_id + ".jsonl")
+        found: dict[int, Result] = {}
+        if not path.exists():
+            return found
+        for raw in path.read_text().splitlines():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue  # torn by a crash mid-append: that line runs again
+            found.setdefault(int(entry["i"]), (bool(entry["ok"]), str(entry["line"])))
+        return found
+
+    async def counts(self, batch_id: str) -> tuple[int, int]:
+        found = await self.results(batch_id)
+        ok = sum(1 for is_ok, _ in found.values() if is_ok)
+        return ok, len(found) - ok
+
+    async def claim(self, batch_id: str, owner: str, ttl_s: float) -> bool:
+        return True  # one router owns a directory

@@ -22,6 +22,9 @@ from kvflow.proto import worker_pb2 as pb
 from kvflow.router.protocol.errors import invalid_request
 
 ENCODING_FORMATS = ("float", "base64")
+PARAMETERS = ("model", "input", "encoding_format", "dimensions", "user")
+# Token ids and dimensions travel as int32 (worker.proto).
+MAX_INT32 = 2**31 - 1
 
 Input = str | tuple[int, ...]
 
@@ -40,8 +43,12 @@ class EmbeddingRequest:
         return sum(1 if isinstance(x, str) else len(x) for x in self.inputs)
 
 
-def _is_token(x: object) -> bool:
+def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_token(x: object) -> bool:
+    return _is_int(x) and 0 <= x <= MAX_INT32  # type: ignore[operator]
 
 
 def _inputs(raw: object) -> tuple[Input, ...]:
@@ -51,7 +58,7 @@ def _inputs(raw: object) -> tuple[Input, ...]:
     )
     if isinstance(raw, str):
         items: list[object] = [raw]
-    elif isinstance(raw, list) and raw and all(_is_token(x) for x in raw):
+    elif isinstance(raw, list) and raw and all(_is_int(x) for x in raw):
         items = [raw]  # one token array
     elif isinstance(raw, list):
         items = raw
@@ -65,9 +72,13 @@ def _inputs(raw: object) -> tuple[Input, ...]:
             if not item:
                 raise invalid_request(f"'input'[{i}] is an empty string.", param="input")
             out.append(item)
-        elif isinstance(item, list) and all(_is_token(t) for t in item):
+        elif isinstance(item, list) and all(_is_int(t) for t in item):
             if not item:
                 raise invalid_request(f"'input'[{i}] is an empty token array.", param="input")
+            if not all(_is_token(t) for t in item):
+                raise invalid_request(
+                    f"'input'[{i}] holds a negative or oversized token id.", param="input"
+                )
             out.append(tuple(item))
         else:
             raise invalid_request(f"{shape}; 'input'[{i}] is neither.", param="input")
@@ -78,6 +89,13 @@ def parse_embedding_request(body: object) -> EmbeddingRequest:
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.")
     b: dict[str, Any] = body
+    unknown = sorted(k for k in b if k not in PARAMETERS)
+    if unknown:
+        raise invalid_request(
+            f"Unrecognized request argument supplied: {unknown[0]}. /v1/embeddings takes "
+            f"{', '.join(PARAMETERS)}.",
+            param=unknown[0],
+        )
     model = b.get("model")
     if not isinstance(model, str) or not model:
         raise invalid_request("'model' is required: the embedding model's name.", param="model")

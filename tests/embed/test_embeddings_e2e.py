@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import openai
@@ -23,6 +24,8 @@ from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.engine_worker.embed.model import StaticEmbedder
 from kvflow.engine_worker.embed.model_files import embedding_model_files
+from kvflow.proto import worker_pb2 as pb
+from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.router.tenants.config import hash_api_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -33,7 +36,7 @@ MAX_INPUTS = 8
 MAX_INPUT_TOKENS = 64
 TENANTS = {
     "bob": {},
-    "alice": {"daily_token_budget": 30},
+    "alice": {"tokens_per_minute": 30},
     "carol": {"models": [GENERATE]},
 }
 # 1 USD per input token: spend_pusd is exactly tokens x 10**12.
@@ -203,18 +206,21 @@ def test_each_pool_refuses_the_others_endpoint_by_name(gateway: GatewayProcess) 
 
 
 def test_usage_spend_quota_log_and_metrics(gateway: GatewayProcess, model: StaticEmbedder) -> None:
-    text = "one two three four five six seven eight nine ten"
+    text = "one two three four five six seven"
     num_tokens = len(model.tokenize([text])[0])
+    # The last request passes the check before embedding (its floor, one token, fits) and
+    # is refused when its exact tokens are admitted.
+    assert 30 % num_tokens > 0
     client = _client(gateway, "alice")
     before = httpx.get(f"{gateway.base_url}/usage", headers=_auth("alice"), timeout=10).json()
     served = 0
     with pytest.raises(openai.RateLimitError) as refused:
-        for _ in range(10):  # a 30-token daily budget lasts a few requests
+        for _ in range(10):  # 30 tokens per minute last a few requests
             client.embeddings.create(model=EMBED, input=text)
             served += 1
     assert served == 30 // num_tokens
     assert refused.value.response.headers.get("retry-after") is not None
-    assert "daily token budget" in refused.value.message
+    assert "tokens per minute" in refused.value.message
 
     usage = httpx.get(f"{gateway.base_url}/usage", headers=_auth("alice"), timeout=10).json()
     used = usage["prompt_tokens"] - before["prompt_tokens"]
@@ -238,3 +244,31 @@ def test_the_schema_lists_the_endpoint(gateway: GatewayProcess) -> None:
     request = schema["components"]["schemas"]["EmbeddingRequest"]
     assert EMBED in request["properties"]["model"]["enum"]
     assert request["additionalProperties"] is False
+
+
+def test_workers_announce_their_task_and_refuse_the_other_rpc(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    embedder, generator = workers
+    with grpc.insecure_channel(embedder.address) as channel:
+        stub = pb_grpc.WorkerStub(channel)
+        info = stub.Health(pb.HealthRequest(), timeout=10).info
+        assert (info.model, info.task) == (EMBED, pb.TASK_EMBED)
+        assert list(info.embedding.allowed_dimensions) == [64, 128, 256]
+        assert (info.embedding.max_inputs, info.embedding.max_input_tokens) == (
+            MAX_INPUTS,
+            MAX_INPUT_TOKENS,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            next(iter(stub.Generate(pb.GenerateRequest(prompt_token_ids=[1]), timeout=10)))
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "--task generate" in (refused.value.details() or "")
+    with grpc.insecure_channel(generator.address) as channel:
+        stub = pb_grpc.WorkerStub(channel)
+        assert stub.Health(pb.HealthRequest(), timeout=10).info.task == pb.TASK_UNSPECIFIED
+        request = pb.EmbedRequest(inputs=[pb.EmbedInput(text="hi")])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Embed(request, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert f"({GENERATE})" in (refused.value.details() or "")
+        assert "--task embed" in (refused.value.details() or "")

@@ -72,7 +72,13 @@ def main() -> int:
     batch = texts()
     model = StaticEmbedder.load(embedding_model_files(None))
     arms: dict[str, Any] = {}
-    arms["model"] = timed(lambda: model.embed(model.tokenize(batch), 256), args.repeats)
+    threads = torch.get_num_threads()
+    for n in sorted({threads, 1}, reverse=True):  # the worker runs one (embed/app.py)
+        torch.set_num_threads(n)
+        arms[f"model_{n}_threads"] = timed(
+            lambda: model.embed(model.tokenize(batch), 256), args.repeats
+        )
+    torch.set_num_threads(threads)
     with running_worker(["--task", "embed"]) as worker:
         request = pb.EmbedRequest(inputs=[pb.EmbedInput(text=t) for t in batch])
         with grpc.insecure_channel(worker.address) as channel:
@@ -93,7 +99,7 @@ def main() -> int:
         "benchmark": "embeddings",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
+                    "torch": torch.__version__, "load_average_1m": os.getloadavg()[0]},
         "model": MODEL,
         "batch": {"texts": len(batch), "tokens": tokens, "dimensions": 256},
         "repeats": args.repeats,

@@ -51,7 +51,18 @@ def build_embed_service(settings: WorkerSettings) -> tuple[EmbedService, pb.Work
     return EmbedService(model, limits), info
 
 
+# A static model's batch is a gather and a sum, bound by memory, not compute: one torch
+# thread embeds 64 short texts in 1 ms where two took 16 ms (the second thread's wake-up
+# after each tokenization), and 2048 long ones in 23 ms against 44 ms (2-core VM;
+# docs/benchmarks.md, "Embeddings").
+EMBED_TORCH_THREADS = 1
+
+
 async def serve_embed(settings: WorkerSettings) -> None:
+    import torch
+
+    if not settings.device.startswith("cuda"):
+        torch.set_num_threads(EMBED_TORCH_THREADS)
     service, info = build_embed_service(settings)
     from prometheus_client import CollectorRegistry
 

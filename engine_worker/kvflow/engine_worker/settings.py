@@ -390,6 +390,8 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         PeerAllowList.parse(a.kv_peer_allow)
     except ValueError as exc:
         p.error(str(exc))
+    if a.task == "embed" and (a.simulate or a.tensor_parallel_size > 1 or a.role != Role.COLOCATED):
+        p.error("--task embed runs no engine: drop --simulate, --tensor-parallel-size and --role")
     if a.max_embedding_inputs < 1 or a.max_embedding_input_tokens < 1:
         p.error("--max-embedding-inputs and --max-embedding-input-tokens must be at least 1")
     if a.grammar_cache_mib < 1:

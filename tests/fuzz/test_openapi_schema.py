@@ -78,10 +78,10 @@ def test_the_minimal_body_is_valid_and_an_unknown_field_is_not(kind: str) -> Non
 def test_the_document_lists_every_route() -> None:
     assert sorted(SCHEMA["paths"]) == ["/health", "/metrics", "/ready", "/v1/batches",
                                        "/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel",
-                                       "/v1/chat/completions", "/v1/completions", "/v1/files",
-                                       "/v1/files/{file_id}", "/v1/files/{file_id}/content",
-                                       "/v1/models", "/v1/models/{model}",
-                                       "/v1/usage"]  # fmt: skip
-    for path in ("/v1/chat/completions", "/v1/completions"):
+                                       "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                                       "/v1/files", "/v1/files/{file_id}",
+                                       "/v1/files/{file_id}/content", "/v1/models",
+                                       "/v1/models/{model}", "/v1/usage"]  # fmt: skip
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
         responses = SCHEMA["paths"][path]["post"]["responses"]
         assert {"200", "400", "401", "404", "413", "429", "503"} <= set(responses)

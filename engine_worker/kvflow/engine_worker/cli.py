@@ -19,7 +19,10 @@ def main(argv: Sequence[str]) -> int:
         stream=sys.stderr,
     )
     tracing.configure(settings.tracing)
-    from kvflow.engine_worker.app import serve
+    if settings.task == "embed":
+        from kvflow.engine_worker.embed.app import serve_embed as serve
+    else:
+        from kvflow.engine_worker.app import serve
 
     try:
         asyncio.run(serve(settings))

@@ -364,6 +364,16 @@ class WorkerService(pb_grpc.WorkerServicer):
     ) -> pb.CancelKvTransferResponse:
         return pb.CancelKvTransferResponse(found=self.loop.cancel_kv_transfer(request.request_id))
 
+    async def Embed(  # noqa: N802
+        self, request: pb.EmbedRequest, context: Context
+    ) -> pb.EmbedResponse:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"this worker generates ({self.info.model}) and does not embed; send embeddings "
+            "to a worker started with --task embed",
+        )
+        raise AssertionError("unreachable")  # abort raises
+
     async def Abort(  # noqa: N802
         self, request: pb.AbortRequest, context: Context
     ) -> pb.AbortResponse:

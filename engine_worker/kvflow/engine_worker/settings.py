@@ -93,6 +93,11 @@ class WorkerSettings:
     tls: TlsFiles = field(default_factory=TlsFiles)
     # OpenTelemetry spans of traced requests (tracing.py): off unless an endpoint is given.
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    # "generate" (the engine) or "embed" (an embedding model, embed/; docs/engine.md).
+    task: str = "generate"
+    # Embed requests: inputs per request and tokens per input (OpenAI's limits).
+    max_embedding_inputs: int = 2048
+    max_embedding_input_tokens: int = 8192
 
     def resolved_decode_workspace_gib(self) -> float:
         if self.decode_workspace_gib is not None:
@@ -120,7 +125,27 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         description="Serve a Llama-family model over gRPC with kvflow's torch engine.",
     )
     p.add_argument(
-        "--model", help="Hugging Face folder or .gguf file (default: SmolLM2-135M-Instruct)"
+        "--model",
+        help="Hugging Face folder or .gguf file (default: SmolLM2-135M-Instruct); with "
+        "--task embed an embedding model (default and only: wordllama-l2-supercat)",
+    )
+    p.add_argument(
+        "--task",
+        choices=("generate", "embed"),
+        default=d.task,
+        help="generate text (the engine), or embed: serve /v1/embeddings (docs/engine.md)",
+    )
+    p.add_argument(
+        "--max-embedding-inputs",
+        type=int,
+        default=d.max_embedding_inputs,
+        help="--task embed: inputs per request; more is refused (400)",
+    )
+    p.add_argument(
+        "--max-embedding-input-tokens",
+        type=int,
+        default=d.max_embedding_input_tokens,
+        help="--task embed: tokens per input; a longer one is refused (400)",
     )
     p.add_argument("--served-model-name", help="name clients use (default: the model's name)")
     p.add_argument("--host", default=d.host)
@@ -365,6 +390,10 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         PeerAllowList.parse(a.kv_peer_allow)
     except ValueError as exc:
         p.error(str(exc))
+    if a.task == "embed" and (a.simulate or a.tensor_parallel_size > 1 or a.role != Role.COLOCATED):
+        p.error("--task embed runs no engine: drop --simulate, --tensor-parallel-size and --role")
+    if a.max_embedding_inputs < 1 or a.max_embedding_input_tokens < 1:
+        p.error("--max-embedding-inputs and --max-embedding-input-tokens must be at least 1")
     if a.grammar_cache_mib < 1:
         p.error(f"--grammar-cache-mib {a.grammar_cache_mib} must be at least 1")
     tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.tls_ca_file, a.kv_tls, a.kv_tls_server_name)
@@ -419,6 +448,9 @@ def parse_args(argv: Sequence[str]) -> WorkerSettings:
         grammar_cache_mib=a.grammar_cache_mib,
         tls=tls,
         tracing=traces,
+        task=a.task,
+        max_embedding_inputs=a.max_embedding_inputs,
+        max_embedding_input_tokens=a.max_embedding_input_tokens,
     )
     transport = settings.resolved_kv_transport()
     if a.kv_tls == "on" and transport != "tcp":

@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Task(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_UNSPECIFIED: _ClassVar[Task]
+    TASK_GENERATE: _ClassVar[Task]
+    TASK_EMBED: _ClassVar[Task]
+
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLE_UNSPECIFIED: _ClassVar[Role]
@@ -46,6 +52,9 @@ class KvEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KV_EVENT_KIND_STORED: _ClassVar[KvEventKind]
     KV_EVENT_KIND_REMOVED: _ClassVar[KvEventKind]
     KV_EVENT_KIND_CLEARED: _ClassVar[KvEventKind]
+TASK_UNSPECIFIED: Task
+TASK_GENERATE: Task
+TASK_EMBED: Task
 ROLE_UNSPECIFIED: Role
 ROLE_COLOCATED: Role
 ROLE_PREFILL: Role
@@ -311,7 +320,7 @@ class AbortResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("instance_id", "model", "role", "block_size", "hash_seed", "max_model_len", "num_total_blocks", "vocab_size", "eos_token_ids", "kv_transport", "prefix_caching")
+    __slots__ = ("instance_id", "model", "role", "block_size", "hash_seed", "max_model_len", "num_total_blocks", "vocab_size", "eos_token_ids", "kv_transport", "prefix_caching", "task", "embedding")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +332,8 @@ class WorkerInfo(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     model: str
     role: Role
@@ -334,7 +345,67 @@ class WorkerInfo(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_transport: KvTransport
     prefix_caching: bool
-    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., block_size: _Optional[int] = ..., hash_seed: _Optional[bytes] = ..., max_model_len: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_transport: _Optional[_Union[KvTransport, str]] = ..., prefix_caching: _Optional[bool] = ...) -> None: ...
+    task: Task
+    embedding: EmbeddingInfo
+    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., block_size: _Optional[int] = ..., hash_seed: _Optional[bytes] = ..., max_model_len: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_transport: _Optional[_Union[KvTransport, str]] = ..., prefix_caching: _Optional[bool] = ..., task: _Optional[_Union[Task, str]] = ..., embedding: _Optional[_Union[EmbeddingInfo, _Mapping]] = ...) -> None: ...
+
+class EmbeddingInfo(_message.Message):
+    __slots__ = ("dimensions", "allowed_dimensions", "max_inputs", "max_input_tokens")
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    dimensions: int
+    allowed_dimensions: _containers.RepeatedScalarFieldContainer[int]
+    max_inputs: int
+    max_input_tokens: int
+    def __init__(self, dimensions: _Optional[int] = ..., allowed_dimensions: _Optional[_Iterable[int]] = ..., max_inputs: _Optional[int] = ..., max_input_tokens: _Optional[int] = ...) -> None: ...
+
+class EmbedInput(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: TokenIds
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("request_id", "inputs", "dimensions", "context")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
+    dimensions: int
+    context: RequestContext
+    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., dimensions: _Optional[int] = ..., context: _Optional[_Union[RequestContext, _Mapping]] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("values", "num_tokens")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    num_tokens: int
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "prompt_tokens", "queued_s", "compute_s")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    prompt_tokens: int
+    queued_s: float
+    compute_s: float
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ..., compute_s: _Optional[float] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

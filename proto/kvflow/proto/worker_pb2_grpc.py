@@ -69,6 +69,11 @@ class WorkerStub:
                 request_serializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferRequest.SerializeToString,
                 response_deserializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/kvflow.worker.v1.Worker/Embed',
+                request_serializer=kvflow_dot_proto_dot_worker__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=kvflow_dot_proto_dot_worker__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -134,6 +139,17 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeddings (docs/engine.md, "Embedding workers"): a worker started with --task embed
+        answers one vector per input, all inputs of a request in one batch. Unlike Generate it
+        takes text: the tokenizer is part of the embedding model and lives with it. A
+        generating worker answers UNIMPLEMENTED; bad input is INVALID_ARGUMENT (the caller's
+        400); a full queue RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`, as Generate.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +187,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.CancelKvTransfer,
                     request_deserializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferRequest.FromString,
                     response_serializer=kvflow_dot_proto_dot_worker__pb2.CancelKvTransferResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=kvflow_dot_proto_dot_worker__pb2.EmbedRequest.FromString,
+                    response_serializer=kvflow_dot_proto_dot_worker__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -362,6 +383,33 @@ class Worker:
             '/kvflow.worker.v1.Worker/CancelKvTransfer',
             kvflow_dot_proto_dot_worker__pb2.CancelKvTransferRequest.SerializeToString,
             kvflow_dot_proto_dot_worker__pb2.CancelKvTransferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvflow.worker.v1.Worker/Embed',
+            kvflow_dot_proto_dot_worker__pb2.EmbedRequest.SerializeToString,
+            kvflow_dot_proto_dot_worker__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

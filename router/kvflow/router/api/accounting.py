@@ -67,6 +67,8 @@ class Accounting:
     # so its completion tokens are shown to the caller but neither billed nor counted; its
     # prompt tokens are, all of them as cached.
     is_replayed: bool = False
+    # The log line's `endpoint` when not a completion ("embeddings": api/embeddings.py).
+    endpoint: str | None = None
 
     def add(self, item: ChoiceDelta | ChoiceUsage) -> None:
         if isinstance(item, ChoiceDelta):
@@ -159,6 +161,7 @@ class Accounting:
         ttft_ms = "none" if ttft is None else f"{(ttft - trace.arrival_s) * 1e3:.1f}"
         fields = [
             ("request_id", trace.request_id),
+            *([("endpoint", self.endpoint)] if self.endpoint is not None else []),
             # The workers' id, when the caller brought its own (serving/types.py).
             *([("server_id", trace.server_id)] if trace.server_id != trace.request_id else []),
             ("tenant", self.tenant.name),

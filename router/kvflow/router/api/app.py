@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kvflow.router import tracing
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.drain import DrainMiddleware, DrainState
+from kvflow.router.api.embeddings import handle_embeddings
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import (
     RequestIdMiddleware,
@@ -35,6 +36,7 @@ _ENDPOINTS = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/embeddings",
         "/v1/models",
         "/v1/usage",
         "/v1/response_cache/purge",
@@ -122,6 +124,10 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
         return await handle_completion(request, is_chat=False)
 
     batches = install_batches(app, gateway)  # /v1/files, /v1/batches (batch/)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await handle_embeddings(request)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:

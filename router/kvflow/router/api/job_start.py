@@ -44,6 +44,7 @@ from kvflow.router.protocol.requests import (
     constraints_to_compile,
 )
 from kvflow.router.serving.defaults import apply_sampling_defaults
+from kvflow.router.serving.embeddings import refuse_unless_generating
 from kvflow.router.serving.job import CompletionJob, ServedBy, TenantContext
 from kvflow.router.serving.prepare import PreparePool
 from kvflow.router.serving.prompts import PreparedPrompt
@@ -97,6 +98,7 @@ async def start_job(
     setattr(request.state, SERVED_MODEL_STATE, served_name)
     setattr(request.state, SERVED_POOL_STATE, backend.name)
     info = backend.model_info(served_name, label=gw.has_pools)
+    refuse_unless_generating(info, served_name)  # 400: an embedding model's pool
     check_logit_bias(parsed.sampling, info.vocab_size)
     template = backend.text.chat_template
     template_source = template.source if template is not None else None

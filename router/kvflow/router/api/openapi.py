@@ -95,6 +95,80 @@ def _completion(kind: str, choice: Schema) -> Schema:
     }
 
 
+_TOKENS: Schema = {"type": "array", "minItems": 1, "items": integer(0, 2**31 - 1)}
+_EMBEDDING_RESPONSE: Schema = {
+    "type": "object",
+    "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["object", "index", "embedding"],
+                "properties": {
+                    "object": {"const": "embedding"},
+                    "index": integer(0),
+                    # floats, or base64 of little-endian float32 (encoding_format)
+                    "embedding": {"type": ["array", "string"], "items": {"type": "number"}},
+                },
+            },
+        },
+        "model": {"type": "string"},
+        "usage": {
+            "type": "object",
+            "required": ["prompt_tokens", "total_tokens"],
+            "properties": {k: integer(0) for k in ("prompt_tokens", "total_tokens")},
+        },
+    },
+}
+
+
+def _embedding_request(served_models: list[str]) -> Schema:
+    """What protocol/embeddings.py parses; `dimensions` and the number of inputs are the
+    model's (400 past them), as is the length of each input."""
+    text = {"type": "string", "minLength": 1}
+    return {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "enum": served_models}
+            if served_models
+            else {"type": "string"},
+            "input": {
+                "anyOf": [
+                    text,
+                    {"type": "array", "minItems": 1, "items": text},
+                    _TOKENS,
+                    {"type": "array", "minItems": 1, "items": _TOKENS},
+                ]
+            },
+            "encoding_format": {"enum": ["float", "base64", None]},
+            "dimensions": {"anyOf": [integer(1, 2**31 - 1), {"type": "null"}]},
+            "user": {"type": ["string", "null"]},
+        },
+        "additionalProperties": False,
+    }
+
+
+def _embeddings() -> Schema:
+    return {
+        "post": {
+            "operationId": "Embedding",
+            "summary": "Embeddings of texts or token arrays",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": _REF + "EmbeddingRequest"}}},
+            },
+            "responses": {
+                "200": _json({"$ref": _REF + "EmbeddingResponse"}, "One vector per input"),
+                **_errors("400", "401", "403", "404", "413", "429", "502", "503"),
+            },
+        }
+    }
+
+
 _SSE_EVENT: Schema = {
     "type": "object",
     "required": ["data"],
@@ -229,6 +303,7 @@ def build_openapi(
                 "ChatCompletion", "Chat completion", "ChatCompletionResponse"
             ),
             "/v1/completions": _generation("Completion", "Text completion", "CompletionResponse"),
+            "/v1/embeddings": _embeddings(),
             "/v1/models": _get("ListModels", _json(model_list, "Served models"), "401"),
             "/v1/models/{model}": _get(
                 "GetModel",
@@ -261,6 +336,8 @@ def build_openapi(
                 "ChatCompletionResponse": _completion("chat.completion", _CHAT_CHOICE),
                 "CompletionResponse": _completion("text_completion", _TEXT_CHOICE),
                 **batch_schemas(),
+                "EmbeddingRequest": _embedding_request(served_models),
+                "EmbeddingResponse": _EMBEDDING_RESPONSE,
             }
         },
     }

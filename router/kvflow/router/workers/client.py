@@ -144,6 +144,16 @@ class WorkerClient:
             raise from_grpc_error(self.address, exc) from exc
         return response.found
 
+    async def embed(self, request: pb.EmbedRequest, timeout_s: float) -> pb.EmbedResponse:
+        """One Embed call (an embedding worker: serving/embeddings.py). Raises WorkerError."""
+        try:
+            response: pb.EmbedResponse = await self._stub.Embed(
+                request, timeout=timeout_s, metadata=self._metadata + tracing.grpc_metadata()
+            )
+        except GRPC_CALL_ERRORS as exc:
+            raise from_grpc_error(self.address, exc) from exc
+        return response
+
     async def close(self) -> None:
         await self._channel.close(grace=None)
 

@@ -213,6 +213,11 @@ class WorkerPool:
                 return w.info
         return None
 
+    def info_of(self, worker_id: WorkerId) -> pb.WorkerInfo | None:
+        """A worker's facts from its last Health (its task, an embedder's dimensions)."""
+        worker = self._workers.get(worker_id)
+        return None if worker is None else worker.info
+
     def known_models(self) -> set[str]:
         return {w.info.model for w in self._workers.values() if w.info is not None}
 

@@ -1,0 +1,121 @@
+"""`kvflow worker --task embed`: load an embedding model and serve Embed until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+import uuid
+
+import grpc
+
+from kvflow.engine_worker.app import PortTakenError, _binding
+from kvflow.engine_worker.auth import TOKEN_ENV, TokenInterceptor, token_from_env
+from kvflow.engine_worker.embed.model import StaticEmbedder
+from kvflow.engine_worker.embed.model_files import embedding_model_files
+from kvflow.engine_worker.embed.server import EmbedWorkerService
+from kvflow.engine_worker.embed.service import EmbedLimits, EmbedMetrics, EmbedService
+from kvflow.engine_worker.http_server import start_http_server
+from kvflow.engine_worker.settings import WorkerSettings
+from kvflow.proto import worker_pb2 as pb
+from kvflow.proto import worker_pb2_grpc as pb_grpc
+
+log = logging.getLogger("kvflow.worker")
+
+__all__ = ["PortTakenError", "build_embed_service", "serve_embed"]
+
+
+def build_embed_service(settings: WorkerSettings) -> tuple[EmbedService, pb.WorkerInfo]:
+    """Load the model and describe it for routers (its task, dimensions and limits)."""
+    model = StaticEmbedder.load(embedding_model_files(settings.model), settings.device)
+    limits = EmbedLimits(
+        max_inputs=settings.max_embedding_inputs,
+        max_input_tokens=settings.max_embedding_input_tokens,
+        max_waiting_requests=settings.max_waiting_requests or EmbedLimits().max_waiting_requests,
+    )
+    info = pb.WorkerInfo(
+        instance_id=uuid.uuid4().hex,
+        model=settings.served_model_name or model.name,
+        role=pb.ROLE_COLOCATED,
+        vocab_size=model.vocab_size,
+        max_model_len=limits.max_input_tokens,
+        task=pb.TASK_EMBED,
+        embedding=pb.EmbeddingInfo(
+            dimensions=model.dimensions,
+            allowed_dimensions=list(model.allowed_dimensions),
+            max_inputs=limits.max_inputs,
+            max_input_tokens=limits.max_input_tokens,
+        ),
+    )
+    return EmbedService(model, limits), info
+
+
+# A static model's batch is a gather and a sum, bound by memory, not compute: one torch
+# thread embeds 64 short texts in 1 ms where two took 16 ms (the second thread's wake-up
+# after each tokenization), and 2048 long ones in 23 ms against 44 ms (2-core VM;
+# docs/benchmarks.md, "Embeddings").
+EMBED_TORCH_THREADS = 1
+
+
+async def serve_embed(settings: WorkerSettings) -> None:
+    import torch
+
+    if not settings.device.startswith("cuda"):
+        torch.set_num_threads(EMBED_TORCH_THREADS)
+    service, info = build_embed_service(settings)
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    service.metrics = EmbedMetrics(registry)
+    grpc_service = EmbedWorkerService(service, info)
+    token = token_from_env()
+    server = grpc.aio.server(
+        interceptors=[TokenInterceptor(token)] if token else [],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    if token is None:
+        log.warning("worker gRPC is open to any caller: set %s to require a token", TOKEN_ENV)
+    pb_grpc.add_WorkerServicer_to_server(grpc_service, server)
+    address = f"{settings.host}:{settings.port}"
+    if settings.tls.is_on:
+        credentials = settings.tls.server_credentials()
+        port = _binding(
+            "gRPC", "--port", settings.port, lambda: server.add_secure_port(address, credentials)
+        )
+    else:
+        port = _binding("gRPC", "--port", settings.port, lambda: server.add_insecure_port(address))
+    http = _binding(
+        "metrics",
+        "--metrics-port",
+        settings.metrics_port,
+        lambda: start_http_server(
+            settings.host,
+            settings.metrics_port,
+            registry,
+            is_ready=lambda: not grpc_service.is_draining,
+        ),
+    )
+    await server.start()
+    metrics_port = http.server_address[1]
+    dims = info.embedding
+    log.info(
+        "serving embeddings of %s (%d dimensions, also %s): gRPC %s:%d, HTTP %s:%d",
+        info.model, dims.dimensions, list(dims.allowed_dimensions),
+        settings.host, port, settings.host, metrics_port,
+    )  # fmt: skip
+    # The same machine-readable line as a generating worker (no KV port: kv_port=0).
+    print(f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port} kv_port=0", flush=True)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    grpc_service.is_draining = True
+    deadline = time.monotonic() + settings.drain_timeout_s
+    while service.num_in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await server.stop(grace=1.0)
+    http.shutdown()
+    service.close()
+    log.info("stopped")

@@ -259,7 +259,7 @@ def test_a_receiver_serves_several_transfers_on_one_connection() -> None:
             error, stats = transfer(sender, receiver, src, dst)
             assert error is None and isinstance(stats, SendStats)
             assert torch.equal(dst[1][DST_IDS], src[1][SRC_IDS])
-        kept = sender.transport._kept  # type: ignore[attr-defined]
+        kept = sender.transport._sender._kept  # type: ignore[attr-defined]
         assert [len(v) for v in kept.values()] == [1]  # one connection, reused
     finally:
         sender.close()

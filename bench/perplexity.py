@@ -43,7 +43,7 @@ TEXT = ROOT / "bench" / "data" / "python-3.11-execmodel.txt"
 GIB = 1024**3
 
 from kvflow.engine_worker.app import build_worker  # noqa: E402
-from kvflow.engine_worker.model.attention import AttentionMetadata  # noqa: E402
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata  # noqa: E402
 from kvflow.engine_worker.model.default_model import default_model_path  # noqa: E402
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402

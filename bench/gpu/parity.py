@@ -34,7 +34,7 @@ from gpu.models import (
 )
 from gpu.plan import SHAPES, Plan
 from gpu.record import Deadline, Recorder, log
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 
 # Our token may lie this far below transformers' best logit, in units of the spread (std)
 # of the reference logits. float32: rounding only (about 1e-6 of the spread seen on the

@@ -35,7 +35,7 @@ from gpu.models import (
 )
 from gpu.plan import SHAPES, Plan
 from gpu.record import Deadline, Recorder, log
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.sim.hardware import H200_SXM, ModelShape
 
 

@@ -24,7 +24,7 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 LAYERS, HEADS, POOL, BS, DIM = 3, 2, 40, 4, 8  # runs (blocks) of 256 bytes, 12 runs a layer

@@ -42,7 +42,7 @@ import json, sys, torch
 from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 name, token = sys.argv[1], (sys.argv[2] or None)

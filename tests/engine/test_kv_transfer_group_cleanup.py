@@ -32,7 +32,7 @@ from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.group_auth import HandshakeRefusedError, prove_peer
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
 from kvflow.engine_worker.kv_transfer.torch_dist_groups import make_group
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ import json, sys, torch
 from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 shape = kv_cache_shape(num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)

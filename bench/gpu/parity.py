@@ -32,8 +32,9 @@ from gpu.models import (
     real_smollm2_available,
     run_engine,
 )
-from gpu.plan import SHAPES, Plan
+from gpu.plan import Plan
 from gpu.record import Deadline, Recorder, log
+from gpu.shapes import SHAPES
 from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 
 # Our token may lie this far below transformers' best logit, in units of the spread (std)

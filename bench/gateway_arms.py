@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from gateway_http import HttpClient
+from gateway_http import HttpClient, wait_ready
 from gateway_load import Sender, closed_loop, open_loop, paired_run
 from gateway_procs import MODEL, GatewayArm, start_gateway_arm
 
@@ -177,16 +177,5 @@ def run_gateway_arm(
         arm.stop()
 
 
-def wait_gateway(url: str, num_workers: int, timeout_s: float = 60) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
-                if json.load(r)["workers_healthy"] >= num_workers:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("gateway not ready")
+def wait_gateway(url: str, num_workers: int) -> None:
+    wait_ready(url, num_workers, timeout_s=60, poll_s=0.2)

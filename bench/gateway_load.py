@@ -38,6 +38,28 @@ class LoadResult:
     is_valid: bool
 
 
+async def poisson_arrivals(
+    rng: random.Random,
+    rate: float,
+    duration_s: float,
+    start: Callable[[float], Awaitable[None]],
+) -> float:
+    """Start ``start(scheduled)`` at Poisson arrivals of ``rate`` per second for
+    ``duration_s``, each in a task of its own, and wait for them all; the seconds from the
+    first schedule to the last one's end."""
+    tasks: list[asyncio.Task[None]] = []
+    begin = time.perf_counter()
+    at = begin
+    while at - begin < duration_s:
+        at += rng.expovariate(rate)
+        sleep_s = at - time.perf_counter()
+        if sleep_s > 0:
+            await asyncio.sleep(sleep_s)
+        tasks.append(asyncio.create_task(start(at)))
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - begin
+
+
 async def open_loop(
     arm: str, send: Callable[[], Awaitable[None]], rate: float, duration_s: float, seed: int
 ) -> LoadResult:
@@ -47,7 +69,6 @@ async def open_loop(
     latencies: list[float] = []
     delays: list[float] = []
     errors = 0
-    tasks: list[asyncio.Task[None]] = []
 
     async def one(scheduled: float) -> None:
         nonlocal errors
@@ -59,16 +80,7 @@ async def open_loop(
             return
         latencies.append(time.perf_counter() - scheduled)
 
-    begin = time.perf_counter()
-    at = begin
-    while at - begin < duration_s:
-        at += rng.expovariate(rate)
-        sleep_s = at - time.perf_counter()
-        if sleep_s > 0:
-            await asyncio.sleep(sleep_s)
-        tasks.append(asyncio.create_task(one(at)))
-    await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - begin
+    elapsed = await poisson_arrivals(rng, rate, duration_s, one)
     achieved = len(latencies) / elapsed
     delay = summary_ms(delays)
     # Invalid when the generator could not keep its schedule or the target was not met.
@@ -130,16 +142,7 @@ async def paired_run(
         gateway_s.append(g)
         loaded.append(g - d)
 
-    tasks: list[asyncio.Task[None]] = []
-    begin = time.perf_counter()
-    at = begin
-    while at - begin < duration_s:
-        at += rng.expovariate(rate)
-        sleep_s = at - time.perf_counter()
-        if sleep_s > 0:
-            await asyncio.sleep(sleep_s)
-        tasks.append(asyncio.create_task(pair()))
-    await asyncio.gather(*tasks)
+    await poisson_arrivals(rng, rate, duration_s, lambda _scheduled: pair())
     return {
         "idle_added": summary_ms(idle),
         "loaded_rate_per_s": rate,

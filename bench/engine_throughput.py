@@ -53,8 +53,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from arm_thread import in_thread  # noqa: E402
 from hf_arms import run_hf_cb, run_hf_serial, run_hf_static  # noqa: E402
-from kvflow_arms import WarmEngine, in_thread, new_engine, run_kvflow  # noqa: E402
+from kvflow_arms import WarmEngine, new_engine, run_kvflow  # noqa: E402
 from prefix_ttft import ttft_prefix_caching  # noqa: E402
 from throughput_report import BASES, print_table  # noqa: E402
 from throughput_stats import (  # noqa: E402

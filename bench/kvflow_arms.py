@@ -1,10 +1,9 @@
 """The kvflow arms of bench/engine_throughput.py: an engine over loaded weights, a workload
-run through it to the last token, the warm engine that serves every run, and the thread an
-arm runs in (the transformers arms: hf_arms.py)."""
+run through it to the last token, and the warm engine that serves every run (the
+transformers arms: hf_arms.py; the thread each runs in: arm_thread.py)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,24 +54,3 @@ class WarmEngine:
             run_kvflow(self._engine, self._primer)
         assert self._engine.kv_cache.pool.reset_prefix_cache(), "blocks still held"
         return run_kvflow(self._engine, w)
-
-
-def in_thread(fn: Callable[[], tuple[float, int]]) -> tuple[float, int]:
-    """Run an arm in a thread of its own, as the worker steps its engine (engine_loop) and
-    transformers' manager runs its loop: under load, torch in the main thread spins on
-    OpenMP barriers (tiny's engine: 10-12 tok/s there, 119-130 in a thread, load 3.5)."""
-    box: dict[str, tuple[float, int]] = {}
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            box["r"] = fn()
-        except BaseException as e:  # re-raised in the caller
-            errors.append(e)
-
-    thread = threading.Thread(target=target, name="arm")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return box["r"]

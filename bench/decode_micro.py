@@ -139,7 +139,7 @@ def graph_inputs() -> None:
     metadata (``AttentionMetadata.build``: slots, a padded block table, a mask). Both on the
     CPU, for the same step of 16-token blocks; on a GPU the eager path also copies each of
     its tensors to the device, and the graphed one makes one asynchronous copy."""
-    from kvflow.engine_worker.model.attention import AttentionMetadata
+    from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
     from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, bucket
 
     block = 16
@@ -214,13 +214,9 @@ def dtypes() -> None:
 
 
 def kv_dtypes() -> None:
-    from kvflow.engine_worker.model.attention import (
-        AttentionMetadata,
-        _gather,
-        kv_cache_shape,
-        paged_attention,
-        write_kv,
-    )
+    from kvflow.engine_worker.model.attention import paged_attention
+    from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
+    from kvflow.engine_worker.model.paged_cache import gather_kv, kv_cache_shape, write_kv
 
     torch.manual_seed(0)
     heads, kv_heads, head_dim, block_size, batch = 9, 3, 64, 16, 64  # SmolLM2's layer
@@ -256,7 +252,7 @@ def kv_dtypes() -> None:
                 [
                     median_ms(lambda c=c: write_kv(c, kv64, slots64), 50),
                     median_ms(lambda c=c: write_kv(c, kv512, slots512), 10),
-                    median_ms(lambda c=c: _gather(c, padded, longest * 16, torch.float32), 5),
+                    median_ms(lambda c=c: gather_kv(c, padded, longest * 16, torch.float32), 5),
                     median_ms(lambda c=c: paged_attention(q, kv64, c, meta, 0.125), 5),
                 ]
             )

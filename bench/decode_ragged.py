@@ -29,13 +29,11 @@ import time
 import torch
 
 from kvflow.engine_worker.model import decode_workspace
-from kvflow.engine_worker.model.attention import (
-    AttentionMetadata,
-    compute_dtype,
-    kv_cache_shape,
-)
+from kvflow.engine_worker.model.attention import compute_dtype
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
 from kvflow.engine_worker.model.loader import load_model
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
 BLOCK_SIZE = 16
 

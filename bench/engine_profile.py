@@ -23,7 +23,7 @@ import torch
 
 from kvflow.engine_worker.core.engine import Engine
 from kvflow.engine_worker.core.sampling_params import SamplingParams
-from kvflow.engine_worker.model import attention, llama
+from kvflow.engine_worker.model import attention, attention_metadata, llama
 
 
 class Timers:
@@ -45,7 +45,8 @@ class Timers:
 def timed_engine(engine: Engine, timers: Timers) -> Iterator[None]:
     runner: Any = engine.runner
     model = runner.model
-    build = attention.AttentionMetadata.build
+    metadata = attention_metadata.AttentionMetadata
+    build = metadata.build
     with ExitStack() as stack:
         patches = [
             mock.patch.object(
@@ -62,14 +63,12 @@ def timed_engine(engine: Engine, timers: Timers) -> Iterator[None]:
             # The layer's four projections (the residual adds ride in two of them).
             mock.patch.object(llama, "_project", timers.wrap("linear", llama._project)),
             mock.patch.object(llama, "_add_projected", timers.wrap("linear", llama._add_projected)),
-            mock.patch.object(
-                attention.AttentionMetadata, "build", staticmethod(timers.wrap("metadata", build))
-            ),
+            mock.patch.object(metadata, "build", staticmethod(timers.wrap("metadata", build))),
             mock.patch.object(
                 llama, "paged_attention", timers.wrap("attention", llama.paged_attention)
             ),
             mock.patch.object(attention, "write_kv", timers.wrap("kv_write", attention.write_kv)),
-            mock.patch.object(attention, "_gather", timers.wrap("gather", attention._gather)),
+            mock.patch.object(attention, "gather_kv", timers.wrap("gather", attention.gather_kv)),
         ]
         for p in patches:
             stack.enter_context(p)

@@ -47,153 +47,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from engine_profile import profile_decode  # noqa: E402
+from roofline_gemm import decode_ops, gemm_ceiling_s, matmul_params, step_weight_bytes  # noqa: E402
+from roofline_report import print_table  # noqa: E402
+from roofline_stream import (  # noqa: E402
+    MIB,
+    STREAM_LLC_MULTIPLE,
+    last_level_cache_bytes,
+    stream_bandwidth,
+)
 
 from kvflow.engine_worker.app import build_worker  # noqa: E402
 from kvflow.engine_worker.core.engine import Engine  # noqa: E402
 from kvflow.engine_worker.core.sampling_params import SamplingParams  # noqa: E402
-from kvflow.engine_worker.model.linear import Linear, head_logits  # noqa: E402
-from kvflow.engine_worker.model.llama import LlamaForCausalLM  # noqa: E402
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-MIB = 1 << 20
-# The read bandwidth's buffer: this many times the last-level cache, so no pass is served
-# from cache (at least 256 MiB, at most 4 GiB).
-STREAM_LLC_MULTIPLE = 4
-
-
-def last_level_cache_bytes() -> int:
-    """The largest cache sysfs reports for CPU 0 (a VM reports what its host tells it);
-    32 MiB when it reports none."""
-    sizes = []
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for index in base.glob("index*"):
-        try:
-            text = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        sizes.append(int(text.rstrip("KMG")) * unit)
-    return max(sizes, default=32 * MIB)
-
-
-def stream_bandwidth(num_bytes: int, passes: int) -> dict[str, Any]:
-    """Bytes per second of three streaming kernels over ``num_bytes`` of float32, on all of
-    torch's threads, each the median and the best of ``passes`` after a warm-up: a sum (read
-    only), a matrix-vector product over the buffer as a 4096-wide matrix (read only, the
-    BLAS kernel batch-1 decode runs, but over no weights of the model) and a copy of half
-    into the other half (read plus written). ``bandwidth_gb_s`` is the fastest median: what
-    this machine demonstrably streams from beyond its caches (on a 2-core VM torch's sum
-    reached 12 GB/s where the product reached 15)."""
-    buf = torch.ones(num_bytes // 4, dtype=torch.float32)
-    half = buf[: buf.numel() // 2]
-    dst = torch.empty_like(half)
-
-    def timed(fn: Any) -> list[float]:
-        fn()
-        out = []
-        for _ in range(passes):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-        return out
-
-    read = timed(buf.sum)
-    matrix = buf[: buf.numel() // 4096 * 4096].view(-1, 4096)
-    vector = torch.ones(4096)
-    gemv = timed(lambda: torch.mv(matrix, vector))
-    copy = timed(lambda: dst.copy_(half))
-    copied = 2 * half.numel() * 4
-    r = {
-        "bytes": num_bytes,
-        "threads": torch.get_num_threads(),
-        "read_gb_s": num_bytes / statistics.median(read) / 1e9,
-        "read_best_gb_s": num_bytes / min(read) / 1e9,
-        "gemv_gb_s": matrix.numel() * 4 / statistics.median(gemv) / 1e9,
-        "gemv_best_gb_s": matrix.numel() * 4 / min(gemv) / 1e9,
-        "copy_gb_s": copied / statistics.median(copy) / 1e9,
-        "copy_best_gb_s": copied / min(copy) / 1e9,
-    }
-    r["bandwidth_gb_s"] = max(r["read_gb_s"], r["gemv_gb_s"], r["copy_gb_s"])
-    r["bandwidth_best_gb_s"] = max(r["read_best_gb_s"], r["gemv_best_gb_s"], r["copy_best_gb_s"])
-    return r
-
-
-def decode_ops(model: LlamaForCausalLM) -> list[tuple[int, Any]]:
-    """Every matrix product one decode step does, in the model's order, as (input width,
-    product): ``F.linear`` over a dense weight, the module's own kernel over a quantized
-    one, then the LM head as the model computes it."""
-    ops: list[tuple[int, Any]] = []
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            assert isinstance(lin, Linear)
-            w = lin.weight
-            op = lin if w is None else (lambda x, w=w: F.linear(x, w))
-            ops.append((lin.in_features, op))
-    head = model.embed_tokens if model.lm_head is None else model.lm_head
-    hidden = model.config.hidden_size
-    if head.weight is not None:
-        ops.append((hidden, lambda x, w=head.weight: F.linear(x, w)))
-    else:
-        ops.append((hidden, lambda x: head_logits(x, head)))
-    return ops
-
-
-def step_weight_bytes(model: LlamaForCausalLM) -> int:
-    """Bytes of weights one decode step reads, as stored (quantized codes and scales
-    included): every weight tensor once (the state dict: no RoPE tables), less the
-    embedding table unless it is also the LM head (a step reads one row of it otherwise),
-    less a quantized embedding's plain-order copy of its codes (rows are read from it)."""
-    seen: set[int] = set()
-    total = 0
-    for name, t in model.state_dict(keep_vars=True).items():
-        if name.endswith("row_codes") or t.data_ptr() in seen:
-            continue
-        if model.lm_head is not None and name.startswith("embed_tokens."):
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total
-
-
-def matmul_params(config: Any) -> int:
-    """Weights a decode token multiplies by: every layer's projections and the LM head."""
-    h, d = config.hidden_size, config.head_dim
-    attn = h * d * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
-    mlp = 3 * h * config.intermediate_size
-    return config.num_hidden_layers * (attn + mlp) + config.vocab_size * h
-
-
-def gemm_ceiling_s(
-    ops: list[tuple[int, Any]], batch: int, passes: int, dtype: torch.dtype
-) -> list[float]:
-    """Seconds of each pass over every product at this batch size.
-
-    Inputs are preallocated per input width and nothing depends on a previous output, so
-    this is the GEMMs alone; a warm-up pass comes first."""
-    inputs = {width: torch.randn(batch, width, dtype=dtype) for width, _ in ops}
-    times: list[float] = []
-    with torch.inference_mode():
-        for i in range(passes + 1):
-            start = time.perf_counter()
-            for width, op in ops:
-                op(inputs[width])
-            if i:  # the first pass is the warm-up
-                times.append(time.perf_counter() - start)
-    return times
 
 
 def new_engine(loaded: Any, path: str | None, *, max_num_seqs: int) -> Engine:
@@ -358,35 +235,6 @@ def bench_model(
         "summary": summary,
         "profile": profile,
     }
-
-
-def print_table(report: dict[str, Any]) -> None:
-    print()
-    print(
-        "| model | dtype | streamed GB/s | b1 engine tok/s (GB/s) | **b1 % of stream** | "
-        "b1 GEMM ceiling tok/s (GB/s) | b1 % of GEMM ceiling | b64 engine tok/s | "
-        "b64 ceiling tok/s (GFLOP/s) | b64 % |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-
-    def cell(s: dict[str, float], fmt: str = ".1f") -> str:
-        return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
-
-    for m in report["models"]:
-        s = m["summary"]
-        print(
-            f"| {m['model']} | {m['dtype']} | {cell(s['stream_gb_s'])} | "
-            f"{cell(s['engine_b1_tok_s'])} ({s['engine_b1_gb_s']['median']:.1f}) | "
-            f"**{cell(s['pct_b1_of_stream'], '.0f')}** | {cell(s['ceiling_b1_tok_s'])} "
-            f"({s['ceiling_b1_gb_s']['median']:.1f}) | {cell(s['pct_b1'], '.0f')} | "
-            f"{cell(s['engine_b64_tok_s'])} | {cell(s['ceiling_b64_tok_s'])} "
-            f"({s['ceiling_b64_gflop_s']['median']:.0f}) | {cell(s['pct_b64'], '.0f')} |"
-        )
-    for m in report["models"]:
-        for batch, p in (m["profile"] or {}).items():
-            print(f"\n{m['model']} {m['dtype']}, batch {batch}: ms per decode step")
-            for part, ms in p["ms_per_step"].items():
-                print(f"  {part:<28} {ms:8.2f}  ({100 * ms / p['ms_per_step']['step']:.0f} %)")
 
 
 def main() -> int:

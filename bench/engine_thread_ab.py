@@ -11,7 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, "bench")
 sys.path.insert(0, "tests")
-from engine_throughput import new_engine, run_kvflow, tiny_model
+from engine_throughput import tiny_model
+from kvflow_arms import new_engine, run_kvflow
 from throughput_stats import WorkloadSpec, make_workload
 
 from kvflow.engine_worker.model.loader import load_model

@@ -40,11 +40,8 @@ import argparse
 import json
 import os
 import platform
-import random
 import resource
-import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,7 +53,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from arm_thread import in_thread  # noqa: E402
 from hf_arms import run_hf_cb, run_hf_serial, run_hf_static  # noqa: E402
+from kvflow_arms import WarmEngine, new_engine, run_kvflow  # noqa: E402
+from prefix_ttft import ttft_prefix_caching  # noqa: E402
+from throughput_report import BASES, print_table  # noqa: E402
 from throughput_stats import (  # noqa: E402
     FULL,
     QUICK,
@@ -70,12 +71,8 @@ from throughput_stats import (  # noqa: E402
     token_range,
 )
 
-from kvflow.engine_worker.app import build_worker  # noqa: E402
-from kvflow.engine_worker.core.engine import Engine  # noqa: E402
-from kvflow.engine_worker.core.sampling_params import SamplingParams  # noqa: E402
 from kvflow.engine_worker.model.default_model import default_model_path  # noqa: E402
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
-from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
 ARMS = (
     "kvflow",
@@ -91,7 +88,6 @@ ARMS = (
     "kvflow-fp8",
 )
 DEFAULT_ARMS = ARMS[:-2]  # the KV-dtype arms on request
-BASES = ("kvflow", "kvflow-warm")  # the arms whose ratios to every other are reported
 # Our engine's batch size (transformers' manager takes every request at once, hf_arms.py).
 MAX_SEQS = 64
 
@@ -100,110 +96,14 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def new_engine(model: str | None, loaded: Any, **overrides: Any) -> Engine:
-    """An engine over ``loaded``, in the dtype its weights have (``build_worker`` takes it)."""
-    settings = WorkerSettings(
-        model=model, kv_cache_gib=overrides.pop("kv_cache_gib", 2.0), **overrides
-    )
-    return build_worker(settings, loaded=loaded).engine
-
-
-def run_kvflow(engine: Engine, w: Workload) -> tuple[float, int]:
-    start = time.perf_counter()
-    for i, (prompt, n) in enumerate(zip(w.prompts, w.output_lens, strict=True)):
-        engine.add_request(
-            f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        )
-    produced = 0
-    while engine.has_unfinished_requests:
-        for out in engine.step():
-            produced += len(out.new_tokens)
-    wall = time.perf_counter() - start
-    assert produced == w.num_output_tokens, (produced, w.num_output_tokens)
-    return wall, produced
-
-
-class WarmEngine:
-    """One engine for every run of an arm, primed on first use (untimed) with ``primer``;
-    its prefix cache is emptied before each run, so no run is served another's prompts."""
-
-    def __init__(self, make: Callable[[], Engine], primer: Workload) -> None:
-        self._make = make
-        self._primer = primer
-        self._engine: Engine | None = None
-
-    def run(self, w: Workload) -> tuple[float, int]:
-        if self._engine is None:
-            self._engine = self._make()
-            run_kvflow(self._engine, self._primer)
-        assert self._engine.kv_cache.pool.reset_prefix_cache(), "blocks still held"
-        return run_kvflow(self._engine, w)
-
-
 def minor_faults() -> int:
     """Page faults this process took without I/O: first writes to fresh memory among them,
     which on a VM whose freed memory goes back to the host cost several microseconds each."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def ttft_prefix_caching(
-    model: str | None, loaded: Any, *, vocab: int, prompt_len: int, num_prompts: int, seed: int
-) -> dict[str, Any]:
-    """TTFT of prompts sharing 97 % of their tokens, one at a time (no queueing)."""
-    rng = random.Random(seed)
-    shared_len = round(prompt_len * 0.97)
-    shared = [rng.randrange(3, vocab) for _ in range(shared_len)]
-    prompts = [
-        shared + [rng.randrange(3, vocab) for _ in range(prompt_len - shared_len)]
-        for _ in range(num_prompts)
-    ]
-    result: dict[str, Any] = {"prompt_len": prompt_len, "shared_len": shared_len}
-    for caching in (False, True):
-        engine = new_engine(
-            model,
-            loaded,
-            enable_prefix_caching=caching,
-            max_num_batched_tokens=prompt_len,
-            max_model_len=4096,
-        )
-        ttfts = []
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"t{i}", prompt, SamplingParams(temperature=0.0, max_tokens=1))
-            start = time.perf_counter()
-            while engine.has_unfinished_requests:
-                engine.step()
-            ttfts.append(time.perf_counter() - start)
-        # The first prompt fills the cache in both arms; the others are what caching serves.
-        key = "on" if caching else "off"
-        result[f"ttft_{key}_first_s"] = ttfts[0]
-        result[f"ttft_{key}_median_s"] = statistics.median(ttfts[1:])
-    result["ttft_speedup"] = result["ttft_off_median_s"] / result["ttft_on_median_s"]
-    return result
-
-
 def load1() -> float:
     return os.getloadavg()[0]
-
-
-def in_thread(fn: Callable[[], tuple[float, int]]) -> tuple[float, int]:
-    """Run an arm in a thread of its own, as the worker steps its engine (engine_loop) and
-    transformers' manager runs its loop: under load, torch in the main thread spins on
-    OpenMP barriers (tiny's engine: 10-12 tok/s there, 119-130 in a thread, load 3.5)."""
-    box: dict[str, tuple[float, int]] = {}
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            box["r"] = fn()
-        except BaseException as e:  # re-raised in the caller
-            errors.append(e)
-
-    thread = threading.Thread(target=target, name="arm")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return box["r"]
 
 
 def bench_model(
@@ -348,27 +248,6 @@ def tiny_model(tmp: Path) -> str:
             num_key_value_heads=8,
         )
     )
-
-
-def print_table(report: dict[str, Any]) -> None:
-    def cell(s: dict[str, float], fmt: str = ".1f") -> str:
-        return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
-
-    print(f"\ntokens/s, median of {report['runs']} runs (range); ratios of medians")
-    for m in report["models"]:
-        s = m["summary_tokens_per_s"]
-        print(f"\n{m['model']}: {m['workload']['num_requests']} requests")
-        for arm, stats in s.items():
-            extra = ""
-            for base in BASES:
-                key = base.replace("-", "_")
-                ratio = m.get(f"{key}_ratio_of_medians", {}).get(arm)
-                per_run = m.get(f"{key}_ratio_per_run", {}).get(arm)
-                if ratio is not None:
-                    extra += f"  {base} {ratio:.2f}x (per run {cell(per_run, '.2f')})"
-            print(f"  {arm:<13} {cell(stats)}{extra}")
-        if "prefix_caching" in m:
-            print(f"  prefix-cache TTFT {m['prefix_caching']['ttft_speedup']:.1f}x")
 
 
 def main() -> int:

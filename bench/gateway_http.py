@@ -9,6 +9,9 @@ the gateway's JSON answers, and about 10x cheaper.
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import urllib.request
 from collections.abc import Mapping
 
 
@@ -76,3 +79,18 @@ class HttpClient:
         for conn in self._idle:
             conn.writer.close()
         self._idle.clear()
+
+
+def wait_ready(url: str, num_workers: int, *, timeout_s: float, poll_s: float) -> None:
+    """Poll the gateway's ``/ready`` every ``poll_s`` until it sees ``num_workers`` healthy
+    workers; RuntimeError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
+                if json.load(r)["workers_healthy"] >= num_workers:
+                    return
+        except OSError:
+            pass
+        time.sleep(poll_s)
+    raise RuntimeError(f"the gateway did not see {num_workers} healthy workers")

@@ -53,3 +53,16 @@ def print_report(r: dict[str, Any]) -> None:
                 s = stages[stage]
                 print(f"  {stage:<22} p50 {s['p50_ms']:6.3f}  p90 {s['p90_ms']:6.3f}  p99 "
                       f"{s['p99_ms']:6.3f}  mean {s['mean_ms']:6.3f}  n {s['n']}")  # fmt: skip
+
+
+def print_paired(paired: dict[str, Any]) -> None:
+    if not paired:
+        return
+    print("\nadded latency per request (gateway time - direct time of the same request), ms")
+    print(f"{'arm':<26} {'idle P50':>9} {'P90':>7} {'P99':>7}   {'loaded P50':>10} {'P90':>7} "
+          f"{'P99':>7} {'errors':>6}")  # fmt: skip
+    for name, r in paired.items():
+        i, lo = r["idle_added"], r["loaded_added"]
+        print(f"{name:<26} {i['p50_ms']:>9.2f} {i['p90_ms']:>7.2f} {i['p99_ms']:>7.2f}   "
+              f"{lo['p50_ms']:>10.2f} {lo['p90_ms']:>7.2f} {lo['p99_ms']:>7.2f} "
+              f"{r['loaded_errors']:>6}")  # fmt: skip

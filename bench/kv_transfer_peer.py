@@ -32,7 +32,8 @@ from kv_transfer_profile import profile_block_io
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
-from kvflow.engine_worker.kv_transfer.tcp import TcpTransport, byte_view
+from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
+from kvflow.engine_worker.kv_transfer.tcp_stream import byte_view
 from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls
 from kvflow.engine_worker.runner import TorchModelRunner
 from kvflow.proto.transports import KvTransport

@@ -30,11 +30,9 @@ import math
 import platform
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -42,15 +40,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = ROOT / "bench" / "data" / "python-3.11-execmodel.txt"
 GIB = 1024**3
 
+from arm_thread import in_thread  # noqa: E402
+
 from kvflow.engine_worker.app import build_worker  # noqa: E402
-from kvflow.engine_worker.model.attention import AttentionMetadata  # noqa: E402
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata  # noqa: E402
 from kvflow.engine_worker.model.default_model import default_model_path  # noqa: E402
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
 MODELS = {"smollm2": "float32", "smollm2-bf16": "bfloat16"}
 BLOCK_SIZE = 16
-T = TypeVar("T")
 
 
 def log(msg: str) -> None:
@@ -117,26 +116,6 @@ def score(
     return torch.cat(nlls), torch.cat(choices), built.memory
 
 
-def in_thread(fn: Callable[[], T]) -> T:
-    """Run ``fn`` in a thread of its own, as a worker steps its engine: under load, torch in
-    the main thread spins on OpenMP barriers (bench/engine_throughput.py measured 10x)."""
-    box: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            box.append(fn())
-        except BaseException as e:  # re-raised in the caller
-            errors.append(e)
-
-    thread = threading.Thread(target=target, name="score")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return box[0]
-
-
 def run_model(name: str, args: argparse.Namespace, tokens: list[int]) -> dict[str, Any]:
     dtype = getattr(torch, MODELS[name])
     log(f"{name}: loading in {MODELS[name]}")
@@ -148,7 +127,8 @@ def run_model(name: str, args: argparse.Namespace, tokens: list[int]) -> dict[st
             log(f"{name}: --kv-cache-dtype {kv}, chunks of {chunk}")
             started = time.perf_counter()
             nll, choice, memory = in_thread(
-                lambda kv=kv, chunk=chunk: score(loaded, kv, tokens, chunk)  # type: ignore[misc]
+                lambda kv=kv, chunk=chunk: score(loaded, kv, tokens, chunk),  # type: ignore[misc]
+                name="score",
             )
             seconds = time.perf_counter() - started
             if reference is None:

@@ -46,7 +46,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from gateway_http import HttpClient  # noqa: E402
+from gateway_http import HttpClient, wait_ready  # noqa: E402
 from scale_metrics import INDEX_METRIC, Histogram, parse_gauge, parse_histogram  # noqa: E402
 from scale_report import print_report, summarize  # noqa: E402
 
@@ -80,17 +80,8 @@ def ready_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 180)
     raise RuntimeError(f"{proc.args} did not print {prefix}")
 
 
-def wait_healthy(url: str, num_workers: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
-                if json.load(r)["workers_healthy"] >= num_workers:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the gateway did not see {num_workers} healthy workers")
+def wait_healthy(url: str, num_workers: int) -> None:
+    wait_ready(url, num_workers, timeout_s=120, poll_s=0.5)
 
 
 def rss_mib(pid: int) -> float:

@@ -32,9 +32,10 @@ from gpu.models import (
     real_smollm2_available,
     run_engine,
 )
-from gpu.plan import SHAPES, Plan
+from gpu.plan import Plan
 from gpu.record import Deadline, Recorder, log
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from gpu.shapes import SHAPES
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 
 # Our token may lie this far below transformers' best logit, in units of the spread (std)
 # of the reference logits. float32: rounding only (about 1e-6 of the spread seen on the

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from gpu.models import BLOCK_SIZE, engine_config, free_cuda, kvflow_random, make_engine, run_engine
-from gpu.plan import SHAPES, Plan
+from gpu.plan import Plan
 from gpu.record import Deadline, Recorder, log
 from gpu.roofline import model_shape
+from gpu.shapes import SHAPES
 from kvflow.engine_worker.sim.hardware import H200_SXM, ModelShape
 
 REPS = 2

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from gpu.models import engine_config, kvflow_random, make_engine
-from gpu.plan import SHAPES, Plan
+from gpu.plan import Plan
 from gpu.record import Deadline, Recorder, log
+from gpu.shapes import SHAPES
 from kvflow.engine_worker.sim.fit import fit_timing
 from kvflow.engine_worker.sim.hardware import H200_SXM
 from kvflow.engine_worker.sim.profile_file import profile_to_dict

@@ -29,8 +29,9 @@ from gpu.models import (
     run_engine,
 )
 from gpu.parity import leading_agreement, prefill_logits
-from gpu.plan import SHAPES, Plan
+from gpu.plan import Plan
 from gpu.record import Deadline, Recorder, log
+from gpu.shapes import SHAPES
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
 from kvflow.engine_worker.model.weights import load_weights
 from kvflow.engine_worker.sim.hardware import H200_SXM

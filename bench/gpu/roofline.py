@@ -33,9 +33,10 @@ from gpu.models import (
     run_engine,
     sync,
 )
-from gpu.plan import SHAPES, Plan
+from gpu.plan import Plan
 from gpu.record import Deadline, Recorder, log
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from gpu.shapes import SHAPES
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.sim.hardware import H200_SXM, ModelShape
 
 

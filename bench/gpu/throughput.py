@@ -19,8 +19,9 @@ import torch
 
 from gpu.hf_cb import HfContinuousBatching
 from gpu.models import build_hf, engine_config, kvflow_from_hf, make_engine, run_engine
-from gpu.plan import SHAPES, Plan
+from gpu.plan import Plan
 from gpu.record import Deadline, Recorder, log
+from gpu.shapes import SHAPES
 
 # kvflow as it runs by default, kvflow with --cuda-graphs, transformers' continuous batching.
 ARMS = ["kvflow", "kvflow-graphs", "transformers"]

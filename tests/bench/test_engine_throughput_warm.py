@@ -10,18 +10,21 @@ from testkit.tiny_model import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 
-import engine_throughput as bench  # noqa: E402
+import kvflow_arms as bench  # noqa: E402
 from throughput_stats import WorkloadSpec, make_workload  # noqa: E402
+
+from kvflow.engine_worker.core.engine import Engine  # noqa: E402
+from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 
 
 def test_the_warm_engine_is_primed_once_and_serves_no_run_from_another(tmp_path: Path) -> None:
     path = str(write_tiny_llama(tmp_path / "tiny", seed=0))
-    loaded = bench.load_model(path)
+    loaded = load_model(path)
     vocab = loaded[1].vocab_size
     spec = WorkloadSpec(6, (20, 40), (4, 8))
-    engines: list[bench.Engine] = []
+    engines: list[Engine] = []
 
-    def make() -> bench.Engine:
+    def make() -> Engine:
         engines.append(bench.new_engine(path, loaded, max_num_seqs=4, kv_cache_gib=0.05))
         return engines[-1]
 

@@ -26,7 +26,7 @@ import torch
 from kvflow.engine_worker.model.loader import load_model
 from testkit.tiny_model import write_tiny_llama
 from gpu.models import engine_config, kvflow_random, make_engine, run_engine
-from gpu.plan import SHAPES
+from gpu.shapes import SHAPES
 folder = write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny")
 model, config = load_model(folder, dtype=torch.float32, device="cpu")
 config = engine_config(SHAPES["tiny"], "tiny")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_router
 from kvflow.operator.api.schema import camel, from_json, json_name
 from kvflow.operator.builders.router import router_config
 from kvflow.proto.block_hash import block_hashes, make_hash_seed
@@ -32,7 +32,7 @@ from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import RouteRequest, WorkerId, WorkerView
 from kvflow.router.settings import parse_config
 
-FIELDS = dataclasses.fields(v1alpha1.ScorerWeights)
+FIELDS = dataclasses.fields(v1alpha1_router.ScorerWeights)
 
 
 def rendered_weights(scorer_weights: dict[str, Any]) -> dict[str, float]:

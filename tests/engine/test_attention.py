@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 from testkit.attend import attend
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
 H, HKV, D, BS, NB = 4, 2, 8, 4, 32
 

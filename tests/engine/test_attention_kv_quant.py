@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from testkit.attend import attend
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.kv_quant import dequantize, quantize
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
 H, HKV, D, BS = 8, 2, 64, 4  # GQA: 4 query heads per KV head; SmolLM2's head size
 DTYPES = [torch.int8, torch.float8_e4m3fn]

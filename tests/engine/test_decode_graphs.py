@@ -20,7 +20,7 @@ from testkit.tiny_model import write_tiny_llama
 
 from kvflow.engine_worker.app import build_worker
 from kvflow.engine_worker.core.sampling_params import SamplingParams
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.decode_graphs import (
     MAX_PADDED_TOKENS,
     DecodeGraphs,

@@ -22,13 +22,14 @@ import torch
 from testkit.attend import attend
 
 from kvflow.engine_worker.model import decode_workspace
-from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.decode_workspace import (
     CAPACITY_STEP_TOKENS,
     COMPACT_SLACK_SLOTS,
     Decode,
     DecodeWorkspace,
 )
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
 H, HKV, D, BS = 4, 2, 8, 4
 LAYERS = 2

@@ -24,7 +24,7 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 LAYERS, HEADS, POOL, BS, DIM = 3, 2, 40, 4, 8  # runs (blocks) of 256 bytes, 12 runs a layer
@@ -259,7 +259,7 @@ def test_a_receiver_serves_several_transfers_on_one_connection() -> None:
             error, stats = transfer(sender, receiver, src, dst)
             assert error is None and isinstance(stats, SendStats)
             assert torch.equal(dst[1][DST_IDS], src[1][SRC_IDS])
-        kept = sender.transport._kept  # type: ignore[attr-defined]
+        kept = sender.transport._sender._kept  # type: ignore[attr-defined]
         assert [len(v) for v in kept.values()] == [1]  # one connection, reused
     finally:
         sender.close()

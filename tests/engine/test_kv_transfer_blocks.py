@@ -17,7 +17,7 @@ from kvflow.engine_worker.kv_transfer.base import TransferCancelledError
 from kvflow.engine_worker.kv_transfer.blocks import MAX_MESSAGES, TransferBlocks
 from kvflow.engine_worker.kv_transfer.staging import StagingPool
 from kvflow.engine_worker.kv_transfer.vectored import IoVecCursor
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.engine_worker.runner import TorchModelRunner
 
 LAYERS, HEADS, POOL, BS, DIM = 3, 2, 24, 4, 8  # a run (one block): 4 x 2 x 2 x 8 bf16 = 256 B

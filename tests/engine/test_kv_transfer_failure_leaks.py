@@ -41,12 +41,13 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferTimeoutError,
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
-from kvflow.engine_worker.kv_transfer.torch_dist import (
+from kvflow.engine_worker.kv_transfer.nccl_watchdog import (
     NCCL_WATCHDOG_ENV,
-    TorchDistTransport,
     apply_nccl_watchdog_env,
     nccl_options,
 )
+from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
+from kvflow.engine_worker.kv_transfer.torch_dist_groups import BROKEN_GROUP_GRACE_S
 from kvflow.proto.transports import KvTransport
 
 pytestmark = pytest.mark.integration
@@ -153,11 +154,12 @@ class Pair:
 
     def settle(self) -> None:
         """Wait until every parked group is destroyed and its timer thread has ended."""
-        deadline = time.monotonic() + DEADLINE_S + torch_dist.BROKEN_GROUP_GRACE_S + 30
+        deadline = time.monotonic() + DEADLINE_S + BROKEN_GROUP_GRACE_S + 30
         for transport in (self.receiver, self.sender):
-            while (transport._broken or transport._timeouts) and time.monotonic() < deadline:
+            groups = transport.groups
+            while (groups.broken or groups.timeouts_s) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert transport._broken == [] and transport._groups == {}, "groups outlived"
+            assert groups.broken == [] and groups.formed == {}, "groups outlived"
         timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
         for timer in timers:
             timer.join(max(deadline - time.monotonic(), 0.1))

@@ -42,7 +42,7 @@ import json, sys, torch
 from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 name, token = sys.argv[1], (sys.argv[2] or None)
@@ -122,7 +122,8 @@ def test_only_a_peer_that_proves_the_token_sends_kv_over_gloo() -> None:
             assert outsider.result().startswith("REFUSED")
             for got, want in zip((kv[IDS] for kv in dst), before, strict=True):
                 assert torch.equal(got, want)  # not a byte of the outsider's KV landed
-        assert transport._groups == {} and transport._broken == []  # no group ever formed
+        groups = transport.groups
+        assert groups.formed == {} and groups.broken == []  # no group ever formed
 
         insider = Sender("prefill", TOKEN)
         received = Outcome()
@@ -132,7 +133,7 @@ def test_only_a_peer_that_proves_the_token_sends_kv_over_gloo() -> None:
         assert insider.result().startswith("SENT")
         for got, want in zip((kv[IDS] for kv in dst), (kv[IDS] for kv in cache(1)), strict=True):
             assert torch.equal(got, want)
-        assert len(transport._groups) == 1  # the proven group is cached for the next transfer
+        assert len(transport.groups.formed) == 1  # the proven group is cached for the next transfer
     finally:
         receiver.close()
 

@@ -30,8 +30,9 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.group_auth import HandshakeRefusedError, prove_peer
-from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport, _make_group
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
+from kvflow.engine_worker.kv_transfer.torch_dist_groups import make_group
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 pytestmark = pytest.mark.integration
@@ -44,7 +45,7 @@ import json, sys, torch
 from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.torch_dist import TorchDistTransport
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.proto.transports import KvTransport
 
 shape = kv_cache_shape(num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
@@ -86,7 +87,7 @@ def test_a_sender_forms_no_group_with_a_store_that_cannot_prove_the_token() -> N
     with pytest.raises(TransferRejectedError, match="did not prove the pool's worker token"):
         sender.send(target, TransferBlocks.in_cache(cache(), IDS), 2.0)
     assert time.monotonic() - started_s < 5.0
-    assert sender._groups == {} and sender._broken == []
+    assert sender.groups.formed == {} and sender.groups.broken == []
     # Its key names a group and carries a MAC, not the KV: nothing else was written there.
     assert store.num_keys() <= 2
 
@@ -100,7 +101,7 @@ def test_the_in_group_handshake_refuses_a_peer_with_another_token() -> None:
         # A store client of its own: one runs one call at a time, and forming waits in one.
         client = dist.TCPStore("127.0.0.1", store.port, is_master=False)
         try:
-            group = _make_group(KvTransport.GLOO, client, "g-1", r, 10.0)
+            group = make_group(KvTransport.GLOO, client, "g-1", r, 10.0)
             groups.append(group)
             prove_peer(group, "g-1", r, token, time.monotonic() + 10, torch.device("cpu"))
         except BaseException as exc:
@@ -148,15 +149,15 @@ def test_a_failed_transfers_group_is_destroyed_after_its_timeout() -> None:
         assert isinstance(received.value, TransferTimeoutError), received.value
         received.value = None  # its traceback holds the group's frames
         deadline = time.monotonic() + 5
-        while not transport._broken and time.monotonic() < deadline:
+        while not transport.groups.broken and time.monotonic() < deadline:
             time.sleep(0.05)  # the transfer thread parks the group as it ends
-        assert len(transport._broken) == 1 and transport._groups == {}
+        assert len(transport.groups.broken) == 1 and transport.groups.formed == {}
         gc.collect()
         parked = open_sockets()
         deadline = time.monotonic() + 15
-        while transport._broken and time.monotonic() < deadline:
+        while transport.groups.broken and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert transport._broken == [] and transport._timeouts == {}
+        assert transport.groups.broken == [] and transport.groups.timeouts_s == {}
         gc.collect()
         assert open_sockets() < parked  # the group's connections are closed
     finally:

@@ -17,7 +17,7 @@ from testkit.tiny_model import write_tiny_llama
 from kvflow.engine_worker.app import build_worker
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats, make_transport
 from kvflow.engine_worker.kv_transfer.base import SendTarget
-from kvflow.engine_worker.model.attention import AttentionMetadata
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.kv_quant import SCALE_BYTES
 from kvflow.engine_worker.model.loader import load_model
 from kvflow.engine_worker.settings import WorkerSettings

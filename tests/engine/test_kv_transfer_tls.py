@@ -26,7 +26,7 @@ from kvflow.engine_worker.kv_transfer.base import KvTransferError, SendTarget
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.tcp import TcpTransport
 from kvflow.engine_worker.kv_transfer.tcp_tls import KvTls
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
 IDS = [3, 1, 4, 9]
 TOKEN = "s3cret"

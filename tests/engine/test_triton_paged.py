@@ -23,7 +23,8 @@ import torch
 from testkit.paged_kv import BS, CACHE_DTYPES, filled_cache
 
 from kvflow.engine_worker.model import attention
-from kvflow.engine_worker.model.attention import AttentionMetadata, uses_paged_kernel
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
+from kvflow.engine_worker.model.paged_kernel import uses_paged_kernel
 
 KERNEL_FILE = Path(attention.__file__).with_name("triton_paged.py")
 

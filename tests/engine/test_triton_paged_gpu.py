@@ -9,11 +9,9 @@ import pytest
 import torch
 from testkit.paged_kv import BS, CACHE_DTYPES, NB, filled_cache
 
-from kvflow.engine_worker.model.attention import (
-    AttentionMetadata,
-    paged_attention,
-    uses_paged_kernel,
-)
+from kvflow.engine_worker.model.attention import paged_attention
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
+from kvflow.engine_worker.model.paged_kernel import uses_paged_kernel
 
 
 @pytest.mark.gpu

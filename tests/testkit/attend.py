@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
+from kvflow.engine_worker.model.attention import paged_attention
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 
 
 def attend(

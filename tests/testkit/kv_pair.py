@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kvflow.engine_worker.model.attention import kv_cache_shape
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
 
 def cache(seed: int) -> list[torch.Tensor]:

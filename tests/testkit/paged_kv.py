@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvflow.engine_worker.model.attention import kv_cache_shape, write_kv
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape, write_kv
 
 BS = 4  # tokens per block
 NB = 48  # blocks in the pool

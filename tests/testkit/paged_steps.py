@@ -13,9 +13,10 @@ from typing import TypeVar
 
 import torch
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, kv_cache_shape
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
 Seq = TypeVar("Seq", bound=Hashable)
 

@@ -18,10 +18,12 @@ from kvflow.engine_worker.core.engine import SampledToken
 from kvflow.engine_worker.core.request import Request
 from kvflow.engine_worker.core.scheduler import SchedulerOutput
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
-from kvflow.engine_worker.model.attention import AttentionMetadata, compute_dtype, kv_cache_shape
+from kvflow.engine_worker.model.attention import compute_dtype
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, GraphCaptureError
 from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
 from kvflow.engine_worker.model.kv_quant import layout_name, row_width
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.engine_worker.sampler import Sampler
 from kvflow.engine_worker.step_inputs import StepInputs, step_inputs
 

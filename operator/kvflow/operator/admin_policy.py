@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_model
 
 HOST_PATH_SETTING = "--allowed-host-path-prefix (the chart's operator.allowedHostPathPrefixes)"
 PROMETHEUS_SETTING = "--allowed-prometheus-url (the chart's operator.allowedPrometheusUrls)"
@@ -104,7 +104,7 @@ def _parse(url: str) -> tuple[str, str, int, str] | None:
 
 
 def host_path_problems(
-    where: str, model: v1alpha1.ModelSpec, policy: AdminPolicy
+    where: str, model: v1alpha1_model.ModelSpec, policy: AdminPolicy
 ) -> list[PolicyProblem]:
     volume = model.volume
     if volume is None or volume.host_path is None:

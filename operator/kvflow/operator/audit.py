@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_router
 from kvflow.operator.api.schema import Json
 from kvflow.operator.api.v1alpha1_gateway import ResolvedModel
 from kvflow.operator.builders.worker_token import effective_worker_token
@@ -37,7 +37,7 @@ def spec_writers(body: Json) -> list[str]:
 
 
 def _applied(
-    kind: str, body: Json, router: v1alpha1.RouterSpec, changes: list[str], now_s: float
+    kind: str, body: Json, router: v1alpha1_router.RouterSpec, changes: list[str], now_s: float
 ) -> dict[str, Any]:
     """What a pool's and a gateway's events share: which object, who wrote its spec, what
     changed, and who may call it."""
@@ -77,7 +77,7 @@ def pool_applied_event(
 
 def gateway_applied_event(
     body: Json,
-    router: v1alpha1.RouterSpec,
+    router: v1alpha1_router.RouterSpec,
     models: list[ResolvedModel],
     changes: list[str],
     now_s: float,

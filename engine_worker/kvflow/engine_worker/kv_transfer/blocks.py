@@ -1,7 +1,7 @@
 """The blocks one KV transfer moves, read and written in place in the paged cache.
 
 A transfer is a stream of *runs*. A run is one block of one layer: its keys and values of
-every KV head, contiguous in the block-major cache (model/attention.py), 64 KiB for
+every KV head, contiguous in the block-major cache (model/paged_cache.py), 64 KiB for
 Llama-3-8B in bf16. The stream goes layer by layer and within a layer through the blocks in
 transfer order: the memory order of a ``[layers, blocks, *block]`` buffer. Each side
 enumerates its own block ids in that order, so a run lands at the (layer, position) it left.
@@ -69,7 +69,7 @@ class TransferBlocks:
         cls, kv_caches: Sequence[torch.Tensor], block_ids: Sequence[int]
     ) -> TransferBlocks:
         """Blocks of a paged cache, one ``[pool_blocks, block_size, 2, kv_heads, head_dim]``
-        tensor per layer (model/attention.py)."""
+        tensor per layer (model/paged_cache.py)."""
         return cls(kv_caches, block_ids)
 
     @classmethod

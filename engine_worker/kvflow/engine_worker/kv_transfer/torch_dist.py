@@ -15,7 +15,7 @@ A group whose transfer failed or timed out may still hold a half-done send or re
 it is never reused: the side that notices marks it ``kvflow/broken/<name>`` in the store
 and the next transfer forms a fresh group with a new name. The failed group is parked
 until every operation in it has run out its timeout, then destroyed (its connections and
-ports closed); nothing of it outlives that.
+ports closed); nothing of it outlives that (torch_dist_groups.py).
 
 With the pool's worker token (KVFLOW_WORKER_TOKEN) the store is open to anyone who reaches
 the port, so both sides prove the token before a group forms, in signed rendezvous keys
@@ -28,8 +28,8 @@ Every group has an explicit timeout (the transfer's deadline when it formed): gl
 operations' timeout, NCCL's its watchdog's (the host polls NCCL work against the same
 deadline, pipeline.wait_work). NCCL's watchdog would by default take the whole process down
 when an operation times out or its peer vanishes; a worker with the NCCL transport sets
-NCCL_WATCHDOG_ENV before its first group forms so that a dead peer costs one transfer (which
-falls back to a local prefill), never the worker.
+NCCL_WATCHDOG_ENV (nccl_watchdog.py) before its first group forms so that a dead peer
+costs one transfer (which falls back to a local prefill), never the worker.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -61,15 +60,15 @@ from kvflow.engine_worker.kv_transfer.base import (
 )
 from kvflow.engine_worker.kv_transfer.blocks import TransferBlocks
 from kvflow.engine_worker.kv_transfer.group_auth import (
-    HandshakeRefusedError,
     check_rendezvous,
-    prove_peer,
     rendezvous_answer,
     signed_rendezvous,
 )
+from kvflow.engine_worker.kv_transfer.nccl_watchdog import apply_nccl_watchdog_env
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList, resolve_peer
 from kvflow.engine_worker.kv_transfer.pipeline import Staging, receive_messages, send_messages
 from kvflow.engine_worker.kv_transfer.staging import MESSAGE_BYTES, StagingPool
+from kvflow.engine_worker.kv_transfer.torch_dist_groups import PairGroups
 from kvflow.proto.transports import KvTransport
 
 log = logging.getLogger(__name__)
@@ -87,48 +86,6 @@ _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 # Fault injection for tests only: pause this long between joining the pair's group and
 # sending, so a test can kill a worker mid-transfer. Never set in production.
 _FAULT_PAUSE_S = float(os.environ.get("KVFLOW_FAULT_KV_SEND_PAUSE_S", "0"))
-# A failed group is destroyed this long after its operations' own timeout ran out: by then
-# none can still be pending in it (gloo's run out at the group's timeout; NCCL's are
-# polled to the transfer's deadline, and aborting the communicator ends any left).
-BROKEN_GROUP_GRACE_S = 2.0
-
-# torch reads these as each ProcessGroupNCCL forms (names as of torch 2.15; the older
-# NCCL_* spellings are aliases torch still reads, which these override).
-NCCL_WATCHDOG_ENV = {
-    # 2 = CleanUpOnly: on an NCCL error or timeout the watchdog aborts that communicator and
-    # fails its work, and the process lives. The default (3, SkipCleanUp) and 1 (TearDown)
-    # rethrow in the watchdog thread, which terminates the worker.
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
-    # The heartbeat monitor aborts the process when the watchdog stalls for
-    # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, e.g. inside ncclCommAbort of a communicator whose
-    # peer is gone. Liveness (liveness.py, the pod's probe) judges a stuck worker instead.
-    "TORCH_NCCL_ENABLE_MONITORING": "0",
-    # The watchdog rethrows CUDA errors it meets (terminating the process), and a timeout
-    # can tear it down too. A real device fault also fails the engine's own next kernel,
-    # which the worker reports and its probe sees; a peer's fault must not end this one.
-    "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
-    "TORCH_NCCL_TEARDOWN_ON_TIMEOUT": "0",
-    # wait() stays non-blocking: the host polls completion against the transfer's own
-    # deadline and raises TransferTimeoutError itself (pipeline.wait_work).
-    "TORCH_NCCL_BLOCKING_WAIT": "0",
-    # No flight-recorder dump and no error broadcast through the store on a timeout: a
-    # failed transfer is routine here (the request prefills locally).
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
-    "TORCH_NCCL_PROPAGATE_ERROR": "0",
-}
-
-
-def apply_nccl_watchdog_env(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Set NCCL_WATCHDOG_ENV in ``environ`` (process-wide: the model's tensor-parallel groups
-    formed later get the same, and their failures then fail steps instead of the process).
-    A different value set by hand is overridden, and logged: it would let a peer's death
-    kill this worker."""
-    for name, value in NCCL_WATCHDOG_ENV.items():
-        old = environ.get(name)
-        if old is not None and old != value:
-            log.warning("%s=%s overridden to %s: a dead KV peer must not end this worker",
-                        name, old, value)  # fmt: skip
-        environ[name] = value
 
 
 def _drop_frames(exc: BaseException) -> None:
@@ -138,25 +95,10 @@ def _drop_frames(exc: BaseException) -> None:
     traceback.clear_frames(exc.__traceback__)
 
 
-def nccl_options(timeout_s: float) -> Any:
-    """A pair group's NCCL options: its watchdog's timeout is the transfer's deadline."""
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timedelta(seconds=max(timeout_s, 0.001))
-    return options
-
-
 @dataclass(eq=False)
 class _Expected:
     tag: int
     blocks: TransferBlocks
-
-
-def _make_group(kind: KvTransport, store: Any, name: str, rank: int, timeout_s: float) -> Any:
-    prefixed = dist.PrefixStore(f"kvflow/group/{name}/", store)
-    timeout = timedelta(seconds=max(timeout_s, 0.001))
-    if kind is KvTransport.NCCL:
-        return dist.ProcessGroupNCCL(prefixed, rank, 2, nccl_options(timeout_s))
-    return dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
 
 
 class TorchDistTransport:
@@ -194,12 +136,7 @@ class TorchDistTransport:
         self._idle_waiters: list[Any] = []
         self._expected: dict[str, _Expected] = {}
         self._lock = threading.Lock()
-        # Both sides: group name -> (process group, its creation lock).
-        self._groups: dict[str, Any] = {}
-        self._group_locks: dict[str, threading.Lock] = {}
-        # Failed groups, until no operation can be pending in them (then destroyed).
-        self._broken: list[Any] = []
-        self._timeouts: dict[str, float] = {}  # group name -> its operations' timeout
+        self.groups = PairGroups(kind, token)  # both sides'
         # Sender side: endpoint -> store client, and the group currently used per peer.
         self._clients: dict[str, Any] = {}
         self._send_group: dict[str, str] = {}
@@ -213,75 +150,6 @@ class TorchDistTransport:
         return Staging(self.pool, device, self.message_bytes)
 
     # -- groups ----------------------------------------------------------------------------
-
-    def _group(
-        self, store: Any, name: str, rank: int, deadline_s: float, device: torch.device
-    ) -> Any:
-        with self._lock:
-            lock = self._group_locks.setdefault(name, threading.Lock())
-        with lock:
-            group = self._groups.get(name)
-            if group is None:
-                started = time.monotonic()
-                timeout_s = deadline_s - started
-                try:
-                    group = _make_group(self.kind, store, name, rank, timeout_s)
-                except RuntimeError as exc:
-                    raise PeerUnreachableError(f"forming KV group {name} failed: {exc}") from exc
-                with self._lock:
-                    self._timeouts[name] = max(timeout_s, 0.001)
-                if self._token is not None:
-                    self._prove_peer(group, name, rank, deadline_s, device)
-                self._groups[name] = group
-                log.info("KV group %s formed in %.1f ms", name, (time.monotonic() - started) * 1e3)
-            return group
-
-    def _prove_peer(
-        self, group: Any, name: str, rank: int, deadline_s: float, device: torch.device
-    ) -> None:
-        assert self._token is not None
-        try:
-            prove_peer(group, name, rank, self._token, deadline_s, device)
-        except HandshakeRefusedError as exc:
-            log.warning("refused KV group %s: %s", name, exc)
-            if exc.is_idle:
-                self._destroy(group, name)
-            else:  # an operation may be pending in it
-                self._park(group, name)
-            raise
-        except KvTransferError:
-            self._park(group, name)
-            raise
-
-    def _retire(self, store: Any, name: str) -> None:
-        with self._lock:
-            group = self._groups.pop(name, None)
-        if group is not None:
-            self._park(group, name)
-        with contextlib.suppress(RuntimeError):  # the peer's store is gone: no reuse either
-            store.set(f"kvflow/broken/{name}", "1")
-
-    def _park(self, group: Any, name: str) -> None:
-        """Keep a failed group until nothing can be pending in it, then destroy it."""
-        with self._lock:
-            self._broken.append(group)
-            timeout_s = self._timeouts.get(name, 0.0)
-        timer = threading.Timer(timeout_s + BROKEN_GROUP_GRACE_S, self._destroy, args=(group, name))
-        timer.daemon = True
-        timer.start()
-
-    def _destroy(self, group: Any, name: str) -> None:
-        """Close a group's connections: NCCL's communicator is aborted; a gloo group closes
-        its pair sockets when its last reference goes, which is this one."""
-        with self._lock:
-            self._broken = [g for g in self._broken if g is not group]
-            self._timeouts.pop(name, None)
-        if self.kind is KvTransport.NCCL:
-            with contextlib.suppress(Exception):  # already broken: abort is best effort
-                group.abort()
-        log.info("KV group %s destroyed", name)
-
-    # -- receiving (decode side) -------------------------------------------------------------
 
     def expect(self, transfer_id: str, tag: int, blocks: TransferBlocks) -> None:
         with self._lock:
@@ -303,7 +171,7 @@ class TorchDistTransport:
                 answer = rendezvous_answer(self._token, transfer_id, group_name, nonce)
                 self._store.set(f"kvflow/ack/{transfer_id}", answer)
             name = group_name
-            group = self._group(
+            group = self.groups.group(
                 self._store, name, 1, deadline_s, self._pipe(expected.blocks).device
             )
             receive_messages(
@@ -312,7 +180,7 @@ class TorchDistTransport:
             )  # fmt: skip
         except KvTransferError as exc:
             if name is not None:
-                self._retire(self._store, name)
+                self.groups.retire(self._store, name)
             group = None
             _drop_frames(exc)
             raise
@@ -371,7 +239,7 @@ class TorchDistTransport:
             name = self._send_group.get(peer)
         try:
             if name is not None and store.check([f"kvflow/broken/{name}"]):
-                self._retire(store, name)
+                self.groups.retire(store, name)
                 name = None
             if name is None:
                 name = (
@@ -386,11 +254,10 @@ class TorchDistTransport:
                 self._clients.pop(target.endpoint, None)
             raise PeerUnreachableError(f"the KV store at {target.endpoint} failed: {exc}") from exc
         try:
-            with self._lock:
-                is_new = name not in self._groups
+            is_new = not self.groups.is_formed(name)
             if is_new and self._token is not None:
                 self._check_answer(store, target, name, nonce, deadline)
-            group = self._group(store, name, 0, deadline, self._pipe(blocks).device)
+            group = self.groups.group(store, name, 0, deadline, self._pipe(blocks).device)
             if _FAULT_PAUSE_S > 0:
                 time.sleep(_FAULT_PAUSE_S)
             send_messages(
@@ -401,7 +268,7 @@ class TorchDistTransport:
             with self._lock:
                 if self._send_group.get(peer) == name:
                     del self._send_group[peer]
-            self._retire(store, name)
+            self.groups.retire(store, name)
             group = None
             _drop_frames(exc)
             raise

@@ -97,7 +97,7 @@ def gpu_kv_cache_bytes(m: GpuMeasurement, needs: GpuNeeds, *, utilization: float
 
 
 # Decode groups are padded to their longest context: about 1.15x the tokens they use for 64
-# contexts spread over 64..512 tokens (model/attention.py, MAX_DECODE_GROUPS).
+# contexts spread over 64..512 tokens (model/attention_metadata.py, MAX_DECODE_GROUPS).
 DECODE_GATHER_PADDING = 1.15
 
 

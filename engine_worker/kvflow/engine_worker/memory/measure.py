@@ -36,9 +36,11 @@ from kvflow.engine_worker.memory.budget import (
 from kvflow.engine_worker.memory.host import host_memory
 from kvflow.engine_worker.memory.report import MemoryReport
 from kvflow.engine_worker.memory.weight_memory import weight_memory
-from kvflow.engine_worker.model.attention import AttentionMetadata, compute_dtype, kv_cache_shape
+from kvflow.engine_worker.model.attention import compute_dtype
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.decode_graphs import MAX_PADDED_TOKENS, bucket
 from kvflow.engine_worker.model.kv_quant import layout_name, row_width
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 from kvflow.engine_worker.settings import DEFAULT_CPU_KV_CACHE_GIB
 
 log = logging.getLogger(__name__)

@@ -34,11 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvflow.engine_worker.model.attention import (
-    AttentionMetadata,
-    DecodeBatch,
-    uses_paged_kernel,
-)
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata, DecodeBatch
+from kvflow.engine_worker.model.paged_kernel import uses_paged_kernel
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ when the token's K/V is written, from that token alone, so nothing is calibrated
 never needs requantizing when later tokens arrive.
 
 Why the scale sits inside the row, not in a tensor beside the cache: a block of one layer
-stays one contiguous run (``attention.kv_cache_shape``), values and scales together, so a KV
+stays one contiguous run (``paged_cache.kv_cache_shape``), values and scales together, so a KV
 transfer (kv_transfer/blocks.py, every transport), the prefix cache and CUDA-graph decode
 move and address quantized blocks exactly as they do float ones, with no second stream.
 
@@ -102,7 +102,7 @@ def row_width(head_dim: int, dtype: torch.dtype) -> int:
 
 
 def head_dim_of(kv_cache: torch.Tensor) -> int:
-    """The head dimension of a cache shaped as ``attention.kv_cache_shape`` makes it."""
+    """The head dimension of a cache shaped as ``paged_cache.kv_cache_shape`` makes it."""
     width = kv_cache.shape[-1]
     return width - SCALE_BYTES if is_quantized(kv_cache.dtype) else width
 
@@ -165,7 +165,7 @@ def as_words(kv_cache: torch.Tensor, num_rows: int) -> torch.Tensor:
 def write_quantized(
     kv_cache: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor
 ) -> torch.Tensor:
-    """``attention.write_kv`` into a quantized cache: quantize the step's rows, scatter them
+    """``paged_cache.write_kv`` into a quantized cache: quantize the step's rows, scatter them
     as integer words, and return what the cache now holds, dequantized to ``kv``'s dtype."""
     num_slots = kv_cache.shape[0] * kv_cache.shape[1]
     stored = quantize(kv, kv_cache.dtype)  # [num_tokens, 2, Hkv, head_dim + scale]
@@ -180,7 +180,7 @@ def gather_dequantized(
     dtype: torch.dtype,
     first_block: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``attention._gather`` of a quantized cache: the same whole-block copy (of the blocks'
+    """``paged_cache.gather_kv`` of a quantized cache: the same whole-block copy (of the blocks'
     bytes, as integer words), then one dequantizing pass over the tokens used, which is the
     copy SDPA reads; consecutive blocks are dequantized straight from the cache. Returns K
     and V, ``[..., Hkv, num_tokens, head_dim]`` each."""

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvflow.engine_worker.model.attention import AttentionMetadata, paged_attention
+from kvflow.engine_worker.model.attention import paged_attention
+from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.linear import Embedding, Linear, head_logits
 from kvflow.engine_worker.model.rope import RotaryEmbedding, Rotation
@@ -214,7 +215,7 @@ class LlamaForCausalLM(nn.Module):
 
         ``input_ids`` and ``positions`` are ``[T]`` int64, in the order ``meta`` lays the
         sequences out. Side effect: every layer writes the new tokens' keys and values into
-        its cache, ``kv_caches[i]`` (shaped as ``attention.kv_cache_shape`` says), at
+        its cache, ``kv_caches[i]`` (shaped as ``paged_cache.kv_cache_shape`` says), at
         ``meta.slot_mapping``.
         """
         assert len(kv_caches) == len(self.layers), (

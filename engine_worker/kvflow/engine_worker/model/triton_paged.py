@@ -151,7 +151,7 @@ def paged_decode(
 ) -> torch.Tensor:
     """One query token per row of ``q`` ``[B, H, D]`` attending to its context in the cache.
 
-    ``kv_cache`` is one layer's cache (``attention.kv_cache_shape``), its step's K/V already
+    ``kv_cache`` is one layer's cache (``paged_cache.kv_cache_shape``), its step's K/V already
     written; ``block_ids`` ``[B, max_blocks]`` the rows' block tables (entries past a row's
     context are never read); ``context_lens`` ``[B]`` the tokens each row attends to.
     Returns ``[B, H, D]`` in ``q``'s dtype. ``splits``: the runs per context (None: chosen

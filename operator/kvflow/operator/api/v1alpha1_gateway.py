@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, cel, field
-from kvflow.operator.api.v1alpha1 import ROUTER_AUTH_RULES, RouterSpec
 from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
 from kvflow.operator.api.v1alpha1_degradation import DegradationSpec
+from kvflow.operator.api.v1alpha1_router import ROUTER_AUTH_RULES, RouterSpec
 from kvflow.operator.api.v1alpha1_status import Condition
 
 GATEWAY_KIND = "InferenceGateway"

@@ -8,7 +8,7 @@ a Deployment is refused or a worker crashes on start.
 
 from __future__ import annotations
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_model, v1alpha1_router, v1alpha1_workers
 from kvflow.operator.api.quantity import QuantityError, parse_quantity
 
 GIB = 2**30
@@ -48,8 +48,8 @@ def spec_problems(spec: v1alpha1.InferencePoolSpec) -> list[str]:
     return problems
 
 
-def auth_problems(router: v1alpha1.RouterSpec) -> list[str]:
-    """The CRD's rules on authentication (v1alpha1.ROUTER_AUTH_RULES), checked again: a pool
+def auth_problems(router: v1alpha1_router.RouterSpec) -> list[str]:
+    """The CRD's rules on authentication (v1alpha1_router.ROUTER_AUTH_RULES), checked again: a pool
     stored before the CRD had them, or under an older CRD, is not deployed open either."""
     if router.tenants_secret is None and not router.allow_unauthenticated:
         return [
@@ -65,12 +65,12 @@ def auth_problems(router: v1alpha1.RouterSpec) -> list[str]:
     return []
 
 
-def router_problems(router: v1alpha1.RouterSpec) -> list[str]:
+def router_problems(router: v1alpha1_router.RouterSpec) -> list[str]:
     """What is wrong with an InferenceGateway's router that its schema let through."""
     return _resource_problems("router.resources", router.resources)
 
 
-def _roles(spec: v1alpha1.InferencePoolSpec) -> list[tuple[str, v1alpha1.RoleSpec]]:
+def _roles(spec: v1alpha1.InferencePoolSpec) -> list[tuple[str, v1alpha1_workers.RoleSpec]]:
     if spec.mode == "colocated":
         return [("colocated", spec.colocated)]
     return [(name, r) for name, r in (("prefill", spec.prefill), ("decode", spec.decode)) if r]
@@ -83,7 +83,7 @@ def _extra_args_problems(extra_args: list[str]) -> list[str]:
     return [f"engine.extraArgs sets {', '.join(owned)}, which the operator sets from the spec"]
 
 
-def _resource_problems(where: str, resources: v1alpha1.Resources) -> list[str]:
+def _resource_problems(where: str, resources: v1alpha1_workers.Resources) -> list[str]:
     problems: list[str] = []
     parsed: dict[str, dict[str, object]] = {"requests": {}, "limits": {}}
     for kind, values in (("requests", resources.requests), ("limits", resources.limits)):
@@ -109,7 +109,7 @@ BUILTIN_MODEL_SPLITS = (1, 3)
 
 
 def _tensor_parallel_problems(
-    where: str, role: v1alpha1.RoleSpec, model: v1alpha1.ModelSpec
+    where: str, role: v1alpha1_workers.RoleSpec, model: v1alpha1_model.ModelSpec
 ) -> list[str]:
     """gpusPerPod above 1 splits the model over the pod's GPUs (--tensor-parallel-size)."""
     gpus = role.gpus_per_pod
@@ -124,7 +124,7 @@ def _tensor_parallel_problems(
 
 
 def _kv_cache_problems(
-    where: str, role: v1alpha1.RoleSpec, kv_cache_gib: float | None
+    where: str, role: v1alpha1_workers.RoleSpec, kv_cache_gib: float | None
 ) -> list[str]:
     """On CPU the KV cache lives in the container's memory, which the limit caps (a worker
     also checks it at start, against the cgroup's limit, with its weights and activations)."""

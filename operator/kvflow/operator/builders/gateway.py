@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_model, v1alpha1_router
 from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json
 from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
@@ -118,7 +118,7 @@ def pool_model_mount(pool: str) -> str:
     return f"{GATEWAY_MODELS_MOUNT}/{pool}"
 
 
-def pool_model_path(pool: str, model: v1alpha1.ModelSpec) -> str:
+def pool_model_path(pool: str, model: v1alpha1_model.ModelSpec) -> str:
     """The pool's tokenizer and chat template as the gateway pod sees them; empty: the
     router's built-in model."""
     if model.volume is not None and model.path:
@@ -248,7 +248,7 @@ def gateway_configmap(gateway: GatewayRef, text: str) -> dict[str, Json]:
 
 def worker_token(
     used: Sequence[str], pools: Mapping[str, v1alpha1.InferencePoolSpec]
-) -> tuple[v1alpha1.SecretKeyRef | None, list[str]]:
+) -> tuple[v1alpha1_router.SecretKeyRef | None, list[str]]:
     """The worker token the gateway presents (a router has one), and the problem when the
     pools it fronts use different ones (each pool without a workerTokenSecret has its own
     generated one, so pools behind one gateway name a shared Secret key)."""
@@ -314,7 +314,7 @@ def gateway_deployment(
     return deployment
 
 
-def gateway_service(gateway: GatewayRef, router: v1alpha1.RouterSpec) -> dict[str, Json]:
+def gateway_service(gateway: GatewayRef, router: v1alpha1_router.RouterSpec) -> dict[str, Json]:
     """What tenants call: the OpenAI API of the gateway's routers."""
     return {
         "apiVersion": "v1",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_workers
 from kvflow.operator.api.schema import Json
 from kvflow.operator.api.v1alpha1_planner import WorkerRoleName
 
@@ -131,7 +131,7 @@ def metadata(
 
 def worker_roles(
     spec: v1alpha1.InferencePoolSpec,
-) -> list[tuple[WorkerRole, v1alpha1.RoleSpec]]:
+) -> list[tuple[WorkerRole, v1alpha1_workers.RoleSpec]]:
     """The worker roles the pool's mode asks for, each with its settings."""
     if spec.mode == "colocated":
         return [("colocated", spec.colocated)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_model, v1alpha1_router, v1alpha1_workers
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import IMAGE_UID
 
@@ -45,7 +45,7 @@ def http_probe(path: str, port: str, period_s: int, failures: int) -> dict[str, 
     }
 
 
-def resources(spec: v1alpha1.Resources, gpus: int = 0) -> dict[str, Json]:
+def resources(spec: v1alpha1_workers.Resources, gpus: int = 0) -> dict[str, Json]:
     """Container resources; GPUs go in both requests and limits (extended resources must)."""
     requests: dict[str, Json] = {k: _quantity(v) for k, v in spec.requests.items()}
     limits: dict[str, Json] = {k: _quantity(v) for k, v in spec.limits.items()}
@@ -72,7 +72,7 @@ def scratch_volume() -> tuple[dict[str, Json], dict[str, Json]]:
     )
 
 
-def model_volume(model: v1alpha1.ModelSpec) -> tuple[dict[str, Json], dict[str, Json]] | None:
+def model_volume(model: v1alpha1_model.ModelSpec) -> tuple[dict[str, Json], dict[str, Json]] | None:
     source = model.volume
     if source is None:
         return None
@@ -113,7 +113,7 @@ def worker_tls_client_args(server_name: str) -> list[str]:
             "--worker-tls-server-name", server_name]  # fmt: skip
 
 
-def model_path(model: v1alpha1.ModelSpec) -> str:
+def model_path(model: v1alpha1_model.ModelSpec) -> str:
     """What --model gets; empty means the built-in default model (the flag is left out)."""
     if model.volume is not None and model.path:
         return f"{MODEL_MOUNT}/{model.path}"
@@ -145,14 +145,14 @@ WORKER_TOKEN_ENV = "KVFLOW_WORKER_TOKEN"  # engine_worker/auth.py reads it, the 
 CACHE_SALT_SECRET_ENV = "KVFLOW_CACHE_SALT_SECRET"
 
 
-def worker_token_env(ref: v1alpha1.SecretKeyRef) -> list[dict[str, Json]]:
+def worker_token_env(ref: v1alpha1_router.SecretKeyRef) -> list[dict[str, Json]]:
     """The worker token from its Secret key (`worker_token.effective_worker_token`), for
     workers and routers alike."""
     secret_ref: Json = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
     return [{"name": WORKER_TOKEN_ENV, "valueFrom": secret_ref}]
 
 
-def router_secret_env(ref: v1alpha1.SecretKeyRef) -> list[dict[str, Json]]:
+def router_secret_env(ref: v1alpha1_router.SecretKeyRef) -> list[dict[str, Json]]:
     """A router's secrets: the worker token, and the cache-salt secret derived from it."""
     secret_ref: Json = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
     return [*worker_token_env(ref), {"name": CACHE_SALT_SECRET_ENV, "valueFrom": secret_ref}]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from kvflow.operator.api import v1alpha1, v1alpha1_status
+from kvflow.operator.api import v1alpha1, v1alpha1_status, v1alpha1_workers
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import WorkerRole, worker_roles
 
@@ -34,7 +34,7 @@ HANDOVER_MANAGER = "kvflow-operator-handover"
 
 
 def replica_owner(
-    spec: v1alpha1.InferencePoolSpec, role: WorkerRole, role_spec: v1alpha1.RoleSpec
+    spec: v1alpha1.InferencePoolSpec, role: WorkerRole, role_spec: v1alpha1_workers.RoleSpec
 ) -> ReplicaOwner:
     if role_spec.external_autoscaler:
         return "external"

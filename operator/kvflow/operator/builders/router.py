@@ -9,7 +9,13 @@ from dataclasses import field as dataclass_field
 
 import yaml
 
-from kvflow.operator.api import v1alpha1, v1alpha1_admission, v1alpha1_response_cache
+from kvflow.operator.api import (
+    v1alpha1,
+    v1alpha1_admission,
+    v1alpha1_model,
+    v1alpha1_response_cache,
+    v1alpha1_router,
+)
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.names import (
@@ -53,7 +59,7 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
     return config
 
 
-def prices_entry(prices: v1alpha1.PriceSpec | None) -> dict[str, Json] | None:
+def prices_entry(prices: v1alpha1_model.PriceSpec | None) -> dict[str, Json] | None:
     """One model's entry of the router's `prices:` section: decimal strings, as the router
     parses them exactly."""
     if prices is None:
@@ -67,7 +73,7 @@ def prices_entry(prices: v1alpha1.PriceSpec | None) -> dict[str, Json] | None:
     return entry
 
 
-def routing_section(router: v1alpha1.RouterSpec) -> dict[str, Json]:
+def routing_section(router: v1alpha1_router.RouterSpec) -> dict[str, Json]:
     """The router config's `routing:` section: the scorer weights (a pool's or a gateway's)."""
     weights = router.scorer_weights
     # Each field's snake_case name is the router's name for its scorer (the contract
@@ -81,7 +87,7 @@ def routing_section(router: v1alpha1.RouterSpec) -> dict[str, Json]:
     return {"weights": {name: value for name, value in named.items() if value is not None}}
 
 
-def disaggregation_config(policy: v1alpha1.DisaggregationSpec) -> dict[str, Json]:
+def disaggregation_config(policy: v1alpha1_router.DisaggregationSpec) -> dict[str, Json]:
     """The router's `disaggregation:` section; unset fields keep the router's defaults."""
     section: dict[str, Json] = {"enabled": True}
     optional = {
@@ -131,7 +137,7 @@ def listen_args() -> list[str]:
             "--metrics-port", str(ROUTER_METRICS_PORT)]  # fmt: skip
 
 
-def shared_args(router: v1alpha1.RouterSpec) -> list[str]:
+def shared_args(router: v1alpha1_router.RouterSpec) -> list[str]:
     """Flags every router gets from its RouterSpec, a pool's or a gateway's."""
     args = ["--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"]
     redis = router.redis
@@ -214,7 +220,9 @@ class RouterPod:
     pod_labels: dict[str, str] = dataclass_field(default_factory=dict)  # beyond meta's
 
 
-def router_workload(pod: RouterPod, router: v1alpha1.RouterSpec, images: Images) -> dict[str, Json]:
+def router_workload(
+    pod: RouterPod, router: v1alpha1_router.RouterSpec, images: Images
+) -> dict[str, Json]:
     """The router Deployment: hardened, probed, draining, rolled by its config's hash."""
     scratch, scratch_mount = pods.scratch_volume()
     volumes: list[Json] = [scratch, {"name": "config", "configMap": {"name": pod.config_map}}]

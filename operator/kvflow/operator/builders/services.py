@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1_router
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import (
     LABEL_COMPONENT,
@@ -37,7 +37,7 @@ def workers_service(pool: PoolRef) -> dict[str, Json]:
     }
 
 
-def gateway_service(pool: PoolRef, router: v1alpha1.RouterSpec) -> dict[str, Json]:
+def gateway_service(pool: PoolRef, router: v1alpha1_router.RouterSpec) -> dict[str, Json]:
     """What tenants call: the OpenAI API of the router replicas."""
     return {
         "apiVersion": "v1",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import secrets
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_router
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders.names import PoolRef, metadata
 
@@ -28,11 +28,11 @@ def generated_token_secret_name(pool_name: str) -> str:
 
 def effective_worker_token(
     pool_name: str, spec: v1alpha1.InferencePoolSpec
-) -> v1alpha1.SecretKeyRef:
+) -> v1alpha1_router.SecretKeyRef:
     """The Secret key the pool's workers and routers read their token from."""
     if spec.worker_token_secret is not None:
         return spec.worker_token_secret
-    return v1alpha1.SecretKeyRef(
+    return v1alpha1_router.SecretKeyRef(
         name=generated_token_secret_name(pool_name), key=GENERATED_TOKEN_KEY
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvflow.operator.api import v1alpha1
+from kvflow.operator.api import v1alpha1, v1alpha1_workers
 from kvflow.operator.api.schema import Json
 from kvflow.operator.builders import pods
 from kvflow.operator.builders.names import (
@@ -97,7 +97,7 @@ def worker_deployment(
     pool: PoolRef,
     spec: v1alpha1.InferencePoolSpec,
     role: WorkerRole,
-    role_spec: v1alpha1.RoleSpec,
+    role_spec: v1alpha1_workers.RoleSpec,
     images: Images,
     replicas: int | None,
 ) -> dict[str, Json]:

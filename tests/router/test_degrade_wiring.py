@@ -62,6 +62,12 @@ def test_the_section_parses_with_aliases_sharing_the_ladder() -> None:
     assert spec.ladder.steps == (Step.CAP_MAX_TOKENS, Step.DROP_EXTRAS, Step.FALLBACK_MODEL)
     assert (spec.targets.ttft_s, spec.max_tokens_cap, spec.fallback_model) == (1.0, 64, "small")
     assert parse_config({"pools": POOLS}).degradation == {}  # off unless configured
+    assert (spec.ladder.reengage_window_s, spec.ladder.max_release_after_s) == (120, 480)
+    backed = parse_config(config(reengage_window_s=0, max_release_after_s=60)).degradation
+    assert (backed["big"].ladder.reengage_window_s, backed["big"].ladder.max_release_after_s) == (
+        0,
+        60,
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,6 +86,8 @@ def test_the_section_parses_with_aliases_sharing_the_ladder() -> None:
         ({"slo_percentile": 100}, "slo_percentile must be in (0, 100)"),
         ({"max_tokens_cap": 0}, "max_tokens_cap must be an integer >= 1"),
         ({"typo_s": 1}, "unknown fields ['typo_s']"),
+        ({"reengage_window_s": -1}, "reengage_window_s must be >= 0"),
+        ({"max_release_after_s": "long"}, "max_release_after_s must be a number"),
     ],
 )
 def test_config_errors_name_the_field(ladder: dict[str, Any], message: str) -> None:

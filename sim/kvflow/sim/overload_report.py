@@ -167,6 +167,8 @@ def _ladder_dict(ladder: LadderConfig) -> dict[str, Any]:
         "release_queue_s": ladder.release_queue_s,
         "engage_after_s": ladder.engage_after_s,
         "release_after_s": ladder.release_after_s,
+        "reengage_window_s": ladder.reengage_window_s,
+        "max_release_after_s": ladder.max_release_after_s,
         "min_requests": ladder.min_requests,
     }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvflow.router.degrade.ladder import DegradationLadder, LadderConfig, Step
@@ -129,3 +131,36 @@ def test_the_back_off_cap_is_never_below_the_plain_release_dwell() -> None:
     assert cfg.release_cap_s == 600
     with pytest.raises(ValueError, match="reengage_window_s"):
         LadderConfig(reengage_window_s=-1)
+
+
+def test_a_release_waits_until_the_offered_load_falls_or_the_longest_dwell() -> None:
+    cfg = LadderConfig(steps=STEPS, engage_after_s=10, release_after_s=30,
+                       max_release_after_s=100, release_offered_ratio=0.9)  # fmt: skip
+    busy_hot, busy_calm = replace(HOT, offered_per_s=20), replace(CALM, offered_per_s=19)
+    eased = replace(CALM, offered_per_s=17)  # under 0.9 x 20
+    lad = DegradationLadder(cfg)
+    lad.observe(0, busy_hot)
+    assert lad.observe(10, busy_hot) is not None
+    for now in range(11, 60):  # calm, but asked for as much as when the step was taken
+        assert lad.observe(now, busy_calm) is None
+    t = lad.observe(60, eased)
+    assert t is not None and t.action == "released" and lad.level == 0
+    # The load never eases (capacity was added, say): released after the longest dwell.
+    lad = DegradationLadder(cfg)
+    lad.observe(0, busy_hot)
+    lad.observe(10, busy_hot)
+    released = [now for now in range(11, 200) if lad.observe(now, busy_calm) is not None]
+    assert released == [111]
+    # Not asked (ratio 0), or no arrivals recorded: the plain dwell.
+    lad = DegradationLadder(replace(cfg, release_offered_ratio=0))
+    lad.observe(0, busy_hot)
+    lad.observe(10, busy_hot)
+    assert [now for now in range(11, 200) if lad.observe(now, busy_calm)] == [41]
+
+
+def test_window_offered_load_counts_every_arrival() -> None:
+    win = SloWindow(SloTargets(ttft_s=1.0, tpot_s=0.05), window_s=10)
+    for i in range(30):
+        win.record_arrival(i * 0.5)
+    assert win.signals(14.5).offered_per_s == pytest.approx(21 / 10)  # 4.5 s to 14.5 s
+    assert win.signals(100.0).offered_per_s == 0.0

@@ -62,6 +62,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-release-after-s", type=float,
                    default=DEFAULT_LADDER.max_release_after_s,
                    help="the longest release dwell the doubling reaches")  # fmt: skip
+    p.add_argument("--release-offered-ratio", type=float,
+                   default=DEFAULT_LADDER.release_offered_ratio,
+                   help="release a step once arrivals/s fall under this share of those when "
+                   "it was taken (0: not asked)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write load, ladder level and goodput over time here (PNG)")
@@ -84,6 +88,7 @@ def config_from(args: argparse.Namespace) -> OverloadConfig:
             release_after_s=args.release_after_s,
             reengage_window_s=args.reengage_window_s,
             max_release_after_s=args.max_release_after_s,
+            release_offered_ratio=args.release_offered_ratio,
         ),
         max_tokens_cap=args.max_tokens_cap,
         window_s=args.window_s,

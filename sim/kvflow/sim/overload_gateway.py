@@ -158,6 +158,9 @@ class OverloadGateway:
             queue_s,
         )
 
+    def record_arrival(self, now_s: float) -> None:
+        self.window.record_arrival(now_s)
+
     def record_refused(self, now_s: float, queue_s: float = 0.0) -> None:
         self.window.record(now_s, None, None, queue_s)
 

@@ -105,6 +105,14 @@ class DegradationSpec:
         minimum=0,
         maximum=3600,
     )
+    release_offered_ratio: float = field(
+        """A step is reverted only once the model's arrivals per second are under this share
+        of what they were when the step was taken (or after maxReleaseAfterSeconds of calm):
+        calm signals under a step may be the step's doing. 0: the load is not asked.""",
+        0.9,
+        minimum=0,
+        maximum=1000,
+    )
     min_requests: int = field(
         "Fewer requests in the window than this: the ladder holds (too few to judge).",
         5,

@@ -15,8 +15,14 @@ of overload undegraded. The ladder learns from that as a circuit breaker does wh
 re-opens: a step engaged again within ``reengage_window_s`` of its release doubles its next
 release dwell (``release_after_s``, then twice, four times ..., never past
 ``max_release_after_s``); engaged after a longer calm, it starts from ``release_after_s``
-again. An overload that ends is released after one plain dwell; one that outlasts the
-dwell costs a flap or two and then holds the step until it is really gone.
+again.
+
+**A release waits for the demand to fall.** The back-off only learns from a flap; the
+offered load (the window's arrivals per second, which no step changes) says beforehand
+that the overload goes on. A step is released only once the offered load is under
+``release_offered_ratio`` of what it was when the step was taken, or once the signals have
+been calm for ``max_release_after_s`` whatever the load (capacity may have been added:
+the load that was too much may fit now). A ladder fed no arrivals (offered 0) skips this.
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ class LadderConfig:
     # (0: never), up to max_release_after_s (never below release_after_s).
     reengage_window_s: float = 120.0
     max_release_after_s: float = 480.0
+    # A step is released only once the offered load is under this share of what it was when
+    # the step was taken (or after max_release_after_s calm); 0: the load is not asked.
+    release_offered_ratio: float = 0.9
 
     def __post_init__(self) -> None:
         if len(set(self.steps)) != len(self.steps):
@@ -65,6 +74,8 @@ class LadderConfig:
             raise ValueError("dwell times and reengage_window_s must be >= 0")
         if self.max_release_after_s < 0:
             raise ValueError("max_release_after_s must be >= 0")
+        if self.release_offered_ratio < 0:
+            raise ValueError("release_offered_ratio must be >= 0")
 
     @property
     def release_cap_s(self) -> float:
@@ -90,6 +101,7 @@ class DegradationLadder:
     # Per step: when it was last released, and the calm it needs to be released next time.
     _released_at_s: dict[Step, float] = field(default_factory=dict, repr=False)
     _release_dwell_s: dict[Step, float] = field(default_factory=dict, repr=False)
+    _engaged_offered_per_s: dict[Step, float] = field(default_factory=dict, repr=False)
 
     @property
     def active(self) -> tuple[Step, ...]:
@@ -102,8 +114,9 @@ class DegradationLadder:
         """How long the signals must stay calm before ``step`` is reverted."""
         return self._release_dwell_s.get(step, self.config.release_after_s)
 
-    def _engage(self, now_s: float, step: Step) -> None:
+    def _engage(self, now_s: float, step: Step, offered_per_s: float) -> None:
         cfg = self.config
+        self._engaged_offered_per_s[step] = offered_per_s
         released_at = self._released_at_s.get(step)
         if released_at is not None and now_s - released_at <= cfg.reengage_window_s:
             # Needed again soon after its release: the release came too early.
@@ -129,7 +142,7 @@ class DegradationLadder:
             self._hot_since_s = now_s if self._hot_since_s is None else self._hot_since_s
             if self.level < len(cfg.steps) and now_s - self._hot_since_s >= cfg.engage_after_s:
                 self.level += 1
-                self._engage(now_s, cfg.steps[self.level - 1])
+                self._engage(now_s, cfg.steps[self.level - 1], signals.offered_per_s)
                 self._hot_since_s = now_s  # the next step waits a full dwell
                 return Transition(
                     now_s, cfg.steps[self.level - 1], "engaged", self.level, _why(signals)
@@ -140,16 +153,29 @@ class DegradationLadder:
             self._calm_since_s = None if not calm else self._calm_since_s
             return None
         self._calm_since_s = now_s if self._calm_since_s is None else self._calm_since_s
-        if now_s - self._calm_since_s >= self.release_dwell_s(cfg.steps[self.level - 1]):
+        step = cfg.steps[self.level - 1]
+        calm_s = now_s - self._calm_since_s
+        if calm_s >= self.release_dwell_s(step) and (
+            calm_s >= cfg.release_cap_s or self._load_fell(step, signals)
+        ):
             self.level -= 1
             self._released_at_s[cfg.steps[self.level]] = now_s
             self._calm_since_s = now_s
             return Transition(now_s, cfg.steps[self.level], "released", self.level, _why(signals))
         return None
 
+    def _load_fell(self, step: Step, signals: SloSignals) -> bool:
+        """Is the offered load under its share of what it was when ``step`` was taken?"""
+        engaged = self._engaged_offered_per_s.get(step, 0.0)
+        ratio = self.config.release_offered_ratio
+        if ratio == 0 or engaged == 0 or signals.offered_per_s == 0:
+            return True  # not asked, or no arrivals recorded
+        return signals.offered_per_s < ratio * engaged
+
 
 def _why(s: SloSignals) -> str:
     return (
         f"TTFT burn {s.ttft_burn:.2f}, TPOT burn {s.tpot_burn:.2f}, "
-        f"queue P90 {s.queue_p90_s:.2f} s over {s.requests} requests"
+        f"queue P90 {s.queue_p90_s:.2f} s over {s.requests} requests, "
+        f"offered {s.offered_per_s:.2f}/s"
     )

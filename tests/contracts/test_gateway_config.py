@@ -148,7 +148,8 @@ def test_the_router_reads_each_models_degradation_ladder() -> None:
 
     ladder = {"steps": ["cap_max_tokens", "drop_extras", "fallback_model", "queue_with_deadline"],
               "slo": {"ttftTargetMs": 500, "tpotTargetMs": 50, "percentile": 95},
-              "engageAfterSeconds": 5, "maxTokensCap": 256, "fallbackModel": "smollm2-small",
+              "engageAfterSeconds": 5, "reengageWindowSeconds": 300, "maxTokensCap": 256,
+              "fallbackModel": "smollm2-small",
               "queueDeadlineSeconds": 4}  # fmt: skip
     resolution = resolve(
         [
@@ -172,6 +173,8 @@ def test_the_router_reads_each_models_degradation_ladder() -> None:
                                 Step.QUEUE_WITH_DEADLINE)  # fmt: skip
     assert (big.targets.ttft_s, big.targets.tpot_s, big.targets.percentile) == (0.5, 0.05, 95)
     assert (big.ladder.engage_after_s, big.ladder.release_after_s) == (5, 30)  # the default
+    assert (big.ladder.reengage_window_s, big.ladder.max_release_after_s) == (300, 480)
+    assert big.ladder.release_offered_ratio == 0.9
     assert (big.max_tokens_cap, big.fallback_model, big.queue_deadline_s) == (
         256,
         "smollm2-small",

@@ -207,7 +207,11 @@ def test_a_full_cluster_waits_for_capacity_up_to_the_deadline(tmp_path: Path) ->
     worker = FakeWorker(tokens=TOKENS)  # serves "fake"
     config = {"degradation": {"fake": {"steps": ["queue_with_deadline"], "queue_deadline_s": 2,
                                        **FAST_LADDER, "engage_after_s": 0,
-                                       "ttft_slo_s": 1.0}}}  # fmt: skip
+                                       "ttft_slo_s": 1.0,
+                                       # Capacity, not demand, comes and goes here: the
+                                       # requests keep coming as fast while it is back, and
+                                       # the release must not wait for them to ease.
+                                       "release_offered_ratio": 0}}}  # fmt: skip
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(config))
     with (

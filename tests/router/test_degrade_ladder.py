@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvflow.router.degrade.ladder import DegradationLadder, LadderConfig, Step
@@ -83,3 +85,82 @@ def test_window_burn_rates_and_queue_p90() -> None:
     win.record(5.0, ttft_s=None, tpot_s=None)  # refused: late, no TPOT
     assert win.signals(5.0).ttft_burn == pytest.approx(4 / 11 / 0.1)
     assert win.signals(100.0) == SloSignals.calm()  # the window forgets
+
+
+def _flap(lad: DegradationLadder, engage_at: float) -> float:
+    """Hot from ``engage_at`` until the first step engages, then calm until it is released;
+    returns the calm the release needed."""
+    now = engage_at
+    while lad.level == 0:
+        lad.observe(now, HOT)
+        now += 1
+    calm_from = now
+    while lad.level == 1:
+        lad.observe(now, CALM)
+        now += 1
+    return now - 1 - calm_from
+
+
+def test_a_step_needed_again_soon_after_its_release_doubles_its_next_release_dwell() -> None:
+    cfg = LadderConfig(steps=STEPS, engage_after_s=10, release_after_s=30,
+                       reengage_window_s=60, max_release_after_s=100)  # fmt: skip
+    lad = DegradationLadder(cfg)
+    dwells = []
+    now = 0.0
+    for _ in range(4):  # hot again a few seconds after each release: the calm was the step's
+        dwells.append(_flap(lad, now))
+        now = lad._released_at_s[Step.CAP_MAX_TOKENS] + 5
+    assert dwells == [30, 60, 100, 100]  # doubled, up to the cap
+    assert lad.release_dwell_s(Step.CAP_MAX_TOKENS) == 100
+    # Needed again only after a calm longer than the re-engage window: back to the plain dwell.
+    assert _flap(lad, lad._released_at_s[Step.CAP_MAX_TOKENS] + 61) == 30
+
+
+def test_reengage_window_zero_never_backs_off() -> None:
+    cfg = LadderConfig(steps=STEPS, engage_after_s=10, release_after_s=30, reengage_window_s=0)
+    lad = DegradationLadder(cfg)
+    assert [_flap(lad, 0 if i == 0 else lad._released_at_s[STEPS[0]] + 1) for i in range(3)] == [
+        30,
+        30,
+        30,
+    ]
+
+
+def test_the_back_off_cap_is_never_below_the_plain_release_dwell() -> None:
+    cfg = LadderConfig(steps=STEPS, release_after_s=600, max_release_after_s=480)
+    assert cfg.release_cap_s == 600
+    with pytest.raises(ValueError, match="reengage_window_s"):
+        LadderConfig(reengage_window_s=-1)
+
+
+def test_a_release_waits_until_the_offered_load_falls_or_the_longest_dwell() -> None:
+    cfg = LadderConfig(steps=STEPS, engage_after_s=10, release_after_s=30,
+                       max_release_after_s=100, release_offered_ratio=0.9)  # fmt: skip
+    busy_hot, busy_calm = replace(HOT, offered_per_s=20), replace(CALM, offered_per_s=19)
+    eased = replace(CALM, offered_per_s=17)  # under 0.9 x 20
+    lad = DegradationLadder(cfg)
+    lad.observe(0, busy_hot)
+    assert lad.observe(10, busy_hot) is not None
+    for now in range(11, 60):  # calm, but asked for as much as when the step was taken
+        assert lad.observe(now, busy_calm) is None
+    t = lad.observe(60, eased)
+    assert t is not None and t.action == "released" and lad.level == 0
+    # The load never eases (capacity was added, say): released after the longest dwell.
+    lad = DegradationLadder(cfg)
+    lad.observe(0, busy_hot)
+    lad.observe(10, busy_hot)
+    released = [now for now in range(11, 200) if lad.observe(now, busy_calm) is not None]
+    assert released == [111]
+    # Not asked (ratio 0), or no arrivals recorded: the plain dwell.
+    lad = DegradationLadder(replace(cfg, release_offered_ratio=0))
+    lad.observe(0, busy_hot)
+    lad.observe(10, busy_hot)
+    assert [now for now in range(11, 200) if lad.observe(now, busy_calm)] == [41]
+
+
+def test_window_offered_load_counts_every_arrival() -> None:
+    win = SloWindow(SloTargets(ttft_s=1.0, tpot_s=0.05), window_s=10)
+    for i in range(30):
+        win.record_arrival(i * 0.5)
+    assert win.signals(14.5).offered_per_s == pytest.approx(21 / 10)  # 4.5 s to 14.5 s
+    assert win.signals(100.0).offered_per_s == 0.0

@@ -62,6 +62,12 @@ def test_the_section_parses_with_aliases_sharing_the_ladder() -> None:
     assert spec.ladder.steps == (Step.CAP_MAX_TOKENS, Step.DROP_EXTRAS, Step.FALLBACK_MODEL)
     assert (spec.targets.ttft_s, spec.max_tokens_cap, spec.fallback_model) == (1.0, 64, "small")
     assert parse_config({"pools": POOLS}).degradation == {}  # off unless configured
+    assert (spec.ladder.reengage_window_s, spec.ladder.max_release_after_s) == (120, 480)
+    backed = parse_config(config(reengage_window_s=0, max_release_after_s=60)).degradation
+    assert (backed["big"].ladder.reengage_window_s, backed["big"].ladder.max_release_after_s) == (
+        0,
+        60,
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,6 +86,9 @@ def test_the_section_parses_with_aliases_sharing_the_ladder() -> None:
         ({"slo_percentile": 100}, "slo_percentile must be in (0, 100)"),
         ({"max_tokens_cap": 0}, "max_tokens_cap must be an integer >= 1"),
         ({"typo_s": 1}, "unknown fields ['typo_s']"),
+        ({"reengage_window_s": -1}, "reengage_window_s must be >= 0"),
+        ({"max_release_after_s": "long"}, "max_release_after_s must be a number"),
+        ({"release_offered_ratio": -0.5}, "release_offered_ratio must be >= 0"),
     ],
 )
 def test_config_errors_name_the_field(ladder: dict[str, Any], message: str) -> None:
@@ -220,6 +229,27 @@ def test_slow_requests_climb_the_ladder_and_calm_ones_revert_it() -> None:
         (Step.CAP_MAX_TOKENS, "released"),
     ]  # fmt: skip
     assert d.plan(chat(max_tokens=500), ANONYMOUS).header is None
+
+
+def test_a_step_is_held_while_the_requests_keep_coming_and_released_when_they_ease() -> None:
+    clock = Clock()
+    d = degradation(clock, steps=["cap_max_tokens"], max_release_after_s=40)
+    for _ in range(3):  # hot, 5 requests a second: cap_max_tokens is taken at 2 s
+        serve(d, clock, ttft_s=3.0)
+        clock.now_s += 1
+        d.check()
+    assert d.level("big") == 1
+    moves = []
+    for _ in range(20):  # served on time under the cap, but asked for as often: hold
+        serve(d, clock, ttft_s=0.1)
+        clock.now_s += 1
+        moves += d.check()
+    assert moves == [] and d.level("big") == 1
+    for _ in range(15):  # the requests ease to 1 a second: released
+        serve(d, clock, ttft_s=0.1, n=1)
+        clock.now_s += 1
+        moves += d.check()
+    assert [(t.step, t.action) for _, t in moves] == [(Step.CAP_MAX_TOKENS, "released")]
 
 
 def test_the_response_cache_step_is_named_only_when_it_answered() -> None:

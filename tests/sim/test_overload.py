@@ -21,7 +21,9 @@ from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.degrade.ladder import LadderConfig
 from kvflow.router.routing.types import WorkerId
 from kvflow.router.serving.admission import WorkerQueue
+from kvflow.router.settings import parse_config
 from kvflow.sim.overload import OverloadConfig, OverloadResult, run_overload
+from kvflow.sim.overload_cli import config_from, parser
 from kvflow.sim.overload_gateway import (
     DEFAULT_STEPS,
     Decision,
@@ -106,6 +108,19 @@ def test_classes_are_refused_in_shed_order_and_held_when_queueing_is_on() -> Non
     assert gateway.decide(BATCH, [queue(4)], 0) is Decision.HOLD
     assert gateway.max_tokens(1024) == 256 and gateway.max_tokens(64) == 64
     assert gateway.hold_deadline_s(REALTIME, 10.0) == pytest.approx(10.5)
+
+
+def test_the_scenario_runs_the_gateways_ladder_defaults() -> None:
+    # The published figures are claimed for an unconfigured gateway's ladder: same
+    # thresholds, dwells, re-engage back-off and window as degrade/config.py's defaults.
+    spec = parse_config(
+        {"degradation": {"m": {"steps": ["drop_extras"], "ttft_slo_s": 1, "tpot_slo_s": 1}}}
+    ).degradation["m"]
+    args = parser().parse_args([])
+    ladder = config_from(args).gateway.ladder
+    assert ladder == dataclasses.replace(spec.ladder, steps=DEFAULT_STEPS)
+    assert GatewayConfig().ladder == ladder
+    assert args.window_s == GatewayConfig().window_s == spec.window_s
 
 
 def test_shed_waits_must_rise_in_shed_order() -> None:

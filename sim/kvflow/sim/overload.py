@@ -122,6 +122,7 @@ class OverloadCluster(VirtualCluster):
     def _arrive(self, request: BenchRequest) -> None:
         now_s = self.events.now_s
         arrival = self._arrivals[request.request_id]
+        self.gateway.record_arrival(now_s)
         max_tokens = self.gateway.max_tokens(request.num_output_tokens)
         pending = _Pending(arrival, max_tokens, max_tokens < request.num_output_tokens)
         decision = self._decide(arrival.traffic.priority_class)

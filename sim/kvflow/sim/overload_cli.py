@@ -56,6 +56,16 @@ def parser() -> argparse.ArgumentParser:
                    help="the ladder takes its next step after this long hot")  # fmt: skip
     p.add_argument("--release-after-s", type=float, default=DEFAULT_LADDER.release_after_s,
                    help="the ladder reverts its last step after this long calm")  # fmt: skip
+    p.add_argument("--reengage-window-s", type=float, default=DEFAULT_LADDER.reengage_window_s,
+                   help="a step engaged again within this long of its release doubles its "
+                   "next release dwell (0: never)")  # fmt: skip
+    p.add_argument("--max-release-after-s", type=float,
+                   default=DEFAULT_LADDER.max_release_after_s,
+                   help="the longest release dwell the doubling reaches")  # fmt: skip
+    p.add_argument("--release-offered-ratio", type=float,
+                   default=DEFAULT_LADDER.release_offered_ratio,
+                   help="release a step once arrivals/s fall under this share of those when "
+                   "it was taken (0: not asked)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write load, ladder level and goodput over time here (PNG)")
@@ -73,7 +83,12 @@ def config_from(args: argparse.Namespace) -> OverloadConfig:
             PriorityClass.REALTIME: realtime,
         },
         ladder=dataclasses.replace(
-            DEFAULT_LADDER, engage_after_s=args.engage_after_s, release_after_s=args.release_after_s
+            DEFAULT_LADDER,
+            engage_after_s=args.engage_after_s,
+            release_after_s=args.release_after_s,
+            reengage_window_s=args.reengage_window_s,
+            max_release_after_s=args.max_release_after_s,
+            release_offered_ratio=args.release_offered_ratio,
         ),
         max_tokens_cap=args.max_tokens_cap,
         window_s=args.window_s,

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvflow.proto.priority_class import SHED_ORDER, PriorityClass
+from kvflow.router.degrade.config import DEFAULT_WINDOW_S as GATEWAY_WINDOW_S
 from kvflow.router.degrade.ladder import DegradationLadder, LadderConfig, Step, Transition
 from kvflow.router.degrade.signals import SloSignals, SloTargets, SloWindow
 from kvflow.router.serving.admission import AdmissionConfig, TenantLoad, WorkerQueue, decide
@@ -51,12 +52,10 @@ DEFAULT_SHED_WAIT_S: Mapping[PriorityClass, float] = {
     PriorityClass.REALTIME: 30.0,
 }
 DEFAULT_STEPS: tuple[Step, ...] = (Step.CAP_MAX_TOKENS, Step.DROP_EXTRAS, Step.QUEUE_WITH_DEADLINE)
-# The gateway's thresholds, with other dwells than its defaults (engage after 10 s,
-# release after 30 s, a 30 s window): a faster climb, and a slower descent, because the
-# signals a step calms are calm *because* of the step (docs/simulator.md, "Overload and
-# the degradation ladder").
-DEFAULT_LADDER = LadderConfig(DEFAULT_STEPS, engage_after_s=5.0, release_after_s=120.0)
-DEFAULT_WINDOW_S = 15.0
+# The gateway's defaults (router degrade/config.py): its thresholds, dwells, re-engage
+# back-off and window, so what the scenario shows is what a gateway does unconfigured.
+DEFAULT_LADDER = LadderConfig(DEFAULT_STEPS)
+DEFAULT_WINDOW_S = GATEWAY_WINDOW_S
 # The window's targets: a sample is latency / its class's target, so 1.0 is "on target".
 _NORMALIZED = SloTargets(ttft_s=1.0, tpot_s=1.0, percentile=90.0)
 
@@ -158,6 +157,9 @@ class OverloadGateway:
             None if tpot_s is None else tpot_s / slo.tpot_s,
             queue_s,
         )
+
+    def record_arrival(self, now_s: float) -> None:
+        self.window.record_arrival(now_s)
 
     def record_refused(self, now_s: float, queue_s: float = 0.0) -> None:
         self.window.record(now_s, None, None, queue_s)

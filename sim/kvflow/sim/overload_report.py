@@ -107,6 +107,7 @@ def report_dict(result: OverloadResult) -> dict[str, Any]:
                     "tpot_burn": round(s.signals.tpot_burn, 3),
                     "queue_p90_s": round(s.signals.queue_p90_s, 3),
                     "requests": s.signals.requests,
+                    "offered_per_s": round(s.signals.offered_per_s, 3),
                 }
                 for s in arm.levels
             ],
@@ -167,6 +168,9 @@ def _ladder_dict(ladder: LadderConfig) -> dict[str, Any]:
         "release_queue_s": ladder.release_queue_s,
         "engage_after_s": ladder.engage_after_s,
         "release_after_s": ladder.release_after_s,
+        "reengage_window_s": ladder.reengage_window_s,
+        "max_release_after_s": ladder.max_release_after_s,
+        "release_offered_ratio": ladder.release_offered_ratio,
         "min_requests": ladder.min_requests,
     }
 

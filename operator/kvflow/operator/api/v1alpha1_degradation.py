@@ -91,6 +91,28 @@ class DegradationSpec:
     release_after_seconds: float = field(
         "Calm this long: the last step taken is reverted.", 30.0, minimum=0, maximum=3600
     )
+    reengage_window_seconds: float = field(
+        """A step taken again within this long of its release doubles its next release
+        dwell (releaseAfterSeconds, then twice, four times ...): the calm that released it
+        was the step's own doing. 0: never.""",
+        120.0,
+        minimum=0,
+        maximum=3600,
+    )
+    max_release_after_seconds: float = field(
+        "The longest release dwell the doubling reaches (never below releaseAfterSeconds).",
+        480.0,
+        minimum=0,
+        maximum=3600,
+    )
+    release_offered_ratio: float = field(
+        """A step is reverted only once the model's arrivals per second are under this share
+        of what they were when the step was taken (or after maxReleaseAfterSeconds of calm):
+        calm signals under a step may be the step's doing. 0: the load is not asked.""",
+        0.9,
+        minimum=0,
+        maximum=1000,
+    )
     min_requests: int = field(
         "Fewer requests in the window than this: the ladder holds (too few to judge).",
         5,

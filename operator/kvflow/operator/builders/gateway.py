@@ -225,6 +225,9 @@ def degradation_entry(d: DegradationSpec) -> dict[str, Json]:
         "release_queue_s": d.release_queue_seconds,
         "engage_after_s": d.engage_after_seconds,
         "release_after_s": d.release_after_seconds,
+        "reengage_window_s": d.reengage_window_seconds,
+        "max_release_after_s": d.max_release_after_seconds,
+        "release_offered_ratio": d.release_offered_ratio,
         "min_requests": d.min_requests,
     }
     optional = {"max_tokens_cap": d.max_tokens_cap, "fallback_model": d.fallback_model,

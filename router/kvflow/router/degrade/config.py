@@ -15,6 +15,10 @@ degradation:
     release_burn: 0.5               # every burn under this and
     release_queue_s: 0.5            # queue P90 under this is calm
     release_after_s: 30             # calm this long: revert the last step taken
+    reengage_window_s: 120          # a step engaged again this soon after its release ...
+    max_release_after_s: 480        # ... doubles its next release dwell, up to this
+    release_offered_ratio: 0.9      # release once arrivals/s < this x those at the step's
+                                    # engage (or after max_release_after_s calm); 0: off
     min_requests: 5                 # fewer in the window: hold (too few to judge)
     check_interval_s: 1.0           # how often the ladder looks at the window
     max_tokens_cap: 256             # cap_max_tokens: generate at most this many per choice
@@ -53,7 +57,8 @@ _STEP_FIELDS = {
     Step.QUEUE_WITH_DEADLINE: "queue_deadline_s",
 }
 _LADDER_FIELDS = ("engage_burn", "release_burn", "engage_queue_s", "release_queue_s",
-                  "engage_after_s", "release_after_s")  # fmt: skip
+                  "engage_after_s", "release_after_s", "reengage_window_s",
+                  "max_release_after_s", "release_offered_ratio")  # fmt: skip
 _KEYS = {"steps", "ttft_slo_s", "tpot_slo_s", "slo_percentile", "window_s", "min_requests",
          "check_interval_s", *_LADDER_FIELDS, *_STEP_FIELDS.values()}  # fmt: skip
 

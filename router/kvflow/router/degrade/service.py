@@ -250,6 +250,8 @@ class Degradation:
         state = self._by_name.get(request.model)
         if state is None:
             return RequestDegradation(request, clock=self._clock)
+        # The offered load the ladder's release asks about: every request, whatever follows.
+        state.window.record_arrival(self._clock())
         spec, active = state.spec, state.ladder.active
         plan = RequestDegradation(request, state, active, clock=self._clock)
         changed = False

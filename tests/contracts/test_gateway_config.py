@@ -174,7 +174,7 @@ def test_the_router_reads_each_models_degradation_ladder() -> None:
     assert (big.targets.ttft_s, big.targets.tpot_s, big.targets.percentile) == (0.5, 0.05, 95)
     assert (big.ladder.engage_after_s, big.ladder.release_after_s) == (5, 30)  # the default
     assert (big.ladder.reengage_window_s, big.ladder.max_release_after_s) == (300, 480)
-    assert big.ladder.release_offered_ratio == 0.9
+    assert big.ladder.release_offered_ratio == 0.0
     assert (big.max_tokens_cap, big.fallback_model, big.queue_deadline_s) == (
         256,
         "smollm2-small",

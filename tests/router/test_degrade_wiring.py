@@ -233,7 +233,9 @@ def test_slow_requests_climb_the_ladder_and_calm_ones_revert_it() -> None:
 
 def test_a_step_is_held_while_the_requests_keep_coming_and_released_when_they_ease() -> None:
     clock = Clock()
-    d = degradation(clock, steps=["cap_max_tokens"], max_release_after_s=40)
+    d = degradation(
+        clock, steps=["cap_max_tokens"], max_release_after_s=40, release_offered_ratio=0.9
+    )
     for _ in range(3):  # hot, 5 requests a second: cap_max_tokens is taken at 2 s
         serve(d, clock, ttft_s=3.0)
         clock.now_s += 1

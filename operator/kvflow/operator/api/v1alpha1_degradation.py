@@ -108,8 +108,9 @@ class DegradationSpec:
     release_offered_ratio: float = field(
         """A step is reverted only once the model's arrivals per second are under this share
         of what they were when the step was taken (or after maxReleaseAfterSeconds of calm):
-        calm signals under a step may be the step's doing. 0: the load is not asked.""",
-        0.9,
+        calm signals under a step may be the step's doing. 0 (the default): the load is not
+        asked, so capacity the planner adds releases the steps after one calm dwell.""",
+        0.0,
         minimum=0,
         maximum=1000,
     )

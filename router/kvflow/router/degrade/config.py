@@ -17,8 +17,8 @@ degradation:
     release_after_s: 30             # calm this long: revert the last step taken
     reengage_window_s: 120          # a step engaged again this soon after its release ...
     max_release_after_s: 480        # ... doubles its next release dwell, up to this
-    release_offered_ratio: 0.9      # release once arrivals/s < this x those at the step's
-                                    # engage (or after max_release_after_s calm); 0: off
+    release_offered_ratio: 0        # > 0: release once arrivals/s < this x those at the step's
+                                    # engage (or after max_release_after_s calm); 0: off (default)
     min_requests: 5                 # fewer in the window: hold (too few to judge)
     check_interval_s: 1.0           # how often the ladder looks at the window
     max_tokens_cap: 256             # cap_max_tokens: generate at most this many per choice

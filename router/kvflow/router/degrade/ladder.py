@@ -23,6 +23,9 @@ that the overload goes on. A step is released only once the offered load is unde
 ``release_offered_ratio`` of what it was when the step was taken, or once the signals have
 been calm for ``max_release_after_s`` whatever the load (capacity may have been added:
 the load that was too much may fit now). A ladder fed no arrivals (offered 0) skips this.
+Opt-in (``release_offered_ratio`` 0 by default): when it is capacity that comes back (a
+worker recovered, the planner added replicas) while the requests keep coming as fast, the
+hold would keep the steps for ``max_release_after_s``; the back-off alone costs a flap.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ class LadderConfig:
     max_release_after_s: float = 480.0
     # A step is released only once the offered load is under this share of what it was when
     # the step was taken (or after max_release_after_s calm); 0: the load is not asked.
-    release_offered_ratio: float = 0.9
+    # Off by default: a planner that adds capacity must see the steps released promptly.
+    release_offered_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if len(set(self.steps)) != len(self.steps):

@@ -38,6 +38,7 @@ from kvflow.router.config_fields import ConfigError
 from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.types import ChoiceUsage
+from kvflow.router.settings import parse_config
 from kvflow.router.tenants.config import Quotas, Tenant, TenantConfigError, parse_tenants
 
 INFO = pb.WorkerInfo(
@@ -356,3 +357,29 @@ def test_tenants_opt_in_and_are_out_by_default() -> None:
     assert by_name["a"].semantic_cache and not by_name["b"].semantic_cache
     with pytest.raises(TenantConfigError, match="semantic_cache must be true or false"):
         parse_tenants([{"name": "a", "api_key_sha256": digest, "semantic_cache": "yes"}])
+
+
+# --- the whole config file ------------------------------------------------------------------
+
+POOLS = [
+    {"name": "embed", "served_model_name": "embedder", "workers": ["127.0.0.1:1"]},
+    {"name": "gen", "served_model_name": "chat", "workers": ["127.0.0.1:2"]},
+    {"name": "gen2", "served_model_name": "large", "workers": ["127.0.0.1:3"]},
+]
+
+
+def test_the_config_file_carries_the_section() -> None:
+    raw = {"pools": POOLS, "semantic_cache": {"embedding_model": "embedder",
+                                              "models": {"chat": {}}}}  # fmt: skip
+    config = parse_config(raw).semantic_cache
+    assert config.embedding_model == "embedder" and config.threshold_of("chat") == 0.97
+    assert not parse_config({"pools": POOLS}).semantic_cache.is_enabled
+
+
+def test_the_config_file_is_refused_when_it_names_a_generating_model() -> None:
+    models = [{"name": "assistant", "targets": [{"pool": "gen"}]}]
+    cascade = {"assistant": {"small": "chat", "large": "large"}}
+    raw = {"pools": POOLS, "models": models, "cascade": cascade,
+           "semantic_cache": {"embedding_model": "large", "models": {"chat": {}}}}  # fmt: skip
+    with pytest.raises(ConfigError, match="'large' generates text"):
+        parse_config(raw)

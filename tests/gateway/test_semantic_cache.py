@@ -96,6 +96,13 @@ def ask(
     return raw.parse().choices[0].message.content or "", raw.headers.get(HEADER)
 
 
+def usage_of(cluster: Cluster, content: str, headers: dict[str, str] | None = None) -> Any:
+    return cluster.client().chat.completions.create(
+        model="fake", messages=[{"role": "user", "content": content}], temperature=0,
+        max_tokens=8, extra_headers=headers,
+    ).usage  # fmt: skip
+
+
 def ask_streamed(cluster: Cluster, content: str) -> tuple[str, str | None]:
     raw = cluster.client().chat.completions.with_raw_response.create(
         model="fake", messages=[{"role": "user", "content": content}], temperature=0,
@@ -121,6 +128,13 @@ def test_a_paraphrase_hits_streamed_and_not_and_a_near_miss_misses(cluster: Clus
     text, header = ask_streamed(cluster, PARAPHRASE)
     assert text == " reset it in settings" and similarity(header) >= 0.97
     assert len(cluster.worker.requests) == sent  # both answered without the model
+    # A hit bills its own prompt (all of it cached), not the stored question's.
+    stored = usage_of(cluster, "What are your opening hours?")
+    hit = usage_of(cluster, "What are your hours of opening?")
+    live = usage_of(cluster, "What are your hours of opening?", {"x-kvflow-cache": "off"})
+    assert hit.prompt_tokens == live.prompt_tokens != stored.prompt_tokens
+    assert hit.prompt_tokens_details.cached_tokens == hit.prompt_tokens
+    assert live.prompt_tokens_details.cached_tokens == 0
 
     cluster.worker.tokens = tokens(" enable it")
     assert ask(cluster, NEAR_MISS_STORED) == (" enable it", "miss")

@@ -224,6 +224,10 @@ def test_a_paraphrase_hits_and_a_near_miss_misses() -> None:
         replayed = [item async for item in hit.replay()]
         assert replayed[0].text == "Paris"
         assert replayed[1].usage.cached_tokens == 5  # every prompt token counts as cached
+        # Its usage counts this request's prompt, not the stored one's.
+        recounted = [item async for item in hit.replay([7])]
+        assert recounted[1].usage.prompt_tokens == recounted[1].usage.cached_tokens == 7
+        assert recounted[1].usage.completion_tokens == 1
         near_miss = await ask(cache, "What is the capital of Germany?", a)
         assert near_miss.header() == "miss" and not near_miss.is_hit
 

@@ -11,6 +11,7 @@ the semantic cache never fails a request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from kvflow.router.caches.semantic_store import (
     live,
 )
 from kvflow.router.protocol.requests import ChatRequest, CompletionRequest, SamplingOptions
+from kvflow.router.serving.types import ChoiceUsage
 from kvflow.router.tenants.config import Tenant
 
 log = logging.getLogger("kvflow.router.semantic_cache")
@@ -107,9 +109,14 @@ class SemanticTicket:
             return f"hit; similarity={self.similarity:.2f}"
         return self.result
 
-    def replay(self) -> AsyncGenerator[Item]:
+    def replay(self, prompt_tokens: Sequence[int] | None = None) -> AsyncGenerator[Item]:
+        """The stored answer; ``prompt_tokens``: this request's, per prompt. A near match's
+        prompt is not the stored one's: its usage counts this request's prompt (all of it
+        cached), not the other's."""
         assert self.answer is not None
-        return replay(self.answer)
+        if prompt_tokens is None:
+            return replay(self.answer)
+        return replay(with_prompt_tokens(self.answer, prompt_tokens))
 
     def recording(self, stream: AsyncGenerator[Item], num_choices: int) -> AsyncGenerator[Item]:
         if self.pending is None or self.cache is None or self.is_hit:
@@ -118,6 +125,27 @@ class SemanticTicket:
 
 
 SEMANTIC_OFF = SemanticTicket()
+
+
+def with_prompt_tokens(answer: CachedAnswer, prompt_tokens: Sequence[int]) -> CachedAnswer:
+    """``answer`` with each prompt's token count set to ``prompt_tokens``'s."""
+
+    def count(prompt_index: int, stored: int) -> int:
+        return prompt_tokens[prompt_index] if prompt_index < len(prompt_tokens) else stored
+
+    items: list[Item] = []
+    for item in answer.items:
+        if isinstance(item, ChoiceUsage):
+            n = count(item.prompt_index, item.usage.prompt_tokens)
+            usage = dataclasses.replace(item.usage, prompt_tokens=n, cached_tokens=n)
+            items.append(dataclasses.replace(item, usage=usage))
+        elif item.num_prompt_tokens:
+            # A choice's delta carries its prompt's count (protocol/responses.py): choices of a
+            # chat request all answer its one prompt.
+            items.append(dataclasses.replace(item, num_prompt_tokens=count(0, 0)))
+        else:
+            items.append(item)
+    return CachedAnswer(tuple(items))
 
 
 class SemanticCache:

@@ -8,7 +8,7 @@ and logged: the cache never fails a request.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -117,9 +117,11 @@ class CacheTicket:
         semantic = self.semantic.header()
         return found if semantic is None else {**found, SEMANTIC_HEADER: semantic}
 
-    def replay(self) -> AsyncGenerator[Item]:
+    def replay(self, prompt_tokens: Sequence[int] | None = None) -> AsyncGenerator[Item]:
+        """The stored answer; ``prompt_tokens`` (this request's, per prompt) recount a
+        near match's usage (caches/semantic_service.py); an exact hit's prompt is its own."""
         if self.answer is None:
-            return self.semantic.replay()
+            return self.semantic.replay(prompt_tokens)
         return replay(self.answer)
 
     def recording(self, stream: AsyncGenerator[Item], num_choices: int) -> AsyncGenerator[Item]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import yaml
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKENIZER = load_text_model(None).tokenizer
 EMBED = "wordllama-l2-supercat"
 KEYS = {"a": "sk-scache-tenant-a-0123", "b": "sk-scache-tenant-b-0123",
-        "c": "sk-scache-tenant-c-0123"}  # fmt: skip
+        "c": "sk-scache-tenant-c-0123", "ops": "sk-scache-tenant-ops-01"}  # fmt: skip
 HEADER = "x-kvflow-semantic-cache"
 # Paraphrases above the default threshold (0.97) under the real model, and a near-miss
 # far below it (bench/data/semantic_cache_pairs.json has both).
@@ -70,6 +71,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 {"name": "a", "api_key_sha256": hash_api_key(KEYS["a"]), "semantic_cache": True},
                 {"name": "b", "api_key_sha256": hash_api_key(KEYS["b"]), "semantic_cache": True},
                 {"name": "c", "api_key_sha256": hash_api_key(KEYS["c"])},
+                {"name": "ops", "api_key_sha256": hash_api_key(KEYS["ops"]), "admin": True},
             ],
             "semantic_cache": {"embedding_model": EMBED, "models": {"fake": {}}},
         }
@@ -179,3 +181,17 @@ def test_a_model_change_invalidates(cluster: Cluster) -> None:
         assert time.monotonic() < deadline_s, "the old model's answer kept matching"
         time.sleep(0.2)
     assert answer == (" new model", "miss")
+
+
+def test_an_admin_purge_drops_a_tenants_near_answers(cluster: Cluster) -> None:
+    question, paraphrase = "How do I delete my account?", "How can I delete my account?"
+    cluster.worker.tokens = tokens(" before the purge")
+    for tenant in ("a", "b"):
+        assert ask(cluster, question, tenant) == (" before the purge", "miss")
+    purged = httpx.post(f"{cluster.gateway.base_url}/response_cache/purge",
+                        json={"pool": "gen", "tenant": "a"},
+                        headers={"authorization": f"Bearer {KEYS['ops']}"})  # fmt: skip
+    assert purged.status_code == 200 and purged.json()["deleted"] >= 1
+    cluster.worker.tokens = tokens(" after the purge")
+    assert ask(cluster, paraphrase, "a") == (" after the purge", "miss")
+    assert ask(cluster, paraphrase, "b")[0] == " before the purge"

@@ -21,6 +21,7 @@ from kvflow.router.caches.semantic import (
     numbers_in,
     query_of,
     scope_key,
+    scope_prefix,
 )
 from kvflow.router.caches.semantic_config import (
     DEFAULT_THRESHOLD,
@@ -159,6 +160,21 @@ def test_the_memory_store_keeps_the_newest_entries_per_scope_and_its_bytes() -> 
             await store.push(scope, b"b" * 10, 60)
         assert store.num_bytes <= 100
         assert await store.entries("s") == []  # the least recently used scope went first
+
+    asyncio.run(run())
+
+
+def test_a_purge_drops_a_tenants_scopes_of_a_pool() -> None:
+    async def run() -> None:
+        store = MemoryVectorStore(max_entries_per_scope=4, max_bytes=1000)
+        a = scope_key("ns", TenantScope("a"), VERSION, "ctx")
+        b = scope_key("ns", TenantScope("b"), VERSION, "ctx")
+        for scope in (a, a, b):
+            await store.push(scope, b"x" * 10, 60)
+        assert await store.purge(scope_prefix("ns", "pool-a", "a")) == 2
+        assert await store.entries(a) == [] and await store.entries(b) == [b"x" * 10]
+        assert store.num_bytes == 10
+        assert await store.purge(scope_prefix("ns")) == 1 and store.num_bytes == 0
 
     asyncio.run(run())
 

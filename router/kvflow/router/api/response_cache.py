@@ -95,9 +95,10 @@ async def purge(request: Request, gw: Gateway) -> dict[str, Any]:
     # A tenant removed from the config may still have answers stored: any plain name.
     if tenant is not None and (not isinstance(tenant, str) or not TENANT_NAME.match(tenant)):
         raise invalid_request("'tenant' must be a tenant's name.", param="tenant")
-    cache = gw.response_cache
-    if tenant is None:
-        deleted = await cache.purge(pool)
-    else:
-        deleted = sum([await cache.purge(p, tenant) for p in ([pool] if pool else pools)])
+    deleted = 0
+    for cache in (gw.response_cache, gw.semantic_cache):  # the exact and the near answers
+        if tenant is None:
+            deleted += await cache.purge(pool)
+        else:
+            deleted += sum([await cache.purge(p, tenant) for p in ([pool] if pool else pools)])
     return {"object": "response_cache.purge", "pool": pool, "tenant": tenant, "deleted": deleted}

@@ -62,7 +62,16 @@ def scope_key(namespace: str, scope: TenantScope, version: ModelVersion, context
             [SEMANTIC_FORMAT, scope.name, scope.user, version.model, version.template, context]
         )
     )
-    return f"kvflow:{namespace}:scache:{version.pool}:{scope.name}:{digest}"
+    return scope_prefix(namespace, version.pool, scope.name) + digest
+
+
+def scope_prefix(namespace: str, pool: str | None = None, tenant: str | None = None) -> str:
+    """Scopes under a pool and tenant; None stops the prefix there (a purge's selection)."""
+    prefix = f"kvflow:{namespace}:scache:"
+    if pool is None:
+        return prefix
+    prefix += f"{pool}:"
+    return prefix if tenant is None else prefix + f"{tenant}:"
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:

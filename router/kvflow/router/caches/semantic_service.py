@@ -23,7 +23,14 @@ from redis.asyncio import Redis
 from kvflow.router.caches.answer import CachedAnswer, Item, decode, encode, replay, storable
 from kvflow.router.caches.key import ModelVersion, TenantScope
 from kvflow.router.caches.policy import BYPASS_REASONS, decide
-from kvflow.router.caches.semantic import Candidate, nearest, numbers_in, query_of, scope_key
+from kvflow.router.caches.semantic import (
+    Candidate,
+    nearest,
+    numbers_in,
+    query_of,
+    scope_key,
+    scope_prefix,
+)
 from kvflow.router.caches.semantic_config import SemanticCacheConfig
 from kvflow.router.caches.semantic_store import (
     Entry,
@@ -251,6 +258,12 @@ class SemanticCache:
             log.warning("semantic cache: store failed (%s)", exc)
             return
         self.metrics.stores.inc()
+
+    async def purge(self, pool: str | None = None, tenant: str | None = None) -> int:
+        """Delete the entries of a pool (and a tenant of it), or all; returns how many."""
+        if tenant is not None and pool is None:
+            raise ValueError("a tenant's entries are purged per pool")
+        return await self.store.purge(scope_prefix(self.namespace, pool, tenant))
 
 
 def build_semantic_cache(

@@ -22,6 +22,8 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 _FORMAT = 1
+# A purge scans this many keys per round trip.
+_PURGE_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class VectorStore(Protocol):
     async def entries(self, scope: str) -> list[bytes]: ...
 
     async def push(self, scope: str, entry: bytes, ttl_s: float) -> None: ...
+
+    async def purge(self, prefix: str) -> int: ...
 
 
 def live(raw: Sequence[bytes], now_s: float) -> list[Entry]:
@@ -103,6 +107,16 @@ class MemoryVectorStore:
             if not oldest:
                 del self._scopes[oldest_scope]
 
+    async def purge(self, prefix: str) -> int:
+        """Drop the scopes under ``prefix``; returns how many entries went."""
+        doomed = [scope for scope in self._scopes if scope.startswith(prefix)]
+        num_entries = 0
+        for scope in doomed:
+            entries = self._scopes.pop(scope)
+            num_entries += len(entries)
+            self.num_bytes -= sum(len(e) for e in entries)
+        return num_entries
+
 
 class RedisVectorStore:
     def __init__(self, redis: Redis, max_entries_per_scope: int) -> None:
@@ -119,3 +133,15 @@ class RedisVectorStore:
             pipe.ltrim(scope, 0, self.max_entries_per_scope - 1)
             pipe.pexpire(scope, max(1, int(ttl_s * 1000)))
             await pipe.execute()
+
+    async def purge(self, prefix: str) -> int:
+        """Drop the scopes under ``prefix`` (names checked to be plain: no glob characters,
+        as the exact cache's purge: caches/stores.py); returns how many entries went."""
+        num_entries = 0
+        async for scope in self._redis.scan_iter(match=prefix + "*", count=_PURGE_BATCH):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.llen(scope)
+                pipe.unlink(scope)
+                length, _ = await pipe.execute()
+            num_entries += int(length)
+        return num_entries

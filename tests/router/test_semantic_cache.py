@@ -143,23 +143,27 @@ def test_the_scope_binds_tenant_user_model_and_template_version() -> None:
 
 
 def test_an_entry_round_trips() -> None:
-    entry = Entry(12.5, ("5",), (0.25, -0.5, 1.0), b"answer")
+    entry = Entry(12.5, ("5",), (0.25, -0.5, 1.0), "answer-id")
     assert decode_entry(encode_entry(entry)) == entry
     assert decode_entry(b"[9, 1]") is None and decode_entry(b"junk") is None
 
 
 def test_the_memory_store_keeps_the_newest_entries_per_scope_and_its_bytes() -> None:
     async def run() -> None:
-        store = MemoryVectorStore(max_entries_per_scope=2, max_bytes=100)
-        for value in (b"1" * 10, b"2" * 10, b"3" * 10):
-            await store.push("s", value, 60)
+        # Each push: an entry of 10 bytes and an answer of 5.
+        store = MemoryVectorStore(max_entries_per_scope=2, max_bytes=150)
+        for i, value in enumerate((b"1" * 10, b"2" * 10, b"3" * 10)):
+            await store.push("s", value, f"id{i}", b"a" * 5, 60)
         assert await store.entries("s") == [b"3" * 10, b"2" * 10]
-        assert store.num_bytes == 20
-        for scope in ("t", "u", "v", "w", "x"):  # 10 more entries of 10: past 100 bytes
-            await store.push(scope, b"a" * 10, 60)
-            await store.push(scope, b"b" * 10, 60)
-        assert store.num_bytes <= 100
+        assert await store.answer("s", "id0") is None  # trimmed with its entry
+        assert await store.answer("s", "id2") == b"a" * 5
+        assert store.num_bytes == 30
+        for scope in ("t", "u", "v", "w", "x"):  # 10 more pushes of 15: past 150 bytes
+            await store.push(scope, b"a" * 10, "i", b"a" * 5, 60)
+            await store.push(scope, b"b" * 10, "j", b"a" * 5, 60)
+        assert store.num_bytes <= 150
         assert await store.entries("s") == []  # the least recently used scope went first
+        assert await store.answer("s", "id2") is None
 
     asyncio.run(run())
 
@@ -169,11 +173,12 @@ def test_a_purge_drops_a_tenants_scopes_of_a_pool() -> None:
         store = MemoryVectorStore(max_entries_per_scope=4, max_bytes=1000)
         a = scope_key("ns", TenantScope("a"), VERSION, "ctx")
         b = scope_key("ns", TenantScope("b"), VERSION, "ctx")
-        for scope in (a, a, b):
-            await store.push(scope, b"x" * 10, 60)
+        for i, scope in enumerate((a, a, b)):
+            await store.push(scope, b"x" * 10, str(i), b"y" * 5, 60)
         assert await store.purge(scope_prefix("ns", "pool-a", "a")) == 2
         assert await store.entries(a) == [] and await store.entries(b) == [b"x" * 10]
-        assert store.num_bytes == 10
+        assert await store.answer(a, "0") is None and await store.answer(b, "2") == b"y" * 5
+        assert store.num_bytes == 15
         assert await store.purge(scope_prefix("ns")) == 1 and store.num_bytes == 0
 
     asyncio.run(run())

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -229,7 +230,13 @@ class SemanticCache:
         match = nearest(query, candidates, threshold)
         if match is None:
             return None
-        answer = decode(entries[match.index].answer)
+        try:
+            data = await self.store.answer(scope, entries[match.index].answer_id)
+        except Exception as exc:
+            self.metrics.errors.labels("get").inc()
+            log.warning("semantic cache: lookup failed (%s); answering without it", exc)
+            return None
+        answer = None if data is None else decode(data)  # gone: trimmed, expired
         return None if answer is None else (answer, match.similarity)
 
     async def record(
@@ -250,9 +257,10 @@ class SemanticCache:
         if len(data) > MAX_ENTRY_BYTES:
             return
         ttl_s = self.config.ttl_s
-        entry = Entry(self._clock() + ttl_s, pending.numbers, pending.vector, data)
+        answer_id = uuid.uuid4().hex
+        entry = Entry(self._clock() + ttl_s, pending.numbers, pending.vector, answer_id)
         try:
-            await self.store.push(pending.scope, encode_entry(entry), ttl_s)
+            await self.store.push(pending.scope, encode_entry(entry), answer_id, data, ttl_s)
         except Exception as exc:
             self.metrics.errors.labels("put").inc()
             log.warning("semantic cache: store failed (%s)", exc)

@@ -34,6 +34,7 @@ disaggregation:                                   # pools with prefill and decod
 pools: [...]                                      # several models: models/pools.py
 models: [...]                                     # public names -> pools: models/routes.py
 degradation: {...}                                # per model, its ladder: degrade/config.py
+semantic_cache: {...}                             # near-match answers: caches/semantic_config.py
 rate_limits:                                      # model, client IP, global: limits/levels.py
   global: {requests_per_minute: 6000, tokens_per_minute: 2000000, max_in_flight: 512}
   client_ip: {requests_per_minute: 120, max_in_flight: 8}
@@ -66,6 +67,7 @@ from kvflow.router.api.http_limits import (
 from kvflow.router.batch.config import BatchConfig
 from kvflow.router.breaker.machine import BreakerConfig
 from kvflow.router.caches.config import ResponseCacheConfig
+from kvflow.router.caches.semantic_config import SemanticCacheConfig, parse_semantic_cache
 from kvflow.router.cascade.config import CascadeSpec, parse_cascade
 from kvflow.router.config_fields import ConfigError as ConfigError  # noqa: PLC0414 re-export
 from kvflow.router.config_fields import check_keys, parse_disaggregation, section
@@ -136,6 +138,8 @@ class RouterConfig:
     rate_limits: LimitsConfig = field(default_factory=LimitsConfig)
     # Public model name -> its small/large cascade (cascade/config.py); {}: off for all.
     cascade: Mapping[str, CascadeSpec] = field(default_factory=dict)
+    # Near-match answers for opted-in models and tenants (caches/semantic_config.py).
+    semantic_cache: SemanticCacheConfig = field(default_factory=SemanticCacheConfig)
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,7 @@ def parse_config(raw: object) -> RouterConfig:
             "degradation",
             "rate_limits",
             "cascade",
+            "semantic_cache",
         },
         "the configuration",
     )
@@ -262,6 +267,11 @@ def parse_config(raw: object) -> RouterConfig:
         raise ConfigError("models routes public names to pools: it needs a pools section")
     models = parse_models(raw.get("models"), [p.name for p in pools])
     served_names = [p.served_model_name for p in pools if p.served_model_name] if pools else None
+    degradation = parse_degradation(raw.get("degradation"), models, served_names)
+    cascade = parse_cascade(raw.get("cascade"), models, served_names)
+    public = None if served_names is None else {*models.public_names({}), *served_names}
+    targets = (n for c in cascade.values() for n in (c.small, c.large))
+    generating = {*degradation, *cascade, *targets}
     return RouterConfig(
         weights=weights,
         session_header=str(routing.get("session_header", DEFAULT_SESSION_HEADER)).lower(),
@@ -275,9 +285,10 @@ def parse_config(raw: object) -> RouterConfig:
         pools=pools,
         models=models,
         prices=parse_prices(raw.get("prices"), ConfigError),
-        degradation=parse_degradation(raw.get("degradation"), models, served_names),
+        degradation=degradation,
         rate_limits=parse_limits_config(section(raw, "rate_limits")),
-        cascade=parse_cascade(raw.get("cascade"), models, served_names),
+        cascade=cascade,
+        semantic_cache=parse_semantic_cache(raw.get("semantic_cache"), public, generating),
     )
 
 

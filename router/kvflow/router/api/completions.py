@@ -73,7 +73,7 @@ async def handle_completion(
     job, accounting, cached = started.job, started.accounting, started.cache
     if cached.is_hit:  # the stored answer, tool calls already extracted
         return await (streamed if parsed.stream else collected)(
-            request, job, cached.replay(), accounting
+            request, job, cached.replay([len(p.token_ids) for p in job.prompts]), accounting
         )
     stream: AsyncGenerator[ChoiceDelta | ChoiceUsage] = started.backend.service.run(
         job.caller, job.specs(), job.trace, buffered=not parsed.stream

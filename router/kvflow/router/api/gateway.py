@@ -19,7 +19,10 @@ from kvflow.router.api.backend import (
     PoolSource,
     build_backend,
 )
+from kvflow.router.api.semantic_cache import text_embedder
 from kvflow.router.caches.config import ResponseCacheConfig
+from kvflow.router.caches.semantic_config import SemanticCacheConfig
+from kvflow.router.caches.semantic_service import SemanticCache, build_semantic_cache
 from kvflow.router.caches.service import ResponseCache, build_response_cache
 from kvflow.router.cascade.service import Cascade
 from kvflow.router.degrade.service import Degradation
@@ -83,6 +86,10 @@ class Gateway:
     # Answers of repeated deterministic requests (caches/; off unless --response-cache on).
     response_cache: ResponseCache = field(
         default_factory=lambda: ResponseCache(ResponseCacheConfig())
+    )
+    # Near-match answers for opted-in models and tenants (caches/semantic_service.py).
+    semantic_cache: SemanticCache = field(
+        default_factory=lambda: SemanticCache(SemanticCacheConfig())
     )
     # Limits per model, client IP and for the whole gateway (limits/).
     limits: LimitService = field(default_factory=lambda: LimitService(LimitsConfig(), None))
@@ -299,7 +306,7 @@ def build_gateway(settings: RouterSettings) -> Gateway:
             "random to this process, so router replicas share no prefix cache",
             CACHE_SALT_SECRET_ENV,
         )
-    return Gateway(
+    gw = Gateway(
         settings=settings,
         backends=backends,
         quotas=quotas,
@@ -315,6 +322,14 @@ def build_gateway(settings: RouterSettings) -> Gateway:
         limits=_limit_service(settings, redis, metrics),
         cascade=Cascade(config.cascade, metrics.registry),
     )
+    semantic = config.semantic_cache
+    embed = None
+    if semantic.embedding_model is not None:
+        embed = text_embedder(gw, semantic.embedding_model, semantic.embed_timeout_s)
+    gw.semantic_cache = build_semantic_cache(
+        semantic, embed, redis, metrics.registry, settings.quota_scope
+    )
+    return gw
 
 
 def _limit_service(

@@ -164,6 +164,7 @@ async def start_job(
         budget_warning=admission.budget_warning,
         degraded=degradation.header,
         response_cache=cached.result,
+        semantic_cache=cached.semantic.header(),
     )
     if admission.warning_budget is not None:
         gw.metrics.tenant_budget_warnings.labels(tenant.name, admission.warning_budget).inc()

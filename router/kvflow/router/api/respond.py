@@ -15,6 +15,7 @@ from kvflow.router.api.http import wait_for_disconnect
 from kvflow.router.api.job_start import BUDGET_WARNING_HEADER, ROUTE_DEBUG_HEADER
 from kvflow.router.api.streaming import ManagedStreamingResponse, sse_body
 from kvflow.router.caches.policy import RESULT_HEADER
+from kvflow.router.caches.semantic_service import SEMANTIC_HEADER
 from kvflow.router.degrade.service import DEGRADED_HEADER
 from kvflow.router.protocol.responses import (
     ChoiceDelta,
@@ -151,4 +152,6 @@ def _job_headers(job: CompletionJob) -> dict[str, str]:
         headers[DEGRADED_HEADER] = job.degraded
     if job.response_cache is not None:
         headers[RESULT_HEADER] = job.response_cache
+    if job.semantic_cache is not None:
+        headers[SEMANTIC_HEADER] = job.semantic_cache
     return headers

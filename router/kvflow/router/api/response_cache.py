@@ -4,6 +4,7 @@ replay or the live stream, recorded for storing (api/completions.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -41,8 +42,12 @@ async def look_up(
     """The request's ticket: a hit carries the stored answer. ``route``: the answering
     pool's backend, its served name, and its workers' facts (their model identity).
     Under its model's response_cache degradation step a sampled request may get its greedy
-    twin's answer; the step is then named in its ``x-kvflow-degraded``."""
-    if not gw.response_cache.config.is_enabled:
+    twin's answer; the step is then named in its ``x-kvflow-degraded``. After an exact miss
+    (or with the exact cache off) a model opted in to the semantic cache asks it
+    (caches/semantic_service.py)."""
+    semantic = gw.semantic_cache
+    is_semantic = semantic.applies_to(parsed.model)
+    if not gw.response_cache.config.is_enabled and not is_semantic:
         return OFF
     backend, served_name, info = route
     template = backend.text.chat_template
@@ -51,12 +56,18 @@ async def look_up(
     )
     sampling = apply_sampling_defaults(parsed.sampling, backend.sampling_defaults)
     user = getattr(request.state, _USER_STATE, None)
-    serves_sampled = degradation is not None and degradation.serves_sampled
-    ticket = await gw.response_cache.look_up(
-        request.headers, parsed, sampling, tenant, version, user=user, serves_sampled=serves_sampled
-    )
-    if ticket.is_twin and ticket.is_hit and degradation is not None:
-        degradation.served_from_cache()
+    ticket = OFF
+    if gw.response_cache.config.is_enabled:
+        serves_sampled = degradation is not None and degradation.serves_sampled
+        ticket = await gw.response_cache.look_up(
+            request.headers, parsed, sampling, tenant, version, user=user,
+            serves_sampled=serves_sampled,
+        )  # fmt: skip
+        if ticket.is_twin and ticket.is_hit and degradation is not None:
+            degradation.served_from_cache()
+    if is_semantic and not ticket.is_hit:  # an exact hit needs no near one
+        near = await semantic.look_up(request.headers, parsed, sampling, tenant, version, user)
+        ticket = dataclasses.replace(ticket, semantic=near)
     return ticket
 
 
@@ -84,9 +95,10 @@ async def purge(request: Request, gw: Gateway) -> dict[str, Any]:
     # A tenant removed from the config may still have answers stored: any plain name.
     if tenant is not None and (not isinstance(tenant, str) or not TENANT_NAME.match(tenant)):
         raise invalid_request("'tenant' must be a tenant's name.", param="tenant")
-    cache = gw.response_cache
-    if tenant is None:
-        deleted = await cache.purge(pool)
-    else:
-        deleted = sum([await cache.purge(p, tenant) for p in ([pool] if pool else pools)])
+    deleted = 0
+    for cache in (gw.response_cache, gw.semantic_cache):  # the exact and the near answers
+        if tenant is None:
+            deleted += await cache.purge(pool)
+        else:
+            deleted += sum([await cache.purge(p, tenant) for p in ([pool] if pool else pools)])
     return {"object": "response_cache.purge", "pool": pool, "tenant": tenant, "deleted": deleted}

@@ -8,7 +8,7 @@ and logged: the cache never fails a request.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -30,6 +30,7 @@ from kvflow.router.caches.policy import (
     decide,
     greedy_twin,
 )
+from kvflow.router.caches.semantic_service import SEMANTIC_HEADER, SEMANTIC_OFF, SemanticTicket
 from kvflow.router.caches.stores import AnswerStore, MemoryAnswerStore, RedisAnswerStore
 from kvflow.router.protocol.requests import ChatRequest, CompletionRequest, SamplingOptions
 from kvflow.router.protocol.responses import ChoiceDelta
@@ -104,22 +105,32 @@ class CacheTicket:
     answer: CachedAnswer | None = None  # a hit's
     is_twin: bool = False  # looked up as its greedy twin (caches/policy.py): never stored
     cache: ResponseCache | None = field(default=None, repr=False, compare=False)
+    # The semantic cache's, asked after an exact miss (caches/semantic_service.py).
+    semantic: SemanticTicket = SEMANTIC_OFF
 
     @property
     def is_hit(self) -> bool:
-        return self.answer is not None
+        return self.answer is not None or self.semantic.is_hit
 
     def headers(self) -> dict[str, str]:
-        return {} if self.result is None else {RESULT_HEADER: self.result}
+        found: dict[str, str] = {} if self.result is None else {RESULT_HEADER: self.result}
+        semantic = self.semantic.header()
+        return found if semantic is None else {**found, SEMANTIC_HEADER: semantic}
 
-    def replay(self) -> AsyncGenerator[Item]:
-        assert self.answer is not None
+    def replay(self, prompt_tokens: Sequence[int] | None = None) -> AsyncGenerator[Item]:
+        """The stored answer; ``prompt_tokens`` (this request's, per prompt) recount a
+        near match's usage (caches/semantic_service.py); an exact hit's prompt is its own."""
+        if self.answer is None:
+            return self.semantic.replay(prompt_tokens)
         return replay(self.answer)
 
     def recording(self, stream: AsyncGenerator[Item], num_choices: int) -> AsyncGenerator[Item]:
-        """``stream``, stored once it has ended normally; unchanged when nothing is to be
-        stored."""
-        if self.key is None or self.cache is None or self.is_hit:
+        """``stream``, stored once it has ended normally (by each cache that may store it);
+        unchanged when nothing is to be stored."""
+        if self.is_hit:
+            return stream
+        stream = self.semantic.recording(stream, num_choices)
+        if self.key is None or self.cache is None:
             return stream
         return self.cache.record(self.key, stream, num_choices)
 

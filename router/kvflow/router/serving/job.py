@@ -71,6 +71,7 @@ class CompletionJob:
     degraded: str | None = None
     # What the response cache did (hit, miss, bypass; caches/): its header. None: it is off.
     response_cache: str | None = None
+    semantic_cache: str | None = None  # x-kvflow-semantic-cache (caches/semantic_service.py)
 
     @property
     def is_chat(self) -> bool:

@@ -80,6 +80,9 @@ class Tenant:
     is_salt_derived: bool = False
     # May its deterministic requests be answered from the response cache (caches/)?
     response_cache: bool = True
+    # May its requests be answered by a near match from the semantic cache (caches/semantic*)?
+    # Off unless granted: a near-miss answer is a wrong answer for some traffic.
+    semantic_cache: bool = False
     # The most urgent priority class its requests may run as; a request asking for more is
     # capped to it (protocol/priority_class.py). Normal by default: realtime work preempts
     # everyone else's on the workers and survives the load that sheds normal requests, so
@@ -115,7 +118,7 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
         "requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
         "daily_token_budget", "default_max_tokens", "max_tokens_limit", "admin",
         "daily_budget_usd", "monthly_budget_usd", "budget_warning_fraction",
-        "response_cache",
+        "response_cache", "semantic_cache",
         "max_priority_class",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
@@ -159,9 +162,12 @@ def _parse_tenant(raw: object, i: int) -> tuple[Tenant, list[str], list[str]]:
     response_cache = raw.get("response_cache", True)
     if not isinstance(response_cache, bool):
         raise TenantConfigError(f"{where}.response_cache must be true or false")
+    semantic_cache = raw.get("semantic_cache", False)
+    if not isinstance(semantic_cache, bool):
+        raise TenantConfigError(f"{where}.semantic_cache must be true or false")
     tenant = Tenant(name, models_set, priority, quotas, salt, max_tokens, is_admin,
                     is_salt_derived="cache_salt" not in raw,
-                    response_cache=response_cache,
+                    response_cache=response_cache, semantic_cache=semantic_cache,
                     max_priority_class=_priority_class(raw, where))  # fmt: skip
     return tenant, hashes, macs
 

@@ -90,6 +90,12 @@ def test_chat_all_supported_parameters() -> None:
         ({"messages": "hi"}, "messages", "expected an array"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "expected one of"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "string"),
+        # Ignored on a user message, but still of the schema's type (schemathesis found it).
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_call_id": 0}]},
+            "messages[0].tool_call_id",
+            "string",
+        ),
         # OpenAI: null (or absent) content only on an assistant message with tool calls.
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "null"),
         ({"messages": [{"role": "user"}]}, "messages[0].content", "null"),

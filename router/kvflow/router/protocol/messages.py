@@ -148,7 +148,10 @@ def parse_messages(
                 param=f"messages[{i}].tool_calls",
             )
         tool_call_id = message.get("tool_call_id")
-        if role == "tool" and not isinstance(tool_call_id, str):
+        # A tool message needs one; on any other message one that is not a string is a
+        # 400 too (the schema's type), though its value is ignored there.
+        is_required = role == "tool"
+        if (is_required or tool_call_id is not None) and not isinstance(tool_call_id, str):
             raise invalid_type(f"messages[{i}].tool_call_id", "a string", tool_call_id)
         # Templates know "system"; OpenAI's newer "developer" role means the same here.
         messages.append(

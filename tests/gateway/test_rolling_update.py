@@ -108,14 +108,19 @@ def test_workers_roll_under_load_and_no_request_is_lost() -> None:
 
 class Balancer:
     """What a Service in front of router replicas does: sends each request to a ready
-    replica in turn, and takes a replica out once its readiness probe fails (every 100 ms
-    here). Like an ingress, it retries a request that no replica took (refused connection,
-    or 503 before any byte) on the next one."""
+    replica in turn, and takes a replica out once its readiness probe has failed
+    FAILURE_THRESHOLD times in a row (every 100 ms here; a probe that times out fails, as
+    Kubernetes counts it, so one slow answer on a busy machine does not drop a replica).
+    Like an ingress, it retries a request that no replica took (refused connection, or 503
+    before any byte) on the next one."""
+
+    FAILURE_THRESHOLD = 3  # Kubernetes' default failureThreshold
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = list(urls)
         self._turn = 0
         self.num_retried = 0
+        self._failures: dict[str, int] = {}
 
     def next_url(self) -> str:
         self._turn += 1
@@ -129,7 +134,8 @@ class Balancer:
                         ready = (await client.get(f"{url}/ready")).status_code == 200
                     except httpx.HTTPError:
                         ready = False
-                    if not ready and len(self.urls) > 1:
+                    self._failures[url] = 0 if ready else self._failures.get(url, 0) + 1
+                    if self._failures[url] >= self.FAILURE_THRESHOLD and len(self.urls) > 1:
                         self.urls.remove(url)
                 await asyncio.sleep(0.1)
 

@@ -186,3 +186,25 @@ def test_cli_table_and_json() -> None:
     err = StringIO()
     assert main([*argv, "--disaggregated", "--kv-link-gb-s", "0"], out=StringIO(), err=err) == 2
     assert "--kv-link-gb-s must be > 0" in err.getvalue()
+
+
+# The guide's 7B-on-L40S table: a 7 B model without grouped-query attention (512 KiB of KV
+# per token) on one 48 GB L40S, 14 GB of weights and 10 GB of overhead leaving 24 GB for the
+# KV cache, at 4K, 8K and 32K of context per request.
+GUIDE_7B_L40S = ["--params-b", "7", "--layers", "32", "--heads", "32", "--kv-heads", "32",
+                 "--head-dim", "128", "--max-context", "32768", "--gpu", "l40s",
+                 "--gpu-memory-utilization", "1.0", "--overhead-gb", "10"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("context", "floor", "guide"), [(4096, 11, 12), (8192, 5, 6),
+                                                          (32768, 1, 1)])  # fmt: skip
+def test_the_guides_7b_on_l40s_table(context: int, floor: int, guide: int) -> None:
+    i = inputs(*GUIDE_7B_L40S, "--input-tokens", str(context - 256), "--output-tokens", "256")
+    mem = memory_plan(i.model, i.work, i.dep)
+    assert mem.kv_bytes_per_token == 512 * 1024
+    assert mem.kv_pool_bytes == pytest.approx(24e9)
+    # A request holds context x 512 KiB: 2, 4 and 16 GiB. 24 GB / 2 GiB = 11.2, so 11 fit;
+    # the guide divides 24 by 2, 4 and 16 as if a GiB were a GB and rounds to 12 / 6 / 1.
+    assert mem.kv_bytes_per_request == context * 512 * 1024
+    assert mem.max_concurrency == floor
+    assert math.floor(24 / (context * 512 * 1024 / 1024**3)) == guide

@@ -47,8 +47,9 @@ fmt: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# --durations: the slowest tests, so the CI budget (45 minutes) is watched where it is spent.
 test: lint k8s-bins system-deps guidellm
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 
 # guidellm, the load generator of the vLLM ecosystem, in a venv of its own (its pinned
 # dependencies are not ours); tests/bench/test_guidellm.py runs it against kvflow.

@@ -145,3 +145,34 @@ def test_check_answers_as_admit_would_and_takes_nothing(redis_server: RedisServe
             await redis.aclose()
 
     asyncio.run(run())
+
+
+def test_a_refreshed_lease_keeps_its_set_alive_past_the_last_admission(
+    redis_server: RedisServer,
+) -> None:
+    """The lease set expires a TTL after the last admission; a stream that runs longer
+    with no admission after it keeps its lease (and the tenant its concurrency count)
+    because each refresh extends the set too."""
+    t = tenant("long-stream", max_concurrent_requests=1)
+
+    async def run() -> None:
+        r = Redis.from_url(redis_server.url)
+        try:
+            store = RedisQuotaStore(r)
+            assert (await store.admit(t, lease_id="long", prompt_tokens=1)).is_admitted
+            key = store._key(t, "leases")
+            # The set's expiry, not the lease's, is what lapses: bring it near.
+            await r.pexpire(key, 300)
+            await store.refresh_leases(t, ["long"])
+            await asyncio.sleep(0.5)
+            assert await r.zscore(key, "long") is not None
+            refused = await store.admit(t, lease_id="second", prompt_tokens=1)
+            assert refused.limit == "max_concurrent_requests"
+            # A refresh of leases that are gone does not revive the set.
+            await store.finish(t, lease_id="long", prompt_tokens=1, completion_tokens=0)
+            await store.refresh_leases(t, ["long"])
+            assert await r.zcard(key) == 0
+        finally:
+            await r.aclose()
+
+    asyncio.run(run())

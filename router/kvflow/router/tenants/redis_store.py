@@ -144,11 +144,18 @@ return 1
 """
 )
 
-# KEYS: leases zset; ARGV: ttl s, lease ids...  Extends only leases that still exist.
+# KEYS: leases zset; ARGV: ttl s, lease ids...  Extends only leases that still exist, and
+# the set itself: it expires a TTL after the last admission, and a stream longer than that
+# with no admission after it would otherwise lose its lease with the set.
 _REFRESH = """
 local t = redis.call('TIME')
-local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[i]) end
+local ttl = tonumber(ARGV[1])
+local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + ttl
+local renewed = 0
+for i = 2, #ARGV do renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', expiry, ARGV[i]) end
+if renewed > 0 and redis.call('PTTL', KEYS[1]) < ttl * 1000 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000))
+end
 return 1
 """
 

@@ -5,14 +5,16 @@ config carry them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import yaml
 from k8s.controlplane import ControlPlane
-from k8s.gateways import manifest
+from k8s.gateways import SHARED_TOKEN, apply, condition, get, manifest, pool_spec
 from k8s.operator_process import OperatorProcess
-from k8s.pools import apply_pool, wait_ready
+from k8s.pools import CONVERGE_S, apply_pool, wait_ready
+from k8s.support import wait_for
 
 POOL: dict[str, Any] = {"model": {"servedName": "m"}}
 
@@ -132,3 +134,53 @@ def test_the_operator_renders_the_new_fields_into_the_deployments(
     config = cluster.kubectl_json("get", "configmap", "emb-router", "-n", namespace)
     section = yaml.safe_load(config["data"]["router.yaml"])["rate_limits"]
     assert section == {"models": {"wordllama": {"tokens_per_minute": 500000}}}
+
+
+def test_a_gateways_semantic_cache_is_rendered_or_reported(
+    cluster: ControlPlane, operator: OperatorProcess, namespace: str
+) -> None:
+    apply(cluster, "InferencePool", namespace, "chat", pool_spec("smol"))
+    embed_pool = {"model": {"servedName": "wordllama"}, "task": "embed",
+                  "workerTokenSecret": SHARED_TOKEN}  # fmt: skip
+    apply(cluster, "InferencePool", namespace, "emb", embed_pool)
+    apply(cluster, "InferenceModel", namespace, "chat", {
+        "gatewayRef": {"name": "front"}, "targets": [{"poolRef": {"name": "chat"}}],
+        "semanticCache": {"similarityThreshold": 0.98}})  # fmt: skip
+    apply(cluster, "InferenceModel", namespace, "wordllama", {
+        "gatewayRef": {"name": "front"}, "targets": [{"poolRef": {"name": "emb"}}]})  # fmt: skip
+    gateway = {"semanticCache": {"embeddingModel": "wordllama", "ttlSeconds": 60}}
+    apply(cluster, "InferenceGateway", namespace, "front", gateway)
+
+    def section() -> dict[str, Any] | None:
+        """The gateway's router.yaml; None before its ConfigMap exists."""
+        found = cluster.kubectl("get", "configmap", "front-gateway", "-n", namespace,
+                                "-o", "json", check=False)  # fmt: skip
+        if found.returncode != 0:
+            return None
+        config: dict[str, Any] = yaml.safe_load(json.loads(found.stdout)["data"]["router.yaml"])
+        return config
+
+    wait_for(lambda: (section() or {}).get("semantic_cache"), CONVERGE_S, "semantic_cache")
+    rendered = (section() or {})["semantic_cache"]
+    assert rendered["embedding_model"] == "wordllama" and rendered["ttl_s"] == 60
+    assert rendered["models"] == {"chat": {"threshold": 0.98}}
+
+    # An embedding model that generates: the router would refuse it, so it is left out and
+    # the gateway says why.
+    apply(
+        cluster,
+        "InferenceGateway",
+        namespace,
+        "front",
+        {"semanticCache": {"embeddingModel": "chat"}},
+    )
+
+    def degraded() -> str | None:
+        message = condition(get(cluster, "inferencegateway", namespace, "front"), "Degraded")
+        return (
+            message.get("message") if message.get("reason") == "EmbeddingModelUnavailable" else None
+        )
+
+    assert "does not target pools with task embed" in wait_for(degraded, CONVERGE_S, "Degraded")
+    wait_for(lambda: "semantic_cache" not in (section() or {"semantic_cache": 1}), CONVERGE_S,
+             "semantic_cache left out")  # fmt: skip

@@ -212,3 +212,21 @@ def test_the_crd_rules_name_what_an_embedding_worker_cannot_run() -> None:
                      ".autoscaling.enabled"}  # fmt: skip
     names = {f.name for f in fields(v1alpha1.InferencePoolSpec)}
     assert {"task", "embedding"} <= names
+
+
+def test_extra_args_may_not_set_the_task_or_embedding_limits() -> None:
+    from kvflow.operator.api.validation import spec_problems
+
+    spec = pool(
+        task="embed", engine={"extraArgs": ["--task=generate", "--max-embedding-inputs", "9"]}
+    )
+    (problem,) = spec_problems(spec)
+    assert "--max-embedding-inputs, --task" in problem
+
+
+def test_an_embedding_pool_is_not_judged_by_a_kv_cache_it_does_not_have() -> None:
+    from kvflow.operator.api.validation import spec_problems
+
+    small = {"replicas": 1, "resources": {"limits": {"memory": "512Mi"}}}
+    assert spec_problems(pool(task="embed", colocated=small)) == []
+    assert spec_problems(pool(colocated=small))  # a generating worker's 1 GiB cache: too big

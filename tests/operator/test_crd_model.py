@@ -8,6 +8,7 @@ from typing import Any
 
 from kvflow.operator.api import v1alpha1
 from kvflow.operator.api.crd import all_crds, inference_pool_crd
+from kvflow.operator.api.v1alpha1_embedding import EMBED_RULES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +58,7 @@ def test_every_field_is_described_and_the_crd_is_wired() -> None:
         "router.allowUnauthenticated: true to serve without authentication",
         "router.allowUnauthenticated needs serviceType ClusterIP: an unauthenticated "
         "gateway is never exposed outside the cluster",
+        *(rule.message for rule in EMBED_RULES),
     ]
     role = spec["properties"]["colocated"]
     assert role["default"] == {

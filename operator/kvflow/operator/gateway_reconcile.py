@@ -133,7 +133,10 @@ class GatewayReconciler:
                                 [GatewayProblem("InvalidSpec", str(exc))])  # fmt: skip
             return
         resolution = resolve(
-            [m for _, m in models], pools, response_cache=spec.router.response_cache.enabled
+            [m for _, m in models],
+            pools,
+            response_cache=spec.router.response_cache.enabled,
+            semantic_cache=spec.semantic_cache,
         )
         problems = [GatewayProblem("Unauthenticated", p) for p in auth_problems(spec.router)]
         problems += list(resolution.problems)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, cel, field
+from kvflow.operator.api.v1alpha1_embedding import EMBED_RULES, EmbeddingSpec, Task
 from kvflow.operator.api.v1alpha1_model import ModelSpec
 from kvflow.operator.api.v1alpha1_observability import ObservabilitySpec
 from kvflow.operator.api.v1alpha1_planner import AutoscalingSpec, SloSpec
@@ -74,6 +75,7 @@ class WorkerTlsSpec:
         ".kvTransport",
     ),
     *ROUTER_AUTH_RULES,
+    *EMBED_RULES,
 )
 @dataclass(frozen=True)
 class InferencePoolSpec:
@@ -81,6 +83,16 @@ class InferencePoolSpec:
 
     model: ModelSpec = field("The model to serve.")
     engine: EngineSpec = field("Worker image and engine settings.", EngineSpec())
+    task: Task = field(
+        """generate: the workers generate text (completions, chat). embed: an embedding
+        pool, whose workers serve /v1/embeddings with the image's built-in
+        wordllama-l2-supercat (`kvflow worker --task embed`); a gateway's semantic cache
+        embeds prompts with one.""",
+        "generate",
+    )
+    embedding: EmbeddingSpec = field(
+        "Request limits of an embedding pool (task embed).", EmbeddingSpec()
+    )
     mode: Mode = field(
         """colocated: every worker prefills and decodes (role colocated). disaggregated:
         separate prefill and decode workers; the router sends a prompt to a prefill worker

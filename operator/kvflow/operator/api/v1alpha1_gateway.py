@@ -21,6 +21,7 @@ from kvflow.operator.api.schema import CelRule, cel, field
 from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
 from kvflow.operator.api.v1alpha1_degradation import DegradationSpec
 from kvflow.operator.api.v1alpha1_router import ROUTER_AUTH_RULES, RouterSpec
+from kvflow.operator.api.v1alpha1_semantic_cache import ModelSemanticCache, SemanticCacheSpec
 from kvflow.operator.api.v1alpha1_status import Condition
 
 GATEWAY_KIND = "InferenceGateway"
@@ -123,6 +124,11 @@ class InferenceModelSpec:
         "Model cascade"). Unset: this model's targets answer every request.""",
         None,
     )
+    semantic_cache: ModelSemanticCache | None = field(
+        """Opt in to the gateway's semantic cache (its spec.semanticCache; tenants opt in
+        too). Unset: this model's prompts are never answered from near matches.""",
+        None,
+    )
 
 
 @cel(*ROUTER_AUTH_RULES)
@@ -136,6 +142,11 @@ class InferenceGatewaySpec:
         an InferencePool. Its disaggregation policy is not used: each disaggregated pool
         brings its own.""",
         RouterSpec(),
+    )
+    semantic_cache: SemanticCacheSpec | None = field(
+        """Near-match answers for the InferenceModels that opt in (docs/router.md,
+        "Semantic cache"). Unset: off.""",
+        None,
     )
 
 

@@ -12,6 +12,9 @@ from typing import Literal
 
 from kvflow.operator.api.schema import CelRule, JsonObject, cel, field
 from kvflow.operator.api.v1alpha1_admission import AdmissionSpec
+from kvflow.operator.api.v1alpha1_batch import BatchSpec
+from kvflow.operator.api.v1alpha1_breaker import CircuitBreakerSpec
+from kvflow.operator.api.v1alpha1_rate_limits import RateLimitsSpec
 from kvflow.operator.api.v1alpha1_response_cache import ResponseCacheSpec
 from kvflow.operator.api.v1alpha1_workers import PullPolicy, Resources
 
@@ -127,6 +130,29 @@ ROUTER_AUTH_RULES = (
 )
 
 
+_HAS_REDIS = "(self.redis.url != '' || has(self.redis.urlSecret))"
+_BATCH_STORAGE = "has(self.batch.storage) && self.batch.storage == "
+
+
+@cel(
+    CelRule(
+        f"!({_BATCH_STORAGE}'Redis') || {_HAS_REDIS}",
+        "router.batch.storage Redis needs router.redis (url or urlSecret)",
+        ".batch.storage",
+    ),
+    CelRule(
+        f"!({_BATCH_STORAGE}'Volume') || !{_HAS_REDIS}",
+        "router.batch.storage Volume is unused while router.redis is set (the router "
+        "keeps batches in its Redis); use storage Redis",
+        ".batch.storage",
+    ),
+    CelRule(
+        f"!({_BATCH_STORAGE}'Volume') || self.replicas == 1",
+        "router.batch.storage Volume holds one router's batches: it needs router.replicas "
+        "1 (use storage Redis for more replicas)",
+        ".batch.storage",
+    ),
+)
 @dataclass(frozen=True)
 class RouterSpec:
     """The OpenAI-compatible gateway in front of the workers."""
@@ -167,5 +193,13 @@ class RouterSpec:
         "Answers of repeated deterministic requests (the router's --response-cache).",
         ResponseCacheSpec(),
     )
+    rate_limits: RateLimitsSpec = field(
+        "Limits per model, per client IP and for the whole gateway (429 past one).",
+        RateLimitsSpec(),
+    )
+    circuit_breaker: CircuitBreakerSpec = field(
+        "Stop sending to failing workers and pools for a while.", CircuitBreakerSpec()
+    )
+    batch: BatchSpec = field("The OpenAI Batch API's storage and limits.", BatchSpec())
     node_selector: dict[str, str] = field("Node labels the router pods require.", {})
     tolerations: list[JsonObject] = field("Router pod tolerations.", [])

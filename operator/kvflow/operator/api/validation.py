@@ -23,6 +23,7 @@ OWNED_WORKER_FLAGS = frozenset(
         "--max-model-len", "--kv-cache-gib", "--simulate", "--drain-timeout-s",
         "--kv-transport", "--kv-port", "--advertise-host", "--kv-cache-dtype",
         "--gpu-memory-utilization", "--tensor-parallel-size", "-tp", "--kv-tls-server-name",
+        "--task", "--max-embedding-inputs", "--max-embedding-input-tokens",
     }
 )  # fmt: skip
 
@@ -42,7 +43,8 @@ def spec_problems(spec: v1alpha1.InferencePoolSpec) -> list[str]:
         problems += _resource_problems(f"{where}.resources", role.resources)
         if "nvidia.com/gpu" in {**role.resources.requests, **role.resources.limits}:
             problems.append(f"{where}: request GPUs with gpusPerPod, not in resources")
-        problems += _kv_cache_problems(where, role, spec.engine.kv_cache_gib)
+        if spec.task == "generate":  # an embedding worker has no KV cache
+            problems += _kv_cache_problems(where, role, spec.engine.kv_cache_gib)
         problems += _tensor_parallel_problems(where, role, spec.model)
     problems += _resource_problems("router.resources", spec.router.resources)
     return problems

@@ -23,7 +23,7 @@ from kvflow.operator.api import v1alpha1_gateway as gw
 from kvflow.operator.api.schema import Json
 from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
 from kvflow.operator.api.v1alpha1_degradation import DegradationSpec
-from kvflow.operator.builders import pods
+from kvflow.operator.builders import pods, router_features
 from kvflow.operator.builders.gateway_models import Resolution
 from kvflow.operator.builders.names import (
     LABEL_COMPONENT,
@@ -197,6 +197,11 @@ def gateway_config(
         }
     if resolution.cascades:
         config["cascade"] = {name: cascade_entry(c) for name, c in resolution.cascades.items()}
+    if resolution.semantic_cache is not None:
+        config["semantic_cache"] = dict(resolution.semantic_cache)
+    limits = router_features.rate_limits_section(spec.router.rate_limits)
+    if limits is not None:
+        config["rate_limits"] = limits
     return config
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvflow.operator.api import v1alpha1
+from kvflow.operator.api.schema import Json
 from kvflow.operator.api.v1alpha1_cascade import CascadeSpec
 from kvflow.operator.api.v1alpha1_degradation import DegradationSpec, DegradationStep
 from kvflow.operator.api.v1alpha1_gateway import (
@@ -22,6 +23,8 @@ from kvflow.operator.api.v1alpha1_gateway import (
     ResolvedModel,
     ResolvedTarget,
 )
+from kvflow.operator.api.v1alpha1_semantic_cache import SemanticCacheSpec
+from kvflow.operator.builders.gateway_semantic import semantic_cache_section
 
 ModelReason = Literal["Accepted", "NameConflict", "NoTargetPool"]
 
@@ -66,6 +69,8 @@ class Resolution:
     degradations: Mapping[str, DegradationSpec] = field(default_factory=dict)
     # Public model name -> its cascade, for the router config's `cascade:`.
     cascades: Mapping[str, CascadeSpec] = field(default_factory=dict)
+    # The router config's `semantic_cache:` section; None: left out.
+    semantic_cache: Mapping[str, Json] | None = None
 
 
 def resolve(
@@ -73,10 +78,12 @@ def resolve(
     pools: Mapping[str, v1alpha1.InferencePoolSpec],
     *,
     response_cache: bool = False,
+    semantic_cache: SemanticCacheSpec | None = None,
 ) -> Resolution:
     """`models`: the InferenceModels naming the gateway, oldest first. `pools`: the
     InferencePools of the namespace that can be read, by name. `response_cache`: the
-    gateway's router has its response cache on (a ladder's response_cache step needs it)."""
+    gateway's router has its response cache on (a ladder's response_cache step needs it).
+    `semantic_cache`: the gateway's (gateway_semantic.py)."""
     taken: dict[str, str] = {}  # public name -> InferenceModel holding it
     served_by: dict[str, str] = {}  # served name -> the pool (in use) that serves it
     resolved: list[ResolvedModel] = []
@@ -118,8 +125,16 @@ def resolve(
     accepted = [m for m in models if verdicts[m.name].accepted]
     degradations = _degradations(accepted, served, problems, response_cache=response_cache)
     cascades = _cascades(accepted, served, problems)
+    generating = {
+        *degradations,
+        *cascades,
+        *(n for c in cascades.values() for n in (c.small, c.large)),
+    }
+    opt_ins = {m.name: m.spec for m in accepted if m.spec.semantic_cache is not None}
+    section, why = semantic_cache_section(semantic_cache, opt_ins, resolved, pools, generating)
+    problems += [GatewayProblem(reason, message) for reason, message in why]
     return Resolution(tuple(resolved), tuple(used), verdicts, tuple(problems), degradations,
-                      cascades)  # fmt: skip
+                      cascades, section)  # fmt: skip
 
 
 def _cascades(

@@ -17,7 +17,7 @@ from kvflow.operator.api import (
     v1alpha1_router,
 )
 from kvflow.operator.api.schema import Json
-from kvflow.operator.builders import pods
+from kvflow.operator.builders import pods, router_features
 from kvflow.operator.builders.names import (
     ROUTER_HTTP_PORT,
     ROUTER_METRICS_PORT,
@@ -56,6 +56,9 @@ def router_config(spec: v1alpha1.InferencePoolSpec) -> dict[str, Json]:
     prices = prices_entry(spec.model.prices)
     if prices is not None:
         config["prices"] = {spec.model.served_name: prices}
+    limits = router_features.rate_limits_section(spec.router.rate_limits)
+    if limits is not None:
+        config["rate_limits"] = limits
     return config
 
 
@@ -151,7 +154,14 @@ def shared_args(router: v1alpha1_router.RouterSpec) -> list[str]:
     elif router.allow_unauthenticated:
         # The router refuses to listen off loopback with no tenants unless told to.
         args.append("--allow-unauthenticated")
-    return args + admission_args(router.admission) + response_cache_args(router.response_cache)
+    return [
+        *args,
+        *admission_args(router.admission),
+        *response_cache_args(router.response_cache),
+        *router_features.rate_limit_args(router.rate_limits),
+        *router_features.breaker_args(router.circuit_breaker),
+        *router_features.batch_args(router.batch),
+    ]
 
 
 def admission_args(admission: v1alpha1_admission.AdmissionSpec) -> list[str]:
@@ -235,7 +245,8 @@ def router_workload(
         items: Json = [{"key": tenants.key, "path": TENANTS_FILE}]
         volumes.append({"name": "tenants", "secret": {"secretName": tenants.name, "items": items}})
         mounts.append({"name": "tenants", "mountPath": TENANTS_MOUNT, "readOnly": True})
-    for volume, mount in pod.volumes:
+    batch = router_features.batch_volume(router.batch)
+    for volume, mount in [*pod.volumes, *([batch] if batch is not None else [])]:
         volumes.append(volume)
         mounts.append(mount)
 

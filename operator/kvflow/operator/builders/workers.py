@@ -40,6 +40,8 @@ def worker_args(
     and a sender checks the receiver's certificate against ``tls_name``
     (names.workers_tls_name), since it dials a pod IP.
     """
+    if spec.task == "embed":
+        return embed_worker_args(spec, gpus)
     engine, model = spec.engine, spec.model
     args = ["worker"]
     path = pods.model_path(model)
@@ -81,6 +83,27 @@ def worker_args(
     if engine.simulate:
         args.append("--simulate")
     return args + list(engine.extra_args)
+
+
+def embed_worker_args(spec: v1alpha1.InferencePoolSpec, gpus: int) -> list[str]:
+    """An embedding pool's `kvflow worker --task embed`: no engine flags (it runs none) and
+    no --model (the image's one embedding model is the worker's default; the CRD refuses
+    a model path for task embed)."""
+    limits = spec.embedding
+    args = [
+        "worker", "--task", "embed",
+        "--served-model-name", spec.model.served_name,
+        "--host", "0.0.0.0",
+        "--port", str(WORKER_GRPC_PORT),
+        "--metrics-port", str(WORKER_METRICS_PORT),
+        "--device", "cuda" if gpus > 0 else "cpu",
+        "--max-embedding-inputs", str(limits.max_inputs_per_request),
+        "--max-embedding-input-tokens", str(limits.max_input_tokens),
+        "--drain-timeout-s", str(spec.engine.drain_timeout_seconds),
+    ]  # fmt: skip
+    if spec.worker_tls is not None:
+        args += pods.worker_tls_server_args()
+    return args + list(spec.engine.extra_args)
 
 
 def worker_ports(role: WorkerRole) -> list[Json]:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import socket
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,6 +22,7 @@ from kvflow.engine_worker.server import WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.engine_worker.sim_runner import SimulatedRunner, StepTiming
+from kvflow.engine_worker.stopping import drain, wait_for_stop_signal
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.proto.block_hash import make_hash_seed
@@ -300,18 +298,13 @@ async def serve(settings: WorkerSettings) -> None:
         flush=True,
     )
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
 
     # Drain: refuse new requests (readiness fails, Generate says UNAVAILABLE), let
     # running ones finish, then stop.
     loop.is_draining = True
-    deadline = time.monotonic() + settings.drain_timeout_s
     log.info("draining %d requests (up to %.0f s)", loop.num_in_flight, settings.drain_timeout_s)
-    while loop.num_in_flight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await drain(lambda: loop.num_in_flight, settings.drain_timeout_s)
     await server.stop(grace=1.0)
     http.shutdown()
     loop.stop()

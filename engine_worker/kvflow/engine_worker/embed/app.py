@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
-import time
 import uuid
 
 from kvflow.engine_worker.embed.model import StaticEmbedder
@@ -14,6 +11,7 @@ from kvflow.engine_worker.embed.server import EmbedWorkerService
 from kvflow.engine_worker.embed.service import EmbedLimits, EmbedMetrics, EmbedService
 from kvflow.engine_worker.listen import PortTakenError, bind_grpc, bind_http, grpc_server
 from kvflow.engine_worker.settings import WorkerSettings
+from kvflow.engine_worker.stopping import drain, wait_for_stop_signal
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
@@ -80,14 +78,9 @@ async def serve_embed(settings: WorkerSettings) -> None:
     # The same machine-readable line as a generating worker (no KV port: kv_port=0).
     print(f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port} kv_port=0", flush=True)
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     grpc_service.is_draining = True
-    deadline = time.monotonic() + settings.drain_timeout_s
-    while service.num_in_flight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await drain(lambda: service.num_in_flight, settings.drain_timeout_s)
     await server.stop(grace=1.0)
     http.shutdown()
     service.close()

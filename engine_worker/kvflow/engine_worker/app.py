@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import socket
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-import grpc
-
-from kvflow.engine_worker.auth import TOKEN_ENV, TokenInterceptor, token_from_env
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.engine import Engine, EngineConfig, ModelRunner
 from kvflow.engine_worker.engine_loop import EngineLoop
-from kvflow.engine_worker.http_server import start_http_server
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, make_transport
 from kvflow.engine_worker.kv_transfer.peers import PeerAllowList
+from kvflow.engine_worker.listen import bind_grpc, bind_http, binding, grpc_server
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.loop_records import BlockIO
 from kvflow.engine_worker.memory.report import MemoryReport
@@ -29,6 +22,7 @@ from kvflow.engine_worker.server import WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.engine_worker.sim_runner import SimulatedRunner, StepTiming
+from kvflow.engine_worker.stopping import drain, wait_for_stop_signal
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.proto.block_hash import make_hash_seed
@@ -244,31 +238,12 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
     )
 
 
-T = TypeVar("T")
-
-
-class PortTakenError(OSError):
-    """A port the worker binds is taken; the message names it and its flag."""
-
-
-def _binding(what: str, flag: str, port: int, bind: Callable[[], T]) -> T:
-    """``bind()``, with a failure that says which of the worker's three ports clashed (two
-    workers on one machine share the default --kv-port as easily as the gRPC port)."""
-    try:
-        return bind()
-    except (OSError, RuntimeError) as exc:  # grpc's add_*_port raises RuntimeError
-        raise PortTakenError(
-            f"cannot bind the {what} port {port} ({flag}): {exc}; another process holds it. "
-            f"Pick a free one with {flag} (0: any free port)"
-        ) from exc
-
-
 async def serve(settings: WorkerSettings) -> None:
     built = build_worker(settings)
     metrics = WorkerMetrics()
     # A simulated worker holds no device memory: its accounting is reported as the CPU's.
     metrics.observe_memory(built.memory, "cpu" if settings.simulate else settings.device)
-    kv = _binding(
+    kv = binding(
         "KV transfer",
         "--kv-port",
         settings.kv_port,
@@ -286,15 +261,7 @@ async def serve(settings: WorkerSettings) -> None:
     )
     loop.start()
 
-    token = token_from_env()
-    server = grpc.aio.server(
-        interceptors=[TokenInterceptor(token)] if token else [],
-        # gRPC binds with SO_REUSEPORT by default: a second worker on a taken --port would
-        # start and share it, and callers would reach either one.
-        options=[("grpc.so_reuseport", 0)],
-    )
-    if token is None:
-        log.warning("worker gRPC is open to any caller: set %s to require a token", TOKEN_ENV)
+    server = grpc_server()
     structured = None
     if not settings.simulate:
         from kvflow.engine_worker.structured.service import StructuredOutputs
@@ -307,25 +274,12 @@ async def serve(settings: WorkerSettings) -> None:
         )
     service = WorkerService(loop, built.info, built.runner.kv_layout, structured, metrics)
     pb_grpc.add_WorkerServicer_to_server(service, server)
-    address = f"{settings.host}:{settings.port}"
-    if settings.tls.is_on:
-        credentials = settings.tls.server_credentials()
-        port = _binding(
-            "gRPC", "--port", settings.port, lambda: server.add_secure_port(address, credentials)
-        )
-    else:
-        port = _binding("gRPC", "--port", settings.port, lambda: server.add_insecure_port(address))
-    http = _binding(
-        "metrics",
-        "--metrics-port",
-        settings.metrics_port,
-        lambda: start_http_server(
-            settings.host,
-            settings.metrics_port,
-            metrics.registry,
-            is_ready=lambda: not loop.is_draining,
-            health_problem=loop.heartbeat.problem,
-        ),
+    port = bind_grpc(server, settings)
+    http = bind_http(
+        settings,
+        metrics.registry,
+        is_ready=lambda: not loop.is_draining,
+        health_problem=loop.heartbeat.problem,
     )
     await server.start()
     metrics_port = http.server_address[1]
@@ -344,18 +298,13 @@ async def serve(settings: WorkerSettings) -> None:
         flush=True,
     )
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
 
     # Drain: refuse new requests (readiness fails, Generate says UNAVAILABLE), let
     # running ones finish, then stop.
     loop.is_draining = True
-    deadline = time.monotonic() + settings.drain_timeout_s
     log.info("draining %d requests (up to %.0f s)", loop.num_in_flight, settings.drain_timeout_s)
-    while loop.num_in_flight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await drain(lambda: loop.num_in_flight, settings.drain_timeout_s)
     await server.stop(grace=1.0)
     http.shutdown()
     loop.stop()

@@ -26,7 +26,7 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         asyncio.run(serve(settings))
-    except OSError as exc:  # a port taken names itself (app.PortTakenError)
+    except OSError as exc:  # a port taken names itself (listen.PortTakenError)
         print(f"kvflow worker: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:  # ModelLoadError and bad settings say what to change

@@ -5,18 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kvflow.router.breaker.machine import BreakerConfig, BreakerConfigError
-from kvflow.router.cli_args import positive_int, seconds
+from kvflow.router.cli_args import fraction, positive_int, seconds
 from kvflow.router.settings import ConfigError
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
-    return value
 
 
 def breaker_flags(p: argparse.ArgumentParser, d: BreakerConfig) -> None:
@@ -29,7 +19,7 @@ def breaker_flags(p: argparse.ArgumentParser, d: BreakerConfig) -> None:
                    help="off: circuits stay closed (default: %(default)s)")  # fmt: skip
     g.add_argument(
         "--breaker-error-rate",
-        type=_fraction,
+        type=fraction,
         default=d.failure_rate,
         metavar="FRACTION",
         help="a circuit opens when at least this share of its requests in the window failed "

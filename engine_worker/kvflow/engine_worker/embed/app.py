@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
-import time
 import uuid
 
-import grpc
-
-from kvflow.engine_worker.app import PortTakenError, _binding
-from kvflow.engine_worker.auth import TOKEN_ENV, TokenInterceptor, token_from_env
 from kvflow.engine_worker.embed.model import StaticEmbedder
 from kvflow.engine_worker.embed.model_files import embedding_model_files
 from kvflow.engine_worker.embed.server import EmbedWorkerService
 from kvflow.engine_worker.embed.service import EmbedLimits, EmbedMetrics, EmbedService
-from kvflow.engine_worker.http_server import start_http_server
+from kvflow.engine_worker.listen import PortTakenError, bind_grpc, bind_http, grpc_server
 from kvflow.engine_worker.settings import WorkerSettings
+from kvflow.engine_worker.stopping import drain, wait_for_stop_signal
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
@@ -69,33 +63,10 @@ async def serve_embed(settings: WorkerSettings) -> None:
     registry = CollectorRegistry()
     service.metrics = EmbedMetrics(registry)
     grpc_service = EmbedWorkerService(service, info)
-    token = token_from_env()
-    server = grpc.aio.server(
-        interceptors=[TokenInterceptor(token)] if token else [],
-        options=[("grpc.so_reuseport", 0)],
-    )
-    if token is None:
-        log.warning("worker gRPC is open to any caller: set %s to require a token", TOKEN_ENV)
+    server = grpc_server()
     pb_grpc.add_WorkerServicer_to_server(grpc_service, server)
-    address = f"{settings.host}:{settings.port}"
-    if settings.tls.is_on:
-        credentials = settings.tls.server_credentials()
-        port = _binding(
-            "gRPC", "--port", settings.port, lambda: server.add_secure_port(address, credentials)
-        )
-    else:
-        port = _binding("gRPC", "--port", settings.port, lambda: server.add_insecure_port(address))
-    http = _binding(
-        "metrics",
-        "--metrics-port",
-        settings.metrics_port,
-        lambda: start_http_server(
-            settings.host,
-            settings.metrics_port,
-            registry,
-            is_ready=lambda: not grpc_service.is_draining,
-        ),
-    )
+    port = bind_grpc(server, settings)
+    http = bind_http(settings, registry, is_ready=lambda: not grpc_service.is_draining)
     await server.start()
     metrics_port = http.server_address[1]
     dims = info.embedding
@@ -107,14 +78,9 @@ async def serve_embed(settings: WorkerSettings) -> None:
     # The same machine-readable line as a generating worker (no KV port: kv_port=0).
     print(f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port} kv_port=0", flush=True)
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     grpc_service.is_draining = True
-    deadline = time.monotonic() + settings.drain_timeout_s
-    while service.num_in_flight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await drain(lambda: service.num_in_flight, settings.drain_timeout_s)
     await server.stop(grace=1.0)
     http.shutdown()
     service.close()

@@ -4,10 +4,9 @@ from the stores so that parsing the command line imports no Redis client."""
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
 
-from kvflow.router.cli_args import seconds
+from kvflow.router.cli_args import number_of, seconds
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -33,19 +32,6 @@ class ResponseCacheConfig:
         return int(self.max_entry_kib * KIB)
 
 
-def _positive(unit: str) -> type[float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be a number of {unit} > 0, got {text!r}")
-        return value
-
-    return parse  # type: ignore[return-value]
-
-
 def response_cache_flags(p: argparse.ArgumentParser, d: ResponseCacheConfig) -> None:
     g = p.add_argument_group(
         "response cache",
@@ -67,7 +53,7 @@ def response_cache_flags(p: argparse.ArgumentParser, d: ResponseCacheConfig) -> 
     )
     g.add_argument(
         "--response-cache-max-mib",
-        type=_positive("MiB"),
+        type=number_of("MiB", allow_zero=False),
         default=d.max_mib,
         metavar="MIB",
         help="the in-process store's size, used without "
@@ -75,7 +61,7 @@ def response_cache_flags(p: argparse.ArgumentParser, d: ResponseCacheConfig) -> 
     )
     g.add_argument(
         "--response-cache-max-entry-kib",
-        type=_positive("KiB"),
+        type=number_of("KiB", allow_zero=False),
         default=d.max_entry_kib,
         metavar="KIB",
         help="a larger answer is not stored (default: %(default)s)",

@@ -99,17 +99,40 @@ def greedy_normalized(sampling: SamplingOptions) -> SamplingOptions:
 def cache_key(namespace: str, scope: TenantScope, version: ModelVersion, fingerprint: str) -> str:
     """The store's key. The pool and tenant stay readable (an explicit purge selects by
     them); everything else is in the digest."""
-    digest = _digest(
-        _canonical(
-            [KEY_FORMAT, scope.name, scope.user, version.model, version.template, fingerprint]
-        )
-    )
-    return key_prefix(namespace, version.pool, scope.name) + digest
+    return scoped_key("rcache", KEY_FORMAT, namespace, scope, version, fingerprint)
 
 
 def key_prefix(namespace: str, pool: str | None = None, tenant: str | None = None) -> str:
     """Keys under a pool and tenant; None stops the prefix there (a purge's selection)."""
-    prefix = f"kvflow:{namespace}:rcache:"
+    return store_prefix("rcache", namespace, pool, tenant)
+
+
+def scoped_key(
+    kind: str,
+    key_format: str,
+    namespace: str,
+    scope: TenantScope,
+    version: ModelVersion,
+    request_digest: str,
+) -> str:
+    """A key of either cache (``kind`` rcache: the exact one, scache: the semantic one):
+    the pool and tenant readable, then one digest of the key format, the tenant and its
+    user, the model and template versions and ``request_digest`` (what else of the request
+    must be equal)."""
+    digest = _digest(
+        _canonical(
+            [key_format, scope.name, scope.user, version.model, version.template, request_digest]
+        )
+    )
+    return store_prefix(kind, namespace, version.pool, scope.name) + digest
+
+
+def store_prefix(
+    kind: str, namespace: str, pool: str | None = None, tenant: str | None = None
+) -> str:
+    """A cache's keys under a pool and tenant; None stops the prefix there (a purge's
+    selection)."""
+    prefix = f"kvflow:{namespace}:{kind}:"
     if pool is None:
         return prefix
     prefix += f"{pool}:"

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from kvflow.router.caches.key import (
     ModelVersion,
     TenantScope,
-    _canonical,
-    _digest,
     request_fingerprint,
+    scoped_key,
+    store_prefix,
 )
 from kvflow.router.protocol.requests import ChatRequest, CompletionRequest, SamplingOptions
 
@@ -57,21 +57,12 @@ def query_of(parsed: ChatRequest | CompletionRequest, sampling: SamplingOptions)
 def scope_key(namespace: str, scope: TenantScope, version: ModelVersion, context: str) -> str:
     """The store's key of one scope's entries: the pool and tenant readable (a purge selects
     by them, as the exact cache's keys: caches/key.py), the rest digested."""
-    digest = _digest(
-        _canonical(
-            [SEMANTIC_FORMAT, scope.name, scope.user, version.model, version.template, context]
-        )
-    )
-    return scope_prefix(namespace, version.pool, scope.name) + digest
+    return scoped_key("scache", SEMANTIC_FORMAT, namespace, scope, version, context)
 
 
 def scope_prefix(namespace: str, pool: str | None = None, tenant: str | None = None) -> str:
     """Scopes under a pool and tenant; None stops the prefix there (a purge's selection)."""
-    prefix = f"kvflow:{namespace}:scache:"
-    if pool is None:
-        return prefix
-    prefix += f"{pool}:"
-    return prefix if tenant is None else prefix + f"{tenant}:"
+    return store_prefix("scache", namespace, pool, tenant)
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:

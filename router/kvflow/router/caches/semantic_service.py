@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 
 from kvflow.router.caches.answer import CachedAnswer, Item, decode, encode, replay, storable
 from kvflow.router.caches.key import ModelVersion, TenantScope
+from kvflow.router.caches.lookup_metrics import LookupCounters
 from kvflow.router.caches.policy import BYPASS_REASONS, decide
 from kvflow.router.caches.semantic import (
     Candidate,
@@ -60,19 +61,17 @@ SEMANTIC_BYPASS_REASONS = (*BYPASS_REASONS, "not_a_question")
 EmbedFn = Callable[[str], Awaitable[Sequence[float]]]
 
 
-class SemanticCacheMetrics:
+class SemanticCacheMetrics(LookupCounters):
     def __init__(self, registry: CollectorRegistry) -> None:
         prefix = "kvflow_router_semantic_cache_"
-        self.lookups = Counter(
-            prefix + "lookups",
-            "Requests to opted-in models by what the semantic cache did: hit, miss or bypass",
-            ["result"],
-            registry=registry,
+        super().__init__(
+            registry,
+            prefix,
+            lookups_help="Requests to opted-in models by what the semantic cache did: hit, "
+            "miss or bypass",
+            bypasses_help="Requests that skipped the semantic cache, by why",
+            bypass_reasons=SEMANTIC_BYPASS_REASONS,
         )
-        self.bypasses = Counter(
-            prefix + "bypasses", "Requests that skipped the semantic cache, by why",
-            ["reason"], registry=registry,
-        )  # fmt: skip
         self.stores = Counter(prefix + "stores", "Answers stored", registry=registry)
         self.errors = Counter(
             prefix + "errors",
@@ -80,10 +79,6 @@ class SemanticCacheMetrics:
             ["op"],
             registry=registry,
         )
-        for result in ("hit", "miss", "bypass"):
-            self.lookups.labels(result)
-        for reason in SEMANTIC_BYPASS_REASONS:
-            self.bypasses.labels(reason)
         for op in ("embed", "get", "put"):
             self.errors.labels(op)
 
@@ -194,8 +189,7 @@ class SemanticCache:
         query = query_of(parsed, sampling)
         bypass = decision.bypass or (None if query is not None else "not_a_question")
         if bypass is not None:
-            self.metrics.lookups.labels("bypass").inc()
-            self.metrics.bypasses.labels(bypass).inc()
+            self.metrics.count_bypass(bypass)
             return SemanticTicket("bypass")
         assert query is not None
         scope = scope_key(self.namespace, TenantScope(tenant.name, user), version, query.context)

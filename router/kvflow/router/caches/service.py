@@ -23,6 +23,7 @@ from kvflow.router.caches.key import (
     key_prefix,
     request_fingerprint,
 )
+from kvflow.router.caches.lookup_metrics import LookupCounters
 from kvflow.router.caches.policy import (
     BYPASS_REASONS,
     RESULT_HEADER,
@@ -42,20 +43,15 @@ log = logging.getLogger("kvflow.router.response_cache")
 _ROW_OVERHEAD_BYTES = 32
 
 
-class ResponseCacheMetrics:
+class ResponseCacheMetrics(LookupCounters):
     def __init__(self, registry: CollectorRegistry) -> None:
         prefix = "kvflow_router_response_cache_"
-        self.lookups = Counter(
-            prefix + "lookups",
-            "Requests by what the response cache did: hit, miss or bypass",
-            ["result"],
-            registry=registry,
-        )
-        self.bypasses = Counter(
-            prefix + "bypasses",
-            "Requests that skipped the response cache, by why",
-            ["reason"],
-            registry=registry,
+        super().__init__(
+            registry,
+            prefix,
+            lookups_help="Requests by what the response cache did: hit, miss or bypass",
+            bypasses_help="Requests that skipped the response cache, by why",
+            bypass_reasons=BYPASS_REASONS,
         )
         self.twin_lookups = Counter(
             prefix + "twin_lookups",
@@ -86,12 +82,8 @@ class ResponseCacheMetrics:
         self.errors = Counter(
             prefix + "errors", "Store operations that failed (get, put)", ["op"], registry=registry
         )
-        for result in ("hit", "miss", "bypass"):
-            self.lookups.labels(result)
         for result in ("hit", "miss"):
             self.twin_lookups.labels(result)
-        for reason in BYPASS_REASONS:
-            self.bypasses.labels(reason)
         for reason in ("unfinished", "too_large", "error"):
             self.skipped_stores.labels(reason)
 
@@ -176,8 +168,7 @@ class ResponseCache:
             headers, sampling, tenant_allows=tenant.response_cache, serves_sampled=serves_sampled
         )
         if decision.bypass is not None:
-            self.metrics.lookups.labels("bypass").inc()
-            self.metrics.bypasses.labels(decision.bypass).inc()
+            self.metrics.count_bypass(decision.bypass)
             return CacheTicket("bypass")
         if decision.is_twin:
             sampling = greedy_twin(sampling)

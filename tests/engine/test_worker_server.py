@@ -272,3 +272,14 @@ def test_sigterm_drains_running_requests_then_exits() -> None:
         assert w.proc.wait(timeout=30) == 0
     finally:
         w.stop(timeout_s=5)
+
+
+def test_sigterm_right_after_the_ready_line_is_a_clean_stop() -> None:
+    """The stop handler is in place before the worker says it is ready: a kubelet's
+    SIGTERM at once after readiness drains and exits 0, not killed by the signal."""
+    w = launch_worker(SIM_ARGS, timeout_s=60)
+    try:
+        w.proc.send_signal(15)
+        assert w.proc.wait(timeout=30) == 0
+    finally:
+        w.stop(timeout_s=5)

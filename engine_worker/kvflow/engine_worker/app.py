@@ -22,7 +22,7 @@ from kvflow.engine_worker.server import WorkerService
 from kvflow.engine_worker.settings import WorkerSettings
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.engine_worker.sim_runner import SimulatedRunner, StepTiming
-from kvflow.engine_worker.stopping import drain, wait_for_stop_signal
+from kvflow.engine_worker.stopping import drain, stop_on_signal
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.proto.block_hash import make_hash_seed
@@ -291,6 +291,7 @@ async def serve(settings: WorkerSettings) -> None:
         settings.host,
         metrics_port,
     )
+    stop = stop_on_signal()  # before the ready line: a SIGTERM after it drains
     # One machine-readable line for whoever started us with port 0 (tests, `kvflow up`).
     print(
         f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port} "
@@ -298,7 +299,7 @@ async def serve(settings: WorkerSettings) -> None:
         flush=True,
     )
 
-    await wait_for_stop_signal()
+    await stop.wait()
 
     # Drain: refuse new requests (readiness fails, Generate says UNAVAILABLE), let
     # running ones finish, then stop.

@@ -13,11 +13,14 @@ from collections.abc import Callable
 DRAIN_POLL_S = 0.05
 
 
-async def wait_for_stop_signal() -> None:
+def stop_on_signal() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT. Install it before announcing readiness: a
+    SIGTERM that arrives between the ready line and the handler would kill the process
+    with no drain."""
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 async def drain(num_in_flight: Callable[[], int], timeout_s: float) -> None:

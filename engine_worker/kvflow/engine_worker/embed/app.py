@@ -11,7 +11,7 @@ from kvflow.engine_worker.embed.server import EmbedWorkerService
 from kvflow.engine_worker.embed.service import EmbedLimits, EmbedMetrics, EmbedService
 from kvflow.engine_worker.listen import PortTakenError, bind_grpc, bind_http, grpc_server
 from kvflow.engine_worker.settings import WorkerSettings
-from kvflow.engine_worker.stopping import drain, wait_for_stop_signal
+from kvflow.engine_worker.stopping import drain, stop_on_signal
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 
@@ -75,10 +75,11 @@ async def serve_embed(settings: WorkerSettings) -> None:
         info.model, dims.dimensions, list(dims.allowed_dimensions),
         settings.host, port, settings.host, metrics_port,
     )  # fmt: skip
+    stop = stop_on_signal()  # before the ready line: a SIGTERM after it drains
     # The same machine-readable line as a generating worker (no KV port: kv_port=0).
     print(f"KVFLOW_WORKER_READY grpc_port={port} metrics_port={metrics_port} kv_port=0", flush=True)
 
-    await wait_for_stop_signal()
+    await stop.wait()
     grpc_service.is_draining = True
     await drain(lambda: service.num_in_flight, settings.drain_timeout_s)
     await server.stop(grace=1.0)

@@ -37,9 +37,9 @@ def own_router() -> Iterator[str]:
     """Pool a's own router (one pool: every series is a's, whatever its `pool` label)."""
     metrics = RouterMetrics()
     metrics.admission_pool("default")
-    metrics.admission_rejections.labels("503", "cluster_full", "default").inc(2)
+    metrics.admission_rejections.labels("503", "cluster_full", "default", "normal").inc(2)
     for _ in range(3):
-        metrics.ttft_s.labels("model-a").observe(0.1)
+        metrics.ttft_s.labels("model-a", "normal").observe(0.1)
     yield from serve(metrics)
 
 
@@ -49,12 +49,12 @@ def gateway_router() -> Iterator[str]:
     metrics = RouterMetrics()
     for pool in ("a", "b"):
         metrics.admission_pool(pool)
-    metrics.admission_rejections.labels("503", "cluster_full", "a").inc(5)
-    metrics.admission_rejections.labels("429", "over_share", "b").inc(40)
+    metrics.admission_rejections.labels("503", "cluster_full", "a", "normal").inc(5)
+    metrics.admission_rejections.labels("429", "over_share", "b", "normal").inc(40)
     for _ in range(7):
-        metrics.ttft_s.labels("model-a").observe(0.2)
+        metrics.ttft_s.labels("model-a", "normal").observe(0.2)
     for _ in range(30):
-        metrics.ttft_s.labels("model-b").observe(9.0)
+        metrics.ttft_s.labels("model-b", "normal").observe(9.0)
     yield from serve(metrics)
 
 

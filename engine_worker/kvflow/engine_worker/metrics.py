@@ -223,8 +223,8 @@ class WorkerMetrics:
                 continue  # a PD handoff (blocks reserved or ready to send), not a token
             request = engine.requests.get(out.request_id)
             # A finished request has left the engine; its output carries its class.
-            cls = (out.priority_class if request is None else request.priority_class).value
-            self.generation_tokens.labels(cls).inc(len(out.new_tokens))
+            word = (out.priority_class if request is None else request.priority_class).value
+            self.generation_tokens.labels(word).inc(len(out.new_tokens))
             last = self._last_token_time_s.get(out.request_id)
             if last is not None and out.new_tokens:
                 self.itl.observe(now_s - last)
@@ -233,19 +233,19 @@ class WorkerMetrics:
                 continue
             del self._last_token_time_s[out.request_id]
             if out.stop_token_id is not None:
-                self.generation_tokens.labels(cls).inc()
-            self.finished.labels(out.finish_reason.value, cls).inc()
-            self.prompt_tokens.labels(cls).inc(out.num_prompt_tokens)
+                self.generation_tokens.labels(word).inc()
+            self.finished.labels(out.finish_reason.value, word).inc()
+            self.prompt_tokens.labels(word).inc(out.num_prompt_tokens)
             timings = out.timings
             if timings is None:
                 continue
             self.preemptions.inc(timings.num_preemptions)
-            self.queue_wait.labels(cls).observe(timings.queued_s)
+            self.queue_wait.labels(word).observe(timings.queued_s)
             if out.num_output_tokens >= 1:
-                self.ttft.labels(cls).observe(timings.ttft_s)
+                self.ttft.labels(word).observe(timings.ttft_s)
             if out.num_output_tokens >= 2:
                 decode_s = timings.e2e_s - timings.ttft_s
-                self.tpot.labels(cls).observe(decode_s / (out.num_output_tokens - 1))
+                self.tpot.labels(word).observe(decode_s / (out.num_output_tokens - 1))
 
     def observe_transfer(self, record: TransferRecord) -> None:
         """Called from transfer threads; prometheus_client's metrics are thread-safe."""

@@ -14,7 +14,7 @@ virtual cluster's own logs over the last `window_s`:
   came in it (what workers export as kvflow_worker_queue_wait_seconds);
 - running requests per worker, queued requests (per worker, and in all) and KV usage from
   the workers' last Load answers (gauges, now), less what the batch class holds now
-  (`_online`), as the operator reads the workers' series of the online classes only.
+  (`_OnlineLoad`), as the operator reads the workers' series of the online classes only.
 
 Every log the cluster keeps for it counts the online classes only (autoscale_cluster).
 """

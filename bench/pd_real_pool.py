@@ -212,8 +212,9 @@ def wait_idle(workers: Sequence[WorkerProcess], timeout_s: float = 60.0) -> bool
         busy = 0.0
         for w in workers:
             m = scrape(f"http://127.0.0.1:{w.metrics_port}")
-            busy += m.get("kvflow_worker_requests_running", 0.0)
-            busy += m.get("kvflow_worker_requests_waiting", 0.0)
+            # Every class's series: the gauges carry a priority_class label.
+            busy += sum(v for k, v in m.items() if k.startswith("kvflow_worker_requests_running"))
+            busy += sum(v for k, v in m.items() if k.startswith("kvflow_worker_requests_waiting"))
         if busy == 0:
             return True
         time.sleep(0.5)

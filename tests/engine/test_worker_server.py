@@ -13,11 +13,14 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from testkit.scrape import sample
 from testkit.worker_process import WorkerProcess, launch_worker
 
+from kvflow.proto import metric_names as names
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
 from kvflow.proto.block_hash import block_hashes
+from kvflow.proto.priority_class import CLASS_WORDS
 
 pytestmark = pytest.mark.integration
 
@@ -221,6 +224,29 @@ def test_metrics_health_and_ready_over_http(
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(base + "/nope", timeout=10)
     assert err.value.code == 404
+
+
+def test_metrics_the_planner_reads_are_split_by_priority_class(
+    worker: WorkerProcess, stub: pb_grpc.WorkerStub
+) -> None:
+    """The planner sizes for the online classes and drops the batch series
+    (docs/planner.md, "Batch work"): a batch request counts under its own label."""
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+    families = (names.WORKER_TTFT + "_count", names.WORKER_FINISHED + "_total",
+                names.WORKER_PROMPT_TOKENS + "_total")  # fmt: skip
+    before = {(f, c): sample(url, f, priority_class=c) for f in families for c in CLASS_WORDS}
+    context = pb.RequestContext(priority_class=pb.PRIORITY_CLASS_BATCH)
+    req = pb.GenerateRequest(request_id="class-batch-1", prompt_token_ids=list(range(30, 50)),
+                             sampling=pb.SamplingParams(max_tokens=3, ignore_eos=True),
+                             context=context)  # fmt: skip
+    list(stub.Generate(req, timeout=30))
+    for family in families:
+        grew = {c: sample(url, family, priority_class=c) - before[family, c] for c in CLASS_WORDS}
+        assert grew["batch"] > 0 and grew["normal"] == grew["realtime"] == 0, (family, grew)
+    body = urllib.request.urlopen(url, timeout=10).read().decode()
+    for cls in CLASS_WORDS:  # every class's gauges, from the start
+        assert f'{names.WORKER_WAITING}{{priority_class="{cls}"}}' in body
+        assert f'{names.WORKER_KV_CLASS_USAGE}{{priority_class="{cls}"}}' in body
 
 
 def wait_for_http_status(url: str, status: int, timeout_s: float) -> None:

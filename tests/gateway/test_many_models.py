@@ -226,7 +226,9 @@ def scrape(g: GatewayProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 def model_count(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], histogram: str,
                 model: str) -> float:  # fmt: skip
-    return samples.get((f"{histogram}_count", (("model", model),)), 0.0)
+    # Summed over the other labels (ttft and tpot carry the request's priority_class too).
+    return sum(v for (name, labels), v in samples.items()
+               if name == f"{histogram}_count" and ("model", model) in labels)  # fmt: skip
 
 
 def test_latency_is_labelled_by_the_version_that_answered(gateway: GatewayProcess) -> None:

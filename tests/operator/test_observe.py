@@ -36,8 +36,8 @@ def test_every_family_the_planner_reads_is_exported_with_its_type() -> None:
     served = RouterMetrics()
     # The gateway's latency histograms are labelled by model: a series exists once a
     # request has been answered (before that the planner sees no TTFT, as in a new pool).
-    served.ttft_s.labels("smollm2").observe(0.1)
-    served.tpot_s.labels("smollm2").observe(0.01)
+    served.ttft_s.labels("smollm2", "normal").observe(0.1)
+    served.tpot_s.labels("smollm2", "normal").observe(0.01)
     router = parse(generate_latest(served.registry).decode(), ROUTER_FAMILIES)
     found = {*worker.counters, *worker.gauges, *worker.histograms}
     assert found == set(WORKER_FAMILIES)
@@ -52,19 +52,20 @@ def test_every_family_the_planner_reads_is_exported_with_its_type() -> None:
         "kvflow_worker_requests_running",
         "kvflow_worker_requests_waiting",
         "kvflow_worker_kv_cache_usage_ratio",
+        "kvflow_worker_kv_cache_class_usage_ratio",
     }
 
 
 def test_a_window_is_the_difference_of_two_reads() -> None:
     m = WorkerMetrics()
-    m.finished.labels("stop").inc(3)
-    m.tpot.observe(0.05)
+    m.finished.labels("stop", "normal").inc(3)
+    m.tpot.labels("normal").observe(0.05)
     before = parse(worker_text(m), WORKER_FAMILIES)
-    m.finished.labels("stop").inc(2)
-    m.finished.labels("length").inc(5)  # labels are summed
-    m.prompt_tokens.inc(700)
-    m.tpot.observe(0.5)
-    m.running.set(7)
+    m.finished.labels("stop", "normal").inc(2)
+    m.finished.labels("length", "normal").inc(5)  # labels are summed
+    m.prompt_tokens.labels("normal").inc(700)
+    m.tpot.labels("normal").observe(0.5)
+    m.running.labels("normal").set(7)
     delta = window(parse(worker_text(m), WORKER_FAMILIES), before)
     assert delta.counters["kvflow_worker_requests_finished"] == 7
     assert delta.counters["kvflow_worker_prompt_tokens"] == 700
@@ -74,10 +75,10 @@ def test_a_window_is_the_difference_of_two_reads() -> None:
 
 def test_a_restarted_target_counts_from_its_start() -> None:
     m = WorkerMetrics()
-    m.finished.labels("stop").inc(10)
+    m.finished.labels("stop", "normal").inc(10)
     before = parse(worker_text(m), WORKER_FAMILIES)
     fresh = WorkerMetrics()
-    fresh.finished.labels("stop").inc(2)
+    fresh.finished.labels("stop", "normal").inc(2)
     now = parse(worker_text(fresh), WORKER_FAMILIES)
     assert window(now, before).counters["kvflow_worker_requests_finished"] == 2
 
@@ -108,18 +109,19 @@ def test_quantile_and_violation_share_interpolate_in_buckets() -> None:
 def test_observation_of_a_colocated_role() -> None:
     w1, w2, router = WorkerMetrics(), WorkerMetrics(), RouterMetrics()
     for m, running, waiting, kv in ((w1, 4, 3, 0.5), (w2, 8, 2, 0.7)):
-        m.finished.labels("stop").inc(10)
-        m.prompt_tokens.inc(2000)
-        m.generation_tokens.inc(500)
-        m.running.set(running)
-        m.waiting.set(waiting)
+        m.finished.labels("stop", "normal").inc(10)
+        m.prompt_tokens.labels("normal").inc(2000)
+        m.generation_tokens.labels("normal").inc(500)
+        m.running.labels("normal").set(running)
+        m.waiting.labels("normal").set(waiting)
         m.kv_usage.set(kv)
+        m.kv_class_usage.labels("normal").set(kv)  # all of it held by normal requests
         for _ in range(10):
-            m.tpot.observe(0.3)  # every request over the 100 ms target
-            m.queue_wait.observe(0.2)
-            m.ttft.observe(5.0)
+            m.tpot.labels("normal").observe(0.3)  # every request over the 100 ms target
+            m.queue_wait.labels("normal").observe(0.2)
+            m.ttft.labels("normal").observe(5.0)
     for i in range(20):  # the gateway's TTFT wins over the workers', summed over models
-        router.ttft_s.labels(("smollm2-v1", "smollm2-v2")[i % 2]).observe(0.4)
+        router.ttft_s.labels(("smollm2-v1", "smollm2-v2")[i % 2], "normal").observe(0.4)
     obs = observe_role(
         "colocated",
         time_s=100.0,
@@ -151,12 +153,12 @@ def test_requests_the_gateway_refused_are_demand_and_late() -> None:
     workers' counters miss them, the routers' count them. A role that prefills adds them
     to its rate and counts them over the TTFT target; a decode role does not see them."""
     worker, router = WorkerMetrics(), RouterMetrics()
-    worker.finished.labels("stop").inc(30)
-    worker.prompt_tokens.inc(3000)
+    worker.finished.labels("stop", "normal").inc(30)
+    worker.prompt_tokens.labels("normal").inc(3000)
     for _ in range(30):
-        router.ttft_s.labels("m").observe(0.2)  # every served request on time
-    router.admission_rejections.labels("503", "cluster_full", "default").inc(8)
-    router.admission_rejections.labels("429", "over_share", "default").inc(2)
+        router.ttft_s.labels("m", "normal").observe(0.2)  # every served request on time
+    router.admission_rejections.labels("503", "cluster_full", "default", "normal").inc(8)
+    router.admission_rejections.labels("429", "over_share", "default", "normal").inc(2)
     targets = Targets(
         workers=[parse(worker_text(worker), WORKER_FAMILIES)],
         routers=[parse(generate_latest(router.registry).decode(), ROUTER_FAMILIES)],
@@ -186,14 +188,14 @@ def test_a_gateway_in_front_of_two_pools_counts_for_each_only_its_own() -> None:
     gateway = RouterMetrics()
     for pool in ("a", "b"):
         gateway.admission_pool(pool)
-    gateway.admission_rejections.labels("503", "cluster_full", "a").inc(4)
-    gateway.admission_rejections.labels("503", "cluster_full", "b").inc(50)
+    gateway.admission_rejections.labels("503", "cluster_full", "a", "normal").inc(4)
+    gateway.admission_rejections.labels("503", "cluster_full", "b", "normal").inc(50)
     for _ in range(16):
-        gateway.ttft_s.labels("model-a").observe(0.2)  # a's served requests: on time
-        gateway.ttft_s.labels("model-b").observe(5.0)  # b's: all late
+        gateway.ttft_s.labels("model-a", "normal").observe(0.2)  # a's served requests: on time
+        gateway.ttft_s.labels("model-b", "normal").observe(5.0)  # b's: all late
     text = generate_latest(gateway.registry).decode()
     worker = WorkerMetrics()
-    worker.finished.labels("stop").inc(16)
+    worker.finished.labels("stop", "normal").inc(16)
     kwargs = {"time_s": 0.0, "window_s": 10.0, "desired_replicas": 1, "pods": RolePods(1)}
 
     def observed(router: Metrics) -> object:
@@ -218,8 +220,8 @@ def test_a_gateway_in_front_of_two_pools_counts_for_each_only_its_own() -> None:
 
 def test_roles_read_only_what_they_do_and_nothing_read_is_none() -> None:
     m = WorkerMetrics()
-    m.tpot.observe(0.05)
-    m.queue_wait.observe(0.3)
+    m.tpot.labels("normal").observe(0.05)
+    m.queue_wait.labels("normal").observe(0.3)
     targets = Targets(workers=[parse(worker_text(m), WORKER_FAMILIES)], routers=[])
     kwargs = {"time_s": 0.0, "window_s": 5.0, "desired_replicas": 1, "pods": RolePods(1)}
     decode = observe_role("decode", targets=targets, slo=SLO, **kwargs)  # type: ignore[arg-type]

@@ -34,7 +34,9 @@ def test_the_query_selects_the_pool_and_tags_every_series() -> None:
     q = pool_query("team-a", 'po"ol', 29.6)
     assert 'namespace="team-a",pool="po\\"ol"' in q  # quoted, never spliced raw
     assert "increase(kvflow_worker_requests_finished_total{" in q
-    assert f'increase({TTFT}_bucket{{namespace="team-a",pool="po\\"ol"}}[30s])' in q
+    # The batch class's series are left out: the planner sizes for the online classes.
+    selector = 'namespace="team-a",pool="po\\"ol",priority_class!="batch"'
+    assert f"increase({TTFT}_bucket{{{selector}}}[30s])" in q
     assert "kvflow_router_ttft_seconds_sum" in q and "kvflow_router_tpot_seconds_count" in q
     # Gauges are read now, not over the window; their name is kept as the tag.
     assert '{__name__=~"kvflow_worker_requests_running|' in q

@@ -15,15 +15,17 @@ import pytest
 from prometheus_client import start_http_server
 from testkit.ports import free_port
 
-from kvflow.operator.observe.pods import PoolPods
+from kvflow.engine_worker.metrics import WorkerMetrics
+from kvflow.operator.observe.pods import PoolPods, RolePods
 from kvflow.operator.planning import scrape
+from kvflow.proto import metric_names as names
 from kvflow.proto.metric_names import ROUTER_SHED
 from kvflow.router.metrics import RouterMetrics
 
 TTFT = "kvflow_router_ttft_seconds"
 
 
-def serve(metrics: RouterMetrics) -> Iterator[str]:
+def serve(metrics: RouterMetrics | WorkerMetrics) -> Iterator[str]:
     server, thread = start_http_server(0, "127.0.0.1", registry=metrics.registry)
     try:
         yield f"http://127.0.0.1:{server.server_port}/metrics"
@@ -37,9 +39,9 @@ def own_router() -> Iterator[str]:
     """Pool a's own router (one pool: every series is a's, whatever its `pool` label)."""
     metrics = RouterMetrics()
     metrics.admission_pool("default")
-    metrics.admission_rejections.labels("503", "cluster_full", "default").inc(2)
+    metrics.admission_rejections.labels("503", "cluster_full", "default", "normal").inc(2)
     for _ in range(3):
-        metrics.ttft_s.labels("model-a").observe(0.1)
+        metrics.ttft_s.labels("model-a", "normal").observe(0.1)
     yield from serve(metrics)
 
 
@@ -49,12 +51,12 @@ def gateway_router() -> Iterator[str]:
     metrics = RouterMetrics()
     for pool in ("a", "b"):
         metrics.admission_pool(pool)
-    metrics.admission_rejections.labels("503", "cluster_full", "a").inc(5)
-    metrics.admission_rejections.labels("429", "over_share", "b").inc(40)
+    metrics.admission_rejections.labels("503", "cluster_full", "a", "normal").inc(5)
+    metrics.admission_rejections.labels("429", "over_share", "b", "normal").inc(40)
     for _ in range(7):
-        metrics.ttft_s.labels("model-a").observe(0.2)
+        metrics.ttft_s.labels("model-a", "normal").observe(0.2)
     for _ in range(30):
-        metrics.ttft_s.labels("model-b").observe(9.0)
+        metrics.ttft_s.labels("model-b", "normal").observe(9.0)
     yield from serve(metrics)
 
 
@@ -83,3 +85,36 @@ def test_a_gateway_router_that_does_not_answer_is_a_failure(own_router: str) -> 
     reads, failures = asyncio.run(scrape(pods, "a", "model-a"))
     assert failures == 1
     assert list(reads) == [own_router]
+
+
+@pytest.fixture
+def busy_with_batch() -> Iterator[tuple[str, str]]:
+    """A worker and its router: a little normal work and a lot of batch work."""
+    worker, router = WorkerMetrics(), RouterMetrics()
+    router.admission_pool("default")
+    for cls, n in (("normal", 3), ("batch", 50)):
+        worker.finished.labels("length", cls).inc(n)
+        worker.waiting.labels(cls).set(n)
+        for _ in range(n):
+            worker.ttft.labels(cls).observe(0.1 if cls == "normal" else 30.0)
+            router.ttft_s.labels("model-a", cls).observe(0.1 if cls == "normal" else 30.0)
+        router.admission_rejections.labels("503", "batch_shed", "default", cls).inc(n)
+    worker_urls, router_urls = serve(worker), serve(router)
+    yield next(worker_urls), next(router_urls)
+    for urls in (worker_urls, router_urls):
+        next(urls, None)  # shut the server down
+
+
+def test_the_scrape_leaves_the_batch_class_out(busy_with_batch: tuple[str, str]) -> None:
+    """The planner sizes for the online classes (docs/planner.md, "Batch work")."""
+    worker_url, router_url = busy_with_batch
+    pods = PoolPods(roles={"colocated": RolePods(1, targets=(worker_url,))},
+                    router_targets=(router_url,))  # fmt: skip
+    reads, failures = asyncio.run(scrape(pods, "a", "model-a"))
+    assert failures == 0
+    worker, router = reads[worker_url], reads[router_url]
+    assert worker.counters[names.WORKER_FINISHED] == 3
+    assert worker.gauges[names.WORKER_WAITING] == 3
+    assert worker.histograms[names.WORKER_TTFT].count == 3
+    assert router.histograms[TTFT].count == 3
+    assert router.counters[ROUTER_SHED] == 3

@@ -194,5 +194,5 @@ def test_a_shed_batch_request_gets_503_with_retry_after_and_is_counted_by_class(
     value = metrics.registry.get_sample_value
     labels = {"priority_class": "batch", "reason": "batch_shed"}
     assert value("kvflow_router_priority_class_rejections_total", labels) == 1.0
-    shed = {"code": "503", "reason": "batch_shed", "pool": "default"}
+    shed = {"code": "503", "reason": "batch_shed", "pool": "default", "priority_class": "batch"}
     assert value("kvflow_router_admission_rejections_total", shed) == 1.0

@@ -2,6 +2,10 @@
 
 Observed on the engine thread after every step. TTFT, TPOT and ITL are histograms with
 buckets from 1 ms to 60 s: a CPU worker's TTFT is seconds, a GPU worker's tens of ms.
+
+The request families the planner reads (kvflow.proto.metric_names.CLASS_FAMILIES) carry a
+``priority_class`` label, every class's series present from the start: the planner sizes
+for the online classes and drops batch's (docs/planner.md, "Batch work").
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvflow.engine_worker.class_load import class_loads, kv_share
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
 from kvflow.engine_worker.loop_records import TransferRecord
 from kvflow.engine_worker.memory.device_memory import DeviceMemoryProbe
@@ -29,9 +34,20 @@ class WorkerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         p = "kvflow_worker_"
-        self.waiting = Gauge(names.WORKER_WAITING, "Requests queued for admission", registry=r)
-        self.running = Gauge(names.WORKER_RUNNING, "Requests holding KV blocks", registry=r)
+        by_class = [names.CLASS_LABEL]
+        self.waiting = Gauge(
+            names.WORKER_WAITING, "Requests queued for admission", by_class, registry=r
+        )
+        self.running = Gauge(
+            names.WORKER_RUNNING, "Requests holding KV blocks", by_class, registry=r
+        )
         self.kv_usage = Gauge(names.WORKER_KV_USAGE, "Fraction of KV blocks in use", registry=r)
+        self.kv_class_usage = Gauge(
+            names.WORKER_KV_CLASS_USAGE,
+            "Fraction of KV blocks the class's requests hold (a shared block counts per holder)",
+            by_class,
+            registry=r,
+        )
         self.cached_blocks = Gauge(
             p + "prefix_cache_blocks", "Blocks in the prefix cache", registry=r
         )
@@ -45,13 +61,16 @@ class WorkerMetrics:
             p + "prefix_cache_hit_tokens", "Prompt tokens found in the cache", registry=r
         )
         self.prompt_tokens = Counter(
-            names.WORKER_PROMPT_TOKENS, "Prompt tokens of finished requests", registry=r
+            names.WORKER_PROMPT_TOKENS, "Prompt tokens of finished requests", by_class, registry=r
         )
         self.generation_tokens = Counter(
-            names.WORKER_GENERATION_TOKENS, "Tokens generated", registry=r
+            names.WORKER_GENERATION_TOKENS, "Tokens generated", by_class, registry=r
         )
         self.finished = Counter(
-            names.WORKER_FINISHED, "Finished requests", ["finish_reason"], registry=r
+            names.WORKER_FINISHED,
+            "Finished requests",
+            ["finish_reason", names.CLASS_LABEL],
+            registry=r,
         )
         self.preemptions = Counter(
             p + "preemptions", "Requests preempted to free blocks", registry=r
@@ -70,12 +89,14 @@ class WorkerMetrics:
         self.ttft = Histogram(
             names.WORKER_TTFT,
             "Arrival to first token",
+            by_class,
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         self.tpot = Histogram(
             names.WORKER_TPOT,
             "(last token - first token) / (output tokens - 1)",
+            by_class,
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -88,6 +109,7 @@ class WorkerMetrics:
         self.queue_wait = Histogram(
             names.WORKER_QUEUE_WAIT,
             "Arrival to first scheduled (the wait before a prompt's first chunk), per request",
+            by_class,
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -148,6 +170,18 @@ class WorkerMetrics:
             ["part"],
             registry=r,
         )
+        for cls in PriorityClass:  # every class's series from the start: absent is not zero
+            for family in (
+                self.waiting,
+                self.running,
+                self.kv_class_usage,
+                self.prompt_tokens,
+                self.generation_tokens,
+                self.ttft,
+                self.tpot,
+                self.queue_wait,
+            ):
+                family.labels(cls.value)  # fmt: skip
         self._last_token_time_s: dict[str, float] = {}
         self._last_step_time_s: float | None = None
         self._seen_queried = 0
@@ -166,8 +200,10 @@ class WorkerMetrics:
 
     def observe_step(self, engine: Engine, outputs: list[RequestOutput], now_s: float) -> None:
         kv = engine.kv_cache
-        self.waiting.set(engine.scheduler.num_waiting)
-        self.running.set(engine.scheduler.num_running)
+        for cls, load in class_loads(engine).items():
+            self.waiting.labels(cls.value).set(load.num_waiting)
+            self.running.labels(cls.value).set(load.num_running)
+            self.kv_class_usage.labels(cls.value).set(kv_share(load, kv.num_total_blocks))
         self.kv_usage.set(kv.pool.usage)
         self.cached_blocks.set(kv.pool.num_cached_blocks)
         self.hit_rate.set(kv.stats.hit_rate)
@@ -185,7 +221,10 @@ class WorkerMetrics:
         for out in outputs:
             if not out.new_tokens and out.finish_reason is None:
                 continue  # a PD handoff (blocks reserved or ready to send), not a token
-            self.generation_tokens.inc(len(out.new_tokens))
+            request = engine.requests.get(out.request_id)
+            # A finished request has left the engine; its output carries its class.
+            word = (out.priority_class if request is None else request.priority_class).value
+            self.generation_tokens.labels(word).inc(len(out.new_tokens))
             last = self._last_token_time_s.get(out.request_id)
             if last is not None and out.new_tokens:
                 self.itl.observe(now_s - last)
@@ -194,18 +233,19 @@ class WorkerMetrics:
                 continue
             del self._last_token_time_s[out.request_id]
             if out.stop_token_id is not None:
-                self.generation_tokens.inc()
-            self.finished.labels(out.finish_reason.value).inc()
-            self.prompt_tokens.inc(out.num_prompt_tokens)
+                self.generation_tokens.labels(word).inc()
+            self.finished.labels(out.finish_reason.value, word).inc()
+            self.prompt_tokens.labels(word).inc(out.num_prompt_tokens)
             timings = out.timings
             if timings is None:
                 continue
             self.preemptions.inc(timings.num_preemptions)
-            self.queue_wait.observe(timings.queued_s)
+            self.queue_wait.labels(word).observe(timings.queued_s)
             if out.num_output_tokens >= 1:
-                self.ttft.observe(timings.ttft_s)
+                self.ttft.labels(word).observe(timings.ttft_s)
             if out.num_output_tokens >= 2:
-                self.tpot.observe((timings.e2e_s - timings.ttft_s) / (out.num_output_tokens - 1))
+                decode_s = timings.e2e_s - timings.ttft_s
+                self.tpot.labels(word).observe(decode_s / (out.num_output_tokens - 1))
 
     def observe_transfer(self, record: TransferRecord) -> None:
         """Called from transfer threads; prometheus_client's metrics are thread-safe."""

@@ -43,6 +43,7 @@ from kvflow.operator.builders.names import (
 from kvflow.operator.kube import Kube, KubeError
 from kvflow.operator.observe.exposition import ExpositionError, Metrics, parse, window
 from kvflow.operator.observe.observation import (
+    OFFLINE_SERIES,
     ROUTER_FAMILIES,
     WORKER_FAMILIES,
     Slo,
@@ -277,8 +278,8 @@ async def scrape(
     for url, text in bodies.items():
         families = ROUTER_FAMILIES if url in routers else WORKER_FAMILIES
         match = shared if url in pods.gateway_targets else None
-        try:
-            reads[url] = parse(text, families, match)
+        try:  # the batch class's series left out: the planner sizes for the online ones
+            reads[url] = parse(text, families, match, OFFLINE_SERIES)
         except ExpositionError as exc:
             log.warning("planner: %s: %s", url, exc)
             failures += 1

@@ -40,6 +40,12 @@ class PriorityClass(enum.StrEnum):
         """0 for the most urgent class: sort ascending to serve in order."""
         return _RANK[self]
 
+    @property
+    def is_online(self) -> bool:
+        """A person or a service waits on it (realtime, normal), as opposed to batch work,
+        which fills spare capacity: the planner sizes replicas for the online classes only."""
+        return self is not PriorityClass.BATCH
+
     def more_urgent_than(self, other: PriorityClass) -> bool:
         return self.rank < other.rank
 
@@ -83,6 +89,9 @@ _FROM_PB: dict[int, PriorityClass] = {int(v): k for k, v in _TO_PB.items()}
 
 CLASS_WORDS: tuple[str, ...] = tuple(c.value for c in PriorityClass)
 """The accepted words, most urgent first, as the CLI, the CRD and errors list them."""
+
+ONLINE_CLASSES: tuple[PriorityClass, ...] = tuple(c for c in PriorityClass if c.is_online)
+"""The classes the planner scales for; the others run on the replicas the online ones need."""
 
 SHED_ORDER: tuple[PriorityClass, ...] = tuple(sorted(PriorityClass, key=lambda c: -c.rank))
 """The order admission sheds in when the cluster is full: batch first, then normal."""

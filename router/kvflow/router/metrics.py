@@ -99,14 +99,15 @@ class RouterMetrics:
         self.ttft_s = Histogram(
             names.ROUTER_TTFT,
             "Request arrival at the gateway to its first token",
-            ["model"],
+            # priority_class: the operator's planner sizes for the online classes only.
+            ["model", names.CLASS_LABEL],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.tpot_s = Histogram(
             names.ROUTER_TPOT,
             "Per request, (last token - first token) / (completion tokens - 1), at the gateway",
-            ["model"],
+            ["model", names.CLASS_LABEL],
             buckets=_TPOT_BUCKETS_S,
             registry=r,
         )
@@ -270,8 +271,8 @@ class RouterMetrics:
             names.ROUTER_SHED,
             "Requests admission control refused before any worker saw them, by the status "
             "answered (429: a tenant over its share; 503: the cluster is full), why, and "
-            "the pool refusing",
-            ["code", "reason", "pool"],
+            "the pool refusing, and the refused request's priority class",
+            ["code", "reason", "pool", names.CLASS_LABEL],
             registry=r,
         )
         self.deadline_misses = Counter(
@@ -347,7 +348,8 @@ class RouterMetrics:
         """Create the pool's refusal series at 0, so a pool that never refused reads 0."""
         for code, reasons in ADMISSION_REFUSALS.items():
             for reason in reasons:
-                self.admission_rejections.labels(code, reason, pool)
+                for word in CLASS_WORDS:
+                    self.admission_rejections.labels(code, reason, pool, word)
 
     def watch(
         self, pools: Mapping[str, WorkerCounts], num_index_blocks: Callable[[], float]

@@ -86,6 +86,25 @@ def run(
     times = arrival_times_s(traffic, rng)
     for request, at_s in requests_for(times, traffic, rng, f"{traffic.shape}{seed}"):
         cluster.submit(request, at_s)
+    replicas, decisions = drive(cluster, policy, slo, traffic.duration_s)
+    records = cluster.run()
+    return RunResult(
+        arm=policy.name,
+        traffic=traffic,
+        startup_s=startup_s,
+        records=records,
+        replicas=replicas,
+        decisions=decisions,
+        num_scale_events=cluster.num_scale_events,
+    )
+
+
+def drive(
+    cluster: ElasticCluster, policy: Policy, slo: Slo, duration_s: float
+) -> tuple[list[ReplicaSample], list[DecisionLog]]:
+    """Put the policy on the cluster's clock: a decision every `policy.interval_s` and a
+    replica note every SAMPLE_EVERY_S until `duration_s`. The lists fill as the cluster
+    runs."""
     replicas: list[ReplicaSample] = []
     decisions: list[DecisionLog] = []
     window_s = max(MIN_WINDOW_S, policy.interval_s)
@@ -102,7 +121,7 @@ def run(
         wanted, reason = policy.decide(scrape)
         cluster.scale_to(wanted)
         decisions.append(DecisionLog(events.now_s, wanted, reason))
-        if events.now_s + policy.interval_s < traffic.duration_s:
+        if events.now_s + policy.interval_s < duration_s:
             events.after(policy.interval_s, decide)
 
     def note() -> None:
@@ -111,18 +130,9 @@ def run(
                 events.now_s, cluster.num_desired, cluster.num_ready, cluster.num_holding_gpus
             )
         )
-        if events.now_s + SAMPLE_EVERY_S < traffic.duration_s:
+        if events.now_s + SAMPLE_EVERY_S < duration_s:
             events.after(SAMPLE_EVERY_S, note)
 
     events.at(policy.interval_s, decide)
     events.at(0.0, note)
-    records = cluster.run()
-    return RunResult(
-        arm=policy.name,
-        traffic=traffic,
-        startup_s=startup_s,
-        records=records,
-        replicas=replicas,
-        decisions=decisions,
-        num_scale_events=cluster.num_scale_events,
-    )
+    return replicas, decisions

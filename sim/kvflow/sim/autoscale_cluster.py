@@ -12,7 +12,9 @@ Deployment and its pods do, and this subclass does them on the event clock:
 - the **observations** a metrics scrape would give: arrivals, the times of the requests
   admission control refused, first tokens with their TTFT and the queue wait the engine
   measured (`Timings.queued_s`), the requests that ended, and each worker's running
-  requests and KV usage as its Load RPC answers.
+  requests and KV usage as its Load RPC answers. Like the workers' and routers' metrics
+  as the operator's planner reads them, these logs count the online classes only
+  (`_is_online`): a batch request is neither demand nor a latency to scale for.
 
 It touches one thing of its base classes that they do not publish: `VirtualCluster._poll`
 (a removed worker stops polling).
@@ -96,6 +98,9 @@ class ElasticCluster(VirtualCluster):
         # Timings.queued_s, taken when the request starts streaming, not when it ends.
         self.queue_waits: list[tuple[float, float]] = []
         self.num_scale_events = 0
+        # True: the logs count batch requests like online ones, as the planner read them
+        # before the metrics carried a class (a comparison arm of the batch day).
+        self.counts_batch = False
 
     # -- replicas --------------------------------------------------------------------------
 
@@ -179,12 +184,18 @@ class ElasticCluster(VirtualCluster):
 
     # -- what the metrics see: arrivals, first tokens, ends with the engine's queue time ----
 
+    def _is_online(self, request: BenchRequest) -> bool:
+        """Whether the planner's metrics count it (kvflow.proto.priority_class)."""
+        return self.counts_batch or self._tenant_and_class(request)[1].is_online
+
     def _arrive(self, request: BenchRequest) -> None:
-        self.arrivals.append((self.events.now_s, request.num_prompt_words))
+        if self._is_online(request):
+            self.arrivals.append((self.events.now_s, request.num_prompt_words))
         super()._arrive(request)
 
     def _refuse(self, request: BenchRequest, now_s: float, verdict: Verdict) -> None:
-        self.refusals.append(now_s)
+        if self._is_online(request):
+            self.refusals.append(now_s)
         super()._refuse(request, now_s, verdict)
 
     def _on_step_done(
@@ -194,7 +205,12 @@ class ElasticCluster(VirtualCluster):
         for out in outputs:
             flight = self._inflight.get(out.request_id)
             request = worker.engine.requests.get(out.request_id)
-            if flight is not None and not flight.token_times_s and request is not None:
+            if (
+                flight is not None
+                and not flight.token_times_s
+                and request is not None
+                and self._is_online(flight.request)
+            ):
                 start_s = request.first_scheduled_time_s
                 queued_s = None if start_s is None else start_s - request.arrival_time_s
                 fresh.append((flight, queued_s))
@@ -209,5 +225,6 @@ class ElasticCluster(VirtualCluster):
     def _finish(self, flight: _InFlight, out: RequestOutput, now_s: float) -> None:
         super()._finish(flight, out, now_s)
         queued_s = out.timings.queued_s if out.timings is not None else None
-        self.finished.append(Finished(now_s, self.records[-1], queued_s))
+        if self._is_online(flight.request):
+            self.finished.append(Finished(now_s, self.records[-1], queued_s))
         self._drop_if_drained(WorkerId(flight.worker.worker_id))

@@ -13,7 +13,10 @@ virtual cluster's own logs over the last `window_s`:
 - the prefill queue wait: the mean `Timings.queued_s` of the requests whose first token
   came in it (what workers export as kvflow_worker_queue_wait_seconds);
 - running requests per worker, queued requests (per worker, and in all) and KV usage from
-  the workers' last Load answers (gauges, now).
+  the workers' last Load answers (gauges, now), less what the batch class holds now
+  (`_OnlineLoad`), as the operator reads the workers' series of the online classes only.
+
+Every log the cluster keeps for it counts the online classes only (autoscale_cluster).
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ import bisect
 import math
 from collections.abc import Sequence
 
+from kvflow.engine_worker.class_load import ClassLoad, class_loads, kv_share
 from kvflow.operator.planner import Observation
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.sim.autoscale_cluster import ElasticCluster, Finished
 from kvflow.sim.autoscale_policies import PoolSample
+from kvflow.sim.worker import SimWorker
 
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
@@ -33,6 +39,22 @@ def percentile(values: Sequence[float], pct: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+class _OnlineLoad:
+    """A worker's Load answer less its batch requests: waiting, running and KV usage."""
+
+    def __init__(self, worker: SimWorker, counts_batch: bool) -> None:
+        load, engine = worker.load, worker.engine
+        batch = class_loads(engine)[PriorityClass.BATCH]
+        if counts_batch:
+            batch = ClassLoad(0, 0, 0)
+        # The Load answer is as of the last step's end, the engine's classes as of now: a
+        # request added since can make the difference negative by one.
+        self.num_waiting = max(0, load.num_waiting - batch.num_waiting)
+        self.num_running = max(0, load.num_running - batch.num_running)
+        share = kv_share(batch, engine.kv_cache.num_total_blocks)
+        self.kv_usage = max(0.0, load.kv_usage - share)
 
 
 def _time(entry: tuple[float, float] | tuple[float, int]) -> float:
@@ -63,7 +85,7 @@ def sample(
     refused = len(cluster.refusals) - bisect.bisect_right(cluster.refusals, start)
     late = sum(t > ttft_target_s for t in firsts) + refused
     ready = cluster.ready_workers()
-    loads = [w.load for w in ready]
+    loads = [_OnlineLoad(w, cluster.counts_batch) for w in ready]
     rate = len(arrivals) / window_s
     obs = Observation(
         time_s=now,

@@ -7,7 +7,12 @@ the batch's "24h" window is the same span. The runner keeps at most ``max_in_fli
 running and starts one only while no worker reports requests waiting (the shared rule,
 kvflow.router.batch.pacing), checking every ``tick_s``, as the router's runner does on its
 poll. Run once with the batch and once without, on the same seed, the online requests are
-the same, so their latencies compare directly.
+the same, so their latencies compare directly. Batch lines run at priority class batch, as
+the router's runner sends them.
+
+`run_planned_day` plays the same day on an elastic pool whose replicas the SLO planner
+decides (autoscale.drive): the planner's metrics count the online classes only, so its
+replicas over the day are the same with the batch as without it.
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ from dataclasses import dataclass
 from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.loadgen.records import RequestRecord
 from kvflow.loadgen.workload import BenchRequest, Segment, TextBlock
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.batch.pacing import has_spare_capacity
 from kvflow.sim.arms import resolve_arm
+from kvflow.sim.autoscale import DecisionLog, ReplicaSample, Slo, drive
+from kvflow.sim.autoscale_cluster import ElasticCluster
+from kvflow.sim.autoscale_policies import Policy
 from kvflow.sim.autoscale_traffic import Traffic, arrival_times_s, requests_for
 from kvflow.sim.cluster import ClusterSpec, VirtualCluster, _InFlight
 
@@ -47,28 +56,60 @@ class DayResult:
     most_in_flight: int
 
 
+def _is_batch(request: BenchRequest) -> bool:
+    return request.request_id.startswith(BATCH_PREFIX)
+
+
+def _class_of(request: BenchRequest) -> tuple[str | None, PriorityClass]:
+    return None, PriorityClass.BATCH if _is_batch(request) else PriorityClass.NORMAL
+
+
 class _BatchCluster(VirtualCluster):
-    """Tells the runner when one of its lines ends (the cluster's own end-of-request hooks,
-    overridden: the simulator has no public ones)."""
+    """Runs batch lines at class batch and tells the runner when one ends (the cluster's
+    own end-of-request hooks, overridden: the simulator has no public ones)."""
 
     def __init__(self, spec: ClusterSpec, seed: int) -> None:
         super().__init__(spec, resolve_arm("kvflow"), seed=seed)
         self.runner: _Runner | None = None
 
+    def _tenant_and_class(self, request: BenchRequest) -> tuple[str | None, PriorityClass]:
+        return _class_of(request)
+
     def _finish(self, flight: _InFlight, out: RequestOutput, now_s: float) -> None:
         super()._finish(flight, out, now_s)
-        if self.runner is not None and flight.request.request_id.startswith(BATCH_PREFIX):
+        if self.runner is not None and _is_batch(flight.request):
             self.runner.ended(now_s)
 
     def _fail(self, request: BenchRequest, now_s: float, kind: str, detail: str) -> None:
         super()._fail(request, now_s, kind, detail)
-        if self.runner is not None and request.request_id.startswith(BATCH_PREFIX):
+        if self.runner is not None and _is_batch(request):
+            self.runner.ended(now_s)
+
+
+class _ElasticBatchCluster(ElasticCluster):
+    """`_BatchCluster` on a pool whose replicas come and go (the same three hooks)."""
+
+    def __init__(self, spec: ClusterSpec, seed: int, startup_s: float) -> None:
+        super().__init__(spec, resolve_arm("kvflow"), startup_s=startup_s, seed=seed)
+        self.runner: _Runner | None = None
+
+    def _tenant_and_class(self, request: BenchRequest) -> tuple[str | None, PriorityClass]:
+        return _class_of(request)
+
+    def _finish(self, flight: _InFlight, out: RequestOutput, now_s: float) -> None:
+        super()._finish(flight, out, now_s)
+        if self.runner is not None and _is_batch(flight.request):
+            self.runner.ended(now_s)
+
+    def _fail(self, request: BenchRequest, now_s: float, kind: str, detail: str) -> None:
+        super()._fail(request, now_s, kind, detail)
+        if self.runner is not None and _is_batch(request):
             self.runner.ended(now_s)
 
 
 @dataclass
 class _Runner:
-    cluster: _BatchCluster
+    cluster: VirtualCluster
     day: BatchDay
     pending: collections.deque[BenchRequest]
     num_in_flight: int = 0
@@ -104,6 +145,41 @@ def batch_lines(day: BatchDay) -> list[BenchRequest]:
 
 def run_day(spec: ClusterSpec, day: BatchDay, *, with_batch: bool, seed: int = 0) -> DayResult:
     cluster = _BatchCluster(spec, seed)
+    return _play(cluster, day, with_batch=with_batch, seed=seed)
+
+
+@dataclass
+class PlannedDay:
+    day: DayResult
+    replicas: list[ReplicaSample]  # every 5 s: desired, ready, holding a GPU
+    decisions: list[DecisionLog]
+
+
+def run_planned_day(
+    spec: ClusterSpec,
+    day: BatchDay,
+    policy: Policy,
+    *,
+    startup_s: float,
+    slo: Slo,
+    with_batch: bool,
+    seed: int = 0,
+    counts_batch: bool = False,
+) -> PlannedDay:
+    """The day on colocated replicas the policy decides, starting at its initial count
+    (`spec.num_workers` is ignored). `counts_batch`: the planner's metrics count the batch
+    like online work (what it read before the metrics carried a class)."""
+    elastic = ClusterSpec(spec.profile, num_workers=policy.initial_replicas())
+    cluster = _ElasticBatchCluster(elastic, seed, startup_s)
+    cluster.counts_batch = counts_batch
+    replicas, decisions = drive(cluster, policy, slo, day.traffic.duration_s)
+    result = _play(cluster, day, with_batch=with_batch, seed=seed)
+    return PlannedDay(result, replicas, decisions)
+
+
+def _play(
+    cluster: _BatchCluster | _ElasticBatchCluster, day: BatchDay, *, with_batch: bool, seed: int
+) -> DayResult:
     rng = random.Random(f"{seed}/batch-day")
     times = arrival_times_s(day.traffic, rng)
     for request, at_s in requests_for(times, day.traffic, rng, namespace=f"day-{seed}"):

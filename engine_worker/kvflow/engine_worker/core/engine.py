@@ -80,6 +80,8 @@ class RequestOutput:
     # it needs none), and on a prefill-side request's output once the blocks are computed.
     kv_reserved: KvBlockRange | None = None
     kv_to_send: KvBlockRange | None = None
+    # Set on a finished output: the class its metrics count under (the request is gone).
+    priority_class: PriorityClass = PriorityClass.NORMAL
 
 
 class Engine:
@@ -355,6 +357,7 @@ class Engine:
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
             num_remote_tokens=request.num_remote_tokens,
+            priority_class=request.priority_class,
             timings=Timings(
                 queued_s=(first_scheduled if first_scheduled is not None else now) - arrival,
                 ttft_s=(first_token if first_token is not None else now) - arrival,

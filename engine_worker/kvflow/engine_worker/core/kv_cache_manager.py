@@ -67,6 +67,9 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._blocks.get(request_id, ())]
 
+    def num_blocks_held(self, request_id: str) -> int:
+        return len(self._blocks.get(request_id, ()))
+
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -54,13 +54,18 @@ def parse(
     text: str,
     families: Collection[str],
     match: Mapping[str, Mapping[str, str]] | None = None,
+    drop: Mapping[str, str] | None = None,
 ) -> Metrics:
     """The named families of an exposition; absent families are simply missing.
 
     ``match``: per family, label values a sample must carry to count (a gateway's router
     reports every pool it fronts; one pool's planner reads only its own series). A family
-    it does not name keeps every sample."""
-    match = match or {}
+    it does not name keeps every sample.
+
+    ``drop``: label values that leave a sample of any family out (the planner drops the
+    workers' batch-class series: `observation.OFFLINE_SERIES`). A sample without the label
+    counts (a worker that predates it)."""
+    match, drop = match or {}, drop or {}
     counters: dict[str, float] = {}
     gauges: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
@@ -79,6 +84,8 @@ def parse(
         wanted = match.get(family.name, {})
         for sample in family.samples:
             if any(sample.labels.get(k) != v for k, v in wanted.items()):
+                continue
+            if any(sample.labels.get(k) == v for k, v in drop.items()):
                 continue
             if family.type == "counter" and sample.name.endswith("_total"):
                 counters[family.name] = counters.get(family.name, 0.0) + sample.value

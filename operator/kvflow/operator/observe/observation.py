@@ -14,6 +14,12 @@ Sources, by what tenants feel first:
   Counters and histograms are what happened in the window;
   gauges are the latest read, averaged over the ready replicas read.
 
+Every family counts the online classes only (realtime, normal): the batch class's series,
+workers' and routers', are left out at the read (`OFFLINE_SERIES`), so a batch alone never
+asks for a replica; it fills spare capacity and is preempted first (docs/planner.md,
+"Batch work"). KV usage is the share of blocks the online classes hold where the worker
+exports it by class, else the whole cache's fill.
+
 A metric nobody reported is None, never 0 (the model says which inputs it lacked);
 a window with no finished request has a rate of 0 and no means.
 """
@@ -28,11 +34,13 @@ from kvflow.operator.observe.histograms import mean, quantile, share_above, tota
 from kvflow.operator.observe.pods import RolePods
 from kvflow.operator.planner.types import Observation, WorkerRole
 from kvflow.proto.metric_names import (
+    CLASS_LABEL,
     ROUTER_SHED,
     ROUTER_TPOT,
     ROUTER_TTFT,
     WORKER_FINISHED,
     WORKER_GENERATION_TOKENS,
+    WORKER_KV_CLASS_USAGE,
     WORKER_KV_USAGE,
     WORKER_PROMPT_TOKENS,
     WORKER_QUEUE_WAIT,
@@ -41,14 +49,19 @@ from kvflow.proto.metric_names import (
     WORKER_TTFT,
     WORKER_WAITING,
 )
+from kvflow.proto.priority_class import PriorityClass
 from kvflow.proto.roles import Role
 
 WORKER_FAMILIES = frozenset(
     {
         WORKER_TTFT, WORKER_TPOT, WORKER_QUEUE_WAIT, WORKER_FINISHED, WORKER_PROMPT_TOKENS,
         WORKER_GENERATION_TOKENS, WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE,
+        WORKER_KV_CLASS_USAGE,
     }
 )  # fmt: skip
+# What of a worker's or router's exposition the planner leaves out (exposition.parse's
+# ``drop``): the offline class's series. Prometheus' side is promql.pool_query's selector.
+OFFLINE_SERIES = {CLASS_LABEL: PriorityClass.BATCH.value}
 ROUTER_FAMILIES = frozenset({ROUTER_TTFT, ROUTER_TPOT, ROUTER_SHED})
 
 
@@ -124,7 +137,7 @@ def observe_role(
         tpot_violation_fraction=share_above(tpot, slo.tpot_target_s),
         prefill_queue_wait_s=mean(_total(workers, WORKER_QUEUE_WAIT)) if prefills(role) else None,
         decode_batch_size=_mean_gauge(workers, WORKER_RUNNING) if decodes(role) else None,
-        kv_usage=_mean_gauge(workers, WORKER_KV_USAGE),
+        kv_usage=_kv_usage(workers),
         # The planner's Backlog rule sizes for draining this queue (planner/signals.py).
         num_waiting_requests=_sum_gauge(workers, WORKER_WAITING),
         shed_fraction=None if shed is None or not came else shed / came,
@@ -163,6 +176,17 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 def _sum_gauge(sources: Sequence[Metrics], family: str) -> float | None:
     values = [m.gauges[family] for m in sources if family in m.gauges]
     return sum(values) if values else None
+
+
+def _kv_usage(workers: Sequence[Metrics]) -> float | None:
+    """Mean over the workers read of the online classes' share of the cache (the whole
+    cache's fill for a worker that does not export it by class)."""
+    values = [
+        m.gauges[WORKER_KV_CLASS_USAGE if WORKER_KV_CLASS_USAGE in m.gauges else WORKER_KV_USAGE]
+        for m in workers
+        if WORKER_KV_CLASS_USAGE in m.gauges or WORKER_KV_USAGE in m.gauges
+    ]
+    return sum(values) / len(values) if values else None
 
 
 def _mean_gauge(sources: Sequence[Metrics], family: str) -> float | None:

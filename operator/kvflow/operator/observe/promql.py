@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 from kvflow.operator.observe.exposition import Histogram, Metrics
 from kvflow.proto.metric_names import (
+    CLASS_LABEL,
     ROUTER_SHED,
     ROUTER_TPOT,
     ROUTER_TTFT,
     WORKER_FINISHED,
     WORKER_GENERATION_TOKENS,
+    WORKER_KV_CLASS_USAGE,
     WORKER_KV_USAGE,
     WORKER_PROMPT_TOKENS,
     WORKER_QUEUE_WAIT,
@@ -36,12 +38,13 @@ from kvflow.proto.metric_names import (
     WORKER_TTFT,
     WORKER_WAITING,
 )
+from kvflow.proto.priority_class import PriorityClass
 
 # The label each answer's series carries: the series it was computed from.
 SERIES_LABEL = "kvflow_series"
 COUNTERS = (WORKER_FINISHED, WORKER_PROMPT_TOKENS, WORKER_GENERATION_TOKENS, ROUTER_SHED)
 HISTOGRAMS = (WORKER_TTFT, WORKER_TPOT, WORKER_QUEUE_WAIT, ROUTER_TTFT, ROUTER_TPOT)
-GAUGES = (WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE)
+GAUGES = (WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE, WORKER_KV_CLASS_USAGE)
 ROUTER_PREFIX = "kvflow_router_"
 
 
@@ -65,7 +68,10 @@ def _quote(value: str) -> str:
 
 def pool_query(namespace: str, pool: str, window_s: float) -> str:
     """One instant query for everything the planner reads of pool `namespace/pool`."""
-    selector = f"namespace={_quote(namespace)},pool={_quote(pool)}"
+    # The workers' batch-class series are left out, as a direct scrape leaves them out
+    # (observation.OFFLINE_SERIES); a series without the label (the routers') still matches.
+    offline = _quote(PriorityClass.BATCH.value)
+    selector = f"namespace={_quote(namespace)},pool={_quote(pool)},{CLASS_LABEL}!={offline}"
     window = f"[{max(1, round(window_s))}s]"
     windowed = [f"{name}_total" for name in COUNTERS] + [
         f"{name}_{part}" for name in HISTOGRAMS for part in ("bucket", "sum", "count")

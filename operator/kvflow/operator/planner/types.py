@@ -48,6 +48,9 @@ __all__ = [
 class Observation:
     """One role's metrics over the planner's sliding window, and its pods, at `time_s`.
 
+    Every metric is the online classes' (realtime, normal): batch work fills spare
+    capacity and is never a reason for a replica (docs/planner.md, "Batch work").
+
     Latencies are at the SLO's percentile (`PlannerConfig.percentile`) over the window;
     violation fractions are the share of the window's requests above the target. Per-replica
     figures are means over the role's ready replicas.

@@ -136,7 +136,7 @@ class Accounting:
         tpot_s = None
         if first_token_s is not None and usage.completion_tokens >= 2:
             tpot_s = (finished_s - first_token_s) / (usage.completion_tokens - 1)
-            metrics.tpot_s.labels(self.served_model).observe(tpot_s)
+            metrics.tpot_s.labels(self.served_model, self.priority_class).observe(tpot_s)
         if self.degradation is not None:
             ttft_s = None if first_token_s is None else first_token_s - self.trace.arrival_s
             self.degradation.finished(ttft_s, tpot_s)

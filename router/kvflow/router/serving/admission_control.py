@@ -87,7 +87,8 @@ class AdmissionControl:
             return verdict
         self._metrics.tenant_rejections.labels(tenant.name, verdict.reason).inc()
         rejections = self._metrics.admission_rejections
-        rejections.labels(str(verdict.status), verdict.reason, self.pool_name).inc()
+        status = str(verdict.status)
+        rejections.labels(status, verdict.reason, self.pool_name, priority_class.value).inc()
         self._metrics.class_rejections.labels(priority_class.value, verdict.reason).inc()
         wait = f"about {verdict.estimated_wait_s:.0f} s of queue"
         if verdict.status == 429:

@@ -278,7 +278,7 @@ class GenerationService:
         if trace.first_token_s is None:
             trace.first_token_s = time.perf_counter()
             # caller.model: the served name (api/completions.py), so the label stays bounded.
-            ttft_s = self._metrics.ttft_s.labels(caller.model)
+            ttft_s = self._metrics.ttft_s.labels(caller.model, caller.priority_class.value)
             ttft_s.observe(trace.first_token_s - trace.arrival_s)
 
 

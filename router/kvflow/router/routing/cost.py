@@ -98,18 +98,19 @@ DEFAULT_STEP_COSTS = StepCosts(StepTiming(6.6e-3, 27.1e-6, 30.3e-6, 48.9e-9), 81
 # least-loaded's.
 DEFAULT_DECODE_HORIZON_TOKENS = 16
 # The share of a new prompt's prefill time charged per sequence decoding on the worker
-# (``prefill_stall_s``): the prefill step stalls each of them that long. 0, off: on the
-# routing comparison (docs/benchmarks.md, "Routing comparison", 2026-12-05d) it is what
-# least-loaded's decode evenness comes from (per request on the no-reuse control at 25
+# (``prefill_stall_s``): the prefill step stalls each of them that long. 0, off. On the
+# routing comparison (docs/benchmarks.md, "Routing comparison", 2026-12-05d) it is where
+# least-loaded's steadier decodes come from (per request on the no-reuse control at 25
 # req/s, a prefill stalled 4.59 decoding sequences under the time scorer, 4.16 under
-# least-loaded), and at 0.75 it brings the no-reuse TPOT P50 to 1.03x least-loaded's and
-# the shared-prefix max/mean at 10 req/s to 1.17; but a cache hit then also saves its
+# least-loaded), and at 0.75 it brings that control's TPOT P50 to 1.03x least-loaded's
+# and the shared-prefix max/mean at 10 req/s to 1.17; but a cache hit then also saves its
 # prefill once per decoding neighbour, follow-up turns wait behind their history worker's
 # queue, and the agent family's TTFT P90 goes from 1.09 / 1.05 / 1.12x the ideal's to
-# 1.16 / 1.31 / 1.38x at 1x / 2x / 4x. Charged on the prefill no worker can avoid (the
-# least any candidate has uncached) it sent follow-ups away from their histories instead
-# (agent 4x: 1.60x). A trade, not a fix: off until the router knows answer lengths (the
-# stall is worth to a neighbour's TPOT its length over that neighbour's answer).
+# 1.15 / 1.32 / 1.38x at 1x / 2x / 4x (the no-reuse control's at 10 req/s to 1.10x
+# least-loaded's). Charged on the prefill no worker can avoid (the least any candidate
+# has uncached), it sent follow-ups away from their histories instead (agent 4x: 1.60x).
+# In this scorer's own units (TTFT plus the horizon's steps of TPOT) its weight would be
+# the horizon over the neighbours' answer (0.16 on that control), which changes nothing.
 DEFAULT_PREFILL_STALL_WEIGHT = 0.0
 # The share of a backlog's requests charged for a miss's prefill (``backlog_s``): 1 put
 # the no-reuse control's TTFT P90 19 % behind least-loaded's at 60 req/s on 4 small

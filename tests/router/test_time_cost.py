@@ -236,3 +236,40 @@ def test_a_follow_up_stays_with_its_history_beside_a_few_decoding_neighbours() -
     home = view("home", num_decode_seqs=6, num_kv_tokens=42_000)
     decision = pipeline.route(request, [home, view("idle")])
     assert decision is not None and decision.worker_id == "home"
+
+
+def test_a_prefill_stalls_each_decoding_neighbour_only_when_charged() -> None:
+    """``prefill_stall_s``: the step that prefills the uncached tokens stalls every
+    sequence decoding there for that long, at ``prefill_stall_weight`` per neighbour. Off
+    by default (docs/benchmarks.md, "Routing comparison", 2026-12-05d)."""
+    per_token_s = COSTS.timing.per_prefill_token_s
+    busy = view("b", num_decode_seqs=6, num_kv_tokens=42_000)
+    assert worker_cost(busy, PROMPT_TOKENS, 0, COSTS).prefill_stall_s == 0.0
+    off = worker_cost(busy, PROMPT_TOKENS, 0, COSTS, prefill_stall_weight=0.0)
+    on = worker_cost(busy, PROMPT_TOKENS, 0, COSTS, prefill_stall_weight=0.5)
+    assert on.prefill_stall_s == pytest.approx(0.5 * 6 * PROMPT_TOKENS * per_token_s)
+    assert on.total_s == pytest.approx(off.total_s + on.prefill_stall_s)
+    # Only the tokens it computes stall them; without neighbours nothing is stalled.
+    warm = worker_cost(busy, PROMPT_TOKENS, 4096, COSTS, prefill_stall_weight=0.5)
+    assert warm.prefill_stall_s == pytest.approx(0.5 * 6 * (PROMPT_TOKENS - 4096) * per_token_s)
+    assert (
+        worker_cost(view("a"), PROMPT_TOKENS, 0, COSTS, prefill_stall_weight=1.0).prefill_stall_s
+        == 0.0
+    )
+
+
+def test_charged_prefill_stalls_send_a_cold_prompt_past_a_short_queue_to_spare_decodes() -> None:
+    """Two short sequences decode on one worker, another has 1,000 prompt tokens queued
+    (27 ms): uncharged, the prompt starts at once beside the two (15 ms of their decode and
+    its own); charged at the full stall, waiting 27 ms spares them 190 ms each."""
+    workers = [view("decoding", num_decode_seqs=2, num_kv_tokens=2000),
+               view("queued", num_prefill_tokens=1000)]  # fmt: skip
+    request = RouteRequest("m", PROMPT, num_prompt_tokens=PROMPT_TOKENS, block_size=16)
+
+    def best(weight: float) -> str:
+        scorer = TimeCostScorer(BlockIndex(), COSTS, prefill_stall_weight=weight)
+        scores = scorer.score(request, workers)
+        return max(scores, key=lambda w: scores[w])
+
+    assert best(0.0) == "decoding"
+    assert best(1.0) == "queued"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from kvflow.engine_worker.sim.profiles import SimProfile
@@ -128,3 +130,35 @@ def test_every_arm_runs() -> None:
         assert len(records) == 30 and all(r.is_ok for r in records), arm
     with pytest.raises(ValueError, match="unknown arm"):
         resolve_arm("fastest")
+
+
+def test_an_arm_setting_charges_the_time_scorers_prefill_stall() -> None:
+    """``kvflow:prefill_stall=<share>``: the time scorer charges a prefill's stall on the
+    sequences decoding beside it (routing/cost.py), so a cold 7,000-token prompt waits
+    behind a 1,000-token queue rather than stall two decoding sequences."""
+    from kvflow.proto.block_hash import block_hashes, make_hash_seed
+    from kvflow.proto.roles import Role
+    from kvflow.router.routing.block_index import BlockIndex
+    from kvflow.router.routing.placement import PlacementRequest
+    from kvflow.router.routing.sessions import SessionTable
+    from kvflow.router.routing.types import WorkerView
+    from kvflow.sim.cluster import step_costs
+
+    def view(name: str, **kw: int) -> WorkerView:
+        return WorkerView(WorkerId(name), "m", Role.COLOCATED, True, 0, 0.0, **kw)
+
+    workers = [view("decoding", num_decode_seqs=2, num_kv_tokens=2000),
+               view("queued", num_prefill_tokens=1000)]  # fmt: skip
+    hashes = block_hashes(list(range(7000)), block_size=16, seed=make_hash_seed("m"))
+
+    def chosen(arm: str) -> str:
+        placement = resolve_arm(arm).build(BlockIndex(), SessionTable(), random.Random(0),
+                                           step_costs(profile()))  # fmt: skip
+        plan = placement.plan(PlacementRequest("m", hashes, 7000, 16), workers)
+        assert plan is not None
+        return plan.stream_worker
+
+    assert chosen("kvflow") == "decoding"
+    assert chosen("kvflow:prefill_stall=1") == "queued"
+    with pytest.raises(ValueError, match="prefill_stall"):
+        resolve_arm("kvflow:prefill_stall=-1")

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvflow.router.routing.block_index import BlockIndex
-from kvflow.router.routing.cost import StepCosts, WaitGate
+from kvflow.router.routing.cost import (
+    DEFAULT_PREFILL_STALL_WEIGHT,
+    StepCosts,
+    TimeCostScorer,
+    WaitGate,
+)
 from kvflow.router.routing.pipeline import (
     BLOCK_WEIGHTS,
     DEFAULT_LOAD_GATE,
@@ -141,10 +146,14 @@ Gate = LoadGate | WaitGate | None
 
 
 def _placement(
-    weights: Mapping[str, float], gate: Callable[[StepCosts], Gate], in_flight_ttl_s: float
+    weights: Mapping[str, float],
+    gate: Callable[[StepCosts], Gate],
+    in_flight_ttl_s: float,
+    prefill_stall_weight: float = DEFAULT_PREFILL_STALL_WEIGHT,
 ) -> Builder:
-    """The gateway's placement with other weights, another gate or another in-flight TTL
-    (build_placement's two profiles: the prefill one without session affinity)."""
+    """The gateway's placement with other weights, another gate, another in-flight TTL or
+    another time scorer's ``prefill_stall_weight`` (build_placement's two profiles: the
+    prefill one without session affinity)."""
 
     def build(
         index: BlockIndex, sessions: SessionTable, rng: random.Random, costs: StepCosts
@@ -154,6 +163,10 @@ def _placement(
         prefill_weights = {name: w for name, w in weights.items() if name != "session"}
         prefill = build_pipeline(prefill_weights, index=index, sessions=sessions, rng=rng,
                                  roles=PREFILL_ROLES, gate=gate(costs), costs=costs)  # fmt: skip
+        for pipeline in (decode, prefill):
+            for weighted in pipeline.scorers:
+                if isinstance(weighted.scorer, TimeCostScorer):
+                    weighted.scorer.prefill_stall_weight = prefill_stall_weight
         return Placement(decode, prefill, index, DisaggregationConfig(), in_flight_ttl_s, costs)
 
     return build
@@ -189,8 +202,10 @@ def resolve_arm(spec: str) -> Arm:
     """An arm by name, or ``kvflow:<key>=<value>,...`` (``kvflow-blocks:...``): the
     gateway's placement with other routing weights (scorer names), load gate (``gate=off``,
     ``gate_fraction=``, and ``gate_s=`` for the time-based default's gate in seconds,
-    ``gate_requests=`` for the block default's in requests) or memory of its placements
-    (``in_flight_ttl=<s>``, 0: none), the rest at their defaults."""
+    ``gate_requests=`` for the block default's in requests), memory of its placements
+    (``in_flight_ttl=<s>``, 0: none) or, for ``kvflow``, the time scorer's
+    ``prefill_stall=<share>`` (routing/cost.py, ``prefill_stall_s``), the rest at their
+    defaults."""
     if spec in ARMS:
         return ARMS[spec]
     name, _, settings = spec.partition(":")
@@ -204,6 +219,7 @@ def resolve_arm(spec: str) -> Arm:
     fraction = DEFAULT_WAIT_GATE_FRACTION if is_timed else DEFAULT_LOAD_GATE.slack_fraction
     slack = DEFAULT_WAIT_GATE_SLACK_S if is_timed else DEFAULT_LOAD_GATE.slack_requests
     in_flight_ttl_s = DEFAULT_IN_FLIGHT_TTL_S
+    prefill_stall_weight = DEFAULT_PREFILL_STALL_WEIGHT
     for item in settings.split(","):
         key, _, value = item.partition("=")
         if key == "gate" and value == "off":
@@ -221,6 +237,10 @@ def resolve_arm(spec: str) -> Arm:
             if number < 0:
                 raise ValueError(f"arm {spec!r}: in_flight_ttl must be >= 0")
             in_flight_ttl_s = number
+        elif key == "prefill_stall" and is_timed:
+            if number < 0:
+                raise ValueError(f"arm {spec!r}: prefill_stall must be >= 0")
+            prefill_stall_weight = number
         else:
             weights[key] = number
 
@@ -229,4 +249,4 @@ def resolve_arm(spec: str) -> Arm:
             return None
         return WaitGate(costs, fraction, slack) if is_timed else LoadGate(fraction, slack)
 
-    return Arm(spec, _placement(weights, gate, in_flight_ttl_s))
+    return Arm(spec, _placement(weights, gate, in_flight_ttl_s, prefill_stall_weight))

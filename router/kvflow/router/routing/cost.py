@@ -5,7 +5,7 @@ worker's step-time model (``StepCosts``: the simulator's linear step model, the 
 coefficients) and its load in tokens (``WorkerView``: prompt tokens still to prefill,
 decoding sequences, the KV tokens they read):
 
-    cost = own_ttft_s + own_decode_s + stall_s + evict_s + backlog_s
+    cost = own_ttft_s + own_decode_s + stall_s + evict_s + backlog_s (+ prefill_stall_s)
 
 - ``own_ttft_s``: the prompt tokens queued ahead of it plus its own uncached tokens, at
   ``per_prefill_token_s``, and the step overhead of the steps that takes (each step also
@@ -30,6 +30,11 @@ decoding sequences, the KV tokens they read):
   hit is worth exactly its prefill time; past saturation a miss costs the capacity it
   takes, and hits are kept (on the shared-prefix comparison's overloaded rung, without
   it the hit rate fell to 0.6 of the ideal's).
+
+- ``prefill_stall_s`` (off by default, ``prefill_stall_weight``): the step that
+  prefills its uncached tokens stalls every sequence decoding there for that long, at
+  ``prefill_stall_weight`` per decoding neighbour. Measured and left off: it trades the
+  agent family's TTFT tail for the no-reuse control's TPOT (``DEFAULT_PREFILL_STALL_WEIGHT``).
 
 A cached prefix many requests share is also worth copying to another worker once the
 load its holder puts on them adds up to the copy's prefill: the rent-or-buy rule,
@@ -92,6 +97,21 @@ DEFAULT_STEP_COSTS = StepCosts(StepTiming(6.6e-3, 27.1e-6, 30.3e-6, 48.9e-9), 81
 # family's tail (up to 1.24x the ideal's); 128 and 256 put TTFT P90 behind
 # least-loaded's.
 DEFAULT_DECODE_HORIZON_TOKENS = 16
+# The share of a new prompt's prefill time charged per sequence decoding on the worker
+# (``prefill_stall_s``): the prefill step stalls each of them that long. 0, off. On the
+# routing comparison (docs/benchmarks.md, "Routing comparison", 2026-12-05d) it is where
+# least-loaded's steadier decodes come from (per request on the no-reuse control at 25
+# req/s, a prefill stalled 4.59 decoding sequences under the time scorer, 4.16 under
+# least-loaded), and at 0.75 it brings that control's TPOT P50 to 1.03x least-loaded's
+# and the shared-prefix max/mean at 10 req/s to 1.17; but a cache hit then also saves its
+# prefill once per decoding neighbour, follow-up turns wait behind their history worker's
+# queue, and the agent family's TTFT P90 goes from 1.09 / 1.05 / 1.12x the ideal's to
+# 1.15 / 1.32 / 1.38x at 1x / 2x / 4x (the no-reuse control's at 10 req/s to 1.10x
+# least-loaded's). Charged on the prefill no worker can avoid (the least any candidate
+# has uncached), it sent follow-ups away from their histories instead (agent 4x: 1.60x).
+# In this scorer's own units (TTFT plus the horizon's steps of TPOT) its weight would be
+# the horizon over the neighbours' answer (0.16 on that control), which changes nothing.
+DEFAULT_PREFILL_STALL_WEIGHT = 0.0
 # The share of a backlog's requests charged for a miss's prefill (``backlog_s``): 1 put
 # the no-reuse control's TTFT P90 19 % behind least-loaded's at 60 req/s on 4 small
 # workers (tests/sim/test_comparison_quick.py), 0.5 within 2 %; 0 lost the hit rate
@@ -114,10 +134,12 @@ class WorkerCost:
     evict_s: float
     backlog_s: float
     num_uncached_tokens: int
+    prefill_stall_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.own_ttft_s + self.own_decode_s + self.stall_s + self.evict_s + self.backlog_s
+        return (self.own_ttft_s + self.own_decode_s + self.stall_s + self.evict_s
+                + self.backlog_s + self.prefill_stall_s)  # fmt: skip
 
 
 def worker_cost(
@@ -126,8 +148,10 @@ def worker_cost(
     num_cached_tokens: int,
     costs: StepCosts,
     decode_horizon_tokens: int = DEFAULT_DECODE_HORIZON_TOKENS,
+    prefill_stall_weight: float = DEFAULT_PREFILL_STALL_WEIGHT,
 ) -> WorkerCost:
     """The module docstring's terms for ``worker``."""
+    assert prefill_stall_weight >= 0.0
     uncached = max(1, num_prompt_tokens - num_cached_tokens)  # the last token is computed
     decodes = worker.num_decode_seqs
     kv = worker.num_kv_tokens
@@ -141,6 +165,7 @@ def worker_cost(
     own_decode_s = decode_horizon_tokens * decode_step_s
     mine_s = costs.timing.per_decode_seq_s + num_prompt_tokens * costs.timing.per_kv_token_s
     stall_s = decodes * decode_horizon_tokens * mine_s
+    prefill_stall_s = prefill_stall_weight * decodes * uncached * costs.timing.per_prefill_token_s
     evict_s = 0.0
     if worker.kv_capacity_tokens > 0:
         # Blocks are empty, cached (reusable by later prompts) or held by requests. Past
@@ -151,7 +176,8 @@ def worker_cost(
         evict_s = max(0, uncached + decode_horizon_tokens - max(0, empty)) * (
             costs.timing.per_prefill_token_s
         )
-    return WorkerCost(own_ttft_s, own_decode_s, stall_s, evict_s, backlog_s, uncached)
+    return WorkerCost(own_ttft_s, own_decode_s, stall_s, evict_s, backlog_s, uncached,
+                      prefill_stall_s)  # fmt: skip
 
 
 class TimeCostScorer:
@@ -169,10 +195,13 @@ class TimeCostScorer:
         costs: StepCosts = DEFAULT_STEP_COSTS,
         decode_horizon_tokens: int = DEFAULT_DECODE_HORIZON_TOKENS,
         replicas: ReplicaLedger | None = None,
+        prefill_stall_weight: float = DEFAULT_PREFILL_STALL_WEIGHT,
     ) -> None:
+        assert prefill_stall_weight >= 0.0
         self._index = index
         self.costs = costs
         self.decode_horizon_tokens = decode_horizon_tokens
+        self.prefill_stall_weight = prefill_stall_weight
         # Rent or buy copies of shared prefixes (replicas.py); None: a hit is worth this
         # request's prefill alone.
         self.replicas = replicas
@@ -199,7 +228,7 @@ class TimeCostScorer:
 
     def _cost_s(self, worker: WorkerView, request: RouteRequest, num_cached_tokens: int) -> float:
         cost = worker_cost(worker, request.num_prompt_tokens, num_cached_tokens, self.costs,
-                           self.decode_horizon_tokens)  # fmt: skip
+                           self.decode_horizon_tokens, self.prefill_stall_weight)  # fmt: skip
         return cost.total_s
 
     def _copy_prefix(

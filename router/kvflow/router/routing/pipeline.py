@@ -159,6 +159,10 @@ class RoutingPipeline:
         self._picker = picker
         self._gate = gate
 
+    @property
+    def scorers(self) -> tuple[WeightedScorer, ...]:
+        return self._scorers
+
     def candidates(self, request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
         """The workers every filter keeps."""
         return self._filter(request, workers)[0]

@@ -37,6 +37,7 @@ from kvflow.sim.overload_gateway import Decision, GatewayConfig, LevelSample, Ov
 from kvflow.sim.overload_traffic import (
     DEFAULT_MIX,
     DEFAULT_PHASES,
+    DEFAULT_SCENARIO,
     Arrival,
     LoadPhase,
     TenantTraffic,
@@ -247,6 +248,7 @@ class OverloadConfig:
     num_workers: int = 2
     routing_arm: str = "kvflow"
     mix: tuple[TenantTraffic, ...] = DEFAULT_MIX
+    scenario: str = DEFAULT_SCENARIO  # the mix's name ("custom": given as --mix)
     phases: tuple[LoadPhase, ...] = DEFAULT_PHASES
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     capacity_requests: int = 600
@@ -280,6 +282,12 @@ class OverloadResult:
 
     def arm(self, name: str) -> ArmResult:
         return next(a for a in self.arms if a.name == name)
+
+    def num_in_window(self, lo_s: float, hi_s: float) -> int:
+        """The requests that arrived in [lo_s, hi_s) (the same in every arm)."""
+        if not self.arms:
+            return 0
+        return sum(1 for o in self.arms[0].outcomes if lo_s <= o.record.sent_s < hi_s)
 
 
 def run_arm(config: OverloadConfig, name: str, schedule: Sequence[Arrival]) -> ArmResult:

@@ -2,6 +2,8 @@
 
     kvflow sim overload --json docs/bench-data/overload-ladder.json \
         --plot docs/img/overload-ladder.png
+    kvflow sim overload --scenario interactive-heavy \
+        --json docs/bench-data/overload-interactive.json --plot docs/img/overload-interactive.png
 
 Prints the per-class table as markdown, the two targets and the ladder's moves; exit 0
 when the run finished (the targets are reported, not enforced), 2 on bad options.
@@ -21,7 +23,13 @@ from kvflow.sim.arms import resolve_arm
 from kvflow.sim.overload import OverloadConfig, run_overload
 from kvflow.sim.overload_gateway import DEFAULT_LADDER, DEFAULT_SHED_WAIT_S, GatewayConfig
 from kvflow.sim.overload_report import plot, render, report_dict
-from kvflow.sim.overload_traffic import LoadPhase
+from kvflow.sim.overload_traffic import (
+    DEFAULT_SCENARIO,
+    MIX_FORMAT,
+    SCENARIOS,
+    LoadPhase,
+    parse_mix,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,6 +43,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64, help="per worker")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per step")
     p.add_argument("--routing-arm", default="kvflow")
+    mix = p.add_mutually_exclusive_group()
+    mix.add_argument("--scenario", choices=sorted(SCENARIOS), default=DEFAULT_SCENARIO,
+                     help="the named traffic mix (docs/simulator.md)")  # fmt: skip
+    mix.add_argument("--mix", metavar=MIX_FORMAT,
+                     help="a traffic mix of your own, e.g. realtime:0.15:256:64,"
+                     "normal:0.7:512:768,batch:0.15:1024:1024 (shares sum to 1; each "
+                     "class's targets as in the named scenarios)")  # fmt: skip
     p.add_argument("--calm-load", type=float, default=0.5,
                    help="offered load before and after the overload, x capacity")  # fmt: skip
     p.add_argument("--overload-load", type=float, default=2.0, help="x capacity")
@@ -107,8 +122,12 @@ def config_from(args: argparse.Namespace) -> OverloadConfig:
     if args.workers < 1 or args.capacity_requests < 10:
         raise ValueError("--workers must be >= 1 and --capacity-requests >= 10")
     resolve_arm(args.routing_arm)
+    if args.mix is not None:
+        mix, scenario = parse_mix(args.mix), "custom"
+    else:
+        mix, scenario = SCENARIOS[args.scenario], args.scenario
     return OverloadConfig(profile, num_workers=args.workers, routing_arm=args.routing_arm,
-                          phases=phases, gateway=gateway,
+                          mix=mix, scenario=scenario, phases=phases, gateway=gateway,
                           capacity_requests=args.capacity_requests,
                           capacity_per_s=args.capacity_per_s, seed=args.seed)  # fmt: skip
 

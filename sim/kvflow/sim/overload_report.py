@@ -1,7 +1,9 @@
 """The overload scenario's numbers: per class and per arm, goodput, the ladder's moves.
 
 Goodput is the requests that met both their class's TTFT and TPOT targets, per second of
-the window they arrived in; a refused request never meets them. Numbers are given for the
+the window they arrived in; a refused request never meets them. Its ceiling is every
+request offered in the window served within its targets: the ratio on / off cannot pass
+the offered rate over the off arm's goodput. Numbers are given for the
 overload phase (the arrivals while the offered load was above the capacity: the claim)
 and for the whole run. TTFT and TPOT percentiles are of the requests that were served.
 """
@@ -116,11 +118,13 @@ def report_dict(result: OverloadResult) -> dict[str, Any]:
         }
     off = arms.get("off", {}).get("overload_phase", {}).get("total", {}).get("goodput_per_s")
     on = arms.get("on", {}).get("overload_phase", {}).get("total", {}).get("goodput_per_s")
+    offered_per_s = result.num_in_window(lo_s, hi_s) / (hi_s - lo_s) if hi_s > lo_s else 0.0
     gw = config.gateway
     ladder = gw.ladder
     return {
         "scenario": "overload",
         "config": {
+            "mix_name": config.scenario,
             "profile": config.profile.name,
             "max_num_seqs": config.profile.max_num_seqs,
             "max_num_batched_tokens": config.profile.max_num_batched_tokens,
@@ -154,8 +158,29 @@ def report_dict(result: OverloadResult) -> dict[str, Any]:
         "num_arrivals": result.num_arrivals,
         "overload_window_s": [lo_s, hi_s],
         "goodput_ratio_on_off": (on / off) if on is not None and off else None,
+        "offered_per_s": round(offered_per_s, 3),
+        "goodput_ceiling_on_off": (offered_per_s / off) if off else None,
+        "ladder_moves": ladder_moves(arms["on"]["transitions"]) if "on" in arms else None,
         "arms": arms,
         "targets": targets(result, arms),
+    }
+
+
+def ladder_moves(transitions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The on arm's ladder in counts: steps engaged and released, and its reversals (a step
+    engaged again after the ladder had released it: the release came too early)."""
+    released: set[str] = set()
+    reversals = 0
+    for t in transitions:
+        if t["action"] == "released":
+            released.add(t["step"])
+        elif t["step"] in released:
+            reversals += 1
+    return {
+        "engaged": sum(1 for t in transitions if t["action"] == "engaged"),
+        "released": sum(1 for t in transitions if t["action"] == "released"),
+        "reversals": reversals,
+        "max_level": max((t["level"] for t in transitions), default=0),
     }
 
 
@@ -199,6 +224,11 @@ def render(report: dict[str, Any]) -> str:
     """Markdown: per arm and class, the overload phase; then the targets and the ladder."""
     lo, hi = report["overload_window_s"]
     lines = [
+        f"mix {report['config']['mix_name']}: "
+        + ", ".join(
+            f"{t['class']} {t['share']:.0%} {t['prompt_tokens']}/{t['output_tokens']}"
+            for t in report["config"]["mix"]
+        ),
         f"capacity {report['capacity_per_s']:.2f} req/s; overload phase {lo:.0f}-{hi:.0f} s "
         f"({report['num_arrivals']} arrivals in all)",
         "",
@@ -216,14 +246,25 @@ def render(report: dict[str, Any]) -> str:
                 f"{_fmt(c['tpot_p50_ms'])} / {_fmt(c['tpot_p99_ms'])} | "
                 f"{'-' if att is None else f'{att:.1%}'} | {c['goodput_per_s']:.2f} |"
             )
-    ratio = report["goodput_ratio_on_off"]
-    lines += ["", f"goodput on / off: {'-' if ratio is None else f'{ratio:.2f}'}x", ""]
+    ratio, ceiling = report["goodput_ratio_on_off"], report["goodput_ceiling_on_off"]
+    lines += [
+        "",
+        f"goodput on / off: {'-' if ratio is None else f'{ratio:.2f}'}x (ceiling "
+        f"{'-' if ceiling is None else f'{ceiling:.2f}'}x: all "
+        f"{report['offered_per_s']:.2f} req/s offered served within their targets)",
+        "",
+    ]
     for t in report["targets"]:
         lines.append(f"- [{'x' if t['met'] else ' '}] {t['name']}: "
                      f"{t.get('value_ms', t.get('value'))}")  # fmt: skip
     on = report["arms"].get("on")
     if on is not None:
-        lines += ["", "ladder (degradation on):"]
+        moves = report["ladder_moves"]
+        lines += [
+            "",
+            f"ladder (degradation on): {moves['engaged']} engaged, "
+            f"{moves['released']} released, {moves['reversals']} reversals",
+        ]
         lines += [f"- {t['at_s']:.0f} s: {t['action']} {t['step']} (level {t['level']}; "
                   f"{t['reason']})" for t in on["transitions"]]  # fmt: skip
     return "\n".join(lines)
@@ -250,7 +291,8 @@ def plot(report: dict[str, Any], path: str) -> None:
     ax_load.step(ts, [load_at(phases, t) for t in ts], where="post", color="black")
     ax_load.axhline(1.0, color="grey", ls=":", label="capacity")
     ax_load.set(ylabel="offered load\n(x capacity)",
-                title=f"overload: {config['num_workers']} x {config['profile']} "
+                title=f"overload ({config.get('mix_name', 'batch-heavy')}): "
+                f"{config['num_workers']} x {config['profile']} "
                 f"(max_num_seqs {config['max_num_seqs']}), virtual time")  # fmt: skip
     ax_load.legend(fontsize=8)
     for name, arm in report["arms"].items():

@@ -1,26 +1,35 @@
 """The overload scenario's traffic: three tenants in three priority classes, open loop.
 
-- ``chat`` (REALTIME): short chat turns, 256 prompt tokens, 64 output tokens; a person
-  waits on every token (TTFT 1 s, TPOT 100 ms).
-- ``app`` (NORMAL): an application's calls, 512 prompt tokens, 128 output tokens (TTFT
-  3 s, TPOT 150 ms).
-- ``reports`` (BATCH): offline generation with long outputs, 1,024 prompt tokens, 1,024
-  output tokens (TTFT 30 s, TPOT 300 ms: nobody watches it stream).
+Two named mixes (``SCENARIOS``; ``parse_mix`` reads any other), the same three class
+targets (``CLASS_SLOS``): realtime TTFT 1 s, TPOT 100 ms (a person waits on every token);
+normal 3 s, 150 ms; batch 30 s, 300 ms (nobody watches it stream).
 
-Requests arrive as one Poisson stream whose class is drawn per request by the mix's shares
-(15 % chat, 15 % app, 70 % reports by default): the batch tenant carries most of the
-compute (its outputs are 96 % of the output tokens), as an offline job does when it
-shares a pool with interactive traffic. Every prompt is fresh text (no prefix reuse), so
-the cache does not blur what admission and degradation do. The rate follows a piecewise
-profile in multiples of the pool's measured capacity (``LoadPhase``): calm, then the
-overload, then calm again so the ladder's releases show.
+- ``batch-heavy`` (the default, ``DEFAULT_MIX``): ``chat`` (realtime, 15 %, 256 prompt
+  tokens / 64 output), ``app`` (normal, 15 %, 512 / 128), ``reports`` (batch, 70 %,
+  1,024 / 1,024). The batch tenant carries most of the compute (96 % of the output
+  tokens), as an offline job does when it shares a pool with interactive traffic: the
+  overload is batch's, which the class scheduler and class-ordered shedding already keep
+  away from the interactive classes.
+- ``interactive-heavy`` (``INTERACTIVE_MIX``): the same shape with the bulk tenant's role
+  swapped. ``assistant`` (normal, 70 %, 512 / 768) is a chat assistant that writes long
+  answers (code, drafts), ``chat`` (realtime, 15 %, 256 / 64) stays short, ``reports``
+  (batch, 15 %, 1,024 / 1,024) is a backfill job. The normal class alone carries 77 % of
+  the output tokens, so at twice the capacity it asks about 1.5x the pool by itself: no
+  ordering of classes can serve it, its own requests queue behind each other.
+
+Requests arrive as one Poisson stream whose class is drawn per request by the mix's
+shares. Every prompt is fresh text (no prefix reuse), so the cache does not blur what
+admission and degradation do. The rate follows a piecewise profile in multiples of the
+pool's measured capacity (``LoadPhase``): calm, then the overload, then calm again so the
+ladder's releases show.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kvflow.loadgen.workload import BenchRequest, Segment, TextBlock, content_namespace
 from kvflow.proto.priority_class import PriorityClass
@@ -49,11 +58,34 @@ class TenantTraffic:
     slo: ClassSlo
 
 
+CLASS_SLOS: Mapping[PriorityClass, ClassSlo] = {
+    PriorityClass.REALTIME: ClassSlo(1.0, 0.10),
+    PriorityClass.NORMAL: ClassSlo(3.0, 0.15),
+    PriorityClass.BATCH: ClassSlo(30.0, 0.30),
+}
+# The tenant a ``--mix`` entry's class gets (one tenant per class).
+CLASS_TENANTS: Mapping[PriorityClass, str] = {
+    PriorityClass.REALTIME: "chat",
+    PriorityClass.NORMAL: "app",
+    PriorityClass.BATCH: "reports",
+}
+_RT, _NORMAL, _BATCH = PriorityClass.REALTIME, PriorityClass.NORMAL, PriorityClass.BATCH
+
 DEFAULT_MIX: tuple[TenantTraffic, ...] = (
-    TenantTraffic("chat", PriorityClass.REALTIME, 0.15, 256, 64, ClassSlo(1.0, 0.10)),
-    TenantTraffic("app", PriorityClass.NORMAL, 0.15, 512, 128, ClassSlo(3.0, 0.15)),
-    TenantTraffic("reports", PriorityClass.BATCH, 0.70, 1024, 1024, ClassSlo(30.0, 0.30)),
+    TenantTraffic("chat", _RT, 0.15, 256, 64, CLASS_SLOS[_RT]),
+    TenantTraffic("app", _NORMAL, 0.15, 512, 128, CLASS_SLOS[_NORMAL]),
+    TenantTraffic("reports", _BATCH, 0.70, 1024, 1024, CLASS_SLOS[_BATCH]),
 )
+INTERACTIVE_MIX: tuple[TenantTraffic, ...] = (
+    TenantTraffic("chat", _RT, 0.15, 256, 64, CLASS_SLOS[_RT]),
+    TenantTraffic("assistant", _NORMAL, 0.70, 512, 768, CLASS_SLOS[_NORMAL]),
+    TenantTraffic("reports", _BATCH, 0.15, 1024, 1024, CLASS_SLOS[_BATCH]),
+)
+DEFAULT_SCENARIO = "batch-heavy"
+SCENARIOS: Mapping[str, tuple[TenantTraffic, ...]] = {
+    DEFAULT_SCENARIO: DEFAULT_MIX,
+    "interactive-heavy": INTERACTIVE_MIX,
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +117,50 @@ def check_mix(mix: Sequence[TenantTraffic]) -> None:
         raise ValueError(f"the mix's shares must sum to 1, got {sum(t.share for t in mix):g}")
     if len({t.tenant for t in mix}) != len(mix):
         raise ValueError("each tenant appears once in the mix")
+
+
+N = TypeVar("N", int, float)
+MIX_FORMAT = "CLASS:SHARE:PROMPT_TOKENS:OUTPUT_TOKENS,..."
+
+
+def parse_mix(text: str) -> tuple[TenantTraffic, ...]:
+    """A mix from ``CLASS:SHARE:PROMPT_TOKENS:OUTPUT_TOKENS,...`` (e.g.
+    ``realtime:0.15:256:64,normal:0.7:512:768,batch:0.15:1024:1024``): each class at most
+    once, with its ``CLASS_SLOS`` targets and ``CLASS_TENANTS`` tenant; the shares are
+    fractions of the requests and sum to 1. ValueError says which entry is wrong and why."""
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    if not entries:
+        raise ValueError(f"the mix is empty: give {MIX_FORMAT}")
+    mix: list[TenantTraffic] = []
+    for entry in entries:
+        fields = entry.split(":")
+        if len(fields) != 4:
+            raise ValueError(f"mix entry {entry!r} has {len(fields)} fields: give {MIX_FORMAT}")
+        try:
+            klass = PriorityClass.parse(fields[0])
+        except ValueError as exc:
+            raise ValueError(f"mix entry {entry!r}: {exc}") from None
+        if any(t.priority_class is klass for t in mix):
+            raise ValueError(f"mix entry {entry!r}: the class {klass.value} appears twice")
+        share = _number(entry, "share", fields[1], float)
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"mix entry {entry!r}: the share must be in (0, 1], got {share:g}")
+        prompt = _number(entry, "prompt tokens", fields[2], int)
+        output = _number(entry, "output tokens", fields[3], int)
+        if prompt < 1 or output < 1:
+            raise ValueError(f"mix entry {entry!r}: token counts must be >= 1")
+        mix.append(TenantTraffic(CLASS_TENANTS[klass], klass, share, prompt, output,
+                                 CLASS_SLOS[klass]))  # fmt: skip
+    check_mix(mix)
+    return tuple(mix)
+
+
+def _number(entry: str, what: str, text: str, kind: Callable[[str], N]) -> N:
+    try:
+        return kind(text)
+    except ValueError:
+        noun = "whole number" if kind is int else "number"
+        raise ValueError(f"mix entry {entry!r}: the {what} {text!r} is not a {noun}") from None
 
 
 def mix_request(

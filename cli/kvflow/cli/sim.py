@@ -6,6 +6,7 @@
 - ``kvflow sim overload``: a pool at twice its capacity, degradation off and on.
 - ``kvflow sim calibrate``: a fitted profile against the real engine on held-out traffic.
 - ``kvflow sim cascade``: a small-then-large model cascade on a mixed workload (sim/cascade.py).
+- ``kvflow sim batch-day``: a Batch API batch at a day's peak, with and without, over seeds.
 
 Exit status: 0 done, 1 the run produced nothing usable, 2 bad options or inputs.
 """
@@ -23,8 +24,12 @@ SUBCOMMANDS = {
     "overload": "kvflow.sim.overload_cli",
     "calibrate": "kvflow.cli.sim_calibrate",
     "cascade": "kvflow.sim.cascade_cli",
+    "batch-day": "kvflow.sim.batch_day_cli",
 }
-USAGE = "usage: kvflow sim {run,compare,overload,cascade,calibrate} [options]   (each takes --help)"
+USAGE = (
+    "usage: kvflow sim {run,compare,overload,cascade,batch-day,calibrate} [options]"
+    "   (each takes --help)"
+)
 
 
 def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -4,11 +4,13 @@ clock.
 
 The day is the planner benchmark's diurnal traffic compressed into ``traffic.duration_s``;
 the batch's "24h" window is the same span. The runner keeps at most ``max_in_flight`` lines
-running and starts one only while no worker reports requests waiting (the shared rule,
-kvflow.router.batch.pacing), checking every ``tick_s``, as the router's runner does on its
-poll. Run once with the batch and once without, on the same seed, the online requests are
-the same, so their latencies compare directly. Batch lines run at priority class batch, as
-the router's runner sends them.
+running and starts one only while no worker reports requests waiting and, with
+``tpot_headroom``, every worker's decode step with one more sequence stays within that
+share of the online TPOT target (the shared rule, kvflow.router.batch.pacing), checking
+every ``tick_s``, as the router's runner does on its poll. Run once with the batch and
+once without, on the same seed, the online requests are the same, so their latencies
+compare directly. Batch lines run at priority class batch, as the router's runner sends
+them.
 
 `run_planned_day` plays the same day on an elastic pool whose replicas the SLO planner
 decides (autoscale.drive): the planner's metrics count the online classes only, so its
@@ -25,7 +27,7 @@ from kvflow.engine_worker.core.engine import RequestOutput
 from kvflow.loadgen.records import RequestRecord
 from kvflow.loadgen.workload import BenchRequest, Segment, TextBlock
 from kvflow.proto.priority_class import PriorityClass
-from kvflow.router.batch.pacing import has_spare_capacity
+from kvflow.router.batch.pacing import TpotHeadroom, WorkerLoad, may_start_line
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.autoscale import DecisionLog, ReplicaSample, Slo, drive
 from kvflow.sim.autoscale_cluster import ElasticCluster
@@ -46,6 +48,9 @@ class BatchDay:
     tick_s: float = 0.5  # how often the runner looks for spare capacity
     input_tokens: int = 256  # each line's prompt (words, about tokens) and output
     output_tokens: int = 64
+    # The online TPOT the runner leaves alone (pacing.TpotHeadroom); None: it waits for
+    # queues only.
+    tpot_headroom: TpotHeadroom | None = None
 
 
 @dataclass
@@ -119,8 +124,10 @@ class _Runner:
 
     def tick(self) -> None:
         events = self.cluster.events
-        waiting = (w.load.num_waiting for w in self.cluster.workers.values())
-        if has_spare_capacity(waiting):
+        loads = [WorkerLoad(w.load.num_waiting, w.load.num_decode_seqs, w.load.num_kv_tokens)
+                 for w in self.cluster.workers.values()]  # fmt: skip
+        timing = self.cluster.spec.profile.timing
+        if may_start_line(loads, timing, self.day.input_tokens, self.day.tpot_headroom):
             while self.pending and self.num_in_flight < self.day.max_in_flight:
                 self.cluster.submit(self.pending.popleft(), events.now_s)
                 self.num_in_flight += 1

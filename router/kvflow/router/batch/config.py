@@ -8,6 +8,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 
+from kvflow.router.batch.pacing import DEFAULT_TPOT_HEADROOM_FRACTION, TpotHeadroom
 from kvflow.router.cli_args import positive_int, seconds
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -32,6 +33,17 @@ class BatchConfig:
     poll_interval_s: float = 0.5  # how often the runner looks for work and capacity
     # After admission refused a line (429/503), the runner waits this, doubling to 30 s.
     busy_backoff_s: float = 1.0
+    # The tightest online TPOT target of the pool's models (seconds): a line starts only
+    # while every worker's decode step with it stays within ``tpot_headroom_fraction`` of
+    # it (batch/pacing.py). 0: no target, lines wait for queues only.
+    online_tpot_target_s: float = 0.0
+    tpot_headroom_fraction: float = DEFAULT_TPOT_HEADROOM_FRACTION
+
+    @property
+    def tpot_headroom(self) -> TpotHeadroom | None:
+        if self.online_tpot_target_s <= 0:
+            return None
+        return TpotHeadroom(self.online_tpot_target_s, self.tpot_headroom_fraction)
 
 
 def _factor(text: str) -> Fraction:
@@ -42,6 +54,13 @@ def _factor(text: str) -> Fraction:
     if not value.is_finite() or not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return Fraction(value)
+
+
+def _headroom(text: str) -> float:
+    value = _factor(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be above 0 (and at most 1), got 0")
+    return float(value)
 
 
 def add_batch_flags(p: argparse.ArgumentParser) -> None:
@@ -68,6 +87,16 @@ def add_batch_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-price-factor", type=_factor, default=d.price_factor,
                    metavar="F", help="batch requests cost their price times this, "
                    "0 to 1 (default: 0.5)")  # fmt: skip
+    g.add_argument("--batch-online-tpot-target-s", type=seconds(allow_zero=True),
+                   default=d.online_tpot_target_s, metavar="S",
+                   help="the tightest online TPOT target: a batch request starts only while "
+                   "every worker's decode step with it stays within the headroom fraction "
+                   "of it; 0: no target, batch requests wait for queues only "
+                   "(default: %(default)s)")  # fmt: skip
+    g.add_argument("--batch-tpot-headroom-fraction", type=_headroom,
+                   default=d.tpot_headroom_fraction, metavar="F",
+                   help="share of --batch-online-tpot-target-s a decode step may reach with "
+                   "a batch request added, above 0 to 1 (default: %(default)s)")  # fmt: skip
 
 
 def batch_config(args: argparse.Namespace) -> BatchConfig:
@@ -78,4 +107,6 @@ def batch_config(args: argparse.Namespace) -> BatchConfig:
         max_in_flight=args.batch_max_in_flight,
         completion_window_s=args.batch_completion_window_s,
         price_factor=args.batch_price_factor,
+        online_tpot_target_s=args.batch_online_tpot_target_s,
+        tpot_headroom_fraction=args.batch_tpot_headroom_fraction,
     )

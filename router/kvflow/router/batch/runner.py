@@ -3,11 +3,13 @@
 admission, accounting and pricing all apply).
 
 At most ``max_in_flight`` lines run at once in this router. Before starting one the runner
-looks at the pool's last reported queues: while any worker has requests waiting, online
-traffic is using the capacity and the runner waits. A line refused by admission or a quota
-(429/503) is put back and the runner backs off, doubling to 30 s. Each finished line's
-result is stored at once (batch/store.py), so a restarted router resumes a batch without
-running its done lines again.
+looks at the pool's last load reports (the shared rule, batch/pacing.py): while any worker
+has requests waiting, online traffic is using the capacity, and with an online TPOT target
+set, while a worker's decode step with one more sequence would pass its share of that
+target, online requests would decode slower: either way the runner waits. A line refused
+by admission or a quota (429/503) is put back and the runner backs off, doubling to 30 s.
+Each finished line's result is stored at once (batch/store.py), so a restarted router
+resumes a batch without running its done lines again.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.respond import CLIENT_GONE
 from kvflow.router.batch.config import BatchConfig
 from kvflow.router.batch.jsonl import BatchLine, dump_lines, parse_input, result_line, unrun_line
-from kvflow.router.batch.pacing import has_spare_capacity
+from kvflow.router.batch.pacing import WorkerLoad, may_start_line
 from kvflow.router.batch.records import OUTPUT_PURPOSE, BatchRecord, FileRecord, Status
 from kvflow.router.batch.scope import BATCH_SCOPE_KEY
 from kvflow.router.batch.store import BatchStore
 from kvflow.router.protocol.errors import ApiError
+from kvflow.router.routing.cost import DEFAULT_STEP_COSTS
 from kvflow.router.tenants.config import ANONYMOUS, Tenant
 
 log = logging.getLogger("kvflow.router.batch")
@@ -190,8 +193,9 @@ class BatchRunner:
         return tenants.tenants.get(name)
 
     def _pool_is_busy(self, record: BatchRecord, line: BatchLine) -> bool:
-        """Online requests wait in some worker's queue of the line's pool: no spare
-        capacity. A line that cannot be routed is not held: it runs into its error."""
+        """The line's pool has no room for it (batch/pacing.py): requests wait in some
+        worker's queue, or a worker's decode step with it would pass the online TPOT
+        headroom. A line that cannot be routed is not held: it runs into its error."""
         tenant = self._tenant(record.tenant)
         model = line.body.get("model")
         if tenant is None or not isinstance(model, str):
@@ -200,8 +204,19 @@ class BatchRunner:
             route = self._gw.route(model, tenant, None)
         except ApiError:
             return False
-        found = route.backend.pool.book.queues(route.served_name, time.monotonic())
-        return not has_spare_capacity(q.num_waiting for q in found.queues)
+        book = route.backend.pool.book
+        now_s = time.monotonic()
+        found = book.queues(route.served_name, now_s)
+        views = {v.worker_id: v for v in book.views(now_s)}
+        loads = []
+        for q in found.queues:
+            v = views.get(q.worker_id)
+            decodes, kv = (v.num_decode_seqs, v.num_kv_tokens) if v is not None else (0, 0)
+            loads.append(WorkerLoad(q.num_waiting, decodes, kv))
+        # The same step model the time scorer prices with (routing/cost.py).
+        timing = DEFAULT_STEP_COSTS.timing
+        return not may_start_line(loads, timing, _prompt_tokens_at_most(line),
+                                  self._config.tpot_headroom)  # fmt: skip
 
     async def _run_line(self, record: BatchRecord, running: _Running, line: BatchLine) -> None:
         try:
@@ -326,3 +341,10 @@ class BatchRunner:
         file = FileRecord(file_id, record.tenant, name, OUTPUT_PURPOSE, len(content), now_s)
         await self._store.put_file(file, content)
         return file_id
+
+
+def _prompt_tokens_at_most(line: BatchLine) -> int:
+    """The line's prompt in tokens, at most: its text's UTF-8 bytes (a token is at least one
+    byte), without tokenizing it here."""
+    prompt = line.body.get("messages", line.body.get("prompt", ""))
+    return len(json.dumps(prompt, ensure_ascii=False).encode())

@@ -262,6 +262,8 @@ def test_router_finds_workers_by_dns_and_reads_redis_from_a_secret() -> None:
         "--quota-scope", "ns/p",
         "--config", "/etc/kvflow/router.yaml",
         "--redis-url", "$(KVFLOW_REDIS_URL)",
+        # A router with Redis serves the Batch API, paced by the pool's TPOT target.
+        "--batch-online-tpot-target-s", "0.1",
     ]  # fmt: skip
     pod = pod_of(build(spec), "p-router")
     env = {e["name"]: e for e in pod["containers"][0]["env"]}

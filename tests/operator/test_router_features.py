@@ -82,6 +82,7 @@ def test_the_crds_defaults_are_the_programs_defaults() -> None:
         Fraction(v1alpha1_batch.ROUTER_PRICE_FACTOR),
     ) == (batch.max_file_bytes, batch.max_lines, batch.max_in_flight,
           batch.completion_window_s, batch.price_factor)  # fmt: skip
+    assert batch.tpot_headroom_fraction == v1alpha1_batch.ROUTER_TPOT_HEADROOM_FRACTION
     assert limits_api.ROUTER_LEASE_TTL_S == DEFAULT_LEASE_TTL_S
     worker = WorkerSettings()
     ours = (embedding_api.WORKER_MAX_INPUTS, embedding_api.WORKER_MAX_INPUT_TOKENS)
@@ -147,6 +148,13 @@ ROUTER_CASES: list[tuple[str, dict[str, Any], Callable[[RouterSettings], object]
      lambda s: s.batch.completion_window_s, 3600.0),
     ("batch-price", {"batch": {"priceFactor": "0.25"}},
      lambda s: s.batch.price_factor, Fraction(1, 4)),
+    # Where the Batch API is on, batch requests are paced by the pool's TPOT target (100 ms
+    # by default), or by the batch's own.
+    ("batch-paced-by-slo", {"redis": REDIS},
+     lambda s: (s.batch.online_tpot_target_s, s.batch.tpot_headroom_fraction), (0.1, 0.3)),
+    ("batch-paced-own", {"redis": REDIS, "batch": {"onlineTpotTargetMs": 40,
+                                                   "tpotHeadroomFraction": 0.5}},
+     lambda s: (s.batch.online_tpot_target_s, s.batch.tpot_headroom_fraction), (0.04, 0.5)),
 ]  # fmt: skip
 
 
@@ -230,3 +238,10 @@ def test_an_embedding_pool_is_not_judged_by_a_kv_cache_it_does_not_have() -> Non
     small = {"replicas": 1, "resources": {"limits": {"memory": "512Mi"}}}
     assert spec_problems(pool(task="embed", colocated=small)) == []
     assert spec_problems(pool(colocated=small))  # a generating worker's 1 GiB cache: too big
+
+
+def test_a_pools_batch_requests_are_paced_by_its_own_tpot_target(tmp_path: Path) -> None:
+    spec = pool(router={"redis": REDIS}, slo={"tpotTargetMs": 35})
+    assert router_settings(spec, tmp_path).batch.online_tpot_target_s == 0.035
+    # No Batch API (no Redis, no volume): no pacing flag, the command line as before.
+    assert "--batch-online-tpot-target-s" not in container(pool(), "router")["args"]

@@ -26,6 +26,7 @@ ROUTER_MAX_LINES = 50_000
 ROUTER_MAX_IN_FLIGHT = 4
 ROUTER_COMPLETION_WINDOW_S = 24 * 3600.0
 ROUTER_PRICE_FACTOR = "0.5"
+ROUTER_TPOT_HEADROOM_FRACTION = 0.3
 
 BatchStorage = Literal["Redis", "Volume"]
 
@@ -91,4 +92,22 @@ class BatchSpec:
         price).""",
         ROUTER_PRICE_FACTOR,
         pattern=r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$",
+    )
+    online_tpot_target_ms: int | None = field(
+        """The online TPOT target that paces batch requests: one starts only while every
+        worker's decode step with it added stays within tpotHeadroomFraction of this. Unset:
+        a pool's router takes its pool's slo.tpotTargetMs; a gateway's router, which serves
+        several pools, paces by queues only.""",
+        None,
+        minimum=1,
+        maximum=60000,
+    )
+    tpot_headroom_fraction: float = field(
+        """The share of the online TPOT target a decode step may reach with a batch request
+        added: about 1 - 2 x the share of a worker's time the online prompts take at the
+        peak (docs/router.md, "Batch API").""",
+        ROUTER_TPOT_HEADROOM_FRACTION,
+        minimum=0,
+        exclusive_minimum=True,
+        maximum=1,
     )

@@ -132,7 +132,7 @@ def router_args(pool: PoolRef, spec: v1alpha1.InferencePoolSpec) -> list[str]:
     if spec.worker_tls is not None:
         # Workers are dialled by pod IP; their certificate names the headless Service.
         args += pods.worker_tls_client_args(workers_tls_name(pool))
-    return args + shared_args(spec.router)
+    return args + shared_args(spec.router, slo_tpot_target_ms=spec.slo.tpot_target_ms)
 
 
 def listen_args() -> list[str]:
@@ -140,8 +140,11 @@ def listen_args() -> list[str]:
             "--metrics-port", str(ROUTER_METRICS_PORT)]  # fmt: skip
 
 
-def shared_args(router: v1alpha1_router.RouterSpec) -> list[str]:
-    """Flags every router gets from its RouterSpec, a pool's or a gateway's."""
+def shared_args(
+    router: v1alpha1_router.RouterSpec, *, slo_tpot_target_ms: int | None = None
+) -> list[str]:
+    """Flags every router gets from its RouterSpec, a pool's or a gateway's (a pool's
+    router also paces batch requests by its pool's TPOT target)."""
     args = ["--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"]
     redis = router.redis
     if redis.url_secret is not None:
@@ -160,7 +163,11 @@ def shared_args(router: v1alpha1_router.RouterSpec) -> list[str]:
         *response_cache_args(router.response_cache),
         *router_features.rate_limit_args(router.rate_limits),
         *router_features.breaker_args(router.circuit_breaker),
-        *router_features.batch_args(router.batch),
+        *router_features.batch_args(
+            router.batch,
+            has_redis=redis.url_secret is not None or bool(redis.url),
+            slo_tpot_target_ms=slo_tpot_target_ms,
+        ),
     ]
 
 

@@ -69,10 +69,20 @@ def breaker_args(breaker: breaker_api.CircuitBreakerSpec) -> list[str]:
     return args
 
 
-def batch_args(batch: batch_api.BatchSpec) -> list[str]:
+def batch_args(
+    batch: batch_api.BatchSpec, *, has_redis: bool, slo_tpot_target_ms: int | None
+) -> list[str]:
     """--batch-dir on the mounted claim (storage Volume) and the limits that differ from
-    the router's defaults. Storage Redis needs no flag: the router uses its --redis-url."""
+    the router's defaults. Storage Redis needs no flag: the router uses its --redis-url.
+    Where the Batch API is on, batch requests are paced by the online TPOT target: the
+    spec's, else the pool's SLO (``slo_tpot_target_ms``; None for a gateway's router)."""
     args: list[str] = []
+    is_on = batch.storage == "Volume" or has_redis
+    target_ms = batch.online_tpot_target_ms or slo_tpot_target_ms
+    if is_on and target_ms is not None:
+        args += ["--batch-online-tpot-target-s", _number(target_ms / 1000)]
+        if batch.tpot_headroom_fraction != batch_api.ROUTER_TPOT_HEADROOM_FRACTION:
+            args += ["--batch-tpot-headroom-fraction", _number(batch.tpot_headroom_fraction)]
     if batch.storage == "Volume":
         args += ["--batch-dir", BATCH_MOUNT]
     for flag, value, default in (

@@ -101,14 +101,18 @@ def test_a_bf16_model_attends_in_its_compute_dtype_and_keeps_its_cache_in_bf16(
         assert runner.workspace is None
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 @pytest.mark.parametrize("native", [False, True], ids=["emulated", "native"])
 def test_bf16_tokens_are_the_same_through_the_workspace_and_the_gather(
-    tiny: tuple[str, Any], native: bool, monkeypatch: pytest.MonkeyPatch
+    tiny: tuple[str, Any], native: bool, kv_cache_dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both attend over the same values of the same bf16 cache, in the same dtype."""
+    """Both attend over the same values of the same bf16 cache, in the same dtype. An int8
+    cache's step tokens are dequantized straight to the compute dtype, as its gathers and
+    fills are: rounded through bf16 on the way to float32, the step's own tokens would
+    differ from the copies the next steps read."""
     monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
-    with_workspace = generate(bf16_engine(tiny))
-    gathered = generate(bf16_engine(tiny, decode_workspace_gib=0.0))
+    with_workspace = generate(bf16_engine(tiny, kv_cache_dtype=kv_cache_dtype))
+    gathered = generate(bf16_engine(tiny, decode_workspace_gib=0.0, kv_cache_dtype=kv_cache_dtype))
     assert with_workspace == gathered
     # A sanity check that the prompts do not all collapse onto one token.
     assert len({t for tokens in gathered.values() for t in tokens}) > MAX_TOKENS

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from kvflow.engine_worker.auto_dtype import CPU_BF16_FLAGS, cpu_flags
 from kvflow.engine_worker.model.attention_metadata import AttentionMetadata, DecodeBatch
 from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
+from kvflow.engine_worker.model.kv_quant import is_quantized
 from kvflow.engine_worker.model.paged_cache import gather_kv, write_kv
 from kvflow.engine_worker.model.paged_kernel import triton_paged_module
 
@@ -95,8 +96,11 @@ def paged_attention(
     ``kv_cache`` has the shape ``kv_cache_shape`` gives.
     """
     wide = compute_dtype(q.dtype, q.device)
-    # This step's K/V go to the cache in the model's dtype (no round trip through float32);
-    # what attention reads of them is widened after.
+    if q.dtype != wide and is_quantized(kv_cache.dtype):
+        # Dequantized straight to the compute dtype, as the gathers read the cache.
+        kv = kv.to(wide)
+    # A dense cache takes this step's K/V in the model's dtype (no round trip through
+    # float32); what attention reads of them is widened after.
     kv = write_kv(kv_cache, kv, meta.slot_mapping)  # as the cache holds them
     if q.dtype != wide:
         return _attend(q.to(wide), kv.to(wide), kv_cache, meta, scale).to(q.dtype)

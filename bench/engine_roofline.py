@@ -26,8 +26,8 @@ bf16 and with quantized weights, batch 64 at least 60 % of the GEMM ceiling in b
 profile of one decode step at both batch sizes (``engine_profile.py``). ``--dtypes
 float32,bfloat16,q4`` runs each in turn in one run (q4: the GGUF's quantized weights as the
 worker runs them by default, float32 activations; SmolLM2 only). The engine's attention
-computes in float32 on the CPU (``attention.compute_dtype``), which the ceilings do not
-include.
+computes in float32 on the CPU, or in bf16 for a bf16 model on a CPU with native bf16
+(``attention.compute_dtype``); the ceilings include no attention.
 
     python bench/engine_roofline.py [--quick] [--models smollm2,tiny]
         [--dtypes float32,bfloat16,q4] [--json PATH]
@@ -137,7 +137,7 @@ def bench_model(
     passes_b1 = 10 if args.quick else 20
     passes_b64 = 3 if args.quick else 6
     # KV a batch-1 step reads: K and V of every layer at the mean timed context (the
-    # cache is in the model's dtype; attention widens it to float32 as it reads).
+    # cache is in the model's dtype; attention may widen it to float32 as it reads).
     kv_elem = torch.tensor([], dtype=act_dtype).element_size()
     kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     kv_bytes = kv_per_token * kv_elem * (prompt_len + steps_b1 / 2)

@@ -1,11 +1,12 @@
-"""A bf16 model on the CPU: its matmuls run in bf16, its attention in float32.
+"""A bf16 model on the CPU: its matmuls run in bf16, its attention in bf16 where the CPU
+multiplies bf16 natively and in float32 elsewhere (``attention.compute_dtype``).
 
-torch's CPU SDPA runs one-token queries 2-3x slower in bf16 than in float32, while bf16
-GEMMs run about 4x faster on a CPU with AVX512-BF16 (``attention.compute_dtype``). So the
-engine keeps the cache in bf16 (the memory ``--kv-cache-gib`` promises buys as many tokens
-as the dtype says), widens K/V to float32 where attention reads them, and keeps the decode
-workspace in float32 so that reading a slot converts nothing. Widening bf16 is exact, so
-the workspace and the gather path attend over the same float32 values.
+The cache stays bf16 either way (the memory ``--kv-cache-gib`` promises buys as many tokens
+as the dtype says). Attending in float32, K/V are widened where attention reads them and
+the decode workspace is float32 so that reading a slot converts nothing; widening bf16 is
+exact, so the workspace and the gather path attend over the same values. Attending in
+bf16, nothing is converted at all. Which one the CPU gets is patched here, so both run on
+any machine; how close bf16 attention stays to float32 is tests/engine/test_bf16_attention.py's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from testkit.tiny_model import write_tiny_llama
 from kvflow.engine_worker.app import build_worker
 from kvflow.engine_worker.core.engine import Engine
 from kvflow.engine_worker.core.sampling_params import SamplingParams
+from kvflow.engine_worker.model import attention
 from kvflow.engine_worker.model.loader import load_model
 from kvflow.engine_worker.settings import WorkerSettings
 
@@ -71,10 +73,16 @@ class SdpaDtypes:
         return self._real(q, k, v, **kw)
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["emulated", "native"])
 @pytest.mark.parametrize("workspace_gib", [None, 0.0], ids=["workspace", "gather"])
-def test_a_bf16_model_attends_in_float32_and_keeps_its_cache_in_bf16(
-    tiny: tuple[str, Any], workspace_gib: float | None
+def test_a_bf16_model_attends_in_its_compute_dtype_and_keeps_its_cache_in_bf16(
+    tiny: tuple[str, Any],
+    workspace_gib: float | None,
+    native: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
+    wide = torch.bfloat16 if native else torch.float32
     engine = bf16_engine(tiny, decode_workspace_gib=workspace_gib)
     runner: Any = engine.runner
     spy = SdpaDtypes()
@@ -83,22 +91,28 @@ def test_a_bf16_model_attends_in_float32_and_keeps_its_cache_in_bf16(
     assert all(len(tokens) == MAX_TOKENS for tokens in outputs.values())
     # Prefills, cached-prefix prefills and batched decodes all went through SDPA...
     assert len(spy.seen) > 2 * len(PROMPT_LENS) * runner.model.config.num_hidden_layers
-    # ...in float32 every time, over a cache that stays bf16.
-    assert set(spy.seen) == {(torch.float32,) * 3}
+    # ...in the compute dtype every time, over a cache that stays bf16.
+    assert set(spy.seen) == {(wide,) * 3}
     assert {c.dtype for c in runner.kv_caches} == {torch.bfloat16}
     if workspace_gib is None:
-        assert runner.workspace.dtype == torch.float32
+        assert runner.workspace.dtype == wide
         assert runner.workspace.num_bytes > 0, "the batched decodes never used the workspace"
     else:
         assert runner.workspace is None
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("native", [False, True], ids=["emulated", "native"])
 def test_bf16_tokens_are_the_same_through_the_workspace_and_the_gather(
-    tiny: tuple[str, Any],
+    tiny: tuple[str, Any], native: bool, kv_cache_dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both attend over the same float32 widening of the same bf16 cache."""
-    with_workspace = generate(bf16_engine(tiny))
-    gathered = generate(bf16_engine(tiny, decode_workspace_gib=0.0))
+    """Both attend over the same values of the same bf16 cache, in the same dtype. An int8
+    cache's step tokens are dequantized straight to the compute dtype, as its gathers and
+    fills are: rounded through bf16 on the way to float32, the step's own tokens would
+    differ from the copies the next steps read."""
+    monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
+    with_workspace = generate(bf16_engine(tiny, kv_cache_dtype=kv_cache_dtype))
+    gathered = generate(bf16_engine(tiny, decode_workspace_gib=0.0, kv_cache_dtype=kv_cache_dtype))
     assert with_workspace == gathered
     # A sanity check that the prompts do not all collapse onto one token.
     assert len({t for tokens in gathered.values() for t in tokens}) > MAX_TOKENS

@@ -18,8 +18,9 @@ sequence's block table and reads its tokens in place (``paged_kernel.uses_paged_
 picks it on CUDA devices; the CPU never runs it). Prefill chunks keep the gather and SDPA
 there too: their copy is shared by all their query tokens.
 
-On the CPU attention computes in float32 whatever the model's dtype (``compute_dtype``): the
-cache keeps the model's dtype, and a bf16 model's K/V are widened as they are read.
+On a CPU with native bf16 (AMX or AVX512-BF16) a bf16 model attends in bf16; elsewhere the
+CPU attends in float32 whatever the model's dtype (``compute_dtype``): the cache keeps the
+model's dtype, and a bf16 model's K/V are widened as they are read.
 
 A quantized cache (``--kv-cache-dtype int8|fp8``, kv_quant.py) stores one-byte values and a
 scale per token and head; ``write_kv`` quantizes, the gathers dequantize, and the step's own
@@ -29,11 +30,16 @@ copy of a token it reads, sees the same values.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
+from kvflow.engine_worker.auto_dtype import CPU_BF16_FLAGS, cpu_flags
 from kvflow.engine_worker.model.attention_metadata import AttentionMetadata, DecodeBatch
 from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
+from kvflow.engine_worker.model.kv_quant import is_quantized
 from kvflow.engine_worker.model.paged_cache import gather_kv, write_kv
 from kvflow.engine_worker.model.paged_kernel import triton_paged_module
 
@@ -41,14 +47,37 @@ from kvflow.engine_worker.model.paged_kernel import triton_paged_module
 def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype attention computes in, for a model in ``dtype`` on ``device``.
 
-    float32 on the CPU: torch's CPU SDPA runs one-token queries 2-3x slower in bf16 than in
-    float32 over the same tokens (64 decodes of 8 heads over 300-500 tokens: 6.4-11.9 ms
-    against 3.1-4.5; 1.1x with SmolLM2's 3 x 3 grouped heads; ``bench/decode_micro.py``),
-    while its bf16 GEMMs run about 4x faster than float32 on a CPU with AVX512-BF16. A bf16
-    model on the CPU therefore runs its matmuls in bf16 and its attention in float32
-    (widening bf16 is exact). Elsewhere the model's own dtype.
+    On a GPU, and for a bf16 model on a CPU that multiplies bf16 natively (``avx512_bf16`` or
+    ``amx_bf16``), the model's own dtype. There torch's CPU SDPA (flash attention: float32
+    accumulation and softmax, bf16 products) runs one-token queries over the decode
+    workspace's slots at 0.5-1.1x float32's time (SmolLM2's 3 KV heads of 64 with 3 query
+    rows each: 0.75-0.88x; 8 heads of 64: 0.47x; 16 slots of 150-400 tokens, 1 thread,
+    torch 2.15 on a Xeon with AMX), reads half the bytes, and needs no widening of Q, K
+    and V nor narrowing of the output (copies: a fifth of a batch-64 bf16 step's profile,
+    these casts among them). Its tolerance against float32 attention, and SmolLM2's greedy
+    tokens, are ``tests/engine/test_bf16_attention.py``'s.
+
+    Float32 on any other CPU, where bf16 arithmetic is emulated, and for float16 (widening
+    is exact). An earlier torch ran bf16 SDPA at 2-3x float32's time even on a CPU with
+    AVX512-BF16 (64 decodes of 8 heads over 300-500 tokens: 6.4-11.9 ms against 3.1-4.5,
+    ``bench/decode_micro.py``); rerun it on a new torch before trusting either rule.
     """
-    return torch.float32 if device.type == "cpu" else dtype
+    if device.type != "cpu":
+        return dtype
+    if dtype == torch.bfloat16 and cpu_has_native_bf16():
+        return dtype
+    return torch.float32
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 ``avx512_bf16`` or ``amx_bf16``, as
+    /proc/cpuinfo lists them; elsewhere, or unreadable: no)."""
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return False
+    return bool(CPU_BF16_FLAGS & flags)
 
 
 def paged_attention(
@@ -67,9 +96,25 @@ def paged_attention(
     ``kv_cache`` has the shape ``kv_cache_shape`` gives.
     """
     wide = compute_dtype(q.dtype, q.device)
-    if q.dtype != wide:
-        return paged_attention(q.to(wide), kv.to(wide), kv_cache, meta, scale).to(q.dtype)
+    if q.dtype != wide and is_quantized(kv_cache.dtype):
+        # Dequantized straight to the compute dtype, as the gathers read the cache.
+        kv = kv.to(wide)
+    # A dense cache takes this step's K/V in the model's dtype (no round trip through
+    # float32); what attention reads of them is widened after.
     kv = write_kv(kv_cache, kv, meta.slot_mapping)  # as the cache holds them
+    if q.dtype != wide:
+        return _attend(q.to(wide), kv.to(wide), kv_cache, meta, scale).to(q.dtype)
+    return _attend(q, kv, kv_cache, meta, scale)
+
+
+def _attend(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_attention`` once this step's K/V ``kv`` are in the cache, in ``q``'s dtype."""
     k, v = kv[:, 0], kv[:, 1]
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]
     ws = meta.workspace

@@ -78,8 +78,8 @@ def gather_kv(
     block), 16 decodes over 400 tokens, fp32, 2 busy cores (noisy): SmolLM2's shape (3 KV
     heads of 64) gather + SDPA 1.0-1.9 vs 1.3-3.2 ms, 8 heads of 64 3.1-5.1 vs 3.6-5.4 ms;
     the engine's decode throughput is unchanged within noise. (CPU SDPA in bf16 with 8 heads
-    of 128 ran slower on these strided views, 75 vs 40 ms: one reason the CPU attends in
-    float32, ``compute_dtype``.)
+    of 128 ran slower on these strided views, 75 vs 40 ms, with an earlier torch: why the
+    CPU attended in float32 then; ``attention.compute_dtype`` says where it still does.)
     """
     if is_quantized(kv_cache.dtype):
         return gather_dequantized(kv_cache, block_ids, num_tokens, dtype, first_block)

@@ -31,7 +31,7 @@ COMMANDS: dict[str, Command] = {
     "sim": Command(
         "kvflow.cli.sim",
         "dev",
-        "simulated clusters in virtual time (bench, compare, overload, calibrate)",
+        "virtual-time clusters (run, compare, overload, cascade, batch-day, calibrate)",
     ),
     "plan": Command(
         "kvflow.cli.plan.cli", "router", "size GPUs, memory and cost for a model and a load"

@@ -154,6 +154,12 @@ def test_reports_read_back_from_json_equal_what_was_written(tmp_path: Path) -> N
     assert arms == {("kvflow", (0, 1)), ("least-loaded", (0, 1)), ("ideal", (0,))}
     kv = next(r for r in report["rungs"] if r["arm"] == "kvflow")
     assert kv["metrics"]["ttft_p90_s"]["per_seed"] == pytest.approx([0.1, 0.3])
+    # A report over seeds reads back as its seeds' reports.
+    code = main(["--seeds-from", str(tmp_path / "s.json"), "--json", str(tmp_path / "t.json")],
+                out, err)  # fmt: skip
+    assert code == 0, err.getvalue()
+    again = json.loads((tmp_path / "t.json").read_text())
+    assert again["rungs"] == report["rungs"] and again["targets"] == report["targets"]
     # A report of another cluster, and a file that is no report, are refused.
     other = result(1, {"kvflow": [0.3]})
     other.config = ComparisonConfig(trace_path="", num_workers=4, slo=SLO, seed=1, quick=True)
@@ -161,7 +167,7 @@ def test_reports_read_back_from_json_equal_what_was_written(tmp_path: Path) -> N
         merge_by_seed([a, other])
     (tmp_path / "x.json").write_text("{}")
     code = main(["--seeds-from", str(tmp_path / "x.json")], out, err)
-    assert code == 2 and "not a single-seed" in err.getvalue()
+    assert code == 2 and "not a `kvflow sim compare --json` report" in err.getvalue()
 
 
 def test_seeds_runs_each_seed_as_its_single_seed_run_would(tmp_path: Path) -> None:

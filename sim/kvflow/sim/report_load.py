@@ -1,7 +1,7 @@
-"""Comparison results read back from `kvflow sim compare --json` reports, so seeds run
-apart (one process each, or on other machines) are summarised together
-(`--seeds-from`). Only the report's own numbers come back: the per-worker statistics
-are not in it."""
+"""Comparison results read back from `kvflow sim compare --json` reports (single-seed
+ones, or the ``runs`` of a report over seeds), so seeds run apart (one process each, or
+on other machines) are summarised together (`--seeds-from`). Only the report's own
+numbers come back: the per-worker statistics are not in it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from kvflow.loadgen.metrics import LatencySummary, Percentiles, Slo, ThroughputS
 from kvflow.loadgen.summary import CacheSummary, LoadPointSummary, ScheduleSummary
 from kvflow.sim.cluster import ClusterSpec
 from kvflow.sim.compare import ArmLadder, ComparisonConfig, ComparisonResult
-
-SINGLE_SEED_SCHEMA = "kvflow-sim-compare/1"
+from kvflow.sim.report import SCHEMA as SINGLE_SEED_SCHEMA
+from kvflow.sim.seeds_report import SCHEMA as SEEDS_SCHEMA
 
 
 class ReportError(ValueError):
@@ -102,11 +102,14 @@ def load_results(paths: Sequence[str | Path]) -> list[ComparisonResult]:
             report = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ReportError(f"{path}: {exc}") from None
-        if not isinstance(report, dict) or report.get("schema") != SINGLE_SEED_SCHEMA:
-            raise ReportError(f"{path}: not a single-seed `kvflow sim compare --json` report "
-                              f"(schema {SINGLE_SEED_SCHEMA})")  # fmt: skip
+        schema = report.get("schema") if isinstance(report, dict) else None
+        if schema not in (SINGLE_SEED_SCHEMA, SEEDS_SCHEMA):
+            raise ReportError(f"{path}: not a `kvflow sim compare --json` report (schema "
+                              f"{SINGLE_SEED_SCHEMA} or {SEEDS_SCHEMA})")  # fmt: skip
+        # A report over seeds keeps each seed's whole report.
+        reports = report["runs"] if schema == SEEDS_SCHEMA else [report]
         try:
-            out.append(result_from_report(report))
+            out += [result_from_report(r) for r in reports]
         except (KeyError, TypeError) as exc:
             raise ReportError(f"{path}: malformed report ({exc!r})") from None
     return out

@@ -200,6 +200,12 @@ def test_bad_seeds_exit_2(text: str) -> None:
     assert exc.value.code == 2
 
 
+def test_a_plot_is_of_one_seed() -> None:
+    err = io.StringIO()
+    assert main(["--seeds", "2", "--plot", "x.png"], io.StringIO(), err) == 2
+    assert "--plot draws one seed" in err.getvalue()
+
+
 def test_a_setting_given_to_an_arm_that_does_not_take_it_names_the_arms_that_do() -> None:
     with pytest.raises(ValueError, match=r"kvflow-blocks does not take the setting "
                        r"'prefill_stall'; the arms that take it: kvflow$"):  # fmt: skip

@@ -35,6 +35,8 @@ from kvflow.router.routing.pipeline import (
     DEFAULT_WAIT_GATE_FRACTION,
     DEFAULT_WAIT_GATE_SLACK_S,
     DEFAULT_WEIGHTS,
+    SCORER_ALIASES,
+    SCORERS,
     SERVING_ROLES,
     RoutingPipeline,
     build_pipeline,
@@ -198,6 +200,19 @@ ARMS: dict[str, Arm] = {
 }
 
 
+# The settings an arm spec may give besides scorer weights, and the arms that take each
+# (the block default's gate counts requests, the time-based default's gate seconds; only
+# the time scorer has a prefill stall).
+ARM_SETTINGS: dict[str, tuple[str, ...]] = {
+    "gate": ("kvflow", "kvflow-blocks"),
+    "gate_fraction": ("kvflow", "kvflow-blocks"),
+    "gate_s": ("kvflow",),
+    "gate_requests": ("kvflow-blocks",),
+    "in_flight_ttl": ("kvflow", "kvflow-blocks"),
+    "prefill_stall": ("kvflow",),
+}
+
+
 def resolve_arm(spec: str) -> Arm:
     """An arm by name, or ``kvflow:<key>=<value>,...`` (``kvflow-blocks:...``): the
     gateway's placement with other routing weights (scorer names), load gate (``gate=off``,
@@ -222,6 +237,12 @@ def resolve_arm(spec: str) -> Arm:
     prefill_stall_weight = DEFAULT_PREFILL_STALL_WEIGHT
     for item in settings.split(","):
         key, _, value = item.partition("=")
+        takers = ARM_SETTINGS.get(key)
+        if takers is not None and name not in takers:
+            raise ValueError(
+                f"arm {spec!r}: {name} does not take the setting {key!r}; "
+                f"the arms that take it: {', '.join(takers)}"
+            )
         if key == "gate" and value == "off":
             is_gated = False
             continue
@@ -237,12 +258,17 @@ def resolve_arm(spec: str) -> Arm:
             if number < 0:
                 raise ValueError(f"arm {spec!r}: in_flight_ttl must be >= 0")
             in_flight_ttl_s = number
-        elif key == "prefill_stall" and is_timed:
+        elif key == "prefill_stall":
             if number < 0:
                 raise ValueError(f"arm {spec!r}: prefill_stall must be >= 0")
             prefill_stall_weight = number
-        else:
+        elif key in SCORERS or key in SCORER_ALIASES:
             weights[key] = number
+        else:
+            raise ValueError(
+                f"arm {spec!r}: {key!r} is neither a setting ({', '.join(ARM_SETTINGS)}) "
+                f"nor a scorer ({', '.join(sorted(SCORERS))})"
+            )
 
     def gate(costs: StepCosts) -> Gate:
         if not is_gated:

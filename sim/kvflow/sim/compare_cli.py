@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -12,7 +13,14 @@ from kvflow.loadgen.report_json import write_json
 from kvflow.loadgen.trace import MOONCAKE_TRACE, TraceError
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.cluster import ClusterSpec
-from kvflow.sim.compare import ARMS, ArmLadder, ComparisonConfig, ladders, run_comparison
+from kvflow.sim.compare import (
+    ARMS,
+    ArmLadder,
+    ComparisonConfig,
+    ComparisonResult,
+    ladders,
+    run_comparison,
+)
 from kvflow.sim.report import render, report_dict
 
 DEFAULT_TRACE = str(MOONCAKE_TRACE)
@@ -34,6 +42,13 @@ def parser() -> argparse.ArgumentParser:
                    "agent")  # fmt: skip
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=parse_seeds, metavar="N|S,S,...",
+                   help="run every ladder at several seeds (each seed's arms share its "
+                   "arrivals) and report the mean and range over seeds: N seeds from --seed "
+                   "on, or a comma-separated list (one seed: 7,)")  # fmt: skip
+    p.add_argument("--seeds-from", nargs="+", metavar="JSON",
+                   help="run nothing: summarise these single-seed --json reports over their "
+                   "seeds (a seed's reports merged; same cluster, SLO and --quick)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="fewer rungs and requests")
     p.add_argument("--jobs", type=int, default=1, help="ladders run side by side")
     p.add_argument("--json", help="write the full report here")
@@ -42,6 +57,52 @@ def parser() -> argparse.ArgumentParser:
                    help="run nothing: plot these --json reports merged (same cluster and SLO; "
                    "a later file's ladder replaces an earlier one's) to --plot")  # fmt: skip
     return p
+
+
+def parse_seeds(text: str) -> int | tuple[int, ...]:
+    """``N``, a count of seeds from ``--seed`` on, or a comma-separated list of seeds."""
+    try:
+        if "," not in text:
+            count = int(text)
+            if count < 1:
+                raise argparse.ArgumentTypeError(f"--seeds {text}: a count must be >= 1")
+            return count
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds {text!r}: a count N or a comma-separated list of seeds"
+        ) from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: distinct seeds >= 0, at least one")
+    return seeds
+
+
+def _seeds_from(paths: Sequence[str], json_path: str | None, out: TextIO, err: TextIO) -> int:
+    from kvflow.sim.report_load import ReportError, load_results, merge_by_seed
+
+    try:
+        runs = merge_by_seed(load_results(paths))
+    except (ReportError, ProfileError) as exc:
+        print(f"kvflow sim compare: {exc}", file=err)
+        return 2
+    return _report_seeds(runs, json_path, out, err)
+
+
+def _report_seeds(
+    runs: Sequence[tuple[int, ComparisonResult]], json_path: str | None, out: TextIO, err: TextIO
+) -> int:
+    from kvflow.sim.seeds_report import render_seeds, seeds_report_dict
+
+    try:
+        text = render_seeds(runs)
+    except ValueError as exc:  # rungs that differ between seeds
+        print(f"kvflow sim compare: {exc}", file=err)
+        return 2
+    print(text, file=out, flush=True)
+    if json_path:
+        write_json(json_path, seeds_report_dict(runs))
+        print(f"kvflow sim compare: wrote {json_path}", file=err)
+    return 0
 
 
 def _plot_from(paths: Sequence[str], plot: str | None, err: TextIO) -> int:
@@ -63,6 +124,16 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     args = parser().parse_args(list(argv))
     if args.plot_from:
         return _plot_from(args.plot_from, args.plot, err)
+    if args.seeds_from:
+        return _seeds_from(args.seeds_from, args.json, out, err)
+    seeds: tuple[int, ...] = (args.seed,)
+    if args.seeds is not None:
+        given = args.seeds
+        seeds = tuple(range(args.seed, args.seed + given)) if isinstance(given, int) else given
+        if args.plot:
+            print("kvflow sim compare: --plot draws one seed: leave it out with --seeds",
+                  file=err)  # fmt: skip
+            return 2
     arms = list(args.arms)
     try:
         profile = resolve_profile(args.profile)
@@ -76,7 +147,8 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         )  # fmt: skip
         for arm in arms:
             resolve_arm(arm)
-        ladders(config)  # reads and checks the trace before any run
+        for seed in seeds:  # reads and checks the trace before any run
+            ladders(dataclasses.replace(config, seed=seed))
     except (ProfileError, TraceError, ValueError) as exc:
         print(f"kvflow sim compare: {exc}", file=err)
         return 2
@@ -85,6 +157,12 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         print(f"kvflow sim compare: {item.workload} / {item.arm}: {len(item.points)} points "
               f"in {item.wall_s:.0f} s", file=err, flush=True)  # fmt: skip
 
+    if args.seeds is not None:
+        runs = []
+        for seed in seeds:
+            print(f"kvflow sim compare: seed {seed}", file=err, flush=True)
+            runs.append((seed, run_comparison(dataclasses.replace(config, seed=seed), spec, done)))
+        return _report_seeds(runs, args.json, out, err)
     result = run_comparison(config, spec, done)
     print(render(result), file=out, flush=True)
     if args.json:

@@ -133,10 +133,11 @@ def parity_target(ladders: Ladders, slo: Slo, baseline: str = "least-loaded") ->
 
 
 def family_targets(workload: str, ladders: Ladders, slo: Slo) -> list[Verdict]:
-    """A generated trace family's targets (issue 39), at every rung where least-loaded
-    meets the SLO ("up to the knee"): TTFT P90 at most least-loaded's and within 10 % of
-    the ideal's; TTFT P50 and TPOT P50 within 5 % of least-loaded's. Past it: TTFT P90 at
-    most half of round-robin's (listed as info when no rung is past it)."""
+    """A workload's targets of issue 39 (asked of every workload, the generated trace
+    families and the fixed ones), at every rung where least-loaded meets the SLO ("up to
+    the knee"): TTFT P90 at most least-loaded's and within 10 % of the ideal's; TTFT P50
+    and TPOT P50 within 5 % of least-loaded's. Past it: TTFT P90 at most half of
+    round-robin's (listed as info when no rung is past it)."""
     ours, ll = ladders[DEFAULT_ARM], ladders["least-loaded"]
     ideal, rr = ladders.get("ideal"), ladders.get("round-robin")
     judged = [i for i, t in enumerate(ll) if _p90(t) <= slo.ttft_s]

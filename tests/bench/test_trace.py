@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvflow.loadgen.trace import TraceError, TraceRecord, load_trace, parse_trace
+from kvflow.loadgen.trace import MOONCAKE_TRACE, TraceError, TraceRecord, load_trace, parse_trace
 
 # The Mooncake trace ships in the repository (traces/, Apache-2.0 with its licence).
 TRACES = Path(os.environ.get("KVFLOW_TRACES_DIR", Path(__file__).parents[2] / "traces"))
@@ -72,3 +72,11 @@ def test_the_mooncake_synthetic_trace_loads() -> None:
     assert len(records) == 3993  # as its README says
     assert records[0] == TraceRecord(0.0, 40160, 6, tuple(range(79)))
     assert records[-1].timestamp_ms / 1e3 == pytest.approx(1022, abs=1)
+
+
+def test_the_default_trace_is_the_repositorys() -> None:
+    """`kvflow sim compare --workloads mooncake` and the autoscaling runs read this one
+    when no --trace is given: in a source checkout it is the trace that ships."""
+    shipped = Path(__file__).parents[2] / "traces" / "mooncake-fast25" / "synthetic_trace.jsonl"
+    assert shipped.resolve() == MOONCAKE_TRACE
+    assert MOONCAKE_TRACE.is_file()

@@ -21,7 +21,7 @@ from typing import Any
 # the simulator's and the benchmarks' default (a source checkout; an installed package
 # names its trace with --trace).
 MOONCAKE_TRACE = (
-    Path(__file__).resolve().parents[4] / "traces" / "mooncake-fast25" / "synthetic_trace.jsonl"
+    Path(__file__).resolve().parents[3] / "traces" / "mooncake-fast25" / "synthetic_trace.jsonl"
 )
 MOONCAKE_BLOCK_TOKENS = 512
 

@@ -241,7 +241,7 @@ def test_a_follow_up_stays_with_its_history_beside_a_few_decoding_neighbours() -
 def test_a_prefill_stalls_each_decoding_neighbour_only_when_charged() -> None:
     """``prefill_stall_s``: the step that prefills the uncached tokens stalls every
     sequence decoding there for that long, at ``prefill_stall_weight`` per neighbour. Off
-    by default (docs/benchmarks.md, "Routing comparison", 2026-12-05d)."""
+    by default (docs/benchmarks.md, "Routing comparison", "Tried and left off")."""
     per_token_s = COSTS.timing.per_prefill_token_s
     busy = view("b", num_decode_seqs=6, num_kv_tokens=42_000)
     assert worker_cost(busy, PROMPT_TOKENS, 0, COSTS).prefill_stall_s == 0.0

@@ -99,7 +99,7 @@ DEFAULT_STEP_COSTS = StepCosts(StepTiming(6.6e-3, 27.1e-6, 30.3e-6, 48.9e-9), 81
 DEFAULT_DECODE_HORIZON_TOKENS = 16
 # The share of a new prompt's prefill time charged per sequence decoding on the worker
 # (``prefill_stall_s``): the prefill step stalls each of them that long. 0, off. On the
-# routing comparison (docs/benchmarks.md, "Routing comparison", 2026-12-05d) it is where
+# routing comparison (docs/benchmarks.md, "Routing comparison", "Tried and left off") it is where
 # least-loaded's steadier decodes come from (per request on the no-reuse control at 25
 # req/s, a prefill stalled 4.59 decoding sequences under the time scorer, 4.16 under
 # least-loaded), and at 0.75 it brings that control's TPOT P50 to 1.03x least-loaded's

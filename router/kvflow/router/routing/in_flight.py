@@ -6,7 +6,7 @@ seconds when the prompt waits in a queue). A request sharing that prompt's prefi
 placed in between sees no worker holding it and goes wherever load says. A burst on a new
 prefix then scatters: several workers prefill the same prefix (hits lost, caches filled
 with copies), and the copies fall unevenly, so some workers end up carrying two groups
-and others none (docs/benchmarks.md, "Hot prefix").
+and others none (docs/benchmarks.md, "Routing comparison").
 
 So placement remembers the leading blocks of each prompt it sends to a worker, and the
 index counts them as held there (`BlockIndex.match_prefix`) until the worker's STORED

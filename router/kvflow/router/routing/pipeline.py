@@ -52,7 +52,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
 # session. One cached block (16 tokens of prefill saved) weighs as much as one queued
 # request; returning to a session's worker as eight. The KV-usage scorer is off (weight
 # 0): its reading is up to 250 ms old, so a worker just sent a long prompt still looks
-# empty and draws the next one too (docs/benchmarks.md, "No-reuse control").
+# empty and draws the next one too (docs/benchmarks.md, "Routing comparison").
 BLOCK_WEIGHTS: Mapping[str, float] = {
     "prefix_cache": 1.0,
     "queue_depth": 1.0,

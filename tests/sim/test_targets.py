@@ -17,6 +17,7 @@ from kvflow.sim.compare import ArmLadder, ComparisonConfig, ComparisonResult, ve
 from kvflow.sim.report import render
 from kvflow.sim.targets import (
     balance_target,
+    family_targets,
     hit_rate_target,
     knee_target,
     parity_target,
@@ -142,3 +143,24 @@ def test_a_report_whose_target_has_no_rung_to_judge_is_valid_json() -> None:
     report = json.loads(json.dumps(report_dict(result), allow_nan=False))
     [past] = [t for t in report["targets"] if "past the knee" in t["name"]]
     assert past["value"] is None and not past["is_target"]
+
+
+def test_past_the_knee_round_robins_p90_counts_above_the_ttft_floor() -> None:
+    """The Mooncake trace's shape at 1x: every arm over the 1 s SLO, most of it the longest
+    prompts' own prefill (the floor, kvflow.sim.floor)."""
+    ladders = {"kvflow": ladder([0.906]), "least-loaded": ladder([1.031]),
+               "round-robin": ladder([0.998])}  # fmt: skip
+
+    def past_knee(floors: list[float | None]) -> float:
+        (verdict,) = [v for v in family_targets("mooncake", ladders, SLO, floors)
+                      if "past the knee" in v.name]  # fmt: skip
+        return verdict.value
+
+    assert past_knee([]) == pytest.approx(0.906 / 0.998)  # no floor known: the plain ratio
+    assert past_knee([None]) == pytest.approx(0.906 / 0.998)
+    assert past_knee([0.88]) == pytest.approx(0.026 / 0.118)  # 0.22: met
+    # Round-robin at the floor: nothing left to halve; no worse than it meets it.
+    at_floor = ladders["round-robin"][0].latency.ttft_p90_with_failures_s
+    assert past_knee([at_floor]) == 0.0
+    ladders["kvflow"] = ladder([1.2])
+    assert math.isinf(past_knee([at_floor]))

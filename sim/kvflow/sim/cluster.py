@@ -35,6 +35,7 @@ from kvflow.router.routing.types import PREFIX_BLOCKS, WorkerId
 from kvflow.router.serving.admission import AdmissionConfig, Verdict
 from kvflow.sim.arms import Arm
 from kvflow.sim.events import EventQueue
+from kvflow.sim.floor import TtftFloor
 from kvflow.sim.oracle import DiscountedTiming, GlobalPrefixCache
 from kvflow.sim.prompts import PromptBuilder
 from kvflow.sim.router_side import LOAD_INTERVAL_S, RouterSide
@@ -122,6 +123,9 @@ class VirtualCluster:
             GlobalPrefixCache(spec.num_workers * config.num_kv_blocks) if arm.is_ideal else None
         )
         self._free_tokens: dict[str, int] = {}
+        # Each request's least possible TTFT (floor.py), for the comparison's targets.
+        self.floor = TtftFloor(spec.profile.timing, config.scheduler.max_num_batched_tokens,
+                               self._block_size)  # fmt: skip
         timing: StepTiming | StepTimer = spec.profile.timing
         if arm.is_ideal:
             timing = DiscountedTiming(spec.profile.timing, self._free_tokens)
@@ -180,14 +184,15 @@ class VirtualCluster:
     def _arrive(self, request: BenchRequest) -> None:
         self._num_pending -= 1
         now_s = self.events.now_s
+        tokens = self._prompts.token_ids(request)
+        seed = self._config.hash_seed
+        hashes = PromptHashes(self._hasher, tokens, self._block_size, seed)
+        self.floor.add(request.request_id, hashes.peek(), len(tokens))  # every request, every arm
         if self.spec.admission is not None:  # before any work on the prompt, as the gateway
             verdict = self.router.admit(self.spec.admission)
             if not verdict.is_admitted:
                 self._refuse(request, now_s, verdict)
                 return
-        tokens = self._prompts.token_ids(request)
-        seed = self._config.hash_seed
-        hashes = PromptHashes(self._hasher, tokens, self._block_size, seed)
         placement = PlacementRequest(
             self.spec.model, hashes, len(tokens), self._block_size, request.session_id
         )

@@ -130,6 +130,9 @@ class ArmLadder:
     points: list[LoadPointSummary]
     workers: list[list[WorkerStats]]
     wall_s: float
+    # Per rung, the measured requests' TTFT floors' P90 (floor.py; the same for every arm;
+    # None where the report predates it).
+    floors_s: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -141,12 +144,20 @@ class ComparisonResult:
     def by_workload(self, workload: str) -> dict[str, list[LoadPointSummary]]:
         return {r.arm: r.points for r in self.ladders if r.workload == workload}
 
+    def floors_s(self, workload: str) -> list[float | None]:
+        """Per rung, the TTFT floor's P90 (any arm's: they share their requests)."""
+        for r in self.ladders:
+            if r.workload == workload and r.floors_s:
+                return r.floors_s
+        return []
+
 
 def _run_one(spec: ClusterSpec, arm_name: str, ladder: SimLadder) -> ArmLadder:
     started_s = time.perf_counter()
     results = run_ladder(spec, resolve_arm(arm_name), ladder)
     return ArmLadder(ladder.name, arm_name, [r.summary for r in results],
-                     [r.workers for r in results], time.perf_counter() - started_s)  # fmt: skip
+                     [r.workers for r in results], time.perf_counter() - started_s,
+                     [r.floor_ttft_p90_s for r in results])  # fmt: skip
 
 
 def run_comparison(
@@ -190,7 +201,7 @@ def verdicts(result: ComparisonResult) -> list[Verdict]:
     for workload in (*FAMILIES, "mooncake", "shared-prefix", "no-reuse", "hot-prefix"):
         ladders_ = result.by_workload(workload)
         if {"kvflow", "least-loaded"} <= set(ladders_):
-            out += family_targets(workload, ladders_, slo)
+            out += family_targets(workload, ladders_, slo, result.floors_s(workload))
     for workload in ("shared-prefix", "mooncake", "no-reuse", "hot-prefix", *FAMILIES):
         ladders_ = result.by_workload(workload)
         if "kvflow" in ladders_:

@@ -82,6 +82,7 @@ def report_dict(result: ComparisonResult) -> dict[str, Any]:
                 "workload": r.workload,
                 "arm": r.arm,
                 "wall_s": r.wall_s,
+                "floor_ttft_p90_s": r.floors_s,
                 "load_points": [point_dict(p) for p in r.points],
                 "knee": None if (k := knee(r.points)) is None else {"label": k.label, "qps": k.qps},
             }

@@ -62,7 +62,8 @@ def result_from_report(report: Mapping[str, Any]) -> ComparisonResult:
     for item in report["ladders"]:
         points = [summary_from_dict(p) for p in item["load_points"]]
         result.ladders.append(ArmLadder(item["workload"], item["arm"], points, [],
-                                        item.get("wall_s", 0.0)))  # fmt: skip
+                                        item.get("wall_s", 0.0),
+                                        item.get("floor_ttft_p90_s", [])))  # fmt: skip
     return result
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kvflow.loadgen.arrivals import LoadPoint
 from kvflow.loadgen.ladder import LadderPlan, open_loop_schedule
+from kvflow.loadgen.metrics import is_measured
 from kvflow.loadgen.records import RequestRecord
 from kvflow.loadgen.summary import LoadPointSummary, summarize
 from kvflow.sim.arms import Arm
@@ -24,6 +25,8 @@ class PointResult:
     summary: LoadPointSummary
     workers: list[WorkerStats]
     records: list[RequestRecord]
+    # The measured requests' TTFT floors' P90 (floor.py): no router's TTFT P90 is lower.
+    floor_ttft_p90_s: float | None = None
 
 
 def run_point(
@@ -43,4 +46,6 @@ def run_point(
         limits=plan.limits,
         block_size=spec.profile.block_size,
     )
-    return PointResult(arm.name, summary, cluster.worker_stats(), records)
+    measured = [r.request_id for r in records if is_measured(r, plan.warmup_s)]
+    return PointResult(arm.name, summary, cluster.worker_stats(), records,
+                       cluster.floor.p90_s(measured))  # fmt: skip

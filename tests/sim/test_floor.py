@@ -1,0 +1,82 @@
+"""The TTFT floor (kvflow.sim.floor): no router gives a request a TTFT under its floor."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvflow.engine_worker.sim.profiles import named_profile
+from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
+from kvflow.loadgen.ladder import open_loop_schedule
+from kvflow.loadgen.metrics import Slo, is_measured, percentile
+from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
+from kvflow.proto.block_hash import BlockHash
+from kvflow.proto.step_model import StepTiming
+from kvflow.sim.arms import resolve_arm
+from kvflow.sim.cluster import ClusterSpec, VirtualCluster
+from kvflow.sim.floor import TtftFloor, prefill_floor_s
+from kvflow.sim.ladders import SimLadder, run_ladder
+
+TIMING = StepTiming(1e-3, 1e-6, 0.0, 0.0, per_prefill_seq_s=1e-4)
+
+
+def test_a_prompt_prefills_in_whole_steps_of_at_most_the_step_budget() -> None:
+    assert prefill_floor_s(TIMING, 10_000, 8192) == pytest.approx(2 * 1.1e-3 + 10_000e-6)
+    assert prefill_floor_s(TIMING, 8192, 8192) == pytest.approx(1.1e-3 + 8192e-6)
+    assert prefill_floor_s(TIMING, 0, 8192) == pytest.approx(1.1e-3 + 1e-6)  # the last token
+
+
+def _blocks(*names: str) -> list[BlockHash]:
+    return [BlockHash(name.encode().ljust(16, b"\0")) for name in names]
+
+
+def test_only_blocks_an_earlier_prompt_had_are_free_and_never_the_last_token() -> None:
+    floor = TtftFloor(TIMING, 8192, block_size=16)
+    first = floor.add("a", _blocks("p", "q", "r"), 48)
+    assert first == pytest.approx(prefill_floor_s(TIMING, 48, 8192))
+    # Shares the first two blocks, then differs: 32 free tokens.
+    assert floor.add("b", _blocks("p", "q", "x"), 48) == pytest.approx(
+        prefill_floor_s(TIMING, 16, 8192)
+    )
+    # The same prompt again: its last block holds the last token, computed anyway.
+    assert floor.add("c", _blocks("p", "q", "r"), 48) == pytest.approx(
+        prefill_floor_s(TIMING, 16, 8192)
+    )
+    # A prefix match stops at the first block no earlier prompt had.
+    assert floor.add("d", _blocks("z", "q", "r", "s"), 64) == pytest.approx(
+        prefill_floor_s(TIMING, 64, 8192)
+    )
+    assert floor.p90_s(["a", "b"]) == pytest.approx(
+        percentile(sorted([first, floor.floor_s["b"]]), 0.9)
+    )
+    assert floor.p90_s([]) is None
+
+
+@pytest.mark.parametrize("arm", ["kvflow", "round-robin", "ideal"])
+def test_no_request_of_a_real_run_starts_before_its_floor(arm: str) -> None:
+    """On a real virtual cluster, past saturation and with shared prefixes: every request's
+    TTFT is at least its floor, under a prefix-aware, a blind and the ideal router."""
+    profile = named_profile("h100-llama3-8b")
+    assert profile is not None
+    spec = ClusterSpec(profile, num_workers=2, num_kv_blocks=256)
+    ladder = SimLadder("shared-prefix", SharedPrefixWorkload(6, 4, (1024,), 128, 8),
+                       [LoadPoint(ArrivalKind.POISSON, 60.0)], Slo(ttft_s=0.2, tpot_s=0.1),
+                       seed=1, warmup_requests=20, measured_requests=80)  # fmt: skip
+    point = ladder.points[0]
+    schedule = open_loop_schedule(ladder.plan_for(point), point, 0)
+    cluster = VirtualCluster(spec, resolve_arm(arm), seed=ladder.seed)
+    for request, offset_s in zip(schedule.requests, schedule.offsets_s, strict=True):
+        cluster.submit(request, offset_s)
+    records = cluster.run()
+    assert len(records) == len(cluster.floor.floor_s) >= 90
+    for record in records:
+        floor_s = cluster.floor.floor_s[record.request_id]
+        assert record.ttft_s is not None and record.ttft_s >= floor_s - 1e-9, (record, floor_s)
+    # Not trivially small: misses prefill 1,152 tokens (38 ms), hits their question.
+    assert max(cluster.floor.floor_s.values()) > 0.03
+    assert min(cluster.floor.floor_s.values()) < 0.015
+
+    (result,) = run_ladder(spec, resolve_arm(arm), ladder)
+    measured = [r.request_id for r in result.records if is_measured(r, 20 / 60.0)]
+    assert result.floor_ttft_p90_s == pytest.approx(cluster.floor.p90_s(measured))
+    assert result.summary.latency.ttft_s.p90 is not None
+    assert result.summary.latency.ttft_s.p90 >= result.floor_ttft_p90_s

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from testkit.fake_runner import FakeRunner
 
-from kvflow.engine_worker import engine_loop
+from kvflow.engine_worker import loop_publish
 from kvflow.engine_worker.core.config import SchedulerConfig
 from kvflow.engine_worker.core.engine import Engine, EngineConfig
 from kvflow.engine_worker.core.errors import EngineOverloadedError, InvalidRequestError
@@ -116,7 +116,7 @@ def test_subscriber_gets_snapshot_then_exact_events() -> None:
 def test_a_subscriber_that_falls_behind_gets_a_fresh_snapshot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(engine_loop, "MAX_PENDING_KV_BATCHES", 3)
+    monkeypatch.setattr(loop_publish, "MAX_PENDING_KV_BATCHES", 3)
 
     async def main() -> None:
         loop = make_loop(num_blocks=256)

@@ -3,7 +3,7 @@ trip, and unset ones keep their meaning (repetition_penalty unset is 1, off)."""
 
 from dataclasses import replace
 
-from kvflow.engine_worker.server import sampling_from_proto
+from kvflow.engine_worker.wire_convert import sampling_from_proto
 from kvflow.proto import worker_pb2 as pb
 from kvflow.router.protocol.requests import parse_chat_request
 from kvflow.router.workers.convert import to_sampling_params

@@ -2,9 +2,11 @@
 
 One thread owns the ``Engine`` and everything in it, so the core needs no locks. asyncio
 callers post commands to an inbox; the thread wakes, applies them, runs a step, and hands
-each request's outputs back to its asyncio queue with ``call_soon_threadsafe``. KV events
-are fanned out from the same thread right after the step that caused them, which is what
-makes a snapshot plus the events after it exact.
+each request's outputs back to its asyncio queue (``request_streams``). KV events and the
+load are published from the same thread right after the step that caused them
+(``loop_publish``), which is what makes a snapshot plus the events after it exact. A bug
+or a broken part that hits one request fails that request alone (``request_teardown``
+frees what it holds); the thread serves every other request on.
 
 For prefill/decode disaggregation the loop also wires the engine to the KV transfer
 agent through ``kv_handoff`` (reservations received, computed blocks sent; transfers run
@@ -23,32 +25,30 @@ import os
 import threading
 from collections.abc import AsyncGenerator, Callable
 
+from kvflow.engine_worker import request_teardown
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
-from kvflow.engine_worker.core.errors import EngineError, EngineOverloadedError, RequestFailedError
-from kvflow.engine_worker.core.request import FinishReason
+from kvflow.engine_worker.core.errors import EngineOverloadedError, RequestFailedError
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.kv_handoff import KvHandoff
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats
 from kvflow.engine_worker.kv_transfer.base import SendTarget
 from kvflow.engine_worker.liveness import EngineHeartbeat
 from kvflow.engine_worker.logits_processor import GuardedProcessor
+from kvflow.engine_worker.loop_publish import load_snapshot, publish_kv_events
 from kvflow.engine_worker.loop_records import (
     BlockIO,
     KvReservationOut,
-    KvSnapshot,
     KvSubscription,
     LoadSnapshot,
     PrefillResult,
     StepObserver,
     TransferObserver,
 )
+from kvflow.engine_worker.request_streams import RequestStreams, raise_in
 from kvflow.proto.priority_class import PriorityClass
 
 log = logging.getLogger(__name__)
 
-# A subscriber more than 4096 batches behind (tens of seconds of a busy worker) gets a
-# fresh snapshot instead: cheaper than an unbounded queue, and exact.
-MAX_PENDING_KV_BATCHES = 4096
 # When every request waits on a KV transfer, the loop sleeps this long between looks at
 # the queue (commands still wake it at once): no busy spin, a few ms of latency at worst.
 IDLE_WAIT_S = 0.005
@@ -57,9 +57,6 @@ DEFAULT_STALL_TIMEOUT_S = 60.0
 # Fault injection for tests only: the engine thread hangs for good in its Nth step, as a
 # deadlocked kernel or a stuck collective would. Never set in production.
 _FAULT_HANG_ON_STEP = int(os.environ.get("KVFLOW_FAULT_HANG_ON_STEP", "0"))
-
-# A request's stream, as the engine thread hands it items: its event loop and queue.
-_StreamEntry = tuple[asyncio.AbstractEventLoop, asyncio.Queue[object]]
 
 
 class EngineLoop:
@@ -80,18 +77,18 @@ class EngineLoop:
         self.kv = kv
         self.blocks = blocks
         assert (kv is None) == (blocks is None)
+        self._cond = threading.Condition()
+        self._inbox: list[Callable[[], None]] = []
+        self._streams = RequestStreams(self._post, self._abort_now)
         self.handoff = (
             None
             if kv is None or blocks is None
             else KvHandoff(
                 engine, kv, blocks, on_transfer=on_transfer,
-                post=self._post_for, push=self._push, deliver=self._deliver,
+                post=self._post_for, push=self._streams.push, deliver=self._streams.deliver,
             )
         )  # fmt: skip
         self.load = LoadSnapshot(num_total_blocks=engine.kv_cache.num_total_blocks)
-        self._cond = threading.Condition()
-        self._inbox: list[Callable[[], None]] = []
-        self._streams: dict[str, _StreamEntry] = {}
         # Requests whose logits processor raised during the current step (GuardedProcessor).
         self._failed: dict[str, BaseException] = {}
         self._subscribers: list[KvSubscription] = []
@@ -167,7 +164,7 @@ class EngineLoop:
 
         # aclosing: leaving this generator early must close the inner one now (it aborts
         # the request), not whenever the event loop finalizes it.
-        async with contextlib.aclosing(self._stream(request_id, add)) as stream:
+        async with contextlib.aclosing(self._streams.open(request_id, add)) as stream:
             async for item in stream:
                 assert isinstance(item, RequestOutput | KvReservationOut)
                 yield item
@@ -210,7 +207,7 @@ class EngineLoop:
             handoff.send_targets[request_id] = (target, timeout_s)  # accepted: see generate
 
         stats: SendStats | None = None
-        async with contextlib.aclosing(self._stream(request_id, add)) as stream:
+        async with contextlib.aclosing(self._streams.open(request_id, add)) as stream:
             async for item in stream:
                 if isinstance(item, SendStats):
                     stats = item
@@ -231,42 +228,6 @@ class EngineLoop:
             # UNAVAILABLE to the router, which marks this worker down and goes elsewhere.
             raise EngineOverloadedError(f"this worker cannot serve: {problem}")
 
-    async def _stream(self, request_id: str, add: Callable[[], None]) -> AsyncGenerator[object]:
-        """Post ``add`` to the engine thread and yield what it delivers for the request
-        until its final output; an exception delivered is raised. Leaving early aborts the
-        request, if it is still this stream's: never another stream's under the same id."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        entry = (loop, queue)
-
-        def register() -> None:
-            try:
-                add()  # raises before it changes anything (a duplicate id, bad input)
-            except EngineError as exc:
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-                return
-            except Exception as exc:  # a bug: this request fails, the thread serves on
-                log.exception("request %s: admitting it failed", request_id)
-                loop.call_soon_threadsafe(queue.put_nowait, RequestFailedError(request_id, exc))
-                return
-            self._streams[request_id] = entry
-
-        self._post(register)
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = isinstance(item, RequestOutput) and item.finish_reason is not None
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self._abort_own(request_id, entry)
-
     def cancel_kv_transfer(self, request_id: str) -> bool:
         """PD decode: stop waiting for remote KV; the request computes its prompt here."""
         return self.kv is not None and self.kv.cancel(request_id)
@@ -275,24 +236,10 @@ class EngineLoop:
         """Abort whichever request runs under this id (the Abort RPC: the router's call)."""
         self._post(lambda: self._abort_now(request_id))
 
-    def _abort_own(self, request_id: str, entry: _StreamEntry) -> None:
-        """Abort the request only if ``entry``'s stream registered it and it still runs:
-        a stream whose id was refused as a duplicate leaves the running one alone."""
-
-        def abort() -> None:
-            if self._streams.get(request_id) is entry:
-                self._abort_now(request_id)
-
-        self._post(abort)
-
     def _abort_now(self, request_id: str) -> None:
-        if self.kv is not None:
-            self.kv.cancel(request_id)
-        if self.handoff is not None:
-            self.handoff.forget(request_id)
-        out = self.engine.abort_request(request_id)
+        out = request_teardown.abort(self.engine, self.kv, self.handoff, request_id)
         if out is not None:
-            self._deliver(out)
+            self._streams.deliver(out)
 
     def subscribe(self) -> KvSubscription:
         sub = KvSubscription(asyncio.get_running_loop())
@@ -304,17 +251,6 @@ class EngineLoop:
 
     # -- engine thread -----------------------------------------------------------------------
 
-    def _deliver(self, out: RequestOutput) -> None:
-        self._push(out.request_id, out)
-        if out.finish_reason is not None:
-            self._streams.pop(out.request_id, None)
-
-    def _push(self, request_id: str, item: object) -> None:
-        target = self._streams.get(request_id)
-        if target is not None:
-            loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
     def _handle(self, out: RequestOutput) -> None:
         """One request's output: a failure here fails that request alone."""
         try:
@@ -325,7 +261,7 @@ class EngineLoop:
                 assert self.handoff is not None
                 self.handoff.on_kv_ready(out.request_id, out.kv_to_send)
             else:
-                self._deliver(out)
+                self._streams.deliver(out)
         except Exception as exc:
             self._fail(out.request_id, exc)
 
@@ -344,19 +280,10 @@ class EngineLoop:
         """A bug or a broken part (a logits processor, handoff state) hit one request: end
         it and free what it holds, tell its stream why, and serve every other request on."""
         log.error("request %s failed inside the worker: %r", request_id, exc, exc_info=exc)
-        entry = self._streams.pop(request_id, None)
-        for cleanup in (
-            lambda: self.kv.cancel(request_id) if self.kv is not None else None,
-            lambda: self.handoff.forget(request_id) if self.handoff is not None else None,
-            lambda: self.engine.abort_request(request_id),
-        ):
-            try:
-                cleanup()
-            except Exception:  # keep freeing what can be freed
-                log.exception("request %s: cleaning up after its failure failed", request_id)
+        entry = self._streams.detach(request_id)
+        request_teardown.free_failed(self.engine, self.kv, self.handoff, request_id)
         if entry is not None:
-            loop, queue = entry
-            loop.call_soon_threadsafe(queue.put_nowait, RequestFailedError(request_id, exc))
+            raise_in(entry, RequestFailedError(request_id, exc))
 
     def _run(self) -> None:
         while True:
@@ -387,7 +314,7 @@ class EngineLoop:
                     outputs = self.engine.step()
                 except Exception:  # a bug or out of memory: fail the batch, keep serving
                     log.exception("engine step failed; aborting every request in flight")
-                    outputs = self._abort_all()
+                    outputs = request_teardown.abort_all(self.engine, self.kv)
                 failed = dict(self._failed)  # the dict itself is the processors' own
                 self._failed.clear()
                 for request_id, exc in failed.items():  # their tokens this step are void
@@ -404,53 +331,12 @@ class EngineLoop:
                             self._cond.wait(IDLE_WAIT_S)
                             self.heartbeat.working()
             try:
-                self._publish_kv_events()
+                publish_kv_events(self.engine.kv_cache.pool, self._subscribers)
                 self._update_load()
                 if self.on_step is not None:
                     self.on_step(self.engine, outputs, self.engine.clock())
             except Exception:  # events, load or metrics: never worth the engine thread
                 log.exception("publishing a step's events, load or metrics failed")
 
-    def _abort_all(self) -> list[RequestOutput]:
-        if self.kv is not None:  # transfers stop touching the blocks before they are freed
-            for request_id in list(self.engine.requests):
-                self.kv.cancel(request_id)
-        outs = [self.engine.abort_request(rid) for rid in list(self.engine.requests)]
-        return [o for o in outs if o is not None and o.finish_reason is FinishReason.ABORT]
-
-    def _publish_kv_events(self) -> None:
-        pool = self.engine.kv_cache.pool
-        events = pool.events.drain()
-        for sub in self._subscribers:
-            if len(sub.pending) > MAX_PENDING_KV_BATCHES:
-                sub.pending.clear()
-                sub.needs_snapshot = True
-            if sub.needs_snapshot:
-                sub.needs_snapshot = False
-                sub.push(KvSnapshot(pool.events.last_seq, pool.cached_hashes()))
-            elif events:
-                sub.push(events)
-
     def _update_load(self) -> None:
-        kv = self.engine.kv_cache
-        num_prefill = num_decode = num_kv = 0
-        for request in self.engine.requests.values():  # one pass over the open requests
-            left = request.num_prompt_tokens - request.num_computed_tokens
-            if left > 0:
-                num_prefill += left
-            else:
-                num_decode += 1
-                num_kv += request.num_computed_tokens
-        self.load = LoadSnapshot(
-            num_waiting=self.engine.scheduler.num_waiting,
-            num_running=self.engine.scheduler.num_running,
-            kv_usage=kv.pool.usage,
-            num_cached_blocks=kv.pool.num_cached_blocks,
-            num_free_blocks=kv.pool.num_free_blocks,
-            num_total_blocks=kv.num_total_blocks,
-            prefix_hit_rate=kv.stats.hit_rate,
-            num_kv_transfers=self.engine.scheduler.num_kv_transfers,
-            num_prefill_tokens=num_prefill,
-            num_decode_seqs=num_decode,
-            num_kv_tokens=num_kv,
-        )
+        self.load = load_snapshot(self.engine)

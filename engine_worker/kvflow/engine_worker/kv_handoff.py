@@ -4,8 +4,8 @@ A decode-side reservation hands its reserved blocks to a receive and gets a tick
 (published to the request's stream); a prefill-side request whose blocks are computed has
 them sent. Transfers read and write the cache in place on their own threads and end with
 a command posted back to the engine thread, like any other. Split from ``engine_loop``:
-the loop owns the thread and the streams, this owns the handoff's state and its steps.
-Every method runs on the engine thread.
+the loop owns the thread, ``request_streams`` the streams, this the handoff's state and
+its steps. Every method runs on the engine thread.
 """
 
 from __future__ import annotations

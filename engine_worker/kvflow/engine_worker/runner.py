@@ -136,7 +136,7 @@ class TorchModelRunner:
                 capture=self.device.type == "cuda",
             )
         # The bytes of a block, as a PD peer must hold them: its last field is the KV dtype
-        # (server.py refuses a peer whose layout differs and names that field).
+        # (wire_checks.py refuses a peer whose layout differs and names that field).
         self.kv_layout = kv_layout(
             num_layers=num_layers,
             num_kv_heads=num_kv_heads,

@@ -16,7 +16,7 @@ from kvflow.proto import worker_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"  # as server.py: gRFC A6
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"  # as error_status.py: gRFC A6
 
 
 def _inputs(request: pb.EmbedRequest) -> list[EmbedInput]:

@@ -7,8 +7,8 @@ computes the last prompt token), in at least ``ceil(tokens / max_num_batched_tok
 steps, each at least the step's base time and one prefill sequence's. Each request's TTFT
 is then at least its floor, so a rung's TTFT P90 is at least the floors' P90 under any
 router: the part of round-robin's P90 a router can take away is what lies above it (on
-the Mooncake trace the longest prompts' own prefill is about 0.9 s of round-robin's 1.0 s
-at 1x, docs/benchmarks.md, "Routing comparison").
+the Mooncake trace the floors' P90 is 0.80 s of round-robin's 1.00 s at 1x,
+docs/benchmarks.md, "Routing comparison").
 """
 
 from __future__ import annotations

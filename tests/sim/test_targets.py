@@ -164,3 +164,16 @@ def test_past_the_knee_round_robins_p90_counts_above_the_ttft_floor() -> None:
     assert past_knee([at_floor]) == 0.0
     ladders["kvflow"] = ladder([1.2])
     assert math.isinf(past_knee([at_floor]))
+
+
+def test_a_workload_with_no_rung_up_to_the_knee_lists_those_targets_unjudged() -> None:
+    """Least-loaded over the SLO at every rung: the up-to-the-knee targets are info, not
+    misses (the report said MISS with no value); the past-the-knee one is judged."""
+    ladders = {"kvflow": ladder([1.1, 1.2]), "least-loaded": ladder([1.5, 2.0]),
+               "round-robin": ladder([3.0, 4.0]), "ideal": ladder([1.0, 1.1])}  # fmt: skip
+    verdicts_ = family_targets("mooncake", ladders, SLO)
+    unjudged = [v for v in verdicts_ if "past the knee" not in v.name]
+    assert len(unjudged) == 3
+    assert all(not v.is_target and math.isnan(v.value) for v in unjudged), unjudged
+    (past,) = [v for v in verdicts_ if "past the knee" in v.name]
+    assert past.is_target and past.is_met and past.value == pytest.approx(1.1 / 3.0)

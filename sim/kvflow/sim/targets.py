@@ -151,9 +151,10 @@ def family_targets(
     past = [i for i in range(len(ll)) if i not in judged]
 
     def worst(pairs: list[tuple[str, float]], name: str, limit: float, fmt: str) -> Verdict:
-        if not pairs:
-            return Verdict(f"{workload}: {name}", False, math.nan, f"<= {limit:g}x",
-                           "no rung to judge")  # fmt: skip
+        if not pairs:  # listed, not judged: no rung is up to least-loaded's knee
+            return Verdict(f"{workload}: {name}", True, math.nan, f"<= {limit:g}x",
+                           "no rung to judge: least-loaded misses the SLO at every rung",
+                           is_target=False)  # fmt: skip
         value = max(v for _, v in pairs)
         return Verdict(f"{workload}: {name}", value <= limit, value, f"<= {limit:g}x",
                        _listing(pairs, fmt))  # fmt: skip

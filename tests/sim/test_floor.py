@@ -9,7 +9,6 @@ from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
 from kvflow.loadgen.ladder import open_loop_schedule
 from kvflow.loadgen.metrics import Slo, is_measured, percentile
 from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
-from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.step_model import StepTiming
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.cluster import ClusterSpec, VirtualCluster
@@ -25,24 +24,29 @@ def test_a_prompt_prefills_in_whole_steps_of_at_most_the_step_budget() -> None:
     assert prefill_floor_s(TIMING, 0, 8192) == pytest.approx(1.1e-3 + 1e-6)  # the last token
 
 
-def _blocks(*names: str) -> list[BlockHash]:
-    return [BlockHash(name.encode().ljust(16, b"\0")) for name in names]
+def _tokens(*blocks: str, tail: int = 0) -> list[int]:
+    """16 tokens a named block (each its name's code), then ``tail`` more of another."""
+    return [t for name in blocks for t in [ord(name)] * 16] + [0] * tail
 
 
 def test_only_blocks_an_earlier_prompt_had_are_free_and_never_the_last_token() -> None:
     floor = TtftFloor(TIMING, 8192, block_size=16)
-    first = floor.add("a", _blocks("p", "q", "r"), 48)
+    first = floor.add("a", _tokens("p", "q", "r"))
     assert first == pytest.approx(prefill_floor_s(TIMING, 48, 8192))
     # Shares the first two blocks, then differs: 32 free tokens.
-    assert floor.add("b", _blocks("p", "q", "x"), 48) == pytest.approx(
+    assert floor.add("b", _tokens("p", "q", "x")) == pytest.approx(
         prefill_floor_s(TIMING, 16, 8192)
     )
     # The same prompt again: its last block holds the last token, computed anyway.
-    assert floor.add("c", _blocks("p", "q", "r"), 48) == pytest.approx(
+    assert floor.add("c", _tokens("p", "q", "r")) == pytest.approx(
         prefill_floor_s(TIMING, 16, 8192)
     )
-    # A prefix match stops at the first block no earlier prompt had.
-    assert floor.add("d", _blocks("z", "q", "r", "s"), 64) == pytest.approx(
+    # Two shared blocks and a partial one: only the partial block's 8 tokens to compute.
+    assert floor.add("d", _tokens("p", "q", tail=8)) == pytest.approx(
+        prefill_floor_s(TIMING, 8, 8192)
+    )
+    # A block is known with its prefix: "q" after "z" is not "q" after "p".
+    assert floor.add("e", _tokens("z", "q", "r", "s")) == pytest.approx(
         prefill_floor_s(TIMING, 64, 8192)
     )
     assert floor.p90_s(["a", "b"]) == pytest.approx(

@@ -185,14 +185,14 @@ class VirtualCluster:
         self._num_pending -= 1
         now_s = self.events.now_s
         tokens = self._prompts.token_ids(request)
-        seed = self._config.hash_seed
-        hashes = PromptHashes(self._hasher, tokens, self._block_size, seed)
-        self.floor.add(request.request_id, hashes.peek(), len(tokens))  # every request, every arm
+        self.floor.add(request.request_id, tokens)  # every request, every arm
         if self.spec.admission is not None:  # before any work on the prompt, as the gateway
             verdict = self.router.admit(self.spec.admission)
             if not verdict.is_admitted:
                 self._refuse(request, now_s, verdict)
                 return
+        seed = self._config.hash_seed
+        hashes = PromptHashes(self._hasher, tokens, self._block_size, seed)
         placement = PlacementRequest(
             self.spec.model, hashes, len(tokens), self._block_size, request.session_id
         )

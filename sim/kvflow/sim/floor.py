@@ -14,10 +14,9 @@ docs/benchmarks.md, "Routing comparison").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from kvflow.loadgen.metrics import percentile
-from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.step_model import StepTiming
 
 
@@ -32,27 +31,35 @@ def prefill_floor_s(timing: StepTiming, num_tokens: int, max_num_batched_tokens:
 
 class TtftFloor:
     """Each request's floor, fed in arrival order (every request, refused or not: the
-    floor is the same for every arm)."""
+    floor is the same for every arm).
+
+    A block is known by its tokens and its prefix's, as the engine's block hashes know it,
+    but through Python's tuple hash rather than the gateway's SHA-256 chain: the floor
+    reads every block of every prompt under every arm, and with the SHA-256 chain the
+    Mooncake trace's round-robin run took 1.28x as long as without a floor (46 s against
+    36 s; 1.10x this way). A collision could only lower a floor, which stays a floor."""
 
     def __init__(self, timing: StepTiming, max_num_batched_tokens: int, block_size: int) -> None:
         assert max_num_batched_tokens >= 1 and block_size >= 1
         self._timing = timing
         self._max_batched = max_num_batched_tokens
         self._block_size = block_size
-        self._seen: set[BlockHash] = set()
+        self._seen: set[int] = set()
         self.floor_s: dict[str, float] = {}
 
-    def add(self, request_id: str, block_hashes: Iterable[BlockHash], num_tokens: int) -> float:
-        hashes = list(block_hashes)
-        max_blocks = (num_tokens - 1) // self._block_size  # never the last prompt token
-        num_shared = 0
-        for block_hash in hashes[:max_blocks]:
-            if block_hash not in self._seen:
-                break
-            num_shared += 1
-        self._seen.update(hashes)
-        floor = prefill_floor_s(self._timing, num_tokens - num_shared * self._block_size,
-                                self._max_batched)  # fmt: skip
+    def add(self, request_id: str, token_ids: Sequence[int]) -> float:
+        size = self._block_size
+        num_tokens = len(token_ids)
+        max_shared = (num_tokens - 1) // size  # never the last prompt token
+        num_shared, is_prefix, key = 0, True, 0
+        for i in range(num_tokens // size):
+            key = hash((key, tuple(token_ids[i * size : (i + 1) * size])))
+            if is_prefix and i < max_shared and key in self._seen:
+                num_shared += 1
+            else:
+                is_prefix = False
+            self._seen.add(key)
+        floor = prefill_floor_s(self._timing, num_tokens - num_shared * size, self._max_batched)
         self.floor_s[request_id] = floor
         return floor
 

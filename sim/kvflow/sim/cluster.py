@@ -185,7 +185,7 @@ class VirtualCluster:
         self._num_pending -= 1
         now_s = self.events.now_s
         tokens = self._prompts.token_ids(request)
-        self.floor.add(request.request_id, tokens)  # every request, every arm
+        self.floor.add(request.request_id, tokens, now_s)  # every request, every arm
         if self.spec.admission is not None:  # before any work on the prompt, as the gateway
             verdict = self.router.admit(self.spec.admission)
             if not verdict.is_admitted:

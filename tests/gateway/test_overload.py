@@ -119,10 +119,13 @@ def test_full_worker_queue_reaches_the_client_as_503_with_retry_after(
                               "--admission", "off"])  # fmt: skip
     try:
         gateway.wait_ready()
-        # 10 at once on a worker that runs 1 and queues 2: the rest are refused by it.
+        # 10 at once on a worker that runs 1 and queues 2: the rest are refused by it. At
+        # least the 2 the queue holds are served; usually 3, but when all 10 arrive before
+        # the engine's next step takes the first, the queue is full with 2 and the third
+        # is refused too (seen once on a loaded CI machine: [200, 200, 503 x 8]).
         responses = asyncio.run(post_all(gateway.url, [body(20) for _ in range(10)]))
         statuses = sorted(r.status_code for r in responses)
-        assert set(statuses) == {200, 503} and statuses.count(200) >= 3, statuses
+        assert set(statuses) == {200, 503} and statuses.count(200) >= 2, statuses
         for r in responses:
             if r.status_code == 503:
                 assert_overload_answer(r, 503, "service_unavailable")

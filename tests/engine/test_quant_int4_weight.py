@@ -10,7 +10,7 @@ the output itself (its own rounding to bf16).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -53,18 +53,31 @@ def assert_product(got: torch.Tensor, x: torch.Tensor, weights: torch.Tensor) ->
     assert excess.max() <= 0, f"error above the bf16 bound by {excess.max():.3g}"
 
 
-@pytest.fixture(params=["native", "torch"])
-def widener(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Both ways of widening for large batches: compiled C, and torch ops."""
+_USE_NATIVE_GEMV = int4_weight.use_native_gemv  # the cached choice, under any monkeypatch
+
+
+def _clear_kernel_caches() -> None:
     native.native_widener.cache_clear()
+    native.native_gemv.cache_clear()
+    _USE_NATIVE_GEMV.cache_clear()
     int4_weight._widen_min_rows.cache_clear()
+
+
+@pytest.fixture(params=["gemv", "native", "torch"])
+def widener(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every set of CPU kernels: kvflow's GEMV for few rows and its widening for many (scales
+    block-major; the engine's choice on an AVX2 CPU without AVX512, chosen here on any),
+    torch's int4 kernel with kvflow's widening (scales as torch keeps them), and torch's
+    kernel and ops alone (no compiler)."""
+    _clear_kernel_caches()
     if request.param == "torch":
         monkeypatch.setenv(native.NATIVE_ENV, "0")
     else:
         assert native.native_widener() is not None, "this machine has a C compiler: cc"
+        assert native.native_gemv() is not None, "this machine has a C compiler: cc"
+        monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: request.param == "gemv")
     yield request.param
-    native.native_widener.cache_clear()
-    int4_weight._widen_min_rows.cache_clear()
+    _clear_kernel_caches()
 
 
 @pytest.mark.parametrize("rows", [64, 208, 1008, 1024 + 64 + 48])  # N % 16 == 0: the op's rule
@@ -101,13 +114,21 @@ def test_large_batches_widen_and_small_ones_use_the_kernel(
     widener: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
-    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
 
-    def counting(*args: object) -> torch.Tensor:
-        calls.append(1)
-        return kernel(*args)  # type: ignore[no-any-return]
+    def counting(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def count(*args: object) -> torch.Tensor:
+            calls.append(1)
+            return kernel(*args)
 
-    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", counting)
+        return count
+
+    if widener == "gemv":
+        gemv = native.native_gemv()
+        assert gemv is not None
+        monkeypatch.setattr(int4_weight, "native_gemv", lambda: counting(gemv))
+    else:
+        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+        monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", counting(kernel))
     weight = Int4Weight(planes(128, 64, 1))
     threshold = int4_weight._widen_min_rows()
     weight.matmul(torch.randn(threshold - 1, 64))
@@ -116,15 +137,67 @@ def test_large_batches_widen_and_small_ones_use_the_kernel(
     assert calls == [1], "a batch at the threshold is widened, not sent to the kernel"
 
 
-def test_the_native_widener_is_exact_in_float32() -> None:
+@pytest.mark.parametrize(
+    ("rows", "cols", "num_planes", "group"),
+    [(192, 256, 1, 32), (200, 256, 2, 32), (1100, 512, 4, 256), (80, 64, 1, 64)],
+)
+@pytest.mark.parametrize("batch", [1, 2, 3, 9])
+def test_the_native_gemv_is_exact_in_float32(
+    monkeypatch: pytest.MonkeyPatch, rows: int, cols: int, num_planes: int, group: int, batch: int
+) -> None:
+    """Float32 activations and sums, so within float32's error of the exact product: full
+    blocks and a partial last one (200 and 80 rows: 16 past a block), several planes, rows
+    of x in pairs and alone, and more rows than one call takes (9)."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
+    p = planes(rows, cols, num_planes, group)
+    weight = Int4Weight(p)
+    assert native.native_gemv() is not None, "this machine has a C compiler: cc"
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
+    got = weight._matmul_native(x)
+    exact = exact_weights(p)
+    want = x.double() @ exact.T
+    bound = 2**-20 * (x.double().abs() @ exact.abs().T)
+    assert got.shape == (batch, rows) and got.dtype == torch.float32
+    excess = (got.double() - want).abs() - bound
+    assert excess.max() <= 0, f"error above float32's bound by {excess.max():.3g}"
+
+
+def test_the_native_gemv_gives_the_same_sums_on_any_number_of_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block of rows is one thread's, whole: the threads split work, not sums. And the
+    kernel shares torch's OpenMP runtime, not a second one beside it."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
+    weight = Int4Weight(planes(1024 + 48, 512, 1))
+    assert weight.native
+    x = torch.randn(3, 512)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = weight.matmul(x)
+        torch.set_num_threads(2)
+        two = weight.matmul(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    assert native._one_openmp_runtime()
+
+
+@pytest.mark.parametrize("block_major", [True, False])
+def test_the_native_widener_is_exact_in_float32(
+    monkeypatch: pytest.MonkeyPatch, block_major: bool
+) -> None:
+    """From either layout of the scales: the GEMV's block-major one and torch's."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: block_major)
     widen = native.native_widener()
     assert widen is not None
     p = planes(256 + 64, 128, 2)
     weight = Int4Weight(p)
+    assert weight.native == block_major
     layout = cpu_layout()
     out = torch.empty(128, 256, dtype=torch.float32)  # two blocks of 64... and more
     widen(
-        weight.packed, weight.scales_zeros, out, weight.padded_rows, 128, 2, 32,
+        weight.packed, weight.scales_zeros, weight._scale_strides(), out, 128, 2, 32,
         layout.block_n, int(layout.interleaved), 0, 256,
     )  # fmt: skip
     torch.testing.assert_close(out.double(), exact_weights(p)[:256].T, rtol=1e-6, atol=1e-7)
@@ -138,8 +211,10 @@ def test_rows_and_the_whole_matrix_come_back_in_float32() -> None:
     torch.testing.assert_close(weight.take_rows(ids).double(), exact[ids], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(weight.dequantize().double(), exact, rtol=1e-6, atol=1e-7)
     assert weight.nbytes == weight.packed.nbytes + weight.scales_zeros.nbytes
-    # 4 bits a code, 2 planes, plus a bf16 scale and zero per 32 codes; rows padded to 208.
-    assert weight.nbytes == 208 * 2 * 96 // 2 + 208 * 2 * 96 // 32 * 4
+    # 4 bits a code, 2 planes, plus a bf16 scale and zero per 32 codes; rows padded to 208
+    # (the scales of the native kernels' layout to whole blocks of rows).
+    scale_rows = -(-208 // cpu_layout().block_n) * cpu_layout().block_n if weight.native else 208
+    assert weight.nbytes == 208 * 2 * 96 // 2 + scale_rows * 2 * 96 // 32 * 4
 
 
 @pytest.mark.gpu

@@ -2,12 +2,14 @@
 
 ``Int4Weight.matmul(x)`` is ``x @ W.T``:
 
-- **Few rows** (decode steps, an LM head over the sampled rows): torch's weight-only int4
-  kernel, which reads the 4-bit codes and their bf16 scales and never widens ``W``. On the
-  CPU it is vectorized for bf16 activations only (float32 runs a scalar loop, 30x slower),
-  so ``x`` goes in as bf16 and the result, bf16, is widened back. SmolLM2's MLP up
-  projection, 3072 x 576, batch 1 on one core: 81 us against 259 us for float32 and 147 us
-  for bf16 GEMMs over the same matrix widened (a decode step streams every weight once).
+- **Few rows** (decode steps, an LM head over the sampled rows): a kernel that reads the
+  4-bit codes and their bf16 scales and never widens ``W``. On a CPU with AVX2 but no
+  AVX512, kvflow's own (``gemv_int4.c``, compiled on first use, ``native.py``): float32
+  activations, threads shared with torch; it reads a 16384 x 2048 matrix at about 7 GB/s on
+  one core of an AMD EPYC (Zen 3), where torch's kernel reads 4. Elsewhere (AVX512, where
+  torch's kernel has 512-bit code and kvflow's is not measured; or no C compiler) torch's
+  weight-only int4 kernel, which is vectorized for bf16 activations only (float32 runs a
+  scalar loop, 30x slower), so ``x`` goes in as bf16 and the result, bf16, is widened back.
 - **Many rows** (prefill chunks, large decode batches): the kernel's cost grows by about
   40 us per row for that matrix, a GEMM's hardly at all (512 rows: kernel 25.9 ms, bf16
   GEMM 1.5 ms). So past ``WIDEN_MIN_ROWS_*`` rows the matrix is widened for this one call,
@@ -27,13 +29,16 @@ import torch
 from torch import nn
 
 from kvflow.engine_worker.model.quant.cpu_layout import cpu_layout, pack
-from kvflow.engine_worker.model.quant.native import native_widener
+from kvflow.engine_worker.model.quant.native import native_gemv, native_widener
 from kvflow.engine_worker.model.quant.planes import Int4Planes
 
 #: From this many rows of ``x`` on, widen and GEMM instead of the kernel (CPU). The kernel
 #: costs about 22 ps a weight per row (40 us a row for 3072 x 576 on one core), a bf16 GEMM
-#: far less; widening costs about 0.3 ns a weight natively (``native.py``), 1.5 with torch
-#: ops: they cross near 16 rows and near 100 rows.
+#: far less; widening costs about 0.3 ns a weight natively with AVX512 (``native.py``),
+#: 1.5 with torch ops: they cross near 16 rows and near 100 rows. Without native bf16
+#: GEMMs (an AVX2 CPU: widening runs its generic loop, about 2 ns a weight, and the GEMM is
+#: float32) widening wins only from about 128 rows (16384 x 2048 on an AMD EPYC, 2
+#: threads: 55 ms for either kernel at 64 rows, 76 widened; 123-129 and 113 at 128).
 WIDEN_MIN_ROWS_NATIVE = 48
 WIDEN_MIN_ROWS_TORCH = 128
 #: Rows of ``W`` widened at once, and the length of the widened ``W.T``'s rows: 1 Ki keeps
@@ -67,8 +72,13 @@ class Int4Weight(nn.Module):
             codes = torch.cat([codes, torch.full((extra, codes.shape[1]), 8, dtype=torch.uint8)])
             scales = torch.cat([scales, scales.new_zeros(extra, scales.shape[1])])
             zeros = torch.cat([zeros, zeros.new_zeros(extra, zeros.shape[1])])
-        # [groups, rows, 2] bf16: the kernels' scale-and-zero tensor.
+        # [groups, rows, 2] bf16: torch's kernels' scale-and-zero tensor; block-major
+        # [blocks, groups, block_n, 2] for kvflow's GEMV (``native``), which reads a block's
+        # scales as one run (``gemv_int4.c``).
         scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).to(torch.bfloat16)
+        self.native = self.device.type == "cpu" and use_native_gemv()
+        if self.native:
+            scales_zeros = _block_major(scales_zeros, cpu_layout().block_n)
         self.register_buffer("scales_zeros", scales_zeros.contiguous().to(self.device))
         self.row_codes = None
         if self.device.type == "cuda":
@@ -94,6 +104,8 @@ class Int4Weight(nn.Module):
         assert x.shape[-1] == self.cols, (x.shape, self.cols)
         if self.device.type == "cpu" and x.shape[0] >= _widen_min_rows():
             return self._matmul_widened(x)
+        if self.native:
+            return self._matmul_native(x)
         xb = x.to(torch.bfloat16)
         if self.num_planes > 1:  # every plane multiplies the same x
             xb = xb.repeat(1, self.num_planes)
@@ -111,6 +123,22 @@ class Int4Weight(nn.Module):
             out = out[:, : self.rows]
         return out.to(x.dtype)
 
+    @staticmethod
+    def widen_min_rows() -> int:
+        """From this many rows of ``x`` on, a CPU product widens ``W`` (``matmul``)."""
+        return _widen_min_rows()
+
+    def _matmul_native(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` by ``gemv_int4.c``, in float32 (CPU, few rows of ``x``)."""
+        gemv = native_gemv()
+        assert gemv is not None
+        layout = cpu_layout()
+        out = gemv(
+            self.packed, self.scales_zeros, x.to(torch.float32).contiguous(), self.padded_rows,
+            self.cols, self.num_planes, self.group_size, layout.block_n, int(layout.interleaved),
+        )  # fmt: skip
+        return out[:, : self.rows].to(x.dtype)
+
     def _matmul_widened(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` through ``W.T`` widened, ``WIDEN_CHUNK_ROWS`` rows of ``W`` at a time
         (CPU, many rows of ``x``): at most one chunk is ever wide."""
@@ -126,7 +154,7 @@ class Int4Weight(nn.Module):
                 whole = (row1 - row0) // layout.block_n * layout.block_n
                 w_t = torch.empty(self.cols, row1 - row0, dtype=wide)
                 widener(
-                    self.packed, self.scales_zeros, w_t, self.padded_rows, self.cols,
+                    self.packed, self.scales_zeros, self._scale_strides(), w_t, self.cols,
                     self.num_planes, self.group_size, layout.block_n, int(layout.interleaved),
                     row0, row0 + whole,
                 )  # fmt: skip
@@ -147,8 +175,29 @@ class Int4Weight(nn.Module):
             codes = cpu_layout().read_rows(
                 self.packed, ids, self.padded_rows, self.num_planes * self.cols
             )
-        sz = self.scales_zeros[:, ids].float().transpose(0, 1).contiguous()  # [T, groups, 2]
+        if self.native:  # [blocks, groups, block_n, 2]
+            block_n = self.scales_zeros.shape[2]
+            sz = self.scales_zeros[ids // block_n, :, ids % block_n].float()  # [T, groups, 2]
+        else:
+            sz = self.scales_zeros[:, ids].float().transpose(0, 1).contiguous()
         return self._widen(codes, sz[..., 0], sz[..., 1])
+
+    def _scale_strides(self) -> tuple[int, int]:
+        """(group, block) strides of ``scales_zeros`` in (scale, zero) pairs."""
+        if self.native:
+            _, groups, block_n, _ = self.scales_zeros.shape
+            return block_n, groups * block_n
+        return self.padded_rows, cpu_layout().block_n
+
+    def rows_scales_zeros(self, row0: int, row1: int) -> torch.Tensor:
+        """Scales and zeros of rows ``[row0, row1)`` as torch's kernels take them:
+        ``[groups, row1 - row0, 2]`` bf16."""
+        if not self.native:
+            return self.scales_zeros[:, row0:row1]
+        _, groups, block_n, _ = self.scales_zeros.shape
+        b0, b1 = row0 // block_n, -(-row1 // block_n)
+        runs = self.scales_zeros[b0:b1].transpose(0, 1).reshape(groups, (b1 - b0) * block_n, 2)
+        return runs[:, row0 - b0 * block_n : row1 - b0 * block_n]
 
     def widened_t(self, dtype: torch.dtype, row0: int = 0, row1: int | None = None) -> torch.Tensor:
         """Rows ``[row0, row1)`` of ``W`` as ``W.T`` with torch ops: ``[cols, row1 - row0]``
@@ -175,7 +224,7 @@ class Int4Weight(nn.Module):
         # a pair per group of 32), then two passes over the codes in ``dtype`` alone: a
         # mixed uint8-by-bf16 addcmul runs 3-10x slower than converting first.
         step = dtype if self.num_planes == 1 else torch.float32
-        sz = self.scales_zeros[:, row0:row1].to(torch.float32)
+        sz = self.rows_scales_zeros(row0, row1).to(torch.float32)
         scales = sz[..., 0].to(step).unsqueeze(1)  # [groups, 1, rows]
         shifts = (sz[..., 1] - 8 * sz[..., 0]).to(step).unsqueeze(1)
         widened = codes_t.to(step).view(groups, self.group_size, row1 - row0)
@@ -204,23 +253,49 @@ class Int4Weight(nn.Module):
 
 
 @cache
+def use_native_gemv() -> bool:
+    """Whether few-row products go to kvflow's GEMV (``native.py``): it built, and the CPU
+    has AVX2 but not AVX512 (there torch's kernel has 512-bit code; kvflow's is AVX2 and was
+    not measured against it). Weights then keep their scales block-major for it."""
+    flags = _cpu_flags()
+    return "avx2" in flags and "avx512f" not in flags and native_gemv() is not None
+
+
+@cache
 def _widen_min_rows() -> int:
-    return WIDEN_MIN_ROWS_TORCH if native_widener() is None else WIDEN_MIN_ROWS_NATIVE
+    fast = native_widener() is not None and _cpu_gemm_dtype() == torch.bfloat16
+    return WIDEN_MIN_ROWS_NATIVE if fast else WIDEN_MIN_ROWS_TORCH
+
+
+def _block_major(scales_zeros: torch.Tensor, block_n: int) -> torch.Tensor:
+    """``[groups, rows, 2]`` -> ``[blocks, groups, block_n, 2]``, rows padded with zeros to
+    whole blocks (a partial last block of codes reads only its own rows' scales)."""
+    groups, rows, _ = scales_zeros.shape
+    blocks = -(-rows // block_n)
+    padded = scales_zeros.new_zeros(groups, blocks * block_n, 2)
+    padded[:, :rows] = scales_zeros
+    return padded.view(groups, blocks, block_n, 2).transpose(0, 1).contiguous()
 
 
 @cache
 def _cpu_gemm_dtype() -> torch.dtype:
     """bf16 where the CPU multiplies it natively (about 4x float32's GEMMs with AMX or
     AVX512-BF16); float32 elsewhere, where bf16 GEMMs are emulated."""
+    from kvflow.engine_worker.auto_dtype import CPU_BF16_FLAGS
+
+    return torch.bfloat16 if CPU_BF16_FLAGS & _cpu_flags() else torch.float32
+
+
+@cache
+def _cpu_flags() -> frozenset[str]:
     from pathlib import Path
 
-    from kvflow.engine_worker.auto_dtype import CPU_BF16_FLAGS, cpu_flags
+    from kvflow.engine_worker.auto_dtype import cpu_flags
 
     try:
-        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+        return cpu_flags(Path("/proc/cpuinfo").read_text())
     except OSError:
-        flags = frozenset()
-    return torch.bfloat16 if CPU_BF16_FLAGS & flags else torch.float32
+        return frozenset()
 
 
 def _pack_cuda(codes: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,22 @@
-"""``widen_int4.c``, compiled on first use with the machine's C compiler and called by ctypes.
+"""The engine's C kernels, compiled on first use with the machine's C compiler and called by
+ctypes: ``widen_int4.c`` (int4 weights widened for a GEMM, many rows of activations) and
+``gemv_int4.c`` (int4 weights times a few rows: decode steps).
 
-The one native piece of the engine, and optional: where no compiler runs (``$CC``, else
-``cc``), or ``KVFLOW_NATIVE_KERNELS=0``, ``native_widener()`` is None and ``Int4Weight``
-widens with torch ops, 15-20x slower for the same result. This is how Triton builds its
-launchers: a small C file, a compiler at run time, a cache keyed by everything that shapes
-the binary (the source, the compiler and its flags, the CPU's flags for ``-march=native``).
+Both are optional: where no compiler runs (``$CC``, else ``cc``), or
+``KVFLOW_NATIVE_KERNELS=0``, ``native_widener()`` and ``native_gemv()`` are None and
+``Int4Weight`` uses torch's ops and kernels for the same result, several times slower. This is
+how Triton builds its launchers: a small C file, a compiler at run time, a cache keyed by
+everything that shapes the binary (the source, the compiler and its flags, the CPU's flags
+for ``-march=native``).
 
-Threads: the work splits by row blocks over ``torch.get_num_threads()`` Python threads;
-ctypes releases the GIL for the call. No OpenMP: a second OpenMP runtime beside torch's
-would fight it for the cores.
+Threads: the widener splits by row blocks over ``torch.get_num_threads()`` Python threads
+(ctypes releases the GIL; a call widens megabytes, so a thread hand-off is cheap beside it).
+A decode step's products take tens of microseconds each, which a Python hand-off would
+double, so the GEMV threads with OpenMP inside the call: it links ``libgomp.so.1`` by soname,
+and in a process where torch has loaded its own ``libgomp.so.1`` the dynamic linker binds it
+to that one, so both share one runtime and one pool of threads. ``native_gemv()`` checks that
+after loading (a second OpenMP runtime beside torch's would fight it for the cores) and
+otherwise runs it on one thread.
 """
 
 from __future__ import annotations
@@ -32,19 +40,30 @@ from kvflow.engine_worker.cache_dir import cache_dir
 log = logging.getLogger(__name__)
 
 NATIVE_ENV = "KVFLOW_NATIVE_KERNELS"
-_SOURCE = Path(__file__).with_name("widen_int4.c")
+_HERE = Path(__file__).parent
 _FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 _COMPILE_TIMEOUT_S = 120.0
 # widen_int4.c's fixed buffers.
 _MAX_BLOCK_N = 64
 _MAX_GROUPS = 4096
+#: gemv_int4.c's: rows of x one call takes (``gemv`` splits larger inputs).
+GEMV_MAX_ROWS = 8
 
-#: ``widen(packed, scales_zeros, out, padded_rows, cols, planes, group, block_n,
+#: ``widen(packed, scales_zeros, scale_strides, out, cols, planes, group, block_n,
 #: interleaved, row0, row1)``: rows ``[row0, row1)`` of W, planes summed, as W.T into the
-#: first ``row1 - row0`` columns of ``out`` (bf16 or float32, ``[cols, >= row1 - row0]``,
-#: rows dense).
+#: first ``row1 - row0`` columns of ``out`` (bf16 or float32, ``[cols, >= row1 - row0]``, rows
+#: dense). ``scale_strides``: (group, block) strides of ``scales_zeros`` in (scale, zero)
+#: pairs, so it reads torch's layout ``[groups, rows, 2]`` or the GEMV's block-major one.
 Widener = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int, int, int, int, int], None
+    [torch.Tensor, torch.Tensor, tuple[int, int], torch.Tensor, int, int, int, int, int, int, int],
+    None,
+]
+#: The GEMV takes the scales and zeros block-major, ``[blocks, groups, block_n, 2]`` bf16
+#: (int4_weight.py): a block's scales are one run.
+#: ``gemv(packed, scales_zeros, x, padded_rows, cols, planes, group, block_n, interleaved)``:
+#: ``x [M, cols]`` (float32) ``@ W.T`` -> ``[M, padded_rows]`` float32, every row of W.
+Gemv = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int, int, int], torch.Tensor
 ]
 
 
@@ -53,20 +72,21 @@ def native_widener() -> Widener | None:
     """The compiled widener, or None (no compiler, a failed build, or turned off)."""
     if os.environ.get(NATIVE_ENV, "1") == "0":
         return None
-    library = _build()
+    library = _build("widen_int4")
     if library is None:
         return None
     function = library.widen_int4
     function.restype = None
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-    function.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, i32, i64, i64]
+    function.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, i64, i32, i64,
+                         i64]  # fmt: skip
     pool = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()))
 
     def widen(
         packed: torch.Tensor,
         scales_zeros: torch.Tensor,
+        scale_strides: tuple[int, int],
         out: torch.Tensor,
-        padded_rows: int,
         cols: int,
         planes: int,
         group: int,
@@ -90,8 +110,8 @@ def native_widener() -> Widener | None:
             # Each thread writes its own columns of ``out``, from column start - row0 on.
             offset = (start - row0) * out.element_size()
             function(
-                args[0], args[1], args[2] + offset, is_f32, out.stride(0), padded_rows, cols,
-                planes, group, block_n, interleaved, start, end,
+                args[0], args[1], args[2] + offset, is_f32, out.stride(0), *scale_strides,
+                cols, planes, group, block_n, interleaved, start, end,
             )  # fmt: skip
 
         if parts == 1:
@@ -103,13 +123,75 @@ def native_widener() -> Widener | None:
     return widen
 
 
-def _build() -> ctypes.CDLL | None:
+@cache
+def native_gemv() -> Gemv | None:
+    """The compiled int4 GEMV, or None (no compiler, a failed build, or turned off)."""
+    if os.environ.get(NATIVE_ENV, "1") == "0":
+        return None
+    library = _build("gemv_int4", ("-fopenmp",))
+    if library is None:
+        return None
+    function = library.gemv_int4
+    function.restype = ctypes.c_int32
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+    function.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i32, i64,
+                         i64, i32]  # fmt: skip
+    shared = _one_openmp_runtime()
+    if not shared:
+        log.warning(
+            "the int4 GEMV kernel loaded an OpenMP runtime beside torch's: it runs on one "
+            "thread (set CC to the compiler torch was built with to share torch's)"
+        )
+
+    def gemv(
+        packed: torch.Tensor,
+        scales_zeros: torch.Tensor,
+        x: torch.Tensor,
+        padded_rows: int,
+        cols: int,
+        planes: int,
+        group: int,
+        block_n: int,
+        interleaved: int,
+    ) -> torch.Tensor:
+        assert packed.is_contiguous() and scales_zeros.is_contiguous()
+        assert scales_zeros.dtype == torch.bfloat16 and x.dtype == torch.float32
+        assert x.dim() == 2 and x.shape[1] == cols and x.stride(1) == 1
+        assert block_n <= _MAX_BLOCK_N and planes * cols // group <= _MAX_GROUPS
+        out = torch.empty(x.shape[0], padded_rows, dtype=torch.float32)
+        threads = torch.get_num_threads() if shared else 1
+        for i in range(0, x.shape[0], GEMV_MAX_ROWS):
+            rows = min(GEMV_MAX_ROWS, x.shape[0] - i)
+            status = function(
+                packed.data_ptr(), scales_zeros.data_ptr(), x[i].data_ptr(), x.stride(0),
+                out[i].data_ptr(), out.stride(0), rows, cols, planes, group, block_n,
+                interleaved, 0, padded_rows, threads,
+            )  # fmt: skip
+            assert status == 0, f"gemv_int4 refused its arguments ({status})"
+        return out
+
+    return gemv
+
+
+def _one_openmp_runtime() -> bool:
+    """Whether this process maps a single ``libgomp`` (torch's, shared by the kernel)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    paths = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
+    return len(paths) == 1
+
+
+def _build(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     compiler = os.environ.get("CC", "cc")
-    source = _SOURCE.read_bytes()
+    source_path = _HERE / f"{name}.c"
+    flags = (*_FLAGS, *extra_flags)
+    source = source_path.read_bytes()
     key = hashlib.sha256(source)
-    for part in (compiler, *_FLAGS, _cpu_flags()):
+    for part in (compiler, *flags, _cpu_flags()):
         key.update(part.encode())
-    target = cache_dir() / "kernels" / f"widen_int4-{key.hexdigest()[:24]}.so"
+    target = cache_dir() / "kernels" / f"{name}-{key.hexdigest()[:24]}.so"
     if not target.is_file():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +199,7 @@ def _build() -> ctypes.CDLL | None:
             os.close(fd)
             try:
                 subprocess.run(
-                    [compiler, *_FLAGS, "-o", tmp, str(_SOURCE)],
+                    [compiler, *flags, "-o", tmp, str(source_path)],
                     check=True,
                     capture_output=True,
                     timeout=_COMPILE_TIMEOUT_S,
@@ -129,9 +211,9 @@ def _build() -> ctypes.CDLL | None:
         except (OSError, subprocess.SubprocessError) as err:
             detail = getattr(err, "stderr", b"") or b""
             log.warning(
-                "no native int4 widening (%s: %s%s): large batches over quantized weights "
-                "widen with torch ops, several times slower; install a C compiler (gcc) to "
-                "get it",
+                "no native %s (%s: %s%s): quantized weights use torch's int4 ops, several "
+                "times slower; install a C compiler (gcc) to get it",
+                name,
                 compiler,
                 err,
                 f"; {detail.decode(errors='replace').strip()[:300]}" if detail else "",
@@ -140,7 +222,7 @@ def _build() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(str(target))
     except OSError as err:
-        log.warning("could not load %s (%s): widening with torch ops", target, err)
+        log.warning("could not load %s (%s): using torch's int4 ops", target, err)
         return None
 
 

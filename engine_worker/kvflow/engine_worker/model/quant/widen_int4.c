@@ -33,8 +33,10 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even; weights are 
 
 /* out[k][n - row0] = sum over planes p of (code(n, p * cols + k) - 8) * s + z, for
  * k < cols and row0 <= n < row1 (both multiples of block_n): W.T, its rows out_stride
- * elements apart, bf16 or (out_f32) float32. scales_zeros is [width / group][padded_rows][2]
- * bf16.
+ * elements apart, bf16 or (out_f32) float32. scales_zeros holds bf16 pairs (scale, zero):
+ * group g's of row j of block b is pair g * group_stride + b * block_stride + j (torch's
+ * layout [groups][rows]: padded_rows and block_n; block-major [blocks][groups][block_n]:
+ * block_n and groups * block_n).
  *
  * Loop order: a block at a time (its bytes are one contiguous run); the block's scales
  * widened once into floats (with the zero folded in: (c - 8) s + z = c s + (z - 8 s)); then
@@ -90,7 +92,8 @@ static void widen_block_avx512(const uint8_t *block, const float (*scale)[MAX_BL
 #endif
 
 void widen_int4(const uint8_t *packed, const uint16_t *scales_zeros, void *out,
-                int32_t out_f32, int64_t out_stride, int64_t padded_rows, int64_t cols,
+                int32_t out_f32, int64_t out_stride, int64_t group_stride, int64_t block_stride,
+                int64_t cols,
                 int64_t planes, int64_t group, int64_t block_n, int32_t interleaved, int64_t row0,
                 int64_t row1) {
     const int64_t width = planes * cols, half = block_n / 2, groups = width / group;
@@ -99,7 +102,7 @@ void widen_int4(const uint8_t *packed, const uint16_t *scales_zeros, void *out,
     for (int64_t b = row0 / block_n; b < row1 / block_n; b++) {
         const uint8_t *block = packed + b * width * half;
         for (int64_t g = 0; g < groups; g++) {
-            const uint16_t *sz = scales_zeros + (g * padded_rows + b * block_n) * 2;
+            const uint16_t *sz = scales_zeros + (g * group_stride + b * block_stride) * 2;
             for (int64_t j = 0; j < block_n; j++) {
                 scale[g][j] = from_bf16(sz[2 * j]);
                 shift[g][j] = from_bf16(sz[2 * j + 1]) - 8.0f * scale[g][j];

@@ -25,11 +25,13 @@ step reads times steps per second over the streamed bandwidth) and of its GEMM c
 bf16 and with quantized weights, batch 64 at least 60 % of the GEMM ceiling in bf16. Then a
 profile of one decode step at both batch sizes (``engine_profile.py``). ``--dtypes
 float32,bfloat16,q4`` runs each in turn in one run (q4: the GGUF's quantized weights as the
-worker runs them by default, float32 activations; SmolLM2 only). The engine's attention
+worker runs them by default, float32 activations; SmolLM2's, or a random shape's quantized
+the same way). ``--models llama3-1b``: Llama-3.2-1B's shape with random weights, whose step
+reads enough bytes to be bound by them (roofline_models.py). The engine's attention
 computes in float32 on the CPU, or in bf16 for a bf16 model on a CPU with native bf16
 (``attention.compute_dtype``); the ceilings include no attention.
 
-    python bench/engine_roofline.py [--quick] [--models smollm2,tiny]
+    python bench/engine_roofline.py [--quick] [--models smollm2,tiny,llama3-1b]
         [--dtypes float32,bfloat16,q4] [--json PATH]
 """
 
@@ -53,7 +55,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from engine_profile import profile_decode  # noqa: E402
+from gpu.models import make_engine  # noqa: E402
 from roofline_gemm import decode_ops, gemm_ceiling_s, matmul_params, step_weight_bytes  # noqa: E402
+from roofline_models import RANDOM_SHAPES, random_model  # noqa: E402
 from roofline_report import print_table  # noqa: E402
 from roofline_stream import (  # noqa: E402
     MIB,
@@ -68,12 +72,23 @@ from kvflow.engine_worker.core.sampling_params import SamplingParams  # noqa: E4
 from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 from kvflow.engine_worker.settings import WorkerSettings  # noqa: E402
 
+# ``--models`` naming a shape of roofline_models.py: random weights built in memory.
+RANDOM = "random"
+RANDOM_NAMES = ", ".join(RANDOM_SHAPES)
+
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def new_engine(loaded: Any, path: str | None, *, max_num_seqs: int) -> Engine:
+    model, config = loaded
+    if path == RANDOM:  # no checkpoint, no tokenizer: the engine as the GPU check builds it
+        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        return make_engine(
+            model, config, dtype=dtype, device="cpu", kv_cache_gib=0.75,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, max_model_len=4096,
+        ).engine  # fmt: skip
     settings = WorkerSettings(
         model=path,  # in the dtype of the weights in ``loaded`` (``build_worker`` takes it)
         kv_cache_gib=0.75,
@@ -121,9 +136,11 @@ def bench_model(
     log(f"{name}: loading ({dtype})")
     # Widened for float32 and bf16 (the GEMM ceiling's F.linear over float weights); q4: the
     # GGUF's quantized weights as the worker loads them by default, float32 activations.
-    if dtype == "q4":
+    if path == RANDOM:
+        loaded = random_model(name, dtype)
+    elif dtype == "q4":
         if path is not None:
-            raise SystemExit(f"--dtypes q4: {name} is no GGUF; q4 runs SmolLM2's")
+            raise SystemExit(f"--dtypes q4: {name} is no GGUF; q4 runs smollm2, {RANDOM_NAMES}")
         loaded = load_model(path, dtype=torch.float32, quantization="auto")
     else:
         loaded = load_model(path, dtype=getattr(torch, dtype), quantization="none")
@@ -288,9 +305,11 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            if name not in ("tiny", "smollm2"):
-                parser.error(f"unknown model {name!r}: choose tiny or smollm2")
+            if name not in ("tiny", "smollm2", *RANDOM_SHAPES):
+                parser.error(f"unknown model {name!r}: choose tiny, smollm2 or {RANDOM_NAMES}")
             path = tiny_model(Path(tmp)) if name == "tiny" else None
+            if name in RANDOM_SHAPES:
+                path = RANDOM
             for dtype in dtypes:
                 report["models"].append(bench_model(name, path, dtype, args))
     print_table(report)

@@ -12,6 +12,8 @@ import json
 
 import aiohttp
 
+from kvflow.operator.observe.http_body import read_body
+
 QUERY_TIMEOUT_S = 5.0
 # The planner's answer is ~30 series per histogram per target: 1 MB is hundreds of pods.
 MAX_BODY_BYTES = 16 << 20
@@ -36,13 +38,15 @@ async def instant_query(base_url: str, query: str, timeout_s: float = QUERY_TIME
             aiohttp.ClientSession(timeout=timeout) as session,
             session.post(url, data={"query": query}) as response,
         ):
-            body = await response.content.read(MAX_BODY_BYTES)
+            body = await read_body(response, MAX_BODY_BYTES)
             status = response.status
     except TimeoutError as exc:
         raise PrometheusError(f"{url}: no answer within {timeout_s:g} s") from exc
     except aiohttp.ClientError as exc:
         # The client's text (refused, DNS, TLS); its class name when it has none.
         raise PrometheusError(f"{url}: {str(exc)[:200] or type(exc).__name__}") from exc
+    if body is None:
+        raise PrometheusError(f"{url}: HTTP {status}, an answer over {MAX_BODY_BYTES} bytes")
     try:
         answer = json.loads(body)
     except ValueError as exc:

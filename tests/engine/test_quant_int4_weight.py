@@ -149,8 +149,10 @@ def test_the_native_gemv_is_exact_in_float32(
     blocks and a partial last one (200 and 80 rows: 16 past a block), several planes, rows
     of x in pairs and alone, and more rows than one call takes (9)."""
     monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
+    monkeypatch.setattr(int4_weight, "gemv_activations", lambda: "float32")
     p = planes(rows, cols, num_planes, group)
     weight = Int4Weight(p)
+    assert weight.native and not weight.int8_activations
     assert native.native_gemv() is not None, "this machine has a C compiler: cc"
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
     got = weight._matmul_native(x)
@@ -160,6 +162,69 @@ def test_the_native_gemv_is_exact_in_float32(
     assert got.shape == (batch, rows) and got.dtype == torch.float32
     excess = (got.double() - want).abs() - bound
     assert excess.max() <= 0, f"error above float32's bound by {excess.max():.3g}"
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the GEMV rounds it: blocks of 32 columns, d = amax / 127 and q = x / d
+    rounded half away from zero, in float32 as ``gemv_int4.c`` computes them; -> d * q."""
+    blocks = x.view(x.shape[0], -1, native.GEMV_INT8_BLOCK)
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127.0
+    inverse = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.trunc(blocks * inverse + torch.where(blocks < 0, -0.5, 0.5)).clamp(-127, 127)
+    return (d * q).view_as(x)
+
+
+def zero_weights(p: Int4Planes) -> torch.Tensor:
+    """The zeros' part of W, float64: each group's z (planes summed), as code 8 gives it."""
+    return exact_weights(Int4Planes(np.full_like(p.codes, 8), p.scales, p.zeros, p.group_size,
+                                    p.num_planes))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "num_planes", "group"),
+    [(192, 256, 1, 32), (200, 256, 2, 32), (1100, 512, 4, 256), (80, 64, 1, 64)],
+)
+@pytest.mark.parametrize("batch", [1, 2, 3, 9])
+def test_the_native_gemv_with_int8_activations_is_w_times_the_rounded_x(
+    monkeypatch: pytest.MonkeyPatch, rows: int, cols: int, num_planes: int, group: int, batch: int
+) -> None:
+    """The engine's default on AVX2 CPUs: x rounded to int8 per 32 columns, times the exact W,
+    within float32's error of its two terms (the centred codes' integer sums and the zeros);
+    in full blocks (integer dot products) and partial ones (float32 on the rounded x). So it
+    errs from the exact product by at most half a rounding step times each weight."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
+    monkeypatch.setattr(int4_weight, "gemv_activations", lambda: "int8")
+    p = planes(rows, cols, num_planes, group)
+    weight = Int4Weight(p)
+    assert weight.int8_activations
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
+    got = weight._matmul_native(x).double()
+    rounded = int8_rows(x).double()
+    exact, zeros = exact_weights(p), zero_weights(p)
+    terms = (exact - zeros).abs() + zeros.abs()  # s (c - 8) and z, summed apart
+    bound = 2**-20 * (rounded.abs() @ terms.T)
+    assert got.shape == (batch, rows)
+    excess = (got - rounded @ exact.T).abs() - bound
+    assert excess.max() <= 0, f"error above float32's bound by {excess.max():.3g}"
+    step = x.view(batch, -1, native.GEMV_INT8_BLOCK).abs().amax(-1) / 127  # [batch, blocks]
+    half_steps = step.repeat_interleave(native.GEMV_INT8_BLOCK, dim=1).double() / 2
+    assert ((got - x.double() @ exact.T).abs() <= half_steps @ exact.abs().T + bound).all()
+
+
+def test_gemv_activations_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    int4_weight.gemv_activations.cache_clear()
+    try:
+        monkeypatch.delenv(int4_weight.GEMV_ACTIVATIONS_ENV, raising=False)
+        assert int4_weight.gemv_activations() == "int8"
+        int4_weight.gemv_activations.cache_clear()
+        monkeypatch.setenv(int4_weight.GEMV_ACTIVATIONS_ENV, "float32")
+        assert int4_weight.gemv_activations() == "float32"
+        int4_weight.gemv_activations.cache_clear()
+        monkeypatch.setenv(int4_weight.GEMV_ACTIVATIONS_ENV, "fp16")
+        with pytest.raises(ValueError, match="use int8 or float32"):
+            int4_weight.gemv_activations()
+    finally:
+        int4_weight.gemv_activations.cache_clear()
 
 
 def test_the_native_gemv_gives_the_same_sums_on_any_number_of_threads(

@@ -124,13 +124,16 @@ def test_a_type_kvflow_does_not_multiply_is_refused_by_name(tmp_path: Path) -> N
     assert weight_memory(model).keys() == {"float32"}
 
 
-@pytest.mark.parametrize("native_gemv", [False, True])
+@pytest.mark.parametrize("kernel", ["torch", "gemv-float32", "gemv-int8"])
 def test_a_quantized_head_recomputes_its_likeliest_logits_in_float32(
-    monkeypatch: pytest.MonkeyPatch, native_gemv: bool
+    monkeypatch: pytest.MonkeyPatch, kernel: str
 ) -> None:
-    """torch's int4 kernel computes in bf16, so the likeliest logits are recomputed in
-    float32; kvflow's GEMV sums in float32, so every logit is as exact as those."""
-    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: native_gemv)
+    """torch's int4 kernel computes in bf16 and kvflow's GEMV with int8 activations rounds
+    them, so the likeliest logits are recomputed in float32; kvflow's GEMV on float32
+    activations sums in float32, so every logit is as exact as those."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: kernel != "torch")
+    activations = "int8" if kernel == "gemv-int8" else "float32"
+    monkeypatch.setattr(int4_weight, "gemv_activations", lambda: activations)
     generator = torch.Generator().manual_seed(0)
     weights = torch.randn(512, 64, generator=generator) * 0.3
     # Q8_0 blocks of these weights, as an Embedding (a tied head) holds them.
@@ -146,9 +149,10 @@ def test_a_quantized_head_recomputes_its_likeliest_logits_in_float32(
     top = exact.topk(REFINE_TOP_K).indices
     # The likeliest are float32-exact ...
     torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), rtol=2e-5, atol=2e-4)
-    if native_gemv:
+    assert head.quantized.int8_activations == (kernel == "gemv-int8")
+    if kernel == "gemv-float32":
         torch.testing.assert_close(got, exact, rtol=2e-5, atol=2e-4)
-    else:  # ... and the rest carry bf16's rounding, which is why the top is recomputed.
+    else:  # ... and the rest carry bf16's or int8's rounding: why the top is recomputed.
         assert (got - exact).abs().max() > 1e-2
 
 

@@ -131,8 +131,9 @@ def head_logits(hidden: torch.Tensor, head: Linear | Embedding) -> torch.Tensor:
 
     Dense: one product in the model's dtype, widened after (in bf16 that rounds logits to
     about 3 significant digits, as the reference implementation does). Quantized: kvflow's
-    GEMV's float32 logits as they are; torch's kernel's bf16 ones (or a bf16 GEMM's), with
-    the likeliest ``REFINE_TOP_K`` recomputed in float32.
+    GEMV's float32 logits as they are, with float32 activations; otherwise (its int8
+    activations, torch's kernel's bf16 ones, a bf16 GEMM's) the likeliest ``REFINE_TOP_K``
+    recomputed in float32.
     """
     weight = head.weight
     if weight is not None:
@@ -140,8 +141,9 @@ def head_logits(hidden: torch.Tensor, head: Linear | Embedding) -> torch.Tensor:
     quantized = head.quantized if isinstance(head, Embedding) else _single_segment(head)
     assert quantized is not None
     logits = quantized.matmul(hidden).float()
-    if quantized.native and hidden.shape[0] < quantized.widen_min_rows():
-        return logits  # kvflow's GEMV sums in float32: nothing to refine
+    sums_f32 = not quantized.int8_activations and hidden.shape[0] < quantized.widen_min_rows()
+    if quantized.native and sums_f32:
+        return logits  # kvflow's GEMV on float32 activations: nothing to refine
     top = logits.topk(min(REFINE_TOP_K, logits.shape[-1]), dim=-1).indices  # [N, k]
     rows = quantized.take_rows(top.reshape(-1)).view(*top.shape, -1)  # [N, k, dim] float32
     exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)

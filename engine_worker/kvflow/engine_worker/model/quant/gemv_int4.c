@@ -16,11 +16,26 @@
  * interleaved (full) block row j is byte j % (block_n / 2), nibble j / (block_n / 2);
  * otherwise rows 2i and 2i + 1 share byte i.
  *
+ * int8 activations (``int8_x``): decode's products are bound by converting codes to float
+ * (about 11 G codes a second a core), not by memory. With each row of x rounded to int8 in
+ * blocks of QK columns, one float scale each (amax / 127, as llama.cpp's Q8_0), a
+ * `vpmaddubsw` multiplies 32 unsigned codes by 32 signed activations and adds pairs, exactly,
+ * in one instruction, where float32 takes a dozen to convert 32 codes and 4 FMAs. Only the
+ * activations are rounded; the result is W times the rounded x, xq_k = d_b q_k:
+ *   out = sum_g s * sum_b d_b sum_k (c_k - 8) q_k + z * sum_k xq_k,
+ * with sum (c - 8) q = sum c q - 8 sum q in integers, exactly. Its error is then
+ * sum_k W_k (xq_k - x_k), each weight times its activation's rounding. (The zero's term on
+ * the exact sum of x would leave s (c - 8) times the rounding instead: more than W where
+ * planes cancel, as Q6_K's do, 3.5x a bf16 model's error on a small one.) Blocks the int8
+ * loop does not take (partial ones) run the float32 loop on xq and its sums: the same
+ * product.
+ *
  * Threads: OpenMP over blocks of rows. The library links libgomp.so.1 by soname, so in a
  * process where torch has loaded its own libgomp.so.1 it shares torch's runtime and thread
  * pool (native.py checks that only one is mapped), instead of a second pool fighting it
  * for the cores. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -29,6 +44,7 @@
 #define MAX_BLOCK_N 64
 #define MAX_ROWS 8      /* rows of x a call takes (native.py splits larger calls) */
 #define MAX_GROUPS 4096 /* planes * cols / group */
+#define QK 32           /* columns of x per int8 scale */
 
 static inline float from_bf16(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -37,12 +53,14 @@ static inline float from_bf16(uint16_t h) {
     return f;
 }
 
-/* Scale and (zero - 8 scale) of rows [0, n) of block b for group g. The scales are kept
+/* Scale and (zero - centre * scale) of rows [0, n) of block b for group g (centre 8, the
+ * codes' offset, or 0 for the zero alone). The scales are kept
  * block-major, [blocks][groups][block_n] pairs of bf16 (scale, zero): torch's kernel takes
  * them [groups][rows], which puts a block's groups 4 * rows bytes apart, a page each on a
  * large matrix, and read that way they halved this kernel's speed. */
 static void group_scales(const uint16_t *scales_zeros, int64_t groups, int64_t block_n,
-                         int64_t b, int64_t g, int64_t n, float *scale, float *shift) {
+                         int64_t b, int64_t g, int64_t n, float centre, float *scale,
+                         float *shift) {
     const uint16_t *sz = scales_zeros + ((b * groups + g) * block_n) * 2;
     int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -53,12 +71,12 @@ static void group_scales(const uint16_t *scales_zeros, int64_t groups, int64_t b
         const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
         const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(u, high));
         _mm256_storeu_ps(scale + j, s);
-        _mm256_storeu_ps(shift + j, _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), s, z));
+        _mm256_storeu_ps(shift + j, _mm256_fnmadd_ps(_mm256_set1_ps(centre), s, z));
     }
 #endif
     for (; j < n; j++) {
         scale[j] = from_bf16(sz[2 * j]);
-        shift[j] = from_bf16(sz[2 * j + 1]) - 8.0f * scale[j];
+        shift[j] = from_bf16(sz[2 * j + 1]) - centre * scale[j];
     }
 }
 
@@ -73,7 +91,7 @@ static void block_scalar(const uint8_t *block, const uint16_t *scales_zeros,
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) out[i * out_stride + j] = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
-        group_scales(scales_zeros, groups, block_n, b, g, n, scale, shift);
+        group_scales(scales_zeros, groups, block_n, b, g, n, 8.0f, scale, shift);
         for (int64_t j = 0; j < n; j++) {
             const int64_t byte = interleaved ? j % half : j / 2;
             const int shift_bits = interleaved ? 4 * (int)(j / half) : 4 * (int)(j % 2);
@@ -161,7 +179,7 @@ static void block_avx2(const uint8_t *block, const uint16_t *scales_zeros, const
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < block_n; j++) out[i * out_stride + j] = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
-        group_scales(scales_zeros, groups, block_n, b, g, block_n, scale, shift);
+        group_scales(scales_zeros, groups, block_n, b, g, block_n, 8.0f, scale, shift);
         const int64_t k0 = g * group, xk = k0 % cols; /* every plane multiplies the same x */
         for (int64_t q = 0; q < half / 16; q++) {
             const uint8_t *run = block + k0 * half + 16 * q;
@@ -178,18 +196,166 @@ static void block_avx2(const uint8_t *block, const uint16_t *scales_zeros, const
         }
     }
 }
+/* sum c q of 8 rows as floats from int16 sums in both lanes (the same rows, other
+ * columns), less offset (8 sum q: the codes centred). */
+static inline __m256 widen_lanes(__m256i a, __m256i offset) {
+    const __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a));
+    const __m256i hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(lo, hi), offset));
+}
+
+/* The 32 rows of a block (block_n 32: runs of 16 bytes) for one row of x or (two) two, x as
+ * int8. Four columns a step: A holds runs k and k+1, B runs k+2 and k+3, so unpacking A with
+ * B pairs run k with k+2 in the low lane and k+1 with k+3 in the high one, a byte a row;
+ * the activations are stored a quad at a time as (k, k+2, k+1, k+3) (quantize_rows), and
+ * `pick` spreads the first pair over the low lane and the second over the high. Each
+ * vpmaddubsw sum is at most 2 * 15 * 127, so 8 steps (QK columns) fit int16's range; then
+ * both lanes widen to int32, add, and scale by the block's d into float. */
+static inline __attribute__((always_inline)) void block_q8_rows(
+    const uint8_t *block, const uint16_t *scales_zeros, const int8_t *q0, const int8_t *q1,
+    const float *d0, const float *d1, const int32_t *qs0, const int32_t *qs1, const float *xs0,
+    const float *xs1, float *o0, float *o1, int64_t cols, int64_t groups, int64_t group,
+    int64_t b, const int two) {
+    const __m256i nibble = _mm256_set1_epi8(15);
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    float scale[32], zero[32];
+    for (int j = 0; j < 32; j++) {
+        o0[j] = 0.0f;
+        if (two) o1[j] = 0.0f;
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        group_scales(scales_zeros, groups, 32, b, g, 32, 0.0f, scale, zero);
+        const int64_t k0 = g * group, xk = k0 % cols;
+        __m256 f0[4], f1[4];
+        for (int r = 0; r < 4; r++) f0[r] = f1[r] = _mm256_setzero_ps();
+        for (int64_t kb = 0; kb < group; kb += QK) {
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            __m256i b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            const uint8_t *run = block + (k0 + kb) * 16;
+            for (int k = 0; k < QK; k += 4) {
+                const __m256i A = _mm256_loadu_si256((const __m256i *)(run + 16 * k));
+                const __m256i B = _mm256_loadu_si256((const __m256i *)(run + 16 * k + 32));
+                const __m256i ul = _mm256_unpacklo_epi8(A, B), uh = _mm256_unpackhi_epi8(A, B);
+                const __m256i c0 = _mm256_and_si256(ul, nibble); /* rows 0-7 */
+                const __m256i c1 = _mm256_and_si256(uh, nibble); /* rows 8-15 */
+                const __m256i c2 = _mm256_and_si256(_mm256_srli_epi16(ul, 4), nibble);
+                const __m256i c3 = _mm256_and_si256(_mm256_srli_epi16(uh, 4), nibble);
+                int32_t quad;
+                memcpy(&quad, q0 + xk + kb + k, sizeof quad);
+                const __m256i v0 = _mm256_shuffle_epi8(_mm256_set1_epi32(quad), pick);
+                a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(c0, v0));
+                a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(c1, v0));
+                a2 = _mm256_add_epi16(a2, _mm256_maddubs_epi16(c2, v0));
+                a3 = _mm256_add_epi16(a3, _mm256_maddubs_epi16(c3, v0));
+                if (two) {
+                    memcpy(&quad, q1 + xk + kb + k, sizeof quad);
+                    const __m256i v1 = _mm256_shuffle_epi8(_mm256_set1_epi32(quad), pick);
+                    b0 = _mm256_add_epi16(b0, _mm256_maddubs_epi16(c0, v1));
+                    b1 = _mm256_add_epi16(b1, _mm256_maddubs_epi16(c1, v1));
+                    b2 = _mm256_add_epi16(b2, _mm256_maddubs_epi16(c2, v1));
+                    b3 = _mm256_add_epi16(b3, _mm256_maddubs_epi16(c3, v1));
+                }
+            }
+            const int64_t db = (xk + kb) / QK;
+            const __m256 s0 = _mm256_set1_ps(d0[db]);
+            const __m256i e0 = _mm256_set1_epi32(8 * qs0[db]);
+            f0[0] = _mm256_fmadd_ps(widen_lanes(a0, e0), s0, f0[0]);
+            f0[1] = _mm256_fmadd_ps(widen_lanes(a1, e0), s0, f0[1]);
+            f0[2] = _mm256_fmadd_ps(widen_lanes(a2, e0), s0, f0[2]);
+            f0[3] = _mm256_fmadd_ps(widen_lanes(a3, e0), s0, f0[3]);
+            if (two) {
+                const __m256 s1 = _mm256_set1_ps(d1[db]);
+                const __m256i e1 = _mm256_set1_epi32(8 * qs1[db]);
+                f1[0] = _mm256_fmadd_ps(widen_lanes(b0, e1), s1, f1[0]);
+                f1[1] = _mm256_fmadd_ps(widen_lanes(b1, e1), s1, f1[1]);
+                f1[2] = _mm256_fmadd_ps(widen_lanes(b2, e1), s1, f1[2]);
+                f1[3] = _mm256_fmadd_ps(widen_lanes(b3, e1), s1, f1[3]);
+            }
+        }
+        for (int r = 0; r < 4; r++) {
+            fold8(o0 + 8 * r, scale + 8 * r, zero + 8 * r, f0[r], xs0[g]);
+            if (two) fold8(o1 + 8 * r, scale + 8 * r, zero + 8 * r, f1[r], xs1[g]);
+        }
+    }
+}
+
+/* A full block of 32 rows (the AVX2 layout), rows of x two at a time. */
+static void block_q8(const uint8_t *block, const uint16_t *scales_zeros, const int8_t *q,
+                     const float *d, const int32_t *qsum, const float *xsum, float *out,
+                     int64_t out_stride, int64_t m, int64_t cols, int64_t planes, int64_t group,
+                     int64_t b) {
+    const int64_t groups = planes * cols / group, scales = cols / QK;
+    int64_t i = 0;
+    for (; i + 1 < m; i += 2)
+        block_q8_rows(block, scales_zeros, q + i * cols, q + (i + 1) * cols, d + i * scales,
+                      d + (i + 1) * scales, qsum + i * scales, qsum + (i + 1) * scales,
+                      xsum + i * groups, xsum + (i + 1) * groups, out + i * out_stride,
+                      out + (i + 1) * out_stride, cols, groups, group, b, 1);
+    if (i < m)
+        block_q8_rows(block, scales_zeros, q + i * cols, 0, d + i * scales, 0, qsum + i * scales,
+                      0, xsum + i * groups, 0, out + i * out_stride, 0, cols, groups, group, b,
+                      0);
+}
 #endif
+
+/* Rows of x as int8, QK columns to a float scale d = amax / 127 (q = x / d, rounded half
+ * away from zero), into q [m][cols] (and their sum per block into qsum) with each quad of columns stored (k, k+2, k+1, k+3)
+ * (block_q8_rows), and the same values, d * q, as float32 in column order into xq. */
+static void quantize_rows(const float *x, int64_t x_stride, int64_t m, int64_t cols, int8_t *q,
+                          float *d, int32_t *qsum, float *xq) {
+    static const int order[4] = {0, 2, 1, 3};
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < cols / QK; b++) {
+            const float *xb = x + i * x_stride + b * QK;
+            float amax = 0.0f;
+            for (int k = 0; k < QK; k++) {
+                const float a = xb[k] < 0.0f ? -xb[k] : xb[k];
+                amax = a > amax ? a : amax;
+            }
+            const float scale = amax / 127.0f, inverse = amax > 0.0f ? 1.0f / scale : 0.0f;
+            d[i * (cols / QK) + b] = scale;
+            int32_t total = 0;
+            for (int k = 0; k < QK; k++) {
+                const float v = xb[k] * inverse;
+                int r = (int)(v + (v < 0.0f ? -0.5f : 0.5f));
+                r = r > 127 ? 127 : (r < -127 ? -127 : r);
+                q[i * cols + b * QK + (k & ~3) + order[k & 3]] = (int8_t)r;
+                xq[i * cols + b * QK + k] = scale * (float)r;
+                total += r;
+            }
+            qsum[i * (cols / QK) + b] = total;
+        }
+}
 
 /* out[i][n - row0] = sum_k W[n, k] x[i][k] for i < m and row0 <= n < row1 (row0 a multiple
  * of block_n; row1 a multiple of block_n or the matrix's padded rows), on `threads` threads;
- * scales_zeros block-major (group_scales). Returns 0, or
- * -1 for arguments past the fixed buffers (native.py checks them first). */
+ * scales_zeros block-major (group_scales); with int8_x, x rounded to int8 as the header
+ * says (cols a multiple of QK). Returns 0, -1 for arguments past the fixed buffers (native.py
+ * checks them first), or -2 when memory for the int8 rows is not there. */
 int gemv_int4(const uint8_t *packed, const uint16_t *scales_zeros, const float *x,
               int64_t x_stride, float *out, int64_t out_stride, int64_t m,
               int64_t cols, int64_t planes, int64_t group, int64_t block_n,
-              int32_t interleaved, int64_t row0, int64_t row1, int32_t threads) {
+              int32_t interleaved, int64_t row0, int64_t row1, int32_t threads,
+              int32_t int8_x) {
     const int64_t width = planes * cols, groups = width / group;
     if (m > MAX_ROWS || block_n > MAX_BLOCK_N || groups > MAX_GROUPS || width % group) return -1;
+    if (int8_x && cols % QK) return -1;
+    int8_t *q = 0;
+    int32_t *qsum = 0;
+    float *d = 0, *xq = 0;
+    if (int8_x) { /* from here on, x is xq */
+        q = malloc((size_t)(m * cols));
+        d = malloc(sizeof(float) * (size_t)(m * (cols / QK)));
+        qsum = malloc(sizeof(int32_t) * (size_t)(m * (cols / QK)));
+        xq = malloc(sizeof(float) * (size_t)(m * cols));
+        if (!q || !d || !qsum || !xq) {
+            free(q), free(d), free(qsum), free(xq);
+            return -2;
+        }
+        quantize_rows(x, x_stride, m, cols, q, d, qsum, xq);
+        x = xq, x_stride = cols;
+    }
     float sums[MAX_ROWS * MAX_GROUPS]; /* x's sum over each group: 128 KiB at most */
     for (int64_t i = 0; i < m; i++)
         for (int64_t g = 0; g < groups; g++) {
@@ -207,7 +373,13 @@ int gemv_int4(const uint8_t *packed, const uint16_t *scales_zeros, const float *
         const uint8_t *block = packed + (first / block_n) * width * (block_n / 2);
         float *o = out + (first - row0);
 #if defined(__AVX2__) && defined(__FMA__)
-        if (n == block_n && interleaved && block_n % 32 == 0 && cols % group == 0) {
+        const int avx = n == block_n && interleaved && cols % group == 0;
+        if (int8_x && avx && block_n == 32 && group % QK == 0) {
+            block_q8(block, scales_zeros, q, d, qsum, sums, o, out_stride, m, cols, planes, group,
+                     first / block_n);
+            continue;
+        }
+        if (avx && block_n % 32 == 0) {
             block_avx2(block, scales_zeros, x, x_stride, sums, o, out_stride, m, cols, planes,
                        group, first / block_n, block_n);
             continue;
@@ -216,5 +388,6 @@ int gemv_int4(const uint8_t *packed, const uint16_t *scales_zeros, const float *
         block_scalar(block, scales_zeros, x, x_stride, sums, o, out_stride, m, cols, planes,
                      group, first / block_n, block_n, n, interleaved && n == block_n);
     }
+    free(q), free(d), free(qsum), free(xq);
     return 0;
 }

@@ -22,6 +22,7 @@ size itself.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
 import numpy as np
@@ -29,7 +30,11 @@ import torch
 from torch import nn
 
 from kvflow.engine_worker.model.quant.cpu_layout import cpu_layout, pack
-from kvflow.engine_worker.model.quant.native import native_gemv, native_widener
+from kvflow.engine_worker.model.quant.native import (
+    GEMV_INT8_BLOCK,
+    native_gemv,
+    native_widener,
+)
 from kvflow.engine_worker.model.quant.planes import Int4Planes
 
 #: From this many rows of ``x`` on, widen and GEMM instead of the kernel (CPU). The kernel
@@ -77,6 +82,11 @@ class Int4Weight(nn.Module):
         # scales as one run (``gemv_int4.c``).
         scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).to(torch.bfloat16)
         self.native = self.device.type == "cpu" and use_native_gemv()
+        #: The GEMV rounds ``x`` to int8 (``gemv_activations``); its products are then not
+        #: float32-exact, and an LM head refines its top logits (``linear.head_logits``).
+        self.int8_activations = (
+            self.native and gemv_activations() == "int8" and self.cols % GEMV_INT8_BLOCK == 0
+        )
         if self.native:
             scales_zeros = _block_major(scales_zeros, cpu_layout().block_n)
         self.register_buffer("scales_zeros", scales_zeros.contiguous().to(self.device))
@@ -136,6 +146,7 @@ class Int4Weight(nn.Module):
         out = gemv(
             self.packed, self.scales_zeros, x.to(torch.float32).contiguous(), self.padded_rows,
             self.cols, self.num_planes, self.group_size, layout.block_n, int(layout.interleaved),
+            self.int8_activations,
         )  # fmt: skip
         return out[:, : self.rows].to(x.dtype)
 
@@ -259,6 +270,21 @@ def use_native_gemv() -> bool:
     not measured against it). Weights then keep their scales block-major for it."""
     flags = _cpu_flags()
     return "avx2" in flags and "avx512f" not in flags and native_gemv() is not None
+
+
+#: ``int8`` (the default) or ``float32``: what kvflow's GEMV multiplies the 4-bit codes by.
+GEMV_ACTIVATIONS_ENV = "KVFLOW_GEMV_ACTIVATIONS"
+
+
+@cache
+def gemv_activations() -> str:
+    """How kvflow's GEMV takes ``x``: ``int8``, each row rounded to int8 in blocks of 32
+    columns with one scale each (llama.cpp's Q8_0), multiplied by integer dot products, or
+    ``float32``, exact and slower (converting codes to float bounds it, not memory)."""
+    value = os.environ.get(GEMV_ACTIVATIONS_ENV, "int8")
+    if value not in ("int8", "float32"):
+        raise ValueError(f"{GEMV_ACTIVATIONS_ENV}={value!r}: use int8 or float32")
+    return value
 
 
 @cache

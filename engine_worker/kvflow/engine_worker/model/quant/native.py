@@ -48,6 +48,8 @@ _MAX_BLOCK_N = 64
 _MAX_GROUPS = 4096
 #: gemv_int4.c's: rows of x one call takes (``gemv`` splits larger inputs).
 GEMV_MAX_ROWS = 8
+#: gemv_int4.c's QK: columns of ``x`` that share one int8 scale.
+GEMV_INT8_BLOCK = 32
 
 #: ``widen(packed, scales_zeros, scale_strides, out, cols, planes, group, block_n,
 #: interleaved, row0, row1)``: rows ``[row0, row1)`` of W, planes summed, as W.T into the
@@ -60,10 +62,12 @@ Widener = Callable[
 ]
 #: The GEMV takes the scales and zeros block-major, ``[blocks, groups, block_n, 2]`` bf16
 #: (int4_weight.py): a block's scales are one run.
-#: ``gemv(packed, scales_zeros, x, padded_rows, cols, planes, group, block_n, interleaved)``:
-#: ``x [M, cols]`` (float32) ``@ W.T`` -> ``[M, padded_rows]`` float32, every row of W.
+#: ``gemv(packed, scales_zeros, x, padded_rows, cols, planes, group, block_n, interleaved,
+#: int8_x)``: ``x [M, cols]`` (float32) ``@ W.T`` -> ``[M, padded_rows]`` float32, every row
+#: of W; with ``int8_x``, ``x`` rounded to int8 in blocks of ``GEMV_INT8_BLOCK`` columns
+#: (``gemv_int4.c``; ``cols`` a multiple of it).
 Gemv = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int, int, int], torch.Tensor
+    [torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int, int, int, bool], torch.Tensor
 ]
 
 
@@ -135,7 +139,7 @@ def native_gemv() -> Gemv | None:
     function.restype = ctypes.c_int32
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     function.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i32, i64,
-                         i64, i32]  # fmt: skip
+                         i64, i32, i32]  # fmt: skip
     shared = _one_openmp_runtime()
     if not shared:
         log.warning(
@@ -153,9 +157,11 @@ def native_gemv() -> Gemv | None:
         group: int,
         block_n: int,
         interleaved: int,
+        int8_x: bool,
     ) -> torch.Tensor:
         assert packed.is_contiguous() and scales_zeros.is_contiguous()
         assert scales_zeros.dtype == torch.bfloat16 and x.dtype == torch.float32
+        assert not int8_x or cols % GEMV_INT8_BLOCK == 0, cols
         assert x.dim() == 2 and x.shape[1] == cols and x.stride(1) == 1
         assert block_n <= _MAX_BLOCK_N and planes * cols // group <= _MAX_GROUPS
         out = torch.empty(x.shape[0], padded_rows, dtype=torch.float32)
@@ -165,8 +171,10 @@ def native_gemv() -> Gemv | None:
             status = function(
                 packed.data_ptr(), scales_zeros.data_ptr(), x[i].data_ptr(), x.stride(0),
                 out[i].data_ptr(), out.stride(0), rows, cols, planes, group, block_n,
-                interleaved, 0, padded_rows, threads,
+                interleaved, 0, padded_rows, threads, int(int8_x),
             )  # fmt: skip
+            if status == -2:
+                raise MemoryError("gemv_int4: no memory for the int8 rows of x")
             assert status == 0, f"gemv_int4 refused its arguments ({status})"
         return out
 

@@ -130,7 +130,9 @@ def test_large_batches_widen_and_small_ones_use_the_kernel(
         kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
         monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", counting(kernel))
     weight = Int4Weight(planes(128, 64, 1))
-    threshold = int4_weight._widen_min_rows()
+    threshold = weight.widen_min_rows()
+    if widener == "gemv":  # int8 activations, the default: a GEMM must beat 32 codes an op
+        assert threshold == int4_weight.WIDEN_MIN_ROWS_INT8_GEMV
     weight.matmul(torch.randn(threshold - 1, 64))
     assert calls == [1]
     weight.matmul(torch.randn(threshold, 64))

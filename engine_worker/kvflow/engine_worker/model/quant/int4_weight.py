@@ -4,9 +4,11 @@
 
 - **Few rows** (decode steps, an LM head over the sampled rows): a kernel that reads the
   4-bit codes and their bf16 scales and never widens ``W``. On a CPU with AVX2 but no
-  AVX512, kvflow's own (``gemv_int4.c``, compiled on first use, ``native.py``): float32
-  activations, threads shared with torch; it reads a 16384 x 2048 matrix at about 7 GB/s on
-  one core of an AMD EPYC (Zen 3), where torch's kernel reads 4. Elsewhere (AVX512, where
+  AVX512, kvflow's own (``gemv_int4.c``, compiled on first use, ``native.py``): activations
+  rounded to int8 per 32 columns and integer dot products (``gemv_activations``; or float32
+  ones, exact), threads shared with torch; it reads a 16384 x 2048 matrix at 27-33 GB/s on
+  2 threads of an AMD EPYC (Zen 3) with int8 activations, 9-13 with float32 ones, where
+  torch's kernel reads 8. Elsewhere (AVX512, where
   torch's kernel has 512-bit code and kvflow's is not measured; or no C compiler) torch's
   weight-only int4 kernel, which is vectorized for bf16 activations only (float32 runs a
   scalar loop, 30x slower), so ``x`` goes in as bf16 and the result, bf16, is widened back.
@@ -46,6 +48,11 @@ from kvflow.engine_worker.model.quant.planes import Int4Planes
 #: threads: 55 ms for either kernel at 64 rows, 76 widened; 123-129 and 113 at 128).
 WIDEN_MIN_ROWS_NATIVE = 48
 WIDEN_MIN_ROWS_TORCH = 128
+#: kvflow's GEMV on int8 activations multiplies 32 codes an instruction where a float32 GEMM
+#: does 8 products, so it beats widening for a float32 GEMM far past 128 rows: 2 threads of
+#: an AMD EPYC, GEMV / widened at 128 rows 0.47-0.69x (2048 x 2048, 16384 x 2048, 2048 x
+#: 8192), at 512 rows 1.13, 0.75 and 0.95x.
+WIDEN_MIN_ROWS_INT8_GEMV = 512
 #: Rows of ``W`` widened at once, and the length of the widened ``W.T``'s rows: 1 Ki keeps
 #: a block's 128-byte writes (one per column) on a few pages, and the temporary small (8 MiB
 #: for 4 Ki columns in bf16; a 128 k-token LM head would be 1 GiB whole). 3 Ki rows at a
@@ -112,7 +119,7 @@ class Int4Weight(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, cols] @ W.T`` -> ``[M, rows]`` in ``x``'s dtype."""
         assert x.shape[-1] == self.cols, (x.shape, self.cols)
-        if self.device.type == "cpu" and x.shape[0] >= _widen_min_rows():
+        if self.device.type == "cpu" and x.shape[0] >= self.widen_min_rows():
             return self._matmul_widened(x)
         if self.native:
             return self._matmul_native(x)
@@ -133,10 +140,9 @@ class Int4Weight(nn.Module):
             out = out[:, : self.rows]
         return out.to(x.dtype)
 
-    @staticmethod
-    def widen_min_rows() -> int:
+    def widen_min_rows(self) -> int:
         """From this many rows of ``x`` on, a CPU product widens ``W`` (``matmul``)."""
-        return _widen_min_rows()
+        return WIDEN_MIN_ROWS_INT8_GEMV if self.int8_activations else _widen_min_rows()
 
     def _matmul_native(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` by ``gemv_int4.c``, in float32 (CPU, few rows of ``x``)."""

@@ -213,6 +213,23 @@ def test_the_native_gemv_with_int8_activations_is_w_times_the_rounded_x(
     assert ((got - x.double() @ exact.T).abs() <= half_steps @ exact.abs().T + bound).all()
 
 
+@pytest.mark.parametrize("activations", ["int8", "float32"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_activation_stays_non_finite_in_its_row_alone(
+    monkeypatch: pytest.MonkeyPatch, activations: str, bad: float
+) -> None:
+    """Rounding to int8 must not turn a NaN or inf into a finite number (a broken step
+    would then look like a real one); the other rows of x are untouched."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
+    monkeypatch.setattr(int4_weight, "gemv_activations", lambda: activations)
+    weight = Int4Weight(planes(200, 256, 1))
+    x = torch.randn(3, 256)
+    x[1, 70] = bad
+    got = weight._matmul_native(x)
+    assert not got[1].isfinite().any()
+    assert got[0].isfinite().all() and got[2].isfinite().all()
+
+
 def test_gemv_activations_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     int4_weight.gemv_activations.cache_clear()
     try:

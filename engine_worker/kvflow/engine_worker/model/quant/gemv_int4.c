@@ -308,10 +308,11 @@ static void quantize_rows(const float *x, int64_t x_stride, int64_t m, int64_t c
     for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < cols / QK; b++) {
             const float *xb = x + i * x_stride + b * QK;
-            float amax = 0.0f;
+            float amax = 0.0f; /* NaN once any is NaN, so a NaN or inf in x stays non-finite
+                                * in out (d NaN or inf), as the float32 loop's does */
             for (int k = 0; k < QK; k++) {
                 const float a = xb[k] < 0.0f ? -xb[k] : xb[k];
-                amax = a > amax ? a : amax;
+                amax = (a > amax || a != a) ? a : amax;
             }
             const float scale = amax / 127.0f, inverse = amax > 0.0f ? 1.0f / scale : 0.0f;
             d[i * (cols / QK) + b] = scale;

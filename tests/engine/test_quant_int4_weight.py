@@ -230,6 +230,25 @@ def test_a_non_finite_activation_stays_non_finite_in_its_row_alone(
     assert got[0].isfinite().all() and got[2].isfinite().all()
 
 
+def test_the_gemv_refuses_what_it_cannot_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its C reads raw pointers: x is checked on every call, W's tensors once, when the
+    weight is built; wrong ones get a ValueError, not a read past their memory."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
+    weight = Int4Weight(planes(64, 64, 1))
+    gemv = native.native_gemv()
+    assert gemv is not None
+    layout = cpu_layout()
+    args = (64, 64, 1, 32, layout.block_n, int(layout.interleaved), True)
+    for bad in (torch.randn(2, 64).double(), torch.randn(2, 96), torch.randn(64, 2).T):
+        with pytest.raises(ValueError, match="gemv takes float32 rows of 64"):
+            gemv(weight.packed, weight.scales_zeros, bad, *args)
+    torch_layout = weight.rows_scales_zeros(0, 64).contiguous()  # [groups, rows, 2]
+    with pytest.raises(ValueError, match="block-major"):
+        native.check_gemv_weight(weight.packed, torch_layout, 64, 1, 32, layout.block_n)
+    with pytest.raises(ValueError, match="dense uint8"):
+        native.check_gemv_weight(weight.packed.T, weight.scales_zeros, 64, 1, 32, layout.block_n)
+
+
 def test_gemv_activations_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     int4_weight.gemv_activations.cache_clear()
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from functools import cache
+from typing import cast
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from torch import nn
 from kvflow.engine_worker.model.quant.cpu_layout import cpu_layout, pack
 from kvflow.engine_worker.model.quant.native import (
     GEMV_INT8_BLOCK,
+    check_gemv_weight,
     native_gemv,
     native_widener,
 )
@@ -97,6 +99,10 @@ class Int4Weight(nn.Module):
         if self.native:
             scales_zeros = _block_major(scales_zeros, cpu_layout().block_n)
         self.register_buffer("scales_zeros", scales_zeros.contiguous().to(self.device))
+        # (cpu_layout probes torch's CPU packing: only CPU weights need it)
+        layout = cpu_layout() if self.device.type == "cpu" else None
+        self._block_n = layout.block_n if layout else 0
+        self._interleaved = int(layout.interleaved) if layout else 0
         self.row_codes = None
         if self.device.type == "cuda":
             self.register_buffer("packed", _pack_cuda(codes.to(self.device)))
@@ -104,6 +110,11 @@ class Int4Weight(nn.Module):
             # (embeddings only; see ``keep_rows``).
         else:
             self.register_buffer("packed", pack(codes))
+        if self.native:
+            check_gemv_weight(
+                self.packed, self.scales_zeros, self.cols, self.num_planes, self.group_size,
+                self._block_n,
+            )  # fmt: skip
 
     def keep_rows(self, planes: Int4Planes) -> None:
         """Keep the codes in plain row order too, for ``take_rows`` on CUDA (an embedding)."""
@@ -145,16 +156,22 @@ class Int4Weight(nn.Module):
         return WIDEN_MIN_ROWS_INT8_GEMV if self.int8_activations else _widen_min_rows()
 
     def _matmul_native(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T`` by ``gemv_int4.c``, in float32 (CPU, few rows of ``x``)."""
+        """``x @ W.T`` by ``gemv_int4.c``, in float32 (CPU, few rows of ``x``). A decode step
+        makes a call per matrix, so this one stays lean: a microsecond here is 1-5 % of a
+        small matrix's product (SmolLM2's 576 x 576 takes about 20 us)."""
         gemv = native_gemv()
         assert gemv is not None
-        layout = cpu_layout()
+        buffers = self._buffers  # nn.Module's attribute lookup costs a microsecond a buffer
+        xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         out = gemv(
-            self.packed, self.scales_zeros, x.to(torch.float32).contiguous(), self.padded_rows,
-            self.cols, self.num_planes, self.group_size, layout.block_n, int(layout.interleaved),
+            cast(torch.Tensor, buffers["packed"]), cast(torch.Tensor, buffers["scales_zeros"]),
+            xf, self.padded_rows, self.cols,
+            self.num_planes, self.group_size, self._block_n, self._interleaved,
             self.int8_activations,
         )  # fmt: skip
-        return out[:, : self.rows].to(x.dtype)
+        if self.padded_rows != self.rows:
+            out = out[:, : self.rows]
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def _matmul_widened(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` through ``W.T`` widened, ``WIDEN_CHUNK_ROWS`` rows of ``W`` at a time

@@ -159,19 +159,23 @@ def native_gemv() -> Gemv | None:
         interleaved: int,
         int8_x: bool,
     ) -> torch.Tensor:
-        assert packed.is_contiguous() and scales_zeros.is_contiguous()
-        assert scales_zeros.dtype == torch.bfloat16 and x.dtype == torch.float32
-        assert not int8_x or cols % GEMV_INT8_BLOCK == 0, cols
-        assert x.dim() == 2 and x.shape[1] == cols and x.stride(1) == 1
-        assert block_n <= _MAX_BLOCK_N and planes * cols // group <= _MAX_GROUPS
-        out = torch.empty(x.shape[0], padded_rows, dtype=torch.float32)
+        # A decode step makes some hundred of these calls, each tens of microseconds of
+        # kernel: the checks here are on x alone (a few hundred nanoseconds), and W's
+        # tensors are the caller's to check once (``check_gemv_weight``).
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != cols or x.stride(1) != 1:
+            raise ValueError(f"gemv takes float32 rows of {cols}: {x.dtype} {tuple(x.shape)}")
+        if int8_x and cols % GEMV_INT8_BLOCK:
+            raise ValueError(f"int8 activations need columns in blocks of {GEMV_INT8_BLOCK}")
+        rows_x, x_stride = x.shape[0], x.stride(0)
+        out = torch.empty(rows_x, padded_rows, dtype=torch.float32)
+        x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+        w_ptr, sz_ptr = packed.data_ptr(), scales_zeros.data_ptr()
         threads = torch.get_num_threads() if shared else 1
-        for i in range(0, x.shape[0], GEMV_MAX_ROWS):
-            rows = min(GEMV_MAX_ROWS, x.shape[0] - i)
+        for i in range(0, rows_x, GEMV_MAX_ROWS):
             status = function(
-                packed.data_ptr(), scales_zeros.data_ptr(), x[i].data_ptr(), x.stride(0),
-                out[i].data_ptr(), out.stride(0), rows, cols, planes, group, block_n,
-                interleaved, 0, padded_rows, threads, int(int8_x),
+                w_ptr, sz_ptr, x_ptr + 4 * i * x_stride, x_stride, out_ptr + 4 * i * padded_rows,
+                padded_rows, min(GEMV_MAX_ROWS, rows_x - i), cols, planes, group, block_n,
+                interleaved, 0, padded_rows, threads, int8_x,
             )  # fmt: skip
             if status == -2:
                 raise MemoryError("gemv_int4: no memory for the int8 rows of x")
@@ -179,6 +183,22 @@ def native_gemv() -> Gemv | None:
         return out
 
     return gemv
+
+
+def check_gemv_weight(
+    packed: torch.Tensor, scales_zeros: torch.Tensor, cols: int, planes: int, group: int,
+    block_n: int,
+) -> None:  # fmt: skip
+    """What the GEMV reads of W, checked once for every later call: dense bytes, block-major
+    bf16 scales, and sizes within its fixed buffers."""
+    if not (packed.is_contiguous() and packed.dtype == torch.uint8):
+        raise ValueError("the GEMV reads packed codes as dense uint8")
+    if not (scales_zeros.is_contiguous() and scales_zeros.dtype == torch.bfloat16):
+        raise ValueError("the GEMV reads dense bf16 scales and zeros")
+    if scales_zeros.dim() != 4 or scales_zeros.shape[2] != block_n:
+        raise ValueError("the GEMV reads scales block-major: [blocks, groups, block_n, 2]")
+    if block_n > _MAX_BLOCK_N or planes * cols // group > _MAX_GROUPS:
+        raise ValueError(f"the GEMV takes blocks of {_MAX_BLOCK_N} rows and {_MAX_GROUPS} groups")
 
 
 def _one_openmp_runtime() -> bool:

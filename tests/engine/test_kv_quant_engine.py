@@ -117,7 +117,7 @@ def test_smollm2_keeps_its_greedy_tokens_or_parts_at_a_near_tie(
     kv: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The weights' GEMV on float32 activations, so that the cache is the only rounding that
-    # differs from the reference run. (With int8 activations, the default on AVX2 CPUs, the
+    # differs from the reference run. (With int8 activations, asked for on AVX2 CPUs, the
     # runs take other paths, through other near-ties: int8 parted all 4 prompts, at gaps of
     # 0.04 to 0.06 nats.)
     monkeypatch.setattr(int4_weight, "gemv_activations", lambda: "float32")

@@ -63,19 +63,22 @@ def _clear_kernel_caches() -> None:
     int4_weight._widen_min_rows.cache_clear()
 
 
-@pytest.fixture(params=["gemv", "native", "torch"])
+@pytest.fixture(params=["gemv", "gemv-int8", "native", "torch"])
 def widener(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Every set of CPU kernels: kvflow's GEMV for few rows and its widening for many (scales
-    block-major; the engine's choice on an AVX2 CPU without AVX512, chosen here on any),
-    torch's int4 kernel with kvflow's widening (scales as torch keeps them), and torch's
-    kernel and ops alone (no compiler)."""
+    block-major; the engine's choice on an AVX2 CPU without AVX512, chosen here on any), on
+    float32 activations and on int8 ones (asked for); torch's int4 kernel with kvflow's
+    widening (scales as torch keeps them); and torch's kernel and ops alone (no compiler)."""
     _clear_kernel_caches()
     if request.param == "torch":
         monkeypatch.setenv(native.NATIVE_ENV, "0")
     else:
         assert native.native_widener() is not None, "this machine has a C compiler: cc"
         assert native.native_gemv() is not None, "this machine has a C compiler: cc"
-        monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: request.param == "gemv")
+        gemv = request.param.startswith("gemv")
+        monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: gemv)
+        int8 = request.param == "gemv-int8"
+        monkeypatch.setattr(int4_weight, "gemv_activations", lambda: "int8" if int8 else "float32")
     yield request.param
     _clear_kernel_caches()
 
@@ -122,7 +125,7 @@ def test_large_batches_widen_and_small_ones_use_the_kernel(
 
         return count
 
-    if widener == "gemv":
+    if widener.startswith("gemv"):
         gemv = native.native_gemv()
         assert gemv is not None
         monkeypatch.setattr(int4_weight, "native_gemv", lambda: counting(gemv))
@@ -131,7 +134,7 @@ def test_large_batches_widen_and_small_ones_use_the_kernel(
         monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", counting(kernel))
     weight = Int4Weight(planes(128, 64, 1))
     threshold = weight.widen_min_rows()
-    if widener == "gemv":  # int8 activations, the default: a GEMM must beat 32 codes an op
+    if widener == "gemv-int8":  # a float32 GEMM must beat 32 codes an instruction
         assert threshold == int4_weight.WIDEN_MIN_ROWS_INT8_GEMV
     weight.matmul(torch.randn(threshold - 1, 64))
     assert calls == [1]
@@ -190,10 +193,10 @@ def zero_weights(p: Int4Planes) -> torch.Tensor:
 def test_the_native_gemv_with_int8_activations_is_w_times_the_rounded_x(
     monkeypatch: pytest.MonkeyPatch, rows: int, cols: int, num_planes: int, group: int, batch: int
 ) -> None:
-    """The engine's default on AVX2 CPUs: x rounded to int8 per 32 columns, times the exact W,
-    within float32's error of its two terms (the centred codes' integer sums and the zeros);
-    in full blocks (integer dot products) and partial ones (float32 on the rounded x). So it
-    errs from the exact product by at most half a rounding step times each weight."""
+    """``KVFLOW_GEMV_ACTIVATIONS=int8`` (AVX2 CPUs): x rounded to int8 per 32 columns, times
+    the exact W, within float32's error of its two terms (the centred codes' integer sums
+    and the zeros); in full blocks (integer dot products) and partial ones (float32 on the
+    rounded x). So it errs from the exact product by at most half a rounding step a weight."""
     monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
     monkeypatch.setattr(int4_weight, "gemv_activations", lambda: "int8")
     p = planes(rows, cols, num_planes, group)
@@ -253,10 +256,10 @@ def test_gemv_activations_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     int4_weight.gemv_activations.cache_clear()
     try:
         monkeypatch.delenv(int4_weight.GEMV_ACTIVATIONS_ENV, raising=False)
-        assert int4_weight.gemv_activations() == "int8"
-        int4_weight.gemv_activations.cache_clear()
-        monkeypatch.setenv(int4_weight.GEMV_ACTIVATIONS_ENV, "float32")
         assert int4_weight.gemv_activations() == "float32"
+        int4_weight.gemv_activations.cache_clear()
+        monkeypatch.setenv(int4_weight.GEMV_ACTIVATIONS_ENV, "int8")
+        assert int4_weight.gemv_activations() == "int8"
         int4_weight.gemv_activations.cache_clear()
         monkeypatch.setenv(int4_weight.GEMV_ACTIVATIONS_ENV, "fp16")
         with pytest.raises(ValueError, match="use int8 or float32"):

@@ -264,6 +264,10 @@ def test_gemv_activations_come_from_the_environment(monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(int4_weight.GEMV_ACTIVATIONS_ENV, "fp16")
         with pytest.raises(ValueError, match="use int8 or float32"):
             int4_weight.gemv_activations()
+        # Refused by a weight built where the GEMV is not used (an AVX512 CPU) as well.
+        monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: False)
+        with pytest.raises(ValueError, match="use int8 or float32"):
+            Int4Weight(planes(64, 64, 1))
     finally:
         int4_weight.gemv_activations.cache_clear()
 

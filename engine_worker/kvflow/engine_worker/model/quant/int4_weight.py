@@ -90,11 +90,13 @@ class Int4Weight(nn.Module):
         # [blocks, groups, block_n, 2] for kvflow's GEMV (``native``), which reads a block's
         # scales as one run (``gemv_int4.c``).
         scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).to(torch.bfloat16)
+        # Read on every machine, so a bad value is refused where the GEMV is not used too.
+        activations = gemv_activations()
         self.native = self.device.type == "cpu" and use_native_gemv()
         #: The GEMV rounds ``x`` to int8 (``gemv_activations``); its products are then not
         #: float32-exact, and an LM head refines its top logits (``linear.head_logits``).
         self.int8_activations = (
-            self.native and gemv_activations() == "int8" and self.cols % GEMV_INT8_BLOCK == 0
+            self.native and activations == "int8" and self.cols % GEMV_INT8_BLOCK == 0
         )
         if self.native:
             scales_zeros = _block_major(scales_zeros, cpu_layout().block_n)

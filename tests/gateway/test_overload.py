@@ -168,15 +168,24 @@ def test_a_worker_refuses_past_its_queue_time_and_both_sides_count_it() -> None:
             )
             return [*first, *second]
 
-        statuses = [r.status_code for r in asyncio.run(waves())]
+        responses = asyncio.run(waves())
+        statuses = [r.status_code for r in responses]
         num_refused = statuses.count(503)
         assert num_refused >= 1 and set(statuses) == {200, 503}, statuses
+        for r in responses:
+            if r.status_code == 503:
+                assert r.headers["retry-after"].isdigit(), r.headers
         worker_metrics = f"http://127.0.0.1:{worker.metrics_port}/metrics"
         name = "kvflow_worker_requests_rejected_total"
-        assert sample(worker_metrics, name, reason="queue_time") == num_refused
+        # A request that arrives after a refusal, within its pushback, is answered 503 by
+        # the gateway without asking the worker (it holds the worker busy): on busy cores
+        # the second wave's requests arrive spread out and some do. The worker's refusals
+        # are all counted by both.
+        num_worker_refused = sample(worker_metrics, name, reason="queue_time")
+        assert 1 <= num_worker_refused <= num_refused
         assert sample(worker_metrics, name, reason="queue_full") == 0
         assert sample(f"{gateway.url}/metrics", "kvflow_router_worker_rejections_total",
-                      worker=worker.address) == num_refused  # fmt: skip
+                      worker=worker.address) == num_worker_refused  # fmt: skip
     finally:
         gateway.stop()
         worker.stop(timeout_s=10)

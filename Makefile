@@ -48,8 +48,12 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix .
 
 # --durations: the slowest tests, so the CI budget (45 minutes) is watched where it is spent.
+# -n: one pytest worker per logical core (at most 4), each file (and tests/k8s, which shares one
+# control plane) on one worker, each worker's torch on its share of the cores
+# (tests/conftest.py). TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= logical
 test: lint k8s-bins system-deps guidellm
-	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 # guidellm, the load generator of the vLLM ecosystem, in a venv of its own (its pinned
 # dependencies are not ours); tests/bench/test_guidellm.py runs it against kvflow.

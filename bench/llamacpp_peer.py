@@ -56,6 +56,11 @@ from testkit.gateway_process import launch_gateway  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
 from testkit.worker_process import launch_worker  # noqa: E402
 
+from kvflow.engine_worker.model.quant.int4_weight import (  # noqa: E402
+    gemv_activations,
+    use_native_gemv,
+)
+
 MODEL_NAME = "smollm2"
 ARMS = SERVERS  # every server the report orders
 
@@ -287,6 +292,9 @@ def main(argv: Sequence[str]) -> int:
             "git_dirty": _git(["status", "--porcelain", "--", "engine_worker", "router"]),
             "load_average_before": load_before,
             "llamacpp_extra_bufts": not has_amx(),
+            # What kvflow's 4-bit products ran on (its workers read the same environment).
+            "kvflow_int4_gemv": use_native_gemv(),
+            "kvflow_gemv_activations": gemv_activations(),
             "load_average_after": os.getloadavg(),
             "wall_s": wall_s,
             **as_json(table),

@@ -1,6 +1,7 @@
 """Settings every test directory shares.
 
-``make test`` runs the tests in parallel (pytest-xdist, ``-n``). Each worker process, and
+``make test TEST_WORKERS=logical`` runs the tests in parallel (pytest-xdist). Each worker
+process, and
 every server its tests start (they inherit the environment), gets an equal share of the
 machine's cores for torch's intra-op threads: two workers each running two OpenMP threads
 on two cores stall at every barrier of every op (docs/benchmarks.md, "Noise": a decode step

@@ -1,11 +1,11 @@
 """Settings every test directory shares.
 
 ``make test TEST_WORKERS=logical`` runs the tests in parallel (pytest-xdist). Each worker
-process, and
-every server its tests start (they inherit the environment), gets an equal share of the
-machine's cores for torch's intra-op threads: two workers each running two OpenMP threads
-on two cores stall at every barrier of every op (docs/benchmarks.md, "Noise": a decode step
-took 5.4 s under that contention). A thread count set by the caller is kept.
+process, and every server its tests start (they inherit the environment), gets an equal
+share of the machine's cores for torch's intra-op threads: two workers each running two
+OpenMP threads on two cores stall at every barrier of every op (docs/benchmarks.md,
+"Noise": a decode step took 5.4 s under that contention). A thread count set by the caller
+is kept.
 """
 
 from __future__ import annotations

@@ -51,8 +51,9 @@ fmt: setup
 # -n: TEST_WORKERS=logical runs one pytest worker per logical core (at most 4), each file
 # (and tests/k8s, which shares one control plane) on one worker, each worker's torch on its
 # share of the cores (tests/conftest.py): 24 minutes on 2 cores against 41. Not yet the
-# default: under two workers a few tests that time the gateway against an idle machine
-# fail now and then (one of 2,451 in each of three runs of four, each a different test).
+# default: under two workers a test that times the gateway against an idle machine fails
+# now and then (one of 2,451 in four runs of five; test_request_limits_http's /health
+# bound in the last two).
 TEST_WORKERS ?= 0
 test: lint k8s-bins system-deps guidellm
 	$(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --durations=30 $(PYTEST_ARGS)

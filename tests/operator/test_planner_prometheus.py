@@ -295,7 +295,7 @@ def test_prometheus_and_direct_scrapes_agree_on_every_input(
     # Gauges read up to a second apart under a closed loop of STREAMS requests.
     assert prom.decode_batch_size == pytest.approx(scrape.decode_batch_size, abs=STREAMS / 4)
     assert prom.kv_usage == pytest.approx(scrape.kv_usage, abs=0.02, rel=0.5)
-    # The queue of a closed loop moves faster than the gauges: on two busy cores it went
+    # The queue of a closed loop moves within a scrape interval: on two busy cores it went
     # from 3 to 0 between Prometheus' last scrape and the direct read.
     assert prom.num_waiting_requests == pytest.approx(scrape.num_waiting_requests, abs=STREAMS / 2)
 

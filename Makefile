@@ -48,13 +48,12 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix .
 
 # --durations: the slowest tests, so the CI budget (45 minutes) is watched where it is spent.
-# -n: TEST_WORKERS=logical runs one pytest worker per logical core (at most 4), each file
-# (and tests/k8s, which shares one control plane) on one worker, each worker's torch on its
-# share of the cores (tests/conftest.py): 24 minutes on 2 cores against 41. Not yet the
-# default: under two workers a test that times the gateway against an idle machine fails
-# now and then (one of 2,451 in four runs of five; test_request_limits_http's /health
-# bound in the last two).
-TEST_WORKERS ?= 0
+# -n: one pytest worker per logical core (at most 4), each file (and tests/k8s, which shares
+# one control plane) on one worker, each worker's torch on its share of the cores
+# (tests/conftest.py): 24 minutes on 2 cores against 41 one after another, which CI's
+# 45-minute budget needs. TEST_WORKERS=0 runs them one after another (a test's own timing
+# without the other worker's load).
+TEST_WORKERS ?= logical
 test: lint k8s-bins system-deps guidellm
 	$(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --durations=30 $(PYTEST_ARGS)
 

@@ -1,6 +1,6 @@
 """Settings every test directory shares.
 
-``make test TEST_WORKERS=logical`` runs the tests in parallel (pytest-xdist). Each worker
+``make test`` runs the tests in parallel (pytest-xdist, one worker per core). Each worker
 process, and every server its tests start (they inherit the environment), gets an equal
 share of the machine's cores for torch's intra-op threads: two workers each running two
 OpenMP threads on two cores stall at every barrier of every op (docs/benchmarks.md,

@@ -264,8 +264,11 @@ def test_a_request_at_the_choice_limit_leaves_health_responsive(
         time.sleep(0.1)
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 1024
-    slowest = sorted(probe.latencies_s)[-3:]
-    assert slowest[-2] < 0.05 and slowest[-1] < 0.15, slowest
+    # Started all in one turn, the choices hold the loop in one stall: /health's slowest
+    # answer took 470-485 ms on an idle 2-core EPYC, every other under 20 ms. Batched, the
+    # slowest took 40-50 ms idle and up to 103 ms beside another test run's load.
+    slowest = sorted(probe.latencies_s)[-2:]
+    assert slowest[-2] < 0.15 and slowest[-1] < 0.25, slowest
 
 
 def test_openapi_advertises_the_configured_limits(worker: tuple[FakeWorker, str]) -> None:

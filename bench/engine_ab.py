@@ -40,17 +40,18 @@ from kvflow.engine_worker.model.loader import load_model
 MODEL_DIR = Path("engine_worker/kvflow/engine_worker/model")
 
 
-def decode_weights(model: Any) -> list[torch.Tensor]:
-    """Every (widened) matrix one decode step multiplies by, in the order the model does."""
-    weights: list[torch.Tensor] = []
+def decode_linears(model: Any) -> list[Any]:
+    """Every layer's projection one decode step runs, in the order the model does."""
+    linears: list[Any] = []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        weights += [
-            attn.qkv_proj.weight,
-            attn.o_proj.weight,
-            mlp.gate_up_proj.weight,
-            mlp.down_proj.weight,
-        ]
+        linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    return linears
+
+
+def decode_weights(model: Any) -> list[torch.Tensor]:
+    """Every (widened) matrix one decode step multiplies by, in the order the model does."""
+    weights: list[torch.Tensor] = [lin.weight for lin in decode_linears(model)]
     head = model.embed_tokens if model.lm_head is None else model.lm_head
     assert head.weight is not None, "the A/B measures widened weights"
     weights.append(head.weight)

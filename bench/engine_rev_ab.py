@@ -13,6 +13,9 @@ whatever else runs; the per-round ratios are what to read.
     python bench/engine_rev_ab.py --old /tmp/old --dtype bfloat16 --rounds 4 \\
         [--threads 1] [--batches 64,1] [--json PATH]
 
+``--dtype q4`` runs the GGUF's 4-bit weights as the worker does (float32 activations), its
+ceiling a float32 GEMM over dense weights of the same shapes.
+
 ``--threads`` sets torch's threads in the probes (default: torch's own): on a 2-core VM that
 other jobs share, two threads spin at every op's barrier for a descheduled partner (a
 64 x 576 multiply took 12 ms instead of 4 us), so one thread measures the code, not the
@@ -43,17 +46,27 @@ def probe(dtype_name: str, batches: list[int], steps: int, prompt_len: int) -> d
     import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from engine_ab import decode_weights
+    from engine_ab import decode_linears, decode_weights
     from engine_roofline import new_engine
 
     from kvflow.engine_worker.core.sampling_params import SamplingParams
     from kvflow.engine_worker.model import llama
     from kvflow.engine_worker.model.loader import load_model
 
-    dtype = getattr(torch, dtype_name)
-    loaded = load_model(None, dtype=dtype, quantization="none")
-    model, config = loaded
-    weights = decode_weights(model)
+    if dtype_name == "q4":
+        # The GGUF's 4-bit weights as the worker runs them (float32 activations); the
+        # ceiling is a float32 GEMM over dense weights of the same shapes: the machine's
+        # speed at this batch, the same reference for both checkouts.
+        dtype = torch.float32
+        loaded = load_model(None, dtype=dtype, quantization="auto")
+        model, config = loaded
+        weights = [torch.randn(w.out_features, w.in_features) for w in decode_linears(model)]
+        weights.append(torch.randn(config.vocab_size, config.hidden_size))
+    else:
+        dtype = getattr(torch, dtype_name)
+        loaded = load_model(None, dtype=dtype, quantization="none")
+        model, config = loaded
+        weights = decode_weights(model)
     out: dict[str, Any] = {"source": llama.__file__, "threads": torch.get_num_threads()}
     for batch in batches:
         inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=dtype) for w in weights}
@@ -120,7 +133,12 @@ def run_arm(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", type=Path, help="a checkout of the old code")
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("float32", "bfloat16", "q4"),
+        help="the model's weights: widened (float32, bfloat16) or the GGUF's 4-bit (q4)",
+    )
     parser.add_argument("--batches", default="64,1")
     parser.add_argument("--steps", type=int, default=16, help="timed steps per batch and arm")
     parser.add_argument("--prompt-len", type=int, default=128)

@@ -146,13 +146,14 @@ def test_large_batches_widen_and_small_ones_use_the_kernel(
     ("rows", "cols", "num_planes", "group"),
     [(192, 256, 1, 32), (200, 256, 2, 32), (1100, 512, 4, 256), (80, 64, 1, 64)],
 )
-@pytest.mark.parametrize("batch", [1, 2, 3, 9])
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 6, 8, 11, 13])
 def test_the_native_gemv_is_exact_in_float32(
     monkeypatch: pytest.MonkeyPatch, rows: int, cols: int, num_planes: int, group: int, batch: int
 ) -> None:
     """Float32 activations and sums, so within float32's error of the exact product: full
     blocks and a partial last one (200 and 80 rows: 16 past a block), several planes, rows
-    of x in pairs and alone, and more rows than one call takes (9)."""
+    of x six, four, two at a time and alone (11: 6 + 4 + 1), and more rows than one call
+    takes (13)."""
     monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
     monkeypatch.setattr(int4_weight, "gemv_activations", lambda: "float32")
     p = planes(rows, cols, num_planes, group)

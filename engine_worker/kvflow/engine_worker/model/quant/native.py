@@ -47,7 +47,7 @@ _COMPILE_TIMEOUT_S = 120.0
 _MAX_BLOCK_N = 64
 _MAX_GROUPS = 4096
 #: gemv_int4.c's: rows of x one call takes (``gemv`` splits larger inputs).
-GEMV_MAX_ROWS = 8
+GEMV_MAX_ROWS = 12
 #: gemv_int4.c's QK: columns of ``x`` that share one int8 scale.
 GEMV_INT8_BLOCK = 32
 

@@ -26,6 +26,7 @@ from kvflow.engine_worker.kv_transfer.base import (
     TransferTimeoutError,
 )
 from kvflow.engine_worker.metrics import WorkerMetrics
+from kvflow.proto.pushback import pushback_metadata
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -45,18 +46,14 @@ _TRANSFER_ERROR_CODES: dict[type[KvTransferError], grpc.StatusCode] = {
 # duplicate request id is an InvalidRequestError (INVALID_ARGUMENT: the caller's bug).
 _REQUEST_FAILED = grpc.StatusCode.ABORTED
 
-# gRFC A6's server pushback: milliseconds until the caller should try this worker again.
-RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
-
 
 async def _abort_queue_full(context: Context, exc: QueueFullError) -> NoReturn:
     """RESOURCE_EXHAUSTED, not UNAVAILABLE: the worker is healthy, only busy, and the router
     must not mark it down (it fails the request over, or answers 503 with Retry-After)."""
-    pushback_ms = str(round(exc.retry_after_s * 1000))
     await context.abort(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         str(exc),
-        trailing_metadata=((RETRY_PUSHBACK_KEY, pushback_ms),),
+        trailing_metadata=pushback_metadata(exc.retry_after_s),  # gRFC A6
     )
 
 

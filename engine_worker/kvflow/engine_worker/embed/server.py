@@ -13,10 +13,9 @@ from kvflow.engine_worker.core.errors import InvalidRequestError, QueueFullError
 from kvflow.engine_worker.embed.service import EmbedInput, EmbedService
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.proto.pushback import pushback_metadata
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"  # as error_status.py: gRFC A6
 
 
 def _inputs(request: pb.EmbedRequest) -> list[EmbedInput]:
@@ -54,7 +53,7 @@ class EmbedWorkerService(pb_grpc.WorkerServicer):
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 str(exc),
-                trailing_metadata=((RETRY_PUSHBACK_KEY, str(round(exc.retry_after_s * 1000))),),
+                trailing_metadata=pushback_metadata(exc.retry_after_s),
             )
         response = pb.EmbedResponse(
             prompt_tokens=sum(result.num_tokens),

@@ -11,6 +11,7 @@ from typing import cast
 
 import grpc
 
+from kvflow.proto.pushback import pushback_s
 from kvflow.router.breaker.machine import Outcome
 from kvflow.router.workers.deadlines import DeadlineMiss
 
@@ -63,18 +64,9 @@ _DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                          grpc.StatusCode.UNKNOWN})  # fmt: skip
 
 
-RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
-
-
 def _pushback_s(exc: grpc.aio.AioRpcError) -> float | None:
     # At run time grpc.aio.Metadata, iterated as (key, value) pairs; the stubs disagree.
-    pairs = cast("Iterable[tuple[str, str | bytes]]", exc.trailing_metadata() or ())
-    for key, value in pairs:
-        if key == RETRY_PUSHBACK_KEY:
-            try:
-                return max(0.0, int(value) / 1000)
-            except ValueError:
-                return None
+    return pushback_s(cast("Iterable[tuple[str, str | bytes]]", exc.trailing_metadata() or ()))
     return None
 
 

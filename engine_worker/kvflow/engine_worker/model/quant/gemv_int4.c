@@ -174,7 +174,7 @@ static inline __attribute__((always_inline)) void chunk_group(
  * (`high` 0 for the low nibbles, 1 for the high), its codes converted once for all R rows'
  * products where chunk_group's serve two. The conversion, not the FMAs, is what a row of x
  * costs beyond them: per weight and row of x, 54 ps two rows at a time, 41 four, 36 six
- * (one core of an AMD EPYC, Zen 3; a float32 GEMM over the widened matrix takes 25-30).
+ * (one core of an AMD EPYC, Zen 3; a float32 GEMM over the widened matrix takes 29).
  * Six rows' 12 accumulators, 2 code vectors and a broadcast fill AVX2's 16 registers. */
 static inline __attribute__((always_inline)) void chunk16_rows(
     const uint8_t *run, int64_t half, int64_t group, const float *const x[6],
@@ -203,8 +203,8 @@ static inline __attribute__((always_inline)) void chunk16_rows(
 
 /* A full interleaved block (block_n 32 or 64): per group, per 16-byte chunk of the runs
  * (chunk q holds rows 16q.. in its low nibbles and half + 16q.. in its high), rows of x
- * six or four at a time, then two, then one. A group's runs are group * half bytes (1-2 KiB), so the chunks after
- * the first read them from L1. */
+ * six or four at a time, then two, then one. A group's runs are group * half bytes (1-2
+ * KiB), so the chunks after the first read them from L1. */
 static void block_avx2(const uint8_t *block, const uint16_t *scales_zeros, const float *x,
                        int64_t x_stride, const float *xsum, float *out, int64_t out_stride,
                        int64_t m, int64_t cols, int64_t planes, int64_t group, int64_t b,
@@ -353,8 +353,9 @@ static void block_q8(const uint8_t *block, const uint16_t *scales_zeros, const i
 #endif
 
 /* Rows of x as int8, QK columns to a float scale d = amax / 127 (q = x / d, rounded half
- * away from zero), into q [m][cols] (and their sum per block into qsum) with each quad of columns stored (k, k+2, k+1, k+3)
- * (block_q8_rows), and the same values, d * q, as float32 in column order into xq. */
+ * away from zero), into q [m][cols] (and their sum per block into qsum) with each quad of
+ * columns stored (k, k+2, k+1, k+3) (block_q8_rows), and the same values, d * q, as
+ * float32 in column order into xq. */
 static void quantize_rows(const float *x, int64_t x_stride, int64_t m, int64_t cols, int8_t *q,
                           float *d, int32_t *qsum, float *xq) {
     static const int order[4] = {0, 2, 1, 3};

@@ -95,8 +95,10 @@ class FakeKube:
                 owners.add(field_manager)
             else:
                 owners.discard(field_manager)
-                kept = before is not None and owners
-                stored["spec"]["replicas"] = before["spec"]["replicas"] if kept else 1
+                if before is not None and owners:  # another manager's claim keeps it
+                    stored["spec"]["replicas"] = before["spec"]["replicas"]
+                else:
+                    stored["spec"]["replicas"] = 1
             _record_owners(stored, owners)
         body = {k: v for k, v in stored.items() if k not in ("metadata", "status")}
         generation = 1

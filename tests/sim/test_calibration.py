@@ -26,8 +26,12 @@ bench/data/calibration_spread.json):
   least certain, and queueing behind a prefill amplifies their error.
 
 The bounds are |mean| + 3 sd of those runs, rounded up to 5 points: TTFT 40 %, TPOT 20 %,
-one try. A simulator wrong in kind (a step 1.6x too slow gave +435 % to +1,345 %) fails
-by far. The fit's R^2 was 0.87-0.99; below 0.8 the sweep itself went wrong.
+one try. The test is marked `alone` (`make test` runs it after the parallel run): in the
+parallel run, the other worker's load changed between the fit and the check, and the
+engine's steps ran 28 % slower than fitted (TPOT -28.5 %; both halves take CPU time, and
+a busy sibling core slows a thread's CPU time too). A simulator wrong in kind (a step 1.6x
+too slow gave +435 % to +1,345 %) fails by far. The fit's R^2 was 0.87-0.99; below 0.8 the
+sweep itself went wrong.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ MIN_R_SQUARED = 0.8
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the fit and the check each time steps: both need the same quiet machine
 def test_a_fitted_profile_predicts_the_real_engine(tmp_path: Path) -> None:
     model = write_tiny_llama(tmp_path / "tiny", seed=0)
     profile = tmp_path / "tiny.json"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvflow.engine_worker.model import native_build
 from kvflow.engine_worker.model.quant import int4_weight, native
 from kvflow.engine_worker.model.quant.cpu_layout import cpu_layout, pack
 from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
@@ -71,7 +72,7 @@ def widener(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     widening (scales as torch keeps them); and torch's kernel and ops alone (no compiler)."""
     _clear_kernel_caches()
     if request.param == "torch":
-        monkeypatch.setenv(native.NATIVE_ENV, "0")
+        monkeypatch.setenv(native_build.NATIVE_ENV, "0")
     else:
         assert native.native_widener() is not None, "this machine has a C compiler: cc"
         assert native.native_gemv() is not None, "this machine has a C compiler: cc"

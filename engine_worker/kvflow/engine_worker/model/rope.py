@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from kvflow.engine_worker.model import elementwise
 from kvflow.engine_worker.model.config import ModelConfig, RopeScaling
 
 
@@ -95,6 +96,8 @@ class Rotation(NamedTuple):
         ``flip`` (a copy, so writing ``x`` after is safe) and the sign carried by the table.
         In place because ``x`` is a view of the model's fused QKV output, whose K part then
         goes to the cache as it stands. Returns ``x``."""
+        if elementwise.rope_(x, self.cos, self.sin) is not None:
+            return x  # a decode step's few float32 rows: one C call (elementwise.py)
         head_dim = x.shape[-1]
         swapped = x.view(*x.shape[:-1], 2, head_dim // 2).flip(-2).view(x.shape)
         return torch.addcmul(x * self.cos, swapped, self.sin, out=x)

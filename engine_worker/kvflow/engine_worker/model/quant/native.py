@@ -1,13 +1,10 @@
-"""The engine's C kernels, compiled on first use with the machine's C compiler and called by
-ctypes: ``widen_int4.c`` (int4 weights widened for a GEMM, many rows of activations) and
+"""The int4 C kernels, compiled on first use (``native_build``) and called by ctypes:
+``widen_int4.c`` (int4 weights widened for a GEMM, many rows of activations) and
 ``gemv_int4.c`` (int4 weights times a few rows: decode steps).
 
-Both are optional: where no compiler runs (``$CC``, else ``cc``), or
-``KVFLOW_NATIVE_KERNELS=0``, ``native_widener()`` and ``native_gemv()`` are None and
-``Int4Weight`` uses torch's ops and kernels for the same result, several times slower. This is
-how Triton builds its launchers: a small C file, a compiler at run time, a cache keyed by
-everything that shapes the binary (the source, the compiler and its flags, the CPU's flags
-for ``-march=native``).
+Both are optional: where no compiler runs, or ``KVFLOW_NATIVE_KERNELS=0``,
+``native_widener()`` and ``native_gemv()`` are None and ``Int4Weight`` uses torch's ops and
+kernels for the same result, several times slower.
 
 Threads: the widener splits by row blocks over ``torch.get_num_threads()`` Python threads
 (ctypes releases the GIL; a call widens megabytes, so a thread hand-off is cheap beside it).
@@ -22,12 +19,8 @@ otherwise runs it on one thread.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import itertools
 import logging
-import os
-import subprocess
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -35,14 +28,12 @@ from pathlib import Path
 
 import torch
 
-from kvflow.engine_worker.cache_dir import cache_dir
+from kvflow.engine_worker.model.native_build import build_library
 
 log = logging.getLogger(__name__)
 
-NATIVE_ENV = "KVFLOW_NATIVE_KERNELS"
 _HERE = Path(__file__).parent
-_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
-_COMPILE_TIMEOUT_S = 120.0
+_WITHOUT = "quantized weights use torch's int4 ops, several times slower"
 # widen_int4.c's fixed buffers.
 _MAX_BLOCK_N = 64
 _MAX_GROUPS = 4096
@@ -74,9 +65,7 @@ Gemv = Callable[
 @cache
 def native_widener() -> Widener | None:
     """The compiled widener, or None (no compiler, a failed build, or turned off)."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
-        return None
-    library = _build("widen_int4")
+    library = build_library(_HERE / "widen_int4.c", without=_WITHOUT)
     if library is None:
         return None
     function = library.widen_int4
@@ -130,9 +119,7 @@ def native_widener() -> Widener | None:
 @cache
 def native_gemv() -> Gemv | None:
     """The compiled int4 GEMV, or None (no compiler, a failed build, or turned off)."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
-        return None
-    library = _build("gemv_int4", ("-fopenmp",))
+    library = build_library(_HERE / "gemv_int4.c", ("-fopenmp",), without=_WITHOUT)
     if library is None:
         return None
     function = library.gemv_int4
@@ -209,56 +196,3 @@ def _one_openmp_runtime() -> bool:
         return False
     paths = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
     return len(paths) == 1
-
-
-def _build(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    compiler = os.environ.get("CC", "cc")
-    source_path = _HERE / f"{name}.c"
-    flags = (*_FLAGS, *extra_flags)
-    source = source_path.read_bytes()
-    key = hashlib.sha256(source)
-    for part in (compiler, *flags, _cpu_flags()):
-        key.update(part.encode())
-    target = cache_dir() / "kernels" / f"{name}-{key.hexdigest()[:24]}.so"
-    if not target.is_file():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".so")
-            os.close(fd)
-            try:
-                subprocess.run(
-                    [compiler, *flags, "-o", tmp, str(source_path)],
-                    check=True,
-                    capture_output=True,
-                    timeout=_COMPILE_TIMEOUT_S,
-                )
-                os.chmod(tmp, 0o755)
-                os.replace(tmp, target)  # whole or absent, even with two workers building
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-        except (OSError, subprocess.SubprocessError) as err:
-            detail = getattr(err, "stderr", b"") or b""
-            log.warning(
-                "no native %s (%s: %s%s): quantized weights use torch's int4 ops, several "
-                "times slower; install a C compiler (gcc) to get it",
-                name,
-                compiler,
-                err,
-                f"; {detail.decode(errors='replace').strip()[:300]}" if detail else "",
-            )
-            return None
-    try:
-        return ctypes.CDLL(str(target))
-    except OSError as err:
-        log.warning("could not load %s (%s): using torch's int4 ops", target, err)
-        return None
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""

@@ -255,8 +255,9 @@ def test_a_tenant_over_its_rate_limit_is_refused_before_its_prompt_is_prepared(
 def test_a_request_at_the_choice_limit_leaves_health_responsive(
     default_gateway: GatewayProcess,
 ) -> None:
-    # 1024 choices (the default max_choices_per_request): started and merged a batch per
-    # turn of the event loop, not all in one.
+    # 1024 choices (the default max_choices_per_request): started a batch per turn of the
+    # event loop, not all in one. (Their merge, also a batch per turn, moved /health by
+    # milliseconds here: tests/gateway/test_generation_merge.py counts its turns.)
     body = {"model": "fake", "prompt": [" hello world" * 30] * 1024, "max_tokens": 3}
     with HealthProbe(f"{default_gateway.url}/health") as probe:
         time.sleep(0.1)

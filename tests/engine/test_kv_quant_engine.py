@@ -104,11 +104,15 @@ def test_every_path_gives_the_same_tokens_over_a_quantized_cache(tiny: str, kv: 
 
 
 # A greedy choice that parts from the unquantized cache's must be a near-tie there: its two
-# best tokens within this many nats. Over the prompts' first 48 tokens the quantized caches
-# move the gap between a step's two best logprobs by up to 0.50 nats (int8) and 0.68 (fp8)
-# where the tokens still agree, so a tie closer than that may flip; the flips seen are at
-# gaps of 0.074 (int8) and 0.005 to 0.17 (fp8).
-NEAR_TIE_NATS = 0.25
+# best tokens within what the cache's rounding moves. Over the prompts' first 48 tokens the
+# quantized caches move the gap between a step's two best logprobs by up to 0.50 nats
+# (int8; 0.50 again after the norms and RoPE moved to C) and 0.68 (fp8; 0.55 after) where
+# the tokens still agree, so a tie closer than that may flip. Which ties flip changes with
+# any last-bit change upstream: fp8's flips were at gaps of 0.005 to 0.17, then, with the
+# norms and RoPE in C, one at 0.47 ("def fibonacci(n):", token 12), then, with SiLU in C
+# too, at 0.14 and 0.05. (A bound of 0.25, under the measured movement, failed on that
+# 0.47.) A broken cache parts at gaps of nats, or between tokens not in the top two.
+NEAR_TIE_NATS = {"int8": 0.55, "fp8": 0.7}
 
 
 @pytest.mark.slow
@@ -156,7 +160,7 @@ def test_smollm2_keeps_its_greedy_tokens_or_parts_at_a_near_tie(
         gap = ref.top_logprobs[0] - ref.top_logprobs[1]
         parted.append((i, at, round(gap, 3)))
         assert set(ref.top_token_ids) == {ours[at].token_id, ref.token_id}, (i, at)
-        assert gap < NEAR_TIE_NATS, (i, at, gap)
+        assert gap < NEAR_TIE_NATS[kv], (i, at, gap)
     # int8 keeps at least half the prompts whole; fp8 (3 mantissa bits) at least one.
     # Which near-ties flip depends on the weights' kernel: torch's int4 kernel (bf16
     # activations, an AVX512 Xeon) parted 1 prompt of 4 under int8, kvflow's GEMV

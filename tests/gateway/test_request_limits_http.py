@@ -170,9 +170,10 @@ def test_a_grammar_too_costly_to_compile_times_out_while_health_stays_fast(
             time.sleep(0.5)  # the compile goes on for a moment on its thread
         assert len(probe.latencies_s) >= 20
         # Under 50 ms: all of them but one, for the test machine's own scheduling
-        # hiccups (its cores are shared); the event loop blocked shows as seconds.
+        # hiccups (its cores are shared: beside the other test worker one took 195 ms);
+        # the event loop blocked for the compile shows as its whole second.
         slowest = sorted(probe.latencies_s)[-3:]
-        assert slowest[-2] < 0.05 and slowest[-1] < 0.15, slowest
+        assert slowest[-2] < 0.05 and slowest[-1] < 0.5, slowest
         assert r.status_code == 400, r.text
         assert "prepare_timeout_s = 0.2 s" in r.json()["error"]["message"]
         assert elapsed_s < 1.0

@@ -1,13 +1,11 @@
-"""RMSNorm, RoPE and SwiGLU's activation over a decode step's few float32 rows, one C call
-each (``elementwise.c``).
+"""RMSNorm and RoPE over a decode step's few float32 rows, one C call each (``elementwise.c``).
 
 At batch 1 a decode step's layers run about twenty small ops each, and once a layer's
 weights have streamed through the caches each op's dispatch costs about 10 us: torch's
-RMSNorm is five ops, RoPE three, SiLU and its multiply two. Here each is one call. Each
-function returns None when the input is not its own (not float32 on the CPU, a layout it
-does not read, more than ``MAX_NATIVE_ELEMENTS``, or no compiler: ``native_build``); the
-caller then runs torch's ops, which agree to within a few ulp
-(tests/engine/test_elementwise.py).
+RMSNorm is five ops, RoPE three. Here each is one call. Both functions return None when
+the input is not theirs (not float32 on the CPU, a layout they do not read, more than
+``MAX_NATIVE_ELEMENTS``, or no compiler: ``native_build``); the caller then runs torch's
+ops, which agree to within an ulp or two (tests/engine/test_elementwise.py).
 """
 
 from __future__ import annotations
@@ -28,10 +26,7 @@ MAX_NATIVE_ELEMENTS = 1 << 16
 @cache
 def _library() -> ctypes.CDLL | None:
     source = Path(__file__).with_name("elementwise.c")
-    # -fno-trapping-math: silu's exp clamps its input with selects the compiler vectorizes
-    # only when a comparison may not trap (IEEE results are unchanged).
-    library = build_library(source, ("-fno-trapping-math",),
-                            without="norms, RoPE and SiLU run as torch's ops")  # fmt: skip
+    library = build_library(source, without="norms and RoPE run as torch's ops")
     if library is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -39,8 +34,6 @@ def _library() -> ctypes.CDLL | None:
     library.rms_norm_f32.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_float]
     library.rope_f32.restype = None
     library.rope_f32.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr]
-    library.silu_mul_f32.restype = None
-    library.silu_mul_f32.argtypes = [ptr, i64, ptr, i64, i64]
     return library
 
 
@@ -85,20 +78,3 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     library.rope_f32(x.data_ptr(), x.stride(0), rows, heads, head_dim, cos.data_ptr(),
                      sin.data_ptr())  # fmt: skip
     return x
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """``silu(gate) * up`` of a fused projection's rows ``[rows, 2 * width]`` (gate, then
-    up), as a new tensor ``[rows, width]``, or None (not handled here)."""
-    library = _library()
-    if library is None or gate_up.dtype is not torch.float32 or not gate_up.is_cpu:
-        return None
-    if gate_up.dim() != 2 or gate_up.stride(1) != 1:
-        return None
-    rows, both = gate_up.shape
-    width = both // 2
-    if both % 2 or not 0 < rows * width <= MAX_NATIVE_ELEMENTS:
-        return None
-    out = torch.empty(rows, width, dtype=torch.float32)
-    library.silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, width)
-    return out

@@ -175,11 +175,8 @@ class DecoderLayer(nn.Module):
         x = _add_projected(x, out.reshape(num_tokens, -1), attn.o_proj, self.tp)
 
         gate_up = _project(self.post_attention_layernorm.forward(x), mlp.gate_up_proj)
-        act = elementwise.silu_mul(gate_up)  # a decode step's few float32 rows: one C call
-        if act is None:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate).mul_(up)
-        return _add_projected(x, act, mlp.down_proj, self.tp)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return _add_projected(x, F.silu(gate).mul_(up), mlp.down_proj, self.tp)
 
 
 class LlamaForCausalLM(nn.Module):

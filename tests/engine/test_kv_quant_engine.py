@@ -106,12 +106,12 @@ def test_every_path_gives_the_same_tokens_over_a_quantized_cache(tiny: str, kv: 
 # A greedy choice that parts from the unquantized cache's must be a near-tie there: its two
 # best tokens within what the cache's rounding moves. Over the prompts' first 48 tokens the
 # quantized caches move the gap between a step's two best logprobs by up to 0.50 nats
-# (int8; 0.50 again after the norms and RoPE moved to C) and 0.68 (fp8; 0.55 after) where
-# the tokens still agree, so a tie closer than that may flip. Which ties flip changes with
-# any last-bit change upstream: fp8's flips were at gaps of 0.005 to 0.17, then, with the
-# norms and RoPE in C, one at 0.47 ("def fibonacci(n):", token 12), then, with SiLU in C
-# too, at 0.14 and 0.05. (A bound of 0.25, under the measured movement, failed on that
-# 0.47.) A broken cache parts at gaps of nats, or between tokens not in the top two.
+# (int8) and 0.68 (fp8) where the tokens still agree (0.50 and 0.55 on a build whose SiLU
+# also differed in its last bits), so a tie closer than that may flip. Which ties flip
+# changes with any last-bit change upstream: fp8's flips were at gaps of 0.005 to 0.17,
+# then, with the norms and RoPE in C (model/elementwise.c), one at 0.47 ("def
+# fibonacci(n):", token 12), which a bound of 0.25, under the measured movement, failed.
+# A broken cache parts at gaps of nats, or between tokens not in the top two.
 NEAR_TIE_NATS = {"int8": 0.55, "fp8": 0.7}
 
 

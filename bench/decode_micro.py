@@ -23,6 +23,9 @@
   attention over the gather path, float32 against int8 and fp8, through the engine's own
   ``attention`` functions.
 
+- **The CPU's paged decode kernel** (``paged``): one layer's decode attention through it
+  against the decode workspace and the gather path, at batch 1-64 over 200-2,000 tokens.
+
     python bench/decode_micro.py        # every section, about a minute
     python bench/decode_micro.py kv_dtypes greedy   # only these
 """
@@ -261,6 +264,64 @@ def kv_dtypes() -> None:
         print(f"| {name} | {f32:.3f} | {i8:.3f} ({i8 / f32:.1f}x) | {f8:.3f} ({f8 / f32:.1f}x) |")
 
 
+def paged_layer_ms(batch: int, length: int) -> dict[str, float]:
+    """``paged``'s three arms at one batch and context length (ms a layer)."""
+    from kvflow.engine_worker.model.attention import paged_attention
+    from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
+    from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
+    from kvflow.engine_worker.model.paged_cache import kv_cache_shape
+
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16  # SmolLM2's layer
+    lens = [max(1, int(length * (0.75 + 0.5 * torch.rand(()).item()))) for _ in range(batch)]
+    num_blocks = sum(-(-(n + 1) // block_size) for n in lens) + 8
+    free = torch.randperm(num_blocks).tolist()
+    tables = [[free.pop() for _ in range(-(-(n + 1) // block_size))] for n in lens]
+    shape = kv_cache_shape(num_blocks=num_blocks, block_size=block_size,
+                           num_kv_heads=kv_heads, head_dim=head_dim)  # fmt: skip
+    cache = torch.randn(shape)
+    q = torch.randn(batch, heads, head_dim)
+    kv = torch.randn(batch, 2, kv_heads, head_dim)
+
+    def meta(ctx: list[int], **options: object) -> AttentionMetadata:
+        return AttentionMetadata.build(
+            query_lens=[1] * batch, context_lens=ctx, block_tables=tables,
+            block_size=block_size, **options,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    arms = {"paged": meta(lens, paged_kernel=True), "gather": meta(lens, paged_kernel=False)}
+    workspace = DecodeWorkspace(num_layers=1, num_kv_heads=kv_heads, head_dim=head_dim,
+                                block_size=block_size, dtype=torch.float32,
+                                device=torch.device("cpu"), max_bytes=1 << 31)  # fmt: skip
+    with torch.inference_mode():
+        if batch > 1:  # a lone decode never uses the workspace (MIN_DECODES)
+            for step in (0, 1):  # the first step fills the slots; the second only appends
+                ctx = [n + step for n in lens]
+                decodes = [Decode(str(i), i, n, t, n + 64)
+                           for i, (n, t) in enumerate(zip(ctx, tables, strict=True))]  # fmt: skip
+                arms["workspace"] = meta(ctx, workspace=workspace.plan(decodes, all_rows=True))
+                arms["workspace"] = arms["workspace"].layer(0)
+                paged_attention(q, kv, cache, arms["workspace"], 0.125)
+        calls = max(3, 2000 // (batch * length // 100))
+        out = {name: median_ms(lambda m=m: paged_attention(q, kv, cache, m, 0.125), calls)
+               for name, m in arms.items()}  # fmt: skip
+    return {"workspace": float("nan"), **out}
+
+
+def paged() -> None:
+    """One SmolLM2 layer's decode attention, warm, through the engine's ``paged_attention``:
+    the CPU's paged kernel (model/cpu_paged.py) against the decode workspace in its steady
+    state (each step appends a token, no fills) and the gather path, float32, torch's
+    threads (OMP_NUM_THREADS); contexts of the length +- 25 %, on scattered blocks."""
+    torch.manual_seed(0)
+    print("\n| batch | context | paged kernel ms | workspace ms | gather ms | "
+          "workspace / paged | gather / paged |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for batch, length in ((1, 200), (1, 2000), (8, 200), (8, 2000), (64, 200), (64, 1000)):
+        ms = paged_layer_ms(batch, length)
+        print(f"| {batch} | {length} | {ms['paged']:.3f} | {ms['workspace']:.3f} | "
+              f"{ms['gather']:.3f} | {ms['workspace'] / ms['paged']:.2f} | "
+              f"{ms['gather'] / ms['paged']:.2f} |")  # fmt: skip
+
+
 SECTIONS: dict[str, Callable[[], None]] = {
     "greedy": greedy,
     "attention": attention,
@@ -268,6 +329,7 @@ SECTIONS: dict[str, Callable[[], None]] = {
     "graph_inputs": graph_inputs,
     "dtypes": dtypes,
     "kv_dtypes": kv_dtypes,
+    "paged": paged,
 }
 
 if __name__ == "__main__":

@@ -181,9 +181,12 @@ def greedy_smollm2(
     monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    # Every arm through the decode workspace (the float32 model would otherwise read the
+    # cache through the CPU's paged kernel): only the dtypes differ.
     settings = WorkerSettings(
-        model=None, dtype=str(dtype).removeprefix("torch."), kv_cache_gib=0.25
-    )
+        model=None, dtype=str(dtype).removeprefix("torch."), kv_cache_gib=0.25,
+        paged_attention=False,
+    )  # fmt: skip
     engine = build_worker(settings, loaded=loaded).engine
     runner: Any = engine.runner
     assert runner.workspace.dtype == attention.compute_dtype(dtype, torch.device("cpu"))

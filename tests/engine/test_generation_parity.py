@@ -89,7 +89,11 @@ def check_all_modes(
     assert engine.kv_cache.stats.num_hit_tokens > hits_before
     chunked = engine_for(model_path, max_num_batched_tokens=8, **settings)
     assert run_greedy(chunked, prompts, max_tokens, batched=True) == expected
-    if settings.get("cuda_graphs"):  # the path under test is the one that ran, padded
+    # The path under test is the one that ran: the CPU's paged kernel (for the steps that
+    # are not padded), or not...
+    paged = settings.get("paged_attention", True)
+    assert all(e.runner.paged_kernel == paged for e in (alone, engine, chunked))  # type: ignore[attr-defined]
+    if settings.get("cuda_graphs"):  # ...and the padded steps
         graphs = [e.runner.graphs for e in (alone, engine, chunked)]  # type: ignore[attr-defined]
         assert all(g.steps > 0 for g in graphs)
         assert {b for g in graphs for b in g.buckets} > {(1, 8), (8, 8)}
@@ -102,12 +106,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
     return str(path), hf
 
 
-# The decode workspace (model/decode_workspace.py) is on by default on CPU; 0 GiB is the
-# gather path; "graphs" pads pure decode steps to the buckets of model/decode_graphs.py
+# Decodes read the paged cache in place by default on CPU (model/cpu_paged.py); without it
+# they read the decode workspace (model/decode_workspace.py), and with that at 0 GiB they
+# gather; "graphs" pads pure decode steps to the buckets of model/decode_graphs.py
 # (replayed from CUDA graphs on a GPU, run eagerly here).
 MODES: dict[str, dict[str, Any]] = {
-    "workspace": {},
-    "gather": {"decode_workspace_gib": 0.0},
+    "paged": {},
+    "workspace": {"paged_attention": False},
+    "gather": {"paged_attention": False, "decode_workspace_gib": 0.0},
     "graphs": {"cuda_graphs": True},
 }
 

@@ -121,11 +121,13 @@ def run_and_check(
     trace = run_waves(engine, arrivals)
     runner = getattr(engine.runner, "inner", engine.runner)  # under run_waves' recorder
     workspace = getattr(runner, "workspace", None)
-    # The path under test is the one that ran: the workspace held slots, or there is none;
-    # the padded decode steps of model/decode_graphs.py ran, or there are none.
-    assert (workspace is not None and workspace.num_bytes > 0) == (
-        settings.get("decode_workspace_gib") is None and not settings.get("cuda_graphs")
-    )
+    # The path under test is the one that ran: the paged kernel, or not; the workspace held
+    # slots, or there is none; the padded decode steps of model/decode_graphs.py ran, or
+    # there are none.
+    paged = settings.get("paged_attention", True)
+    assert runner.paged_kernel == paged
+    workspace_on = settings.get("decode_workspace_gib") is None and not settings.get("cuda_graphs")
+    assert (workspace is not None and workspace.num_bytes > 0) == (not paged and workspace_on)
     assert (runner.graphs is not None and runner.graphs.steps > 0) == bool(
         settings.get("cuda_graphs")
     )
@@ -180,12 +182,14 @@ def tiny_arrivals() -> list[Arrival]:
     return arrivals
 
 
-# The decode workspace (model/decode_workspace.py) is on by default on CPU; 0 GiB is the
-# gather path; "graphs" is the padded decode steps of model/decode_graphs.py (replayed from
+# Decodes read the paged cache in place by default on CPU (model/cpu_paged.py); without it
+# they read the decode workspace (model/decode_workspace.py), and with that at 0 GiB they
+# gather; "graphs" is the padded decode steps of model/decode_graphs.py (replayed from
 # CUDA graphs on a GPU, run eagerly here). All must survive preemption and recompute.
 MODES: dict[str, dict[str, Any]] = {
-    "workspace": {},
-    "gather": {"decode_workspace_gib": 0.0},
+    "paged": {},
+    "workspace": {"paged_attention": False},
+    "gather": {"paged_attention": False, "decode_workspace_gib": 0.0},
     "graphs": {"cuda_graphs": True},
 }
 

@@ -78,12 +78,20 @@ def test_a_cpu_worker_that_would_not_fit_is_refused_before_it_allocates(tiny: Pa
         )
     message = str(info.value.code)
     assert "would not fit in memory" in message and "--kv-cache-gib" in message
-    # The decode workspace counts too: a cache that fits alone, with a workspace that does not.
+    # The decode workspace counts too, where decodes use it (not through the paged kernel):
+    # a cache that fits alone, with a workspace that does not.
     with pytest.raises(SystemExit, match="--decode-workspace-gib"):
         build_worker(
-            WorkerSettings(model=str(tiny), kv_cache_gib=0.01, decode_workspace_gib=gib),
+            WorkerSettings(model=str(tiny), kv_cache_gib=0.01, decode_workspace_gib=gib,
+                           paged_attention=False),
             loaded=load_model(str(tiny)),
-        )
+        )  # fmt: skip
+    # Through the kernel it is never allocated, so it reserves nothing.
+    built = build_worker(
+        WorkerSettings(model=str(tiny), kv_cache_gib=0.01, decode_workspace_gib=gib),
+        loaded=load_model(str(tiny)),
+    )
+    assert built.runner.workspace is None  # type: ignore[attr-defined]
 
 
 @pytest.mark.integration

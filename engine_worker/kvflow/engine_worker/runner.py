@@ -24,6 +24,7 @@ from kvflow.engine_worker.model.decode_graphs import DecodeGraphs, DecodeStep, G
 from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
 from kvflow.engine_worker.model.kv_quant import layout_name, row_width
 from kvflow.engine_worker.model.paged_cache import kv_cache_shape
+from kvflow.engine_worker.model.paged_kernel import uses_paged_kernel
 from kvflow.engine_worker.sampler import Sampler
 from kvflow.engine_worker.step_inputs import StepInputs, step_inputs
 
@@ -77,13 +78,16 @@ class TorchModelRunner:
         decode_graph_batch: int = 0,
         max_model_len: int | None = None,
         kv_cache_dtype: torch.dtype | None = None,
+        paged_kernel: bool = True,
     ) -> None:
         """``dtype`` is the model's; ``kv_cache_dtype`` the cache's (None: the model's; int8
         or float8_e4m3fn: quantized, model/kv_quant.py).
 
         ``decode_workspace_bytes``: memory for dense copies of the decoding sequences'
         K/V (model/decode_workspace.py), so decode attention reads no per-step gather; 0:
-        none, every decode gathers from the paged cache.
+        none, every decode gathers from the paged cache. Unused where decodes read the
+        cache in place through a paged kernel (model/paged_kernel.py; ``paged_kernel``
+        False: never).
 
         ``decode_graph_batch``: pure decode steps of up to this many sequences (over at most
         ``max_model_len`` tokens) replay from CUDA graphs (model/decode_graphs.py) on a CUDA
@@ -108,8 +112,13 @@ class TorchModelRunner:
         self.kv_caches = [
             torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(num_layers)
         ]
+        # Decodes read the cache in place where a paged kernel runs (a GPU's, or the CPU's
+        # for a float32 cache): then a workspace's copies would only cost memory.
+        self.paged_kernel = paged_kernel and uses_paged_kernel(
+            self.device, block_size, kv_dtype, compute_dtype(dtype, self.device)
+        )
         self.workspace: DecodeWorkspace | None = None
-        if decode_workspace_bytes > 0:
+        if decode_workspace_bytes > 0 and not self.paged_kernel:
             self.workspace = DecodeWorkspace(
                 num_layers=num_layers,
                 num_kv_heads=num_kv_heads,
@@ -267,6 +276,7 @@ class TorchModelRunner:
             block_size=self.block_size,
             device=self.device,
             workspace=workspace,
+            paged_kernel=self.paged_kernel,
         )
         ids_t = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)

@@ -19,6 +19,7 @@ from kvflow.engine_worker.auto_dtype import machine_dtype
 from kvflow.engine_worker.memory.budget import MemoryBudgetError
 from kvflow.engine_worker.memory.measure import KvSizing, size_kv_cache
 from kvflow.engine_worker.memory.report import MemoryReport
+from kvflow.engine_worker.model.attention import compute_dtype
 from kvflow.engine_worker.model.config import ModelConfig
 from kvflow.engine_worker.model.kv_quant import (
     KvCacheDtypeError,
@@ -27,6 +28,7 @@ from kvflow.engine_worker.model.kv_quant import (
 )
 from kvflow.engine_worker.model.llama import LlamaForCausalLM
 from kvflow.engine_worker.model.loader import load_model
+from kvflow.engine_worker.model.paged_kernel import uses_paged_kernel
 from kvflow.engine_worker.model.tensor_parallel import TensorParallel
 from kvflow.engine_worker.runner import TorchModelRunner, kv_bytes_per_block, kv_layout
 from kvflow.engine_worker.sampler import Sampler
@@ -101,7 +103,14 @@ def make_runner(
         block_size=settings.block_size,
         dtype=kv_dtype,
     )
-    workspace_bytes = int(settings.resolved_decode_workspace_gib() * GIB)
+    paged = settings.paged_attention and uses_paged_kernel(
+        torch.device(device),
+        settings.block_size,
+        kv_dtype,
+        compute_dtype(dtype, torch.device(device)),
+    )
+    # Where decodes read the cache in place, dense copies of it would only cost memory.
+    workspace_bytes = 0 if paged else int(settings.resolved_decode_workspace_gib() * GIB)
     model_len = config.max_position_embeddings
     max_len = min(settings.max_model_len or model_len, model_len)
     sizing = KvSizing(
@@ -147,6 +156,7 @@ def make_runner(
         decode_graph_batch=settings.max_num_seqs if settings.cuda_graphs else 0,
         max_model_len=max_len,
         kv_cache_dtype=kv_dtype,
+        paged_kernel=paged,
     )
     whole = kv_layout(
         num_layers=config.num_hidden_layers,

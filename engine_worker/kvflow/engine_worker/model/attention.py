@@ -13,10 +13,11 @@ token to it. With a decode workspace (``decode_workspace.py``, the runner's choi
 decodes instead read dense per-sequence copies kept across steps: filled from the cache
 once, then one token appended per step, and one SDPA over all of them.
 
-On a GPU, decodes skip the gather: the Triton kernel of ``triton_paged.py`` walks each
-sequence's block table and reads its tokens in place (``paged_kernel.uses_paged_kernel``
-picks it on CUDA devices; the CPU never runs it). Prefill chunks keep the gather and SDPA
-there too: their copy is shared by all their query tokens.
+Where a paged kernel runs, decodes skip the gather: it walks each sequence's block table
+and reads its tokens in place: on a GPU the Triton kernel of ``triton_paged.py``, on the CPU
+with a float32 cache the C kernel of ``cpu_paged.py`` (the runner's choice,
+``paged_kernel.py``; with it the runner keeps no workspace). Prefill chunks keep the gather
+and SDPA: their copy is shared by all their query tokens.
 
 On a CPU with native bf16 (AMX or AVX512-BF16) a bf16 model attends in bf16; elsewhere the
 CPU attends in float32 whatever the model's dtype (``compute_dtype``): the cache keeps the
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from kvflow.engine_worker.auto_dtype import CPU_BF16_FLAGS, cpu_flags
+from kvflow.engine_worker.model import cpu_paged
 from kvflow.engine_worker.model.attention_metadata import AttentionMetadata, DecodeBatch
 from kvflow.engine_worker.model.decode_workspace import WorkspaceStep
 from kvflow.engine_worker.model.kv_quant import is_quantized
@@ -115,11 +117,11 @@ def _attend(
     scale: float,
 ) -> torch.Tensor:
     """``paged_attention`` once this step's K/V ``kv`` are in the cache, in ``q``'s dtype."""
+    if not meta.prefills and len(meta.decodes) == 1 and meta.decodes[0].rows is None:
+        return _decode(q, kv_cache, meta.decodes[0], scale)  # a pure decode step: no scatter
     k, v = kv[:, 0], kv[:, 1]
     is_gqa = q.shape[1] != kv_cache.shape[3]  # [blocks, block_size, 2, Hkv, D]
     ws = meta.workspace
-    if not meta.prefills and len(meta.decodes) == 1 and meta.decodes[0].rows is None:
-        return _decode(q, kv_cache, meta.decodes[0], scale)  # a pure decode step: no scatter
     if ws is not None and not meta.prefills and not meta.decodes and ws.rows is None:
         return _decode_workspace(q, k, v, kv_cache, ws, meta.layer_kv, scale)
     out = torch.empty_like(q)
@@ -160,14 +162,17 @@ def _attend(
 
 
 def _decode(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeBatch, scale: float) -> torch.Tensor:
-    """One token per sequence ``q`` ``[B, H, D]`` attending to its gathered context, or on a
-    GPU (``d.context_lens`` set) to its context read in place by the paged kernel.
+    """One token per sequence ``q`` ``[B, H, D]`` attending to its gathered context, or
+    (``d.context_lens`` set) to its context read in place by a paged kernel: Triton's on a
+    GPU, cpu_paged.c on the CPU.
 
     Grouped-query heads are folded into the query axis: the ``H / Hkv`` heads that share a
     KV head are that head's query rows (``[B, Hkv, H / Hkv, D]``), so SDPA reads each K/V
     head once and needs no ``enable_gqa`` expansion (SmolLM2's 9 over 3 heads, 64
     decodes over 160 tokens: about 10-40 % less time, noisy)."""
     if d.context_lens is not None:
+        if q.is_cpu:
+            return cpu_paged.paged_decode(q, kv_cache, d.block_ids, d.context_lens, scale)
         kernel = triton_paged_module()
         assert kernel is not None, "context_lens are set only where the kernel runs"
         out: torch.Tensor = kernel.paged_decode(q, kv_cache, d.block_ids, d.context_lens, scale)

@@ -77,13 +77,16 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         workspace: WorkspaceStep | None = None,
+        paged_kernel: bool | None = None,
     ) -> AttentionMetadata:
         """Metadata for sequences laid out one after another in the flattened batch.
 
         Sequence ``i`` has ``query_lens[i]`` new tokens, the last of its
         ``context_lens[i]`` tokens, stored in the blocks ``block_tables[i]``. With a
         ``workspace`` (planned for exactly the one-token rows), those rows attend through
-        it and get no ``DecodeBatch``.
+        it and get no ``DecodeBatch``. ``paged_kernel``: whether decodes attend through a
+        paged kernel (paged_kernel.py; the runner decides, knowing the cache's dtype); None:
+        where the GPU's runs.
         """
         assert len(query_lens) == len(context_lens) == len(block_tables)
         # Slot of each new token: position p of a sequence lives in block table[p // B]
@@ -118,7 +121,9 @@ class AttentionMetadata:
         order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
         group_size = -(-len(order) // MAX_DECODE_GROUPS) if order else 1
         group_size = max(group_size, MIN_DECODE_GROUP)
-        kernel = uses_paged_kernel(torch.device(device), block_size)
+        kernel = paged_kernel
+        if kernel is None:
+            kernel = uses_paged_kernel(torch.device(device), block_size)
         if kernel:  # the kernel reads each row's own tokens: one batch, no padding to cut
             group_size = max(group_size, len(order))
         # The rows of a single group that holds every token of the step, in order, need no

@@ -80,6 +80,19 @@ def build_library(
         return None
 
 
+def one_openmp_runtime() -> bool:
+    """Whether this process maps a single ``libgomp``: torch's, which a kernel built with
+    ``-fopenmp`` then shares (it links ``libgomp.so.1`` by soname), one pool of threads.
+    Where not, the kernels run on one thread rather than start a second pool that fights
+    torch's for the cores."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    paths = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
+    return len(paths) == 1
+
+
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

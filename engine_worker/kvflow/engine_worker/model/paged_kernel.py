@@ -1,5 +1,9 @@
-"""Whether decodes attend through the paged Triton kernel (triton_paged.py), and the
-kernel's module, imported only where it can run."""
+"""Whether decodes attend through a paged kernel that reads the cache in place, and the
+Triton kernel's module, imported only where it can run.
+
+On CUDA the Triton kernel (triton_paged.py); on the CPU, for a float32 cache attended in
+float32, the C kernel (cpu_paged.py). Elsewhere decodes gather their blocks (or read the
+decode workspace) and run SDPA."""
 
 from __future__ import annotations
 
@@ -8,11 +12,23 @@ from types import ModuleType
 
 import torch
 
+from kvflow.engine_worker.model import cpu_paged
 
-def uses_paged_kernel(device: torch.device, block_size: int) -> bool:
-    """Whether decodes on ``device`` attend through the paged Triton kernel (triton_paged.py)
-    rather than a gather and SDPA: on CUDA devices, when Triton imports and the block size
-    is a power of two (the kernel's token axis). Never on the CPU: Triton compiles for GPUs."""
+
+def uses_paged_kernel(
+    device: torch.device,
+    block_size: int,
+    kv_cache_dtype: torch.dtype | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> bool:
+    """Whether decodes on ``device`` attend through a paged kernel rather than a gather and
+    SDPA: on CUDA devices, when Triton imports and the block size is a power of two (the
+    kernel's token axis); on the CPU when the cache's dtype and the attention's (both
+    given: the runner knows them) are float32 and the C kernel builds."""
+    if device.type == "cpu":
+        if kv_cache_dtype is None or compute_dtype is None:
+            return False
+        return cpu_paged.supports(device, kv_cache_dtype, compute_dtype)
     if device.type != "cuda" or block_size & (block_size - 1):
         return False
     return triton_paged_module() is not None

@@ -43,7 +43,15 @@ def add_cache_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
         type=float,
         help="memory for dense copies of the decoding sequences' K/V, so decode attention "
         "copies no blocks each step (default: as much as --kv-cache-gib on CPU, 0 on CUDA; "
-        "0 turns it off)",
+        "0 turns it off; unused where decodes read the paged cache in place, see "
+        "--no-paged-attention)",
+    )
+    p.add_argument(
+        "--no-paged-attention",
+        action="store_true",
+        help="decodes gather their blocks (or read the decode workspace) instead of reading "
+        "the paged cache in place through kvflow's kernel (the CPU's, for a float32 cache; "
+        "Triton's on CUDA)",
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
 

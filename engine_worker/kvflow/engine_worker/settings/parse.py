@@ -73,6 +73,7 @@ def _settings(a: argparse.Namespace, tls: TlsFiles, traces: TracingConfig) -> Wo
         ),
         kv_cache_dtype=a.kv_cache_dtype,
         decode_workspace_gib=a.decode_workspace_gib,
+        paged_attention=not a.no_paged_attention,
         cuda_graphs=a.cuda_graphs,
         enable_prefix_caching=not a.no_prefix_caching,
         simulate=a.simulate,

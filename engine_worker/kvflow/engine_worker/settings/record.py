@@ -46,6 +46,10 @@ class WorkerSettings:
     # (model/decode_workspace.py). None: kv_cache_gib on CPU, 0 (off) on CUDA, where the
     # memory is better spent on the cache.
     decode_workspace_gib: float | None = None
+    # Decodes read the paged cache in place through a kernel where one runs (the CPU's
+    # for a float32 cache, model/cpu_paged.py; Triton's on CUDA); False: they read the
+    # workspace or gather their blocks.
+    paged_attention: bool = True
     # Pure decode steps replayed from CUDA graphs (model/decode_graphs.py). The command line
     # takes it on CUDA devices only; built in-process on a CPU, the same padded steps run
     # eagerly (how the tests check the path).

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvflow.engine_worker.model.native_build import build_library
+from kvflow.engine_worker.model.native_build import build_library, one_openmp_runtime
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def native_gemv() -> Gemv | None:
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     function.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i32, i64,
                          i64, i32, i32]  # fmt: skip
-    shared = _one_openmp_runtime()
+    shared = one_openmp_runtime()
     if not shared:
         log.warning(
             "the int4 GEMV kernel loaded an OpenMP runtime beside torch's: it runs on one "
@@ -186,13 +186,3 @@ def check_gemv_weight(
         raise ValueError("the GEMV reads scales block-major: [blocks, groups, block_n, 2]")
     if block_n > _MAX_BLOCK_N or planes * cols // group > _MAX_GROUPS:
         raise ValueError(f"the GEMV takes blocks of {_MAX_BLOCK_N} rows and {_MAX_GROUPS} groups")
-
-
-def _one_openmp_runtime() -> bool:
-    """Whether this process maps a single ``libgomp`` (torch's, shared by the kernel)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return False
-    paths = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
-    return len(paths) == 1

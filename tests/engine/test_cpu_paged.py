@@ -1,0 +1,117 @@
+"""The CPU's paged decode kernel (model/cpu_paged.py) against SDPA over each sequence's
+gathered context: random block tables in any order, ragged lengths (one token, a block's
+edge, past a tile of 32), grouped query heads (1 to 8 a KV head), head sizes its vector
+loops take and one they do not, strided queries, one thread and two."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvflow.engine_worker.model import cpu_paged
+from kvflow.engine_worker.model.paged_cache import kv_cache_shape
+
+pytestmark = pytest.mark.skipif(
+    not cpu_paged.supports(torch.device("cpu"), torch.float32, torch.float32),
+    reason="no C compiler: the engine gathers instead (tests/engine/test_attention.py)",
+)
+
+
+def paged_case(
+    lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [B, H, D], a cache whose blocks are dealt to the sequences in a random order, the
+    padded block tables and the lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [-(-n // block_size) for n in lens]
+    num_blocks = sum(counts) + 3  # blocks no sequence owns, full of other values
+    shape = kv_cache_shape(num_blocks=num_blocks, block_size=block_size,
+                           num_kv_heads=num_kv_heads, head_dim=head_dim)  # fmt: skip
+    cache = torch.randn(shape, generator=gen)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, at = [], 0
+    for n in counts:
+        tables.append(order[at : at + n])
+        at += n
+    width = max(counts)
+    table = torch.tensor([t + [order[-1]] * (width - len(t)) for t in tables])
+    q = torch.randn(len(lens), num_heads, head_dim, generator=gen)
+    return q, cache, table, torch.tensor(lens)
+
+
+def reference(q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
+              scale: float) -> torch.Tensor:  # fmt: skip
+    """Each sequence alone: its blocks gathered in order, SDPA in float64."""
+    num_kv_heads, head_dim = cache.shape[3:]
+    out = []
+    for i, n in enumerate(lens.tolist()):
+        kv = cache[table[i]].reshape(-1, 2, num_kv_heads, head_dim)[:n].double()
+        keys, values = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)  # [Hkv, n, D]
+        o = F.scaled_dot_product_attention(
+            q[i].double()[:, None], keys, values, scale=scale, enable_gqa=True
+        )
+        out.append(o[:, 0])
+    return torch.stack(out).float()
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"),
+    [(9, 3, 64), (32, 8, 128), (4, 4, 64), (64, 8, 128), (6, 2, 80), (4, 2, 36)],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_kernel_matches_attention_over_the_gathered_context(
+    num_heads: int, num_kv_heads: int, head_dim: int, threads: int
+) -> None:
+    lens = [1, 15, 16, 17, 31, 32, 33, 200, 7, 513]
+    q, cache, table, ctx = paged_case(lens, num_heads, num_kv_heads, head_dim, 16, seed=head_dim)
+    scale = head_dim**-0.5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = cpu_paged.paged_decode(q, cache, table, ctx, scale)
+    finally:
+        torch.set_num_threads(before)
+    want = reference(q, cache, table, ctx, scale)
+    # float32 with float32 accumulation: the error of SDPA in float32 on the same inputs,
+    # a few ulp of the outputs' size.
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+
+
+def test_strided_queries_and_odd_block_sizes() -> None:
+    """Queries as the model hands them over, a view of the fused QKV output (rows wider than
+    the heads), and a block size that is not a power of two."""
+    lens = [5, 40, 41, 100]
+    q, cache, table, ctx = paged_case(lens, 8, 2, 64, 12, seed=1)
+    fused = torch.randn(len(lens), 12, 64)
+    fused[:, :8] = q
+    view = fused[:, :8]
+    assert not view.is_contiguous()
+    got = cpu_paged.paged_decode(view, cache, table, ctx, 0.125)
+    torch.testing.assert_close(got, reference(q, cache, table, ctx, 0.125), rtol=0, atol=2e-6)
+
+
+def test_a_peaked_softmax_and_scores_far_below_the_max() -> None:
+    """Scores spread over hundreds: the exponentials of most underflow to 0 and the output
+    is the one value row the query picks, with no NaN."""
+    lens = [64, 300]
+    q, cache, table, ctx = paged_case(lens, 4, 1, 64, 16, seed=2)
+    got = cpu_paged.paged_decode(q * 40.0, cache, table, ctx, 1.0)
+    want = reference(q * 40.0, cache, table, ctx, 1.0)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_what_it_does_not_take_is_refused() -> None:
+    q, cache, table, ctx = paged_case([20, 30], 4, 2, 64, 16, seed=3)
+    with pytest.raises(ValueError, match="float32"):
+        cpu_paged.paged_decode(q.bfloat16(), cache, table, ctx, 0.125)
+    with pytest.raises(ValueError, match="float32"):
+        cpu_paged.paged_decode(q, cache.bfloat16(), table, ctx, 0.125)
+    with pytest.raises(ValueError, match="query heads"):
+        cpu_paged.paged_decode(torch.randn(2, 5, 64), cache, table, ctx, 0.125)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_paged.paged_decode(q, cache, table.int(), ctx, 0.125)
+    assert not cpu_paged.supports(torch.device("cpu"), torch.bfloat16, torch.float32)
+    assert not cpu_paged.supports(torch.device("cpu"), torch.int8, torch.float32)
+    assert not cpu_paged.supports(torch.device("meta"), torch.float32, torch.float32)

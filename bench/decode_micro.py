@@ -28,10 +28,12 @@
 
     python bench/decode_micro.py        # every section, about a minute
     python bench/decode_micro.py kv_dtypes greedy   # only these
+    python bench/decode_micro.py paged --json FILE   # what ``paged`` measured, as JSON
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -264,14 +266,17 @@ def kv_dtypes() -> None:
         print(f"| {name} | {f32:.3f} | {i8:.3f} ({i8 / f32:.1f}x) | {f8:.3f} ({f8 / f32:.1f}x) |")
 
 
-def paged_layer_ms(batch: int, length: int) -> dict[str, float]:
-    """``paged``'s three arms at one batch and context length (ms a layer)."""
+def paged_layer_ms(batch: int, length: int, cache_dtype: str = "float32") -> dict[str, float]:
+    """``paged``'s three arms at one batch and context length (ms a layer), over a cache of
+    ``cache_dtype`` (float32, or int8 rows and their scales)."""
     from kvflow.engine_worker.model.attention import paged_attention
     from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
     from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
+    from kvflow.engine_worker.model.kv_quant import kv_cache_dtype, quantize
     from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16  # SmolLM2's layer
+    dtype = kv_cache_dtype("auto" if cache_dtype == "float32" else cache_dtype, torch.float32)
     lens = [max(1, int(length * (0.75 + 0.5 * torch.rand(()).item()))) for _ in range(batch)]
     num_blocks = sum(-(-(n + 1) // block_size) for n in lens) + 8
     free = torch.randperm(num_blocks).tolist()
@@ -279,6 +284,8 @@ def paged_layer_ms(batch: int, length: int) -> dict[str, float]:
     shape = kv_cache_shape(num_blocks=num_blocks, block_size=block_size,
                            num_kv_heads=kv_heads, head_dim=head_dim)  # fmt: skip
     cache = torch.randn(shape)
+    if dtype != torch.float32:
+        cache = quantize(cache, dtype)
     q = torch.randn(batch, heads, head_dim)
     kv = torch.randn(batch, 2, kv_heads, head_dim)
 
@@ -310,14 +317,23 @@ def paged_layer_ms(batch: int, length: int) -> dict[str, float]:
 def paged() -> None:
     """One SmolLM2 layer's decode attention, warm, through the engine's ``paged_attention``:
     the CPU's paged kernel (model/cpu_paged.py) against the decode workspace in its steady
-    state (each step appends a token, no fills) and the gather path, float32, torch's
-    threads (OMP_NUM_THREADS); contexts of the length +- 25 %, on scattered blocks."""
+    state (each step appends a token, no fills) and the gather path, over a float32 cache
+    and an int8 one, float32 attention, torch's threads (OMP_NUM_THREADS); contexts of the
+    length +- 25 %, on scattered blocks."""
     torch.manual_seed(0)
-    print("\n| batch | context | paged kernel ms | workspace ms | gather ms | "
-          "workspace / paged | gather / paged |\n|---|---|---|---|---|---|---|")  # fmt: skip
-    for batch, length in ((1, 200), (1, 2000), (8, 200), (8, 2000), (64, 200), (64, 1000)):
-        ms = paged_layer_ms(batch, length)
-        print(f"| {batch} | {length} | {ms['paged']:.3f} | {ms['workspace']:.3f} | "
+    print("\n| cache | batch | context | paged kernel ms | workspace ms | gather ms | "
+          "workspace / paged | gather / paged |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    rows = []
+    cases = [("float32", b, n) for b, n in ((1, 200), (1, 2000), (8, 200), (8, 2000), (64, 200),
+                                            (64, 1000))]  # fmt: skip
+    cases += [("int8", b, n) for b, n in ((1, 2000), (8, 2000), (64, 1000))]
+    for cache_dtype, batch, length in cases:
+        ms = paged_layer_ms(batch, length, cache_dtype)
+        # NaN (no workspace at batch 1) as JSON's null
+        times = {f"{k}_ms": None if math.isnan(v) else v for k, v in ms.items()}
+        rows.append({"cache": cache_dtype, "batch": batch, "context": length, **times})
+        RESULTS["paged"] = rows
+        print(f"| {cache_dtype} | {batch} | {length} | {ms['paged']:.3f} | {ms['workspace']:.3f} | "
               f"{ms['gather']:.3f} | {ms['workspace'] / ms['paged']:.2f} | "
               f"{ms['gather'] / ms['paged']:.2f} |")  # fmt: skip
 
@@ -332,6 +348,26 @@ SECTIONS: dict[str, Callable[[], None]] = {
     "paged": paged,
 }
 
+# What sections record for --json (only ``paged`` so far), by section.
+RESULTS: dict[str, object] = {}
+
 if __name__ == "__main__":
-    for section in sys.argv[1:] or list(SECTIONS):
+    args = sys.argv[1:]
+    json_path = None
+    if "--json" in args:
+        at = args.index("--json")
+        json_path = args[at + 1]
+        del args[at : at + 2]
+    for section in args or list(SECTIONS):
         SECTIONS[section]()
+    if json_path is not None:
+        import json
+        import os
+        import platform
+
+        report = {"machine": platform.processor() or platform.machine(),
+                  "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **RESULTS}  # fmt: skip
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {json_path}")

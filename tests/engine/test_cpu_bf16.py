@@ -73,28 +73,43 @@ class SdpaDtypes:
         return self._real(q, k, v, **kw)
 
 
+# Decodes through the CPU's paged kernel (the default where attention computes in float32),
+# the decode workspace, or the gather.
+MODES: dict[str, dict[str, Any]] = {
+    "paged": {},
+    "workspace": {"paged_attention": False},
+    "gather": {"paged_attention": False, "decode_workspace_gib": 0.0},
+}
+
+
 @pytest.mark.parametrize("native", [False, True], ids=["emulated", "native"])
-@pytest.mark.parametrize("workspace_gib", [None, 0.0], ids=["workspace", "gather"])
+@pytest.mark.parametrize("mode", list(MODES))
 def test_a_bf16_model_attends_in_its_compute_dtype_and_keeps_its_cache_in_bf16(
     tiny: tuple[str, Any],
-    workspace_gib: float | None,
+    mode: str,
     native: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
     wide = torch.bfloat16 if native else torch.float32
-    engine = bf16_engine(tiny, decode_workspace_gib=workspace_gib)
+    engine = bf16_engine(tiny, **MODES[mode])
     runner: Any = engine.runner
+    # The kernel reads the bf16 cache in place for float32 attention; bf16 attention (a CPU
+    # with native bf16) keeps SDPA.
+    paged = mode == "paged" and not native
+    assert runner.paged_kernel == paged
     spy = SdpaDtypes()
     with mock.patch.object(F, "scaled_dot_product_attention", spy):
         outputs = generate(engine)
     assert all(len(tokens) == MAX_TOKENS for tokens in outputs.values())
-    # Prefills, cached-prefix prefills and batched decodes all went through SDPA...
-    assert len(spy.seen) > 2 * len(PROMPT_LENS) * runner.model.config.num_hidden_layers
+    # Prefills, cached-prefix prefills and (but through the kernel) batched decodes all went
+    # through SDPA...
+    layers = runner.model.config.num_hidden_layers
+    assert len(spy.seen) > (1 if paged else 2) * len(PROMPT_LENS) * layers
     # ...in the compute dtype every time, over a cache that stays bf16.
     assert set(spy.seen) == {(wide,) * 3}
     assert {c.dtype for c in runner.kv_caches} == {torch.bfloat16}
-    if workspace_gib is None:
+    if not paged and mode != "gather":
         assert runner.workspace.dtype == wide
         assert runner.workspace.num_bytes > 0, "the batched decodes never used the workspace"
     else:
@@ -103,16 +118,17 @@ def test_a_bf16_model_attends_in_its_compute_dtype_and_keeps_its_cache_in_bf16(
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 @pytest.mark.parametrize("native", [False, True], ids=["emulated", "native"])
-def test_bf16_tokens_are_the_same_through_the_workspace_and_the_gather(
+def test_bf16_tokens_are_the_same_through_the_kernel_the_workspace_and_the_gather(
     tiny: tuple[str, Any], native: bool, kv_cache_dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both attend over the same values of the same bf16 cache, in the same dtype. An int8
+    """All attend over the same values of the same bf16 cache, in the same dtype. An int8
     cache's step tokens are dequantized straight to the compute dtype, as its gathers and
     fills are: rounded through bf16 on the way to float32, the step's own tokens would
     differ from the copies the next steps read."""
     monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
-    with_workspace = generate(bf16_engine(tiny, kv_cache_dtype=kv_cache_dtype))
-    gathered = generate(bf16_engine(tiny, decode_workspace_gib=0.0, kv_cache_dtype=kv_cache_dtype))
-    assert with_workspace == gathered
+    runs = {m: generate(bf16_engine(tiny, kv_cache_dtype=kv_cache_dtype, **o))
+            for m, o in MODES.items()}  # fmt: skip
+    gathered = runs["gather"]
+    assert runs["paged"] == runs["workspace"] == gathered
     # A sanity check that the prompts do not all collapse onto one token.
     assert len({t for tokens in gathered.values() for t in tokens}) > MAX_TOKENS

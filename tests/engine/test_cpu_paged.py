@@ -1,7 +1,8 @@
 """The CPU's paged decode kernel (model/cpu_paged.py) against SDPA over each sequence's
 gathered context: random block tables in any order, ragged lengths (one token, a block's
 edge, past a tile of 32), grouped query heads (1 to 8 a KV head), head sizes its vector
-loops take and one they do not, strided queries, one thread and two."""
+loops take and one they do not, strided queries, one thread and two, and every cache dtype
+it reads (float32, bf16, int8 and fp8 rows with their scales)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from kvflow.engine_worker.model import cpu_paged
+from kvflow.engine_worker.model.kv_quant import QUANTIZED_DTYPES, dequantize, is_quantized, quantize
 from kvflow.engine_worker.model.paged_cache import kv_cache_shape
+
+CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, **QUANTIZED_DTYPES}
 
 pytestmark = pytest.mark.skipif(
     not cpu_paged.supports(torch.device("cpu"), torch.float32, torch.float32),
@@ -19,16 +23,23 @@ pytestmark = pytest.mark.skipif(
 
 
 def paged_case(
-    lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, seed: int
+    lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q [B, H, D], a cache whose blocks are dealt to the sequences in a random order, the
-    padded block tables and the lengths."""
+    """q [B, H, D], a cache of ``dtype`` whose blocks are dealt to the sequences in a random
+    order, the padded block tables and the lengths."""
     gen = torch.Generator().manual_seed(seed)
     counts = [-(-n // block_size) for n in lens]
     num_blocks = sum(counts) + 3  # blocks no sequence owns, full of other values
     shape = kv_cache_shape(num_blocks=num_blocks, block_size=block_size,
                            num_kv_heads=num_kv_heads, head_dim=head_dim)  # fmt: skip
-    cache = torch.randn(shape, generator=gen)
+    values = torch.randn(shape, generator=gen)
+    cache = quantize(values, dtype) if is_quantized(dtype) else values.to(dtype)
     order = torch.randperm(num_blocks, generator=gen).tolist()
     tables, at = [], 0
     for n in counts:
@@ -42,7 +53,9 @@ def paged_case(
 
 def reference(q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
               scale: float) -> torch.Tensor:  # fmt: skip
-    """Each sequence alone: its blocks gathered in order, SDPA in float64."""
+    """Each sequence alone: its blocks gathered in order (dequantized), SDPA in float64."""
+    if is_quantized(cache.dtype):
+        cache = dequantize(cache, torch.float64)
     num_kv_heads, head_dim = cache.shape[3:]
     out = []
     for i, n in enumerate(lens.tolist()):
@@ -60,11 +73,13 @@ def reference(q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, lens: t
     [(9, 3, 64), (32, 8, 128), (4, 4, 64), (64, 8, 128), (6, 2, 80), (4, 2, 36)],
 )
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("cache_dtype", list(CACHE_DTYPES))
 def test_the_kernel_matches_attention_over_the_gathered_context(
-    num_heads: int, num_kv_heads: int, head_dim: int, threads: int
+    num_heads: int, num_kv_heads: int, head_dim: int, threads: int, cache_dtype: str
 ) -> None:
     lens = [1, 15, 16, 17, 31, 32, 33, 200, 7, 513]
-    q, cache, table, ctx = paged_case(lens, num_heads, num_kv_heads, head_dim, 16, seed=head_dim)
+    q, cache, table, ctx = paged_case(lens, num_heads, num_kv_heads, head_dim, 16,
+                                      seed=head_dim, dtype=CACHE_DTYPES[cache_dtype])  # fmt: skip
     scale = head_dim**-0.5
     before = torch.get_num_threads()
     try:
@@ -73,8 +88,8 @@ def test_the_kernel_matches_attention_over_the_gathered_context(
     finally:
         torch.set_num_threads(before)
     want = reference(q, cache, table, ctx, scale)
-    # float32 with float32 accumulation: the error of SDPA in float32 on the same inputs,
-    # a few ulp of the outputs' size.
+    # float32 with float32 accumulation over the values the cache holds: a few ulp of the
+    # outputs' size (a quantized row's scale multiplies its dot product, not each value).
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
 
 
@@ -107,11 +122,14 @@ def test_what_it_does_not_take_is_refused() -> None:
     with pytest.raises(ValueError, match="float32"):
         cpu_paged.paged_decode(q.bfloat16(), cache, table, ctx, 0.125)
     with pytest.raises(ValueError, match="float32"):
-        cpu_paged.paged_decode(q, cache.bfloat16(), table, ctx, 0.125)
+        cpu_paged.paged_decode(q, cache.half(), table, ctx, 0.125)
     with pytest.raises(ValueError, match="query heads"):
         cpu_paged.paged_decode(torch.randn(2, 5, 64), cache, table, ctx, 0.125)
     with pytest.raises(ValueError, match="int64"):
         cpu_paged.paged_decode(q, cache, table.int(), ctx, 0.125)
-    assert not cpu_paged.supports(torch.device("cpu"), torch.bfloat16, torch.float32)
-    assert not cpu_paged.supports(torch.device("cpu"), torch.int8, torch.float32)
+    for cache_dtype in CACHE_DTYPES.values():
+        assert cpu_paged.supports(torch.device("cpu"), cache_dtype, torch.float32)
+    # A float16 cache, and a model that attends in bf16 (a CPU with native bf16): SDPA's.
+    assert not cpu_paged.supports(torch.device("cpu"), torch.float16, torch.float32)
+    assert not cpu_paged.supports(torch.device("cpu"), torch.bfloat16, torch.bfloat16)
     assert not cpu_paged.supports(torch.device("meta"), torch.float32, torch.float32)

@@ -85,12 +85,15 @@ def test_every_path_gives_the_same_tokens_over_a_quantized_cache(tiny: str, kv: 
     prompts = tiny_prompts()
     want = greedy(engine_for(tiny, kv_cache_dtype=kv), prompts, 16, batched=False)
     for overrides in (
-        {},  # batched, the decode workspace
-        {"decode_workspace_gib": 0.0},  # the gather path
+        {},  # batched, decodes through the CPU's paged kernel
+        {"paged_attention": False},  # the decode workspace
+        {"paged_attention": False, "decode_workspace_gib": 0.0},  # the gather path
         {"cuda_graphs": True},  # the padded graph step, run eagerly on the CPU
         {"max_num_batched_tokens": 8},  # 8-token chunks beside decodes
     ):
         engine = engine_for(tiny, kv_cache_dtype=kv, **overrides)
+        if not overrides:  # the path under test is the one that runs
+            assert engine.runner.paged_kernel  # type: ignore[attr-defined]
         assert greedy(engine, prompts, 16) == want, overrides
     # A prefix-cache hit reads blocks another request quantized: the same tokens as
     # recomputing them (the engine above, again, against one with no prefix caching).

@@ -1,5 +1,6 @@
 /* Decode attention on the CPU that reads K/V straight from the paged cache: one query token
- * per sequence over its own context, through its block table, in float32.
+ * per sequence over its own context, through its block table, in float32 whatever the
+ * cache stores (float32, bf16, or int8 / fp8 e4m3 rows with a float16 scale each).
  *
  * The torch path gathers each sequence's blocks (or keeps dense copies of them, the decode
  * workspace) and calls SDPA over a batch padded to its longest context: at a decode step's
@@ -13,26 +14,103 @@
  * A two-pass softmax rather than an online one: a decode context's scores fit in L2, and
  * each pass vectorizes with no rescaling per token.
  *
- * The cache: [blocks, block_size, 2, num_kv_heads, head_dim], a token's K and V side by
- * side, strides in floats (paged_cache.py). Threads: OpenMP over tasks; the library links
- * libgomp.so.1 by soname like gemv_int4.c, so in torch's process it shares torch's runtime
- * (paged_decode.py runs it on one thread where it could not). */
+ * The cache: [blocks, block_size, 2, num_kv_heads, row], a token's K and V side by side,
+ * strides in bytes (paged_cache.py). A row is head_dim values of the cache's kind; a
+ * quantized row ends in its float16 scale (kv_quant.py), which multiplies the row's dot
+ * product and its probability rather than each value. Each kind's passes are the same
+ * code, specialised by a constant (KIND_*), so no load branches.
+ *
+ * Threads: OpenMP over tasks; the library links libgomp.so.1 by soname like gemv_int4.c,
+ * so in torch's process it shares torch's runtime (cpu_paged.py runs it on one thread
+ * where it could not). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define PAGED_AVX2 1
 #endif
 
-/* Query heads per KV head a call takes (Llama-3-70B: 8; paged_decode.py checks). */
+/* Query heads per KV head a call takes (Llama-3-70B: 8; cpu_paged.py checks). */
 #define MAX_GROUP 16
+
+/* What a cache row holds (cpu_paged.py's KINDS). */
+#define KIND_F32 0
+#define KIND_BF16 1
+#define KIND_INT8 2
+#define KIND_FP8 3 /* e4m3fn */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* One value of a row, as float32. fp8: the 7 bits below the sign shifted into a float32's
+ * exponent and mantissa give 2^-120 of the value (normals and subnormals alike); the
+ * product restores it, exactly. */
+ALWAYS_INLINE float load1(const uint8_t *row, int64_t i, const int kind) {
+    if (kind == KIND_F32) {
+        float f;
+        memcpy(&f, row + 4 * i, 4);
+        return f;
+    }
+    if (kind == KIND_INT8) return (float)(int8_t)row[i];
+    uint32_t bits;
+    if (kind == KIND_BF16) {
+        uint16_t h;
+        memcpy(&h, row + 2 * i, 2);
+        bits = (uint32_t)h << 16;
+    } else {
+        bits = (uint32_t)(row[i] & 0x7F) << 20;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    if (kind == KIND_FP8) {
+        f *= 0x1p120f;
+        if (row[i] & 0x80) f = -f;
+    }
+    return f;
+}
+
+/* A quantized row's scale: the float16 after its head_dim values; 1 for the others. */
+ALWAYS_INLINE float row_scale(const uint8_t *row, int64_t head_dim, const int kind) {
+    if (kind != KIND_INT8 && kind != KIND_FP8) return 1.0f;
+    uint16_t h;
+    memcpy(&h, row + head_dim, 2);
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0) { /* zero or subnormal: man x 2^-24 */
+        const float f = (float)man * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 #ifdef PAGED_AVX2
 static inline float hsum8(__m256 v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* Values i..i+7 of a row, as float32. */
+ALWAYS_INLINE __m256 load8(const uint8_t *row, int64_t i, const int kind) {
+    if (kind == KIND_F32) return _mm256_loadu_ps((const float *)row + i);
+    if (kind == KIND_BF16) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    const __m128i b = _mm_loadl_epi64((const __m128i *)(row + i));
+    if (kind == KIND_INT8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256i u = _mm256_cvtepu8_epi32(b);
+    const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7F)), 20);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
+    const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f));
+    return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
 }
 
 /* e^x for 8 floats, within 2 ulp of expf for x in [-87, 88] (Cephes' polynomial on x - n ln 2);
@@ -62,11 +140,11 @@ static inline __m256 exp8(__m256 x) {
 /* The rows of tokens t0..t0+n-1 (K's, or V's with the cache pointer past K) through the block
  * table: a tile's pointers, so the passes divide by the block size once per tile. */
 #define TILE 32
-static void tile_rows(const float *cache, int64_t stride_block, int64_t stride_token,
+static void tile_rows(const uint8_t *cache, int64_t stride_block, int64_t stride_token,
                       const int64_t *table, int64_t block_size, int64_t t0, int64_t n,
-                      const float **rows) {
+                      const uint8_t **rows) {
     int64_t block = t0 / block_size, offset = t0 % block_size;
-    const float *row = cache + table[block] * stride_block + offset * stride_token;
+    const uint8_t *row = cache + table[block] * stride_block + offset * stride_token;
     for (int64_t j = 0; j < n; j++) {
         if (offset == block_size) {
             row = cache + table[++block] * stride_block;
@@ -78,18 +156,31 @@ static void tile_rows(const float *cache, int64_t stride_block, int64_t stride_t
     }
 }
 
+/* One task's geometry: where its K rows (V's are stride_kv bytes on) and query heads are. */
+typedef struct {
+    const uint8_t *keys;
+    int64_t stride_block, stride_token, stride_kv;
+    const int64_t *table;
+    int64_t len, block_size, group, head_dim;
+    const float *q;
+    int64_t q_stride_h;
+    float scale;
+} Task;
+
 /* scores[g][t] = q_g . k_t * scale for the task's tokens; the max of each head's in maxes. */
-static void scores_pass(const float *qb, int64_t q_stride_h, const float *cache,
-                        int64_t stride_block, int64_t stride_token, const int64_t *table,
-                        int64_t len, int64_t block_size, int64_t group, int64_t head_dim,
-                        float scale, float *scores, int64_t longest, float *maxes) {
-    const float *rows[TILE];
-    for (int64_t g = 0; g < group; g++) maxes[g] = -INFINITY;
-    for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-        const int64_t n = len - t0 < TILE ? len - t0 : TILE;
-        tile_rows(cache, stride_block, stride_token, table, block_size, t0, n, rows);
-        for (int64_t g = 0; g < group; g++) {
-            const float *qg = qb + g * q_stride_h;
+ALWAYS_INLINE void scores_pass(const Task *k, float *scores, int64_t longest, float *maxes,
+                               const int kind) {
+    const uint8_t *rows[TILE];
+    const int64_t head_dim = k->head_dim;
+    for (int64_t g = 0; g < k->group; g++) maxes[g] = -INFINITY;
+    for (int64_t t0 = 0; t0 < k->len; t0 += TILE) {
+        const int64_t n = k->len - t0 < TILE ? k->len - t0 : TILE;
+        tile_rows(k->keys, k->stride_block, k->stride_token, k->table, k->block_size, t0, n,
+                  rows);
+        float scales[TILE];
+        for (int64_t j = 0; j < n; j++) scales[j] = k->scale * row_scale(rows[j], head_dim, kind);
+        for (int64_t g = 0; g < k->group; g++) {
+            const float *qg = k->q + g * k->q_stride_h;
             float *s = scores + g * longest + t0;
             int64_t j = 0;
 #ifdef PAGED_AVX2
@@ -103,7 +194,7 @@ static void scores_pass(const float *qb, int64_t q_stride_h, const float *cache,
                     for (int64_t i = 0; i < head_dim; i += 8) {
                         const __m256 x = _mm256_loadu_ps(qg + i);
                         for (int r = 0; r < 8; r++)
-                            a[r] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[j + r] + i), a[r]);
+                            a[r] = _mm256_fmadd_ps(x, load8(rows[j + r], i, kind), a[r]);
                     }
                     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]),
                                                      _mm256_hadd_ps(a[2], a[3]));
@@ -111,7 +202,7 @@ static void scores_pass(const float *qb, int64_t q_stride_h, const float *cache,
                                                      _mm256_hadd_ps(a[6], a[7]));
                     const __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                                                       _mm256_permute2f128_ps(u0, u1, 0x31));
-                    const __m256 scaled = _mm256_mul_ps(dots, _mm256_set1_ps(scale));
+                    const __m256 scaled = _mm256_mul_ps(dots, _mm256_loadu_ps(scales + j));
                     _mm256_storeu_ps(s + j, scaled);
                     top = _mm256_max_ps(top, scaled);
                 }
@@ -123,8 +214,8 @@ static void scores_pass(const float *qb, int64_t q_stride_h, const float *cache,
 #endif
             for (; j < n; j++) {
                 float dot = 0.0f;
-                for (int64_t i = 0; i < head_dim; i++) dot += qg[i] * rows[j][i];
-                s[j] = dot * scale;
+                for (int64_t i = 0; i < head_dim; i++) dot += qg[i] * load1(rows[j], i, kind);
+                s[j] = dot * scales[j];
                 if (s[j] > maxes[g]) maxes[g] = s[j];
             }
         }
@@ -158,16 +249,18 @@ static void exp_pass(float *scores, int64_t longest, int64_t len, int64_t group,
 
 /* acc[g] = sum_t scores[g][t] v_t, over the task's tokens: per tile, each head's
  * accumulators stay in registers across the tile's tokens (its V rows stay in L1). */
-static void values_pass(const float *scores, int64_t longest, const float *cache,
-                        int64_t stride_block, int64_t stride_token, const int64_t *table,
-                        int64_t len, int64_t block_size, int64_t group, int64_t head_dim,
-                        float *acc) {
-    const float *rows[TILE];
-    for (int64_t i = 0; i < group * head_dim; i++) acc[i] = 0.0f;
-    for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-        const int64_t n = len - t0 < TILE ? len - t0 : TILE;
-        tile_rows(cache, stride_block, stride_token, table, block_size, t0, n, rows);
-        for (int64_t g = 0; g < group; g++) {
+ALWAYS_INLINE void values_pass(const Task *k, const float *scores, int64_t longest, float *acc,
+                               const int kind) {
+    const uint8_t *rows[TILE];
+    const int64_t head_dim = k->head_dim;
+    for (int64_t i = 0; i < k->group * head_dim; i++) acc[i] = 0.0f;
+    for (int64_t t0 = 0; t0 < k->len; t0 += TILE) {
+        const int64_t n = k->len - t0 < TILE ? k->len - t0 : TILE;
+        tile_rows(k->keys + k->stride_kv, k->stride_block, k->stride_token, k->table,
+                  k->block_size, t0, n, rows);
+        float scales[TILE];
+        for (int64_t j = 0; j < n; j++) scales[j] = row_scale(rows[j], head_dim, kind);
+        for (int64_t g = 0; g < k->group; g++) {
             const float *p = scores + g * longest + t0;
             float *a = acc + g * head_dim;
             int64_t i = 0;
@@ -176,12 +269,11 @@ static void values_pass(const float *scores, int64_t longest, const float *cache
                 __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
                 __m256 a2 = _mm256_loadu_ps(a + i + 16), a3 = _mm256_loadu_ps(a + i + 24);
                 for (int64_t j = 0; j < n; j++) {
-                    const __m256 pj = _mm256_set1_ps(p[j]);
-                    const float *v = rows[j] + i;
-                    a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), a0);
-                    a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), a1);
-                    a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), a2);
-                    a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), a3);
+                    const __m256 pj = _mm256_set1_ps(p[j] * scales[j]);
+                    a0 = _mm256_fmadd_ps(pj, load8(rows[j], i, kind), a0);
+                    a1 = _mm256_fmadd_ps(pj, load8(rows[j], i + 8, kind), a1);
+                    a2 = _mm256_fmadd_ps(pj, load8(rows[j], i + 16, kind), a2);
+                    a3 = _mm256_fmadd_ps(pj, load8(rows[j], i + 24, kind), a3);
                 }
                 _mm256_storeu_ps(a + i, a0);
                 _mm256_storeu_ps(a + i + 8, a1);
@@ -191,24 +283,57 @@ static void values_pass(const float *scores, int64_t longest, const float *cache
 #endif
             for (; i < head_dim; i++) {
                 float sum = a[i];
-                for (int64_t j = 0; j < n; j++) sum += p[j] * rows[j][i];
+                for (int64_t j = 0; j < n; j++) sum += p[j] * scales[j] * load1(rows[j], i, kind);
                 a[i] = sum;
             }
         }
     }
 }
 
+/* One task's three passes for a cache of `kind`; out gets the group's head_dim outputs. */
+ALWAYS_INLINE void attend(const Task *k, float *scores, int64_t longest, float *out,
+                          int64_t out_stride_h, const int kind) {
+    float maxes[MAX_GROUP], sums[MAX_GROUP];
+    float *acc = scores + k->group * longest;
+    scores_pass(k, scores, longest, maxes, kind);
+    exp_pass(scores, longest, k->len, k->group, maxes, sums);
+    values_pass(k, scores, longest, acc, kind);
+    for (int64_t g = 0; g < k->group; g++) {
+        float *o = out + g * out_stride_h;
+        const float inv = 1.0f / sums[g];
+        for (int64_t i = 0; i < k->head_dim; i++) o[i] = acc[g * k->head_dim + i] * inv;
+    }
+}
+
+static void attend_f32(const Task *k, float *s, int64_t n, float *o, int64_t h) {
+    attend(k, s, n, o, h, KIND_F32);
+}
+static void attend_bf16(const Task *k, float *s, int64_t n, float *o, int64_t h) {
+    attend(k, s, n, o, h, KIND_BF16);
+}
+static void attend_int8(const Task *k, float *s, int64_t n, float *o, int64_t h) {
+    attend(k, s, n, o, h, KIND_INT8);
+}
+static void attend_fp8(const Task *k, float *s, int64_t n, float *o, int64_t h) {
+    attend(k, s, n, o, h, KIND_FP8);
+}
+
 /* out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b for each sequence b of `batch`, K_b and V_b
- * its first lens[b] tokens through tables[b]. Returns 0, -1 for a group over MAX_GROUP,
- * -2 when the score buffer cannot be allocated. */
-int paged_decode_f32(const float *q, int64_t q_stride_b, int64_t q_stride_h, const float *cache,
-                     int64_t stride_block, int64_t stride_token, int64_t stride_kv,
-                     int64_t stride_head, const int64_t *tables, int64_t table_stride,
-                     const int64_t *lens, float *out, int64_t out_stride_b, int64_t out_stride_h,
-                     int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     int64_t block_size, float scale, int32_t threads) {
+ * its first lens[b] tokens through tables[b], in a cache of `kind` (KIND_*; strides in
+ * bytes). q and out are float32 (strides in floats). Returns 0, -1 for arguments it does
+ * not take (a group over MAX_GROUP, an unknown kind), -2 when the score buffer cannot be
+ * allocated. */
+int paged_decode(const float *q, int64_t q_stride_b, int64_t q_stride_h, const uint8_t *cache,
+                 int64_t stride_block, int64_t stride_token, int64_t stride_kv,
+                 int64_t stride_head, int32_t kind, const int64_t *tables, int64_t table_stride,
+                 const int64_t *lens, float *out, int64_t out_stride_b, int64_t out_stride_h,
+                 int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                 int64_t block_size, float scale, int32_t threads) {
+    void (*const kinds[])(const Task *, float *, int64_t, float *, int64_t) = {
+        attend_f32, attend_bf16, attend_int8, attend_fp8};
     const int64_t group = num_heads / num_kv_heads;
-    if (group < 1 || group > MAX_GROUP) return -1;
+    if (group < 1 || group > MAX_GROUP || kind < 0 || kind > KIND_FP8) return -1;
+    void (*const run)(const Task *, float *, int64_t, float *, int64_t) = kinds[kind];
     int64_t longest = 0;
     for (int64_t b = 0; b < batch; b++)
         if (lens[b] > longest) longest = lens[b];
@@ -226,22 +351,22 @@ int paged_decode_f32(const float *q, int64_t q_stride_b, int64_t q_stride_h, con
         for (int64_t task = 0; task < tasks; task++) {
             if (scores == NULL) continue;
             const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
-            const int64_t len = lens[b];
-            const int64_t *table = tables + b * table_stride;
-            const float *qb = q + b * q_stride_b + kvh * group * q_stride_h;
-            const float *keys = cache + kvh * stride_head, *values = keys + stride_kv;
-            float *acc = scores + group * longest;
-            float maxes[MAX_GROUP], sums[MAX_GROUP];
-            scores_pass(qb, q_stride_h, keys, stride_block, stride_token, table, len,
-                        block_size, group, head_dim, scale, scores, longest, maxes);
-            exp_pass(scores, longest, len, group, maxes, sums);
-            values_pass(scores, longest, values, stride_block, stride_token, table, len,
-                        block_size, group, head_dim, acc);
-            for (int64_t g = 0; g < group; g++) {
-                float *o = out + b * out_stride_b + (kvh * group + g) * out_stride_h;
-                const float inv = 1.0f / sums[g];
-                for (int64_t i = 0; i < head_dim; i++) o[i] = acc[g * head_dim + i] * inv;
-            }
+            const Task k = {
+                .keys = cache + kvh * stride_head,
+                .stride_block = stride_block,
+                .stride_token = stride_token,
+                .stride_kv = stride_kv,
+                .table = tables + b * table_stride,
+                .len = lens[b],
+                .block_size = block_size,
+                .group = group,
+                .head_dim = head_dim,
+                .q = q + b * q_stride_b + kvh * group * q_stride_h,
+                .q_stride_h = q_stride_h,
+                .scale = scale,
+            };
+            run(&k, scores, longest, out + b * out_stride_b + kvh * group * out_stride_h,
+                out_stride_h);
         }
         free(scores);
     }

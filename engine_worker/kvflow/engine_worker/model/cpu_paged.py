@@ -8,10 +8,12 @@ its fixed cost and the padding are most of the time. The kernel walks each seque
 table and reads its own tokens once, the query heads of a KV head together (GQA), in one
 call per layer for the whole batch, threaded over (sequence, KV head) on torch's OpenMP pool.
 
-It takes a float32 cache and float32 queries, the CPU's compute dtype for every model
-without native bf16 (a GGUF's quantized weights included, the default): ``supports`` says
-where. Elsewhere (a bf16 cache, an int8 or fp8 one, no C compiler, ``KVFLOW_NATIVE_KERNELS=0``)
-decodes keep the gather or the workspace.
+It takes float32 queries, the CPU's compute dtype for every model without native bf16 (a
+GGUF's quantized weights included, the default), over a cache of float32, bf16, or int8 or
+fp8 rows with their scales (kv_quant.py), each read as it is stored and widened to float32
+in registers: ``supports`` says where. Elsewhere (a bf16 model attending in bf16 on a CPU
+with native bf16, no C compiler, ``KVFLOW_NATIVE_KERNELS=0``) decodes keep the gather or
+the workspace.
 """
 
 from __future__ import annotations
@@ -23,11 +25,16 @@ from pathlib import Path
 
 import torch
 
+from kvflow.engine_worker.model.kv_quant import QUANTIZED_DTYPES, SCALE_BYTES, is_quantized
 from kvflow.engine_worker.model.native_build import build_library, one_openmp_runtime
 
 #: Query heads per KV head the kernel takes (its stack buffers; Llama-3-70B has 8).
 MAX_GROUP = 16
 _WITHOUT = "decode attention gathers the paged cache and runs SDPA"
+# The cache dtypes the kernel reads, as its KIND_* numbers (cpu_paged.c).
+KINDS: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+if "fp8" in QUANTIZED_DTYPES:
+    KINDS[QUANTIZED_DTYPES["fp8"]] = 3
 
 
 @cache
@@ -37,11 +44,11 @@ def _kernel() -> tuple[Callable[..., int], bool] | None:
                             without=_WITHOUT)  # fmt: skip
     if library is None:
         return None
-    function = library.paged_decode_f32
+    function = library.paged_decode
     function.restype = ctypes.c_int32
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-    function.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64,
-                         i64, i64, i64, i64, i64, ctypes.c_float, i32]  # fmt: skip
+    function.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i32, ptr, i64, ptr, ptr, i64,
+                         i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]  # fmt: skip
     return function, one_openmp_runtime()
 
 
@@ -50,7 +57,7 @@ def supports(device: torch.device, kv_cache_dtype: torch.dtype, compute_dtype: t
     ``compute_dtype`` (attention.compute_dtype), go through this kernel."""
     return (
         device.type == "cpu"
-        and kv_cache_dtype == torch.float32
+        and kv_cache_dtype in KINDS
         and compute_dtype == torch.float32
         and _kernel() is not None
     )
@@ -65,18 +72,25 @@ def paged_decode(
 ) -> torch.Tensor:
     """One query token per row of ``q`` ``[B, H, D]`` attending to its context in the cache.
 
-    ``kv_cache`` is one layer's cache (``paged_cache.kv_cache_shape``), this step's K/V
-    already written; ``block_ids`` ``[B, max_blocks]`` int64, the rows' block tables
-    (entries past a row's context are never read); ``context_lens`` ``[B]`` int64, the tokens
-    each row attends to (at least 1). Returns ``[B, H, D]`` float32."""
+    ``kv_cache`` is one layer's cache (``paged_cache.kv_cache_shape``) of a dtype in
+    ``KINDS``, this step's K/V already written; ``block_ids`` ``[B, max_blocks]`` int64, the
+    rows' block tables (entries past a row's context are never read); ``context_lens``
+    ``[B]`` int64, the tokens each row attends to (at least 1). Returns ``[B, H, D]``
+    float32."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError(f"no native paged decode kernel: {_WITHOUT} instead")
     function, shared = kernel
     batch, num_heads, head_dim = q.shape
-    _, block_size, _, num_kv_heads, cache_dim = kv_cache.shape
-    if q.dtype != torch.float32 or kv_cache.dtype != torch.float32 or not q.is_cpu:
-        raise ValueError(f"the CPU paged kernel takes float32: q {q.dtype}, cache {kv_cache.dtype}")
+    _, block_size, _, num_kv_heads, width = kv_cache.shape
+    kind = KINDS.get(kv_cache.dtype)
+    if q.dtype != torch.float32 or kind is None or not q.is_cpu:
+        kinds = ", ".join(str(d).removeprefix("torch.") for d in KINDS)
+        raise ValueError(
+            f"the CPU paged kernel takes float32 queries over a cache of {kinds}: "
+            f"q {q.dtype}, cache {kv_cache.dtype}"
+        )
+    cache_dim = width - SCALE_BYTES if is_quantized(kv_cache.dtype) else width
     if q.stride(2) != 1 or kv_cache.stride(4) != 1 or cache_dim != head_dim:
         raise ValueError("the CPU paged kernel reads dense head rows")
     if num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GROUP:
@@ -86,11 +100,12 @@ def paged_decode(
     if context_lens.dtype != torch.int64 or not context_lens.is_contiguous():
         raise ValueError("context lengths are dense int64")
     out = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
-    stride_block, stride_token, stride_kv, stride_head, _ = kv_cache.stride()
+    size = kv_cache.element_size()  # the kernel's cache strides are in bytes
+    stride_block, stride_token, stride_kv, stride_head, _ = (n * size for n in kv_cache.stride())
     threads = torch.get_num_threads() if shared else 1
     status = function(
         q.data_ptr(), q.stride(0), q.stride(1), kv_cache.data_ptr(), stride_block, stride_token,
-        stride_kv, stride_head, block_ids.data_ptr(), block_ids.stride(0),
+        stride_kv, stride_head, kind, block_ids.data_ptr(), block_ids.stride(0),
         context_lens.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1), batch, num_heads,
         num_kv_heads, head_dim, block_size, scale, threads,
     )  # fmt: skip

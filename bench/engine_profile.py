@@ -103,8 +103,11 @@ def split_step(total_s: dict[str, float], steps: int) -> dict[str, float]:
         "linear (GEMMs)": ms["linear"],
         "attention total": ms["attention"],
         "  kv_write": ms["kv_write"],
-        "  gather": ms["gather"],
-        "  sdpa + rest": ms["attention"] - ms["kv_write"] - ms["gather"],
+        # none where decodes read the cache in place (model/cpu_paged.py)
+        "  gather": ms.get("gather", 0.0),
+        "  sdpa or paged kernel, and the rest": ms["attention"]
+        - ms["kv_write"]
+        - ms.get("gather", 0.0),
         "model_other (norm, rope, act)": ms["forward"] - ms["linear"] - ms["attention"],
         "lm_head": ms["lm_head"],
         "sample": ms["sample"],

@@ -8,8 +8,11 @@ drawn number of tokens, every request submitted at once:
                 of its own, and its prefix cache emptied before each run (a fresh engine
                 writes its decode workspace into fresh memory inside the timed run, where
                 hf-cb has zeroed its cache before its timer starts)
-  kvflow-gather the same with no decode workspace (--decode-workspace-gib 0): decode
-                attention gathers each sequence's blocks every step, as before 2026-12-01
+  kvflow-workspace the same with decodes through the decode workspace's dense copies and
+                SDPA (--no-paged-attention), as before the CPU's paged kernel (2026-12-06)
+  kvflow-gather the same with neither (--no-paged-attention --decode-workspace-gib 0):
+                decode attention gathers each sequence's blocks every step, as before
+                2026-12-01
   kvflow-fp32   our engine in float32 whatever --dtype says: with --dtype bfloat16, what
                 bf16 buys on this CPU
   kvflow-widened our engine over a GGUF's weights widened to --dtype at load
@@ -77,6 +80,7 @@ from kvflow.engine_worker.model.loader import load_model  # noqa: E402
 ARMS = (
     "kvflow",
     "kvflow-warm",
+    "kvflow-workspace",
     "kvflow-gather",
     "kvflow-fp32",
     "kvflow-widened",
@@ -145,9 +149,20 @@ def bench_model(
             new_engine(path, loaded, max_num_seqs=MAX_SEQS, kv_cache_dtype=kv), wl
         ),
         "kvflow-warm": warm_engine.run,
+        "kvflow-workspace": lambda wl: run_kvflow(
+            new_engine(
+                path, loaded, max_num_seqs=MAX_SEQS, paged_attention=False, kv_cache_dtype=kv
+            ),
+            wl,
+        ),
         "kvflow-gather": lambda wl: run_kvflow(
             new_engine(
-                path, loaded, max_num_seqs=MAX_SEQS, decode_workspace_gib=0.0, kv_cache_dtype=kv
+                path,
+                loaded,
+                max_num_seqs=MAX_SEQS,
+                paged_attention=False,
+                decode_workspace_gib=0.0,
+                kv_cache_dtype=kv,
             ),
             wl,
         ),

@@ -93,6 +93,25 @@ def test_the_kernel_matches_attention_over_the_gathered_context(
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("cache_dtype", ["float32", "int8"])
+@pytest.mark.parametrize("threads", [2, 4])
+@pytest.mark.parametrize("lens", [[1500], [1500, 3, 700]], ids=["one", "ragged"])
+def test_few_long_sequences_are_split_across_threads_and_merged(
+    cache_dtype: str, threads: int, lens: list[int]
+) -> None:
+    """Fewer (sequence, KV head) tasks than two a thread: each context is cut into splits
+    (some past a short sequence's end, empty), each attended alone and merged by their maxes
+    and sums: the same output as one pass."""
+    q, cache, table, ctx = paged_case(lens, 4, 1, 64, 16, seed=4, dtype=CACHE_DTYPES[cache_dtype])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = cpu_paged.paged_decode(q, cache, table, ctx, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, reference(q, cache, table, ctx, 0.125), rtol=0, atol=2e-6)
+
+
 def test_strided_queries_and_odd_block_sizes() -> None:
     """Queries as the model hands them over, a view of the fused QKV output (rows wider than
     the heads), and a block size that is not a power of two."""

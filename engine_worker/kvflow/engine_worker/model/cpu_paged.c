@@ -12,7 +12,9 @@
  * Per task, three passes: scores (q . k, scaled) into a buffer of context-length floats per
  * query head, then exp against the head's max and the sum, then the weighted sum of V.
  * A two-pass softmax rather than an online one: a decode context's scores fit in L2, and
- * each pass vectorizes with no rescaling per token.
+ * each pass vectorizes with no rescaling per token. With fewer tasks than two a thread
+ * (batch 1), each context is cut into splits attended apart and merged by their maxes and
+ * sums, as flash-decoding does on GPUs.
  *
  * The cache: [blocks, block_size, 2, num_kv_heads, row], a token's K and V side by side,
  * strides in bytes (paged_cache.py). A row is head_dim values of the cache's kind; a
@@ -34,6 +36,11 @@
 
 /* Query heads per KV head a call takes (Llama-3-70B: 8; cpu_paged.py checks). */
 #define MAX_GROUP 16
+/* Fewer (sequence, KV head) tasks than two a thread (batch 1 has as many as KV heads) cut
+ * each context into splits of at least this many tokens, merged by their maxes and sums
+ * (flash-decoding): a split costs its merge, worth it only over a few hundred tokens. */
+#define MIN_SPLIT_TOKENS 256
+#define MAX_SPLITS 64
 
 /* What a cache row holds (cpu_paged.py's KINDS). */
 #define KIND_F32 0
@@ -156,12 +163,13 @@ static void tile_rows(const uint8_t *cache, int64_t stride_block, int64_t stride
     }
 }
 
-/* One task's geometry: where its K rows (V's are stride_kv bytes on) and query heads are. */
+/* One task's geometry: where its K rows (V's are stride_kv bytes on) and query heads are,
+ * and its tokens: first..first+len-1 of the sequence (all of them, or one split). */
 typedef struct {
     const uint8_t *keys;
     int64_t stride_block, stride_token, stride_kv;
     const int64_t *table;
-    int64_t len, block_size, group, head_dim;
+    int64_t first, len, block_size, group, head_dim;
     const float *q;
     int64_t q_stride_h;
     float scale;
@@ -175,8 +183,8 @@ ALWAYS_INLINE void scores_pass(const Task *k, float *scores, int64_t longest, fl
     for (int64_t g = 0; g < k->group; g++) maxes[g] = -INFINITY;
     for (int64_t t0 = 0; t0 < k->len; t0 += TILE) {
         const int64_t n = k->len - t0 < TILE ? k->len - t0 : TILE;
-        tile_rows(k->keys, k->stride_block, k->stride_token, k->table, k->block_size, t0, n,
-                  rows);
+        tile_rows(k->keys, k->stride_block, k->stride_token, k->table, k->block_size,
+                  k->first + t0, n, rows);
         float scales[TILE];
         for (int64_t j = 0; j < n; j++) scales[j] = k->scale * row_scale(rows[j], head_dim, kind);
         for (int64_t g = 0; g < k->group; g++) {
@@ -257,7 +265,7 @@ ALWAYS_INLINE void values_pass(const Task *k, const float *scores, int64_t longe
     for (int64_t t0 = 0; t0 < k->len; t0 += TILE) {
         const int64_t n = k->len - t0 < TILE ? k->len - t0 : TILE;
         tile_rows(k->keys + k->stride_kv, k->stride_block, k->stride_token, k->table,
-                  k->block_size, t0, n, rows);
+                  k->block_size, k->first + t0, n, rows);
         float scales[TILE];
         for (int64_t j = 0; j < n; j++) scales[j] = row_scale(rows[j], head_dim, kind);
         for (int64_t g = 0; g < k->group; g++) {
@@ -290,32 +298,71 @@ ALWAYS_INLINE void values_pass(const Task *k, const float *scores, int64_t longe
     }
 }
 
-/* One task's three passes for a cache of `kind`; out gets the group's head_dim outputs. */
-ALWAYS_INLINE void attend(const Task *k, float *scores, int64_t longest, float *out,
-                          int64_t out_stride_h, const int kind) {
+/* One task's three passes for a cache of `kind`. Whole: out gets the group's head_dim
+ * outputs. A split (partial not NULL): partial gets, per query head, its max, its sum and
+ * its unnormalised head_dim outputs (PARTIAL floats), for the merge. */
+#define PARTIAL(head_dim) ((head_dim) + 2)
+ALWAYS_INLINE void attend(const Task *k, float *scores, int64_t stride, float *out,
+                          int64_t out_stride_h, float *partial, const int kind) {
     float maxes[MAX_GROUP], sums[MAX_GROUP];
-    float *acc = scores + k->group * longest;
-    scores_pass(k, scores, longest, maxes, kind);
-    exp_pass(scores, longest, k->len, k->group, maxes, sums);
-    values_pass(k, scores, longest, acc, kind);
+    float *acc = scores + k->group * stride;
+    const int64_t head_dim = k->head_dim;
+    if (k->len == 0) { /* a split past a short sequence's end: weighs nothing */
+        for (int64_t g = 0; g < k->group; g++) {
+            partial[g * PARTIAL(head_dim)] = -INFINITY;
+            partial[g * PARTIAL(head_dim) + 1] = 0.0f;
+        }
+        return;
+    }
+    scores_pass(k, scores, stride, maxes, kind);
+    exp_pass(scores, stride, k->len, k->group, maxes, sums);
+    values_pass(k, scores, stride, acc, kind);
     for (int64_t g = 0; g < k->group; g++) {
+        if (partial != NULL) {
+            float *p = partial + g * PARTIAL(head_dim);
+            p[0] = maxes[g];
+            p[1] = sums[g];
+            memcpy(p + 2, acc + g * head_dim, sizeof(float) * (size_t)head_dim);
+            continue;
+        }
         float *o = out + g * out_stride_h;
         const float inv = 1.0f / sums[g];
-        for (int64_t i = 0; i < k->head_dim; i++) o[i] = acc[g * k->head_dim + i] * inv;
+        for (int64_t i = 0; i < head_dim; i++) o[i] = acc[g * head_dim + i] * inv;
     }
 }
 
-static void attend_f32(const Task *k, float *s, int64_t n, float *o, int64_t h) {
-    attend(k, s, n, o, h, KIND_F32);
+typedef void (*Attend)(const Task *, float *, int64_t, float *, int64_t, float *);
+static void attend_f32(const Task *k, float *s, int64_t n, float *o, int64_t h, float *p) {
+    attend(k, s, n, o, h, p, KIND_F32);
 }
-static void attend_bf16(const Task *k, float *s, int64_t n, float *o, int64_t h) {
-    attend(k, s, n, o, h, KIND_BF16);
+static void attend_bf16(const Task *k, float *s, int64_t n, float *o, int64_t h, float *p) {
+    attend(k, s, n, o, h, p, KIND_BF16);
 }
-static void attend_int8(const Task *k, float *s, int64_t n, float *o, int64_t h) {
-    attend(k, s, n, o, h, KIND_INT8);
+static void attend_int8(const Task *k, float *s, int64_t n, float *o, int64_t h, float *p) {
+    attend(k, s, n, o, h, p, KIND_INT8);
 }
-static void attend_fp8(const Task *k, float *s, int64_t n, float *o, int64_t h) {
-    attend(k, s, n, o, h, KIND_FP8);
+static void attend_fp8(const Task *k, float *s, int64_t n, float *o, int64_t h, float *p) {
+    attend(k, s, n, o, h, p, KIND_FP8);
+}
+
+/* One query head's output from its splits' partials (PARTIAL floats each, `step` apart):
+ * each split's outputs weighed by e^(its max - the largest max), over the same sum. */
+static void merge(const float *partial, int64_t splits, int64_t step, int64_t head_dim,
+                  float *out) {
+    float top = -INFINITY;
+    for (int64_t s = 0; s < splits; s++)
+        if (partial[s * step + 1] > 0.0f && partial[s * step] > top) top = partial[s * step];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < head_dim; i++) out[i] = 0.0f;
+    for (int64_t s = 0; s < splits; s++) {
+        const float *p = partial + s * step;
+        if (p[1] == 0.0f) continue;
+        const float w = expf(p[0] - top);
+        sum += w * p[1];
+        for (int64_t i = 0; i < head_dim; i++) out[i] += w * p[2 + i];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < head_dim; i++) out[i] *= inv;
 }
 
 /* out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b for each sequence b of `batch`, K_b and V_b
@@ -329,20 +376,34 @@ int paged_decode(const float *q, int64_t q_stride_b, int64_t q_stride_h, const u
                  const int64_t *lens, float *out, int64_t out_stride_b, int64_t out_stride_h,
                  int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                  int64_t block_size, float scale, int32_t threads) {
-    void (*const kinds[])(const Task *, float *, int64_t, float *, int64_t) = {
-        attend_f32, attend_bf16, attend_int8, attend_fp8};
+    const Attend kinds[] = {attend_f32, attend_bf16, attend_int8, attend_fp8};
     const int64_t group = num_heads / num_kv_heads;
     if (group < 1 || group > MAX_GROUP || kind < 0 || kind > KIND_FP8) return -1;
-    void (*const run)(const Task *, float *, int64_t, float *, int64_t) = kinds[kind];
+    const Attend run = kinds[kind];
     int64_t longest = 0;
     for (int64_t b = 0; b < batch; b++)
         if (lens[b] > longest) longest = lens[b];
-    const int64_t tasks = batch * num_kv_heads;
+    const int64_t pairs = batch * num_kv_heads; /* (sequence, KV head) */
+    int64_t splits = 1;
+    if (threads > 1 && pairs < 2 * threads) {
+        splits = (2 * threads + pairs - 1) / pairs;
+        const int64_t most = longest / MIN_SPLIT_TOKENS;
+        splits = splits < most ? splits : most;
+        splits = splits < 1 ? 1 : splits > MAX_SPLITS ? MAX_SPLITS : splits;
+    }
+    const int64_t step = group * PARTIAL(head_dim); /* one split's partials */
+    float *partials = NULL;
+    if (splits > 1) {
+        partials = malloc(sizeof(float) * (size_t)(pairs * splits * step));
+        if (partials == NULL) return -2;
+    }
+    const int64_t chunk_max = (longest + splits - 1) / splits;
+    const int64_t tasks = pairs * splits;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
     {
-        /* scores [group][longest], then the V accumulators [group][head_dim] */
-        float *scores = malloc(sizeof(float) * (size_t)(group * (longest + head_dim)));
+        /* scores [group][chunk_max], then the V accumulators [group][head_dim] */
+        float *scores = malloc(sizeof(float) * (size_t)(group * (chunk_max + head_dim)));
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -350,14 +411,19 @@ int paged_decode(const float *q, int64_t q_stride_b, int64_t q_stride_h, const u
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             if (scores == NULL) continue;
-            const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
+            const int64_t pair = task / splits, split = task % splits;
+            const int64_t b = pair / num_kv_heads, kvh = pair % num_kv_heads;
+            const int64_t chunk = (lens[b] + splits - 1) / splits;
+            int64_t first = split * chunk, len = lens[b] - first;
+            len = len < 0 ? 0 : len > chunk ? chunk : len;
             const Task k = {
                 .keys = cache + kvh * stride_head,
                 .stride_block = stride_block,
                 .stride_token = stride_token,
                 .stride_kv = stride_kv,
                 .table = tables + b * table_stride,
-                .len = lens[b],
+                .first = first,
+                .len = len,
                 .block_size = block_size,
                 .group = group,
                 .head_dim = head_dim,
@@ -365,10 +431,21 @@ int paged_decode(const float *q, int64_t q_stride_b, int64_t q_stride_h, const u
                 .q_stride_h = q_stride_h,
                 .scale = scale,
             };
-            run(&k, scores, longest, out + b * out_stride_b + kvh * group * out_stride_h,
-                out_stride_h);
+            run(&k, scores, chunk_max, out + b * out_stride_b + kvh * group * out_stride_h,
+                out_stride_h, partials == NULL ? NULL : partials + task * step);
         }
         free(scores);
+        if (partials != NULL && !failed) {
+            /* after the loop's barrier: every split is in */
+#pragma omp for schedule(static)
+            for (int64_t head = 0; head < pairs * group; head++) {
+                const int64_t pair = head / group, g = head % group;
+                const int64_t b = pair / num_kv_heads, kvh = pair % num_kv_heads;
+                merge(partials + pair * splits * step + g * PARTIAL(head_dim), splits, step,
+                      head_dim, out + b * out_stride_b + (kvh * group + g) * out_stride_h);
+            }
+        }
     }
+    free(partials);
     return failed ? -2 : 0;
 }

@@ -113,7 +113,7 @@ class TorchModelRunner:
             torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(num_layers)
         ]
         # Decodes read the cache in place where a paged kernel runs (a GPU's, or the CPU's
-        # for a float32 cache): then a workspace's copies would only cost memory.
+        # for float32 attention): then a workspace's copies would only cost memory.
         self.paged_kernel = paged_kernel and uses_paged_kernel(
             self.device, block_size, kv_dtype, compute_dtype(dtype, self.device)
         )

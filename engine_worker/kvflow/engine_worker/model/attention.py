@@ -15,7 +15,7 @@ once, then one token appended per step, and one SDPA over all of them.
 
 Where a paged kernel runs, decodes skip the gather: it walks each sequence's block table
 and reads its tokens in place: on a GPU the Triton kernel of ``triton_paged.py``, on the CPU
-with a float32 cache the C kernel of ``cpu_paged.py`` (the runner's choice,
+where attention computes in float32 the C kernel of ``cpu_paged.py`` (the runner's choice,
 ``paged_kernel.py``; with it the runner keeps no workspace). Prefill chunks keep the gather
 and SDPA: their copy is shared by all their query tokens.
 

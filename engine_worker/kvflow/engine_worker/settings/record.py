@@ -47,7 +47,7 @@ class WorkerSettings:
     # memory is better spent on the cache.
     decode_workspace_gib: float | None = None
     # Decodes read the paged cache in place through a kernel where one runs (the CPU's
-    # for a float32 cache, model/cpu_paged.py; Triton's on CUDA); False: they read the
+    # for float32 attention, model/cpu_paged.py; Triton's on CUDA); False: they read the
     # workspace or gather their blocks.
     paged_attention: bool = True
     # Pure decode steps replayed from CUDA graphs (model/decode_graphs.py). The command line

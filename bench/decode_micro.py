@@ -268,15 +268,18 @@ def kv_dtypes() -> None:
 
 def paged_layer_ms(batch: int, length: int, cache_dtype: str = "float32") -> dict[str, float]:
     """``paged``'s three arms at one batch and context length (ms a layer), over a cache of
-    ``cache_dtype`` (float32, or int8 rows and their scales)."""
-    from kvflow.engine_worker.model.attention import paged_attention
+    ``cache_dtype`` (float32; int8 rows and their scales; or bfloat16: a bf16 model's, its
+    Q and K/V in bf16, attending in ``compute_dtype``: bf16 on a CPU with native bf16)."""
+    from kvflow.engine_worker.model.attention import compute_dtype, paged_attention
     from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
     from kvflow.engine_worker.model.decode_workspace import Decode, DecodeWorkspace
     from kvflow.engine_worker.model.kv_quant import kv_cache_dtype, quantize
     from kvflow.engine_worker.model.paged_cache import kv_cache_shape
 
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16  # SmolLM2's layer
-    dtype = kv_cache_dtype("auto" if cache_dtype == "float32" else cache_dtype, torch.float32)
+    model_dtype = torch.bfloat16 if cache_dtype == "bfloat16" else torch.float32
+    wide = compute_dtype(model_dtype, torch.device("cpu"))
+    dtype = kv_cache_dtype("int8" if cache_dtype == "int8" else "auto", model_dtype)
     lens = [max(1, int(length * (0.75 + 0.5 * torch.rand(()).item()))) for _ in range(batch)]
     num_blocks = sum(-(-(n + 1) // block_size) for n in lens) + 8
     free = torch.randperm(num_blocks).tolist()
@@ -284,10 +287,9 @@ def paged_layer_ms(batch: int, length: int, cache_dtype: str = "float32") -> dic
     shape = kv_cache_shape(num_blocks=num_blocks, block_size=block_size,
                            num_kv_heads=kv_heads, head_dim=head_dim)  # fmt: skip
     cache = torch.randn(shape)
-    if dtype != torch.float32:
-        cache = quantize(cache, dtype)
-    q = torch.randn(batch, heads, head_dim)
-    kv = torch.randn(batch, 2, kv_heads, head_dim)
+    cache = quantize(cache, dtype) if dtype == torch.int8 else cache.to(dtype)
+    q = torch.randn(batch, heads, head_dim, dtype=model_dtype)
+    kv = torch.randn(batch, 2, kv_heads, head_dim, dtype=model_dtype)
 
     def meta(ctx: list[int], **options: object) -> AttentionMetadata:
         return AttentionMetadata.build(
@@ -297,7 +299,7 @@ def paged_layer_ms(batch: int, length: int, cache_dtype: str = "float32") -> dic
 
     arms = {"paged": meta(lens, paged_kernel=True), "gather": meta(lens, paged_kernel=False)}
     workspace = DecodeWorkspace(num_layers=1, num_kv_heads=kv_heads, head_dim=head_dim,
-                                block_size=block_size, dtype=torch.float32,
+                                block_size=block_size, dtype=wide,
                                 device=torch.device("cpu"), max_bytes=1 << 31)  # fmt: skip
     with torch.inference_mode():
         if batch > 1:  # a lone decode never uses the workspace (MIN_DECODES)
@@ -318,22 +320,31 @@ def paged() -> None:
     """One SmolLM2 layer's decode attention, warm, through the engine's ``paged_attention``:
     the CPU's paged kernel (model/cpu_paged.py) against the decode workspace in its steady
     state (each step appends a token, no fills) and the gather path, over a float32 cache
-    and an int8 one, float32 attention, torch's threads (OMP_NUM_THREADS); contexts of the
-    length +- 25 %, on scattered blocks."""
+    and an int8 one (float32 attention) and a bf16 model's (attending in bf16 where the CPU
+    has native bf16: then the workspace and the gather run bf16 SDPA, the kernel float32),
+    torch's threads (OMP_NUM_THREADS); contexts of the length +- 25 %, on scattered blocks."""
+    from kvflow.engine_worker.model.attention import compute_dtype
+
     torch.manual_seed(0)
-    print("\n| cache | batch | context | paged kernel ms | workspace ms | gather ms | "
-          "workspace / paged | gather / paged |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    print("\n| cache | attention (SDPA's) | batch | context | paged kernel ms | workspace ms | "
+          "gather ms | workspace / paged | gather / paged |\n" + "|---" * 9 + "|")  # fmt: skip
     rows = []
     cases = [("float32", b, n) for b, n in ((1, 200), (1, 2000), (8, 200), (8, 2000), (64, 200),
                                             (64, 1000))]  # fmt: skip
     cases += [("int8", b, n) for b, n in ((1, 2000), (8, 2000), (64, 1000))]
+    cases += [("bfloat16", b, n) for b, n in ((1, 200), (1, 2000), (8, 2000), (64, 200),
+                                              (64, 1000))]  # fmt: skip
     for cache_dtype, batch, length in cases:
         ms = paged_layer_ms(batch, length, cache_dtype)
         # NaN (no workspace at batch 1) as JSON's null
         times = {f"{k}_ms": None if math.isnan(v) else v for k, v in ms.items()}
-        rows.append({"cache": cache_dtype, "batch": batch, "context": length, **times})
+        model = torch.bfloat16 if cache_dtype == "bfloat16" else torch.float32
+        wide = str(compute_dtype(model, torch.device("cpu"))).removeprefix("torch.")
+        rows.append({"cache": cache_dtype, "attention": wide, "batch": batch, "context": length,
+                     **times})  # fmt: skip
         RESULTS["paged"] = rows
-        print(f"| {cache_dtype} | {batch} | {length} | {ms['paged']:.3f} | {ms['workspace']:.3f} | "
+        print(f"| {cache_dtype} | {wide} | {batch} | {length} | {ms['paged']:.3f} | "
+              f"{ms['workspace']:.3f} | "
               f"{ms['gather']:.3f} | {ms['workspace'] / ms['paged']:.2f} | "
               f"{ms['gather'] / ms['paged']:.2f} |")  # fmt: skip
 

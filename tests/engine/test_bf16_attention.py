@@ -168,9 +168,14 @@ PARITY_SHARE = 0.75
 
 
 def greedy_smollm2(
-    dtype: torch.dtype, native: bool, monkeypatch: pytest.MonkeyPatch, loaded: Any
+    dtype: torch.dtype,
+    native: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    loaded: Any,
+    paged: bool = False,
 ) -> list[list[int]]:
-    """Every prompt's NEW_TOKENS greedy tokens, all decoding together."""
+    """Every prompt's NEW_TOKENS greedy tokens, all decoding together (``paged``: their
+    decodes through the CPU's paged kernel, in float32, rather than the workspace)."""
     from transformers import AutoTokenizer
 
     from kvflow.engine_worker.app import build_worker
@@ -181,15 +186,18 @@ def greedy_smollm2(
     monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    # Every arm through the decode workspace (the float32 model would otherwise read the
-    # cache through the CPU's paged kernel): only the dtypes differ.
+    # The workspace's arms attend their decodes through it in the compute dtype (the default
+    # would read the cache through the CPU's paged kernel, in float32): only the dtypes differ.
     settings = WorkerSettings(
         model=None, dtype=str(dtype).removeprefix("torch."), kv_cache_gib=0.25,
-        paged_attention=False,
+        paged_attention=paged,
     )  # fmt: skip
     engine = build_worker(settings, loaded=loaded).engine
     runner: Any = engine.runner
-    assert runner.workspace.dtype == attention.compute_dtype(dtype, torch.device("cpu"))
+    if paged:
+        assert runner.paged_kernel and runner.workspace is None
+    else:
+        assert runner.workspace.dtype == attention.compute_dtype(dtype, torch.device("cpu"))
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for i, text in enumerate(PARITY_PROMPTS):
         engine.add_request(f"p{i}", tokenizer.encode(text), params)
@@ -220,7 +228,10 @@ def test_smollm2_bf16_attention_stays_as_close_to_float32_as_float32_attention(
     stray further: its tokens share at least ``PARITY_SHARE`` as many with the float32
     model as float32 attention's do (measured 99 against 112, 0.88; it strays earlier on
     two prompts and later on two), and on at least three prompts it picks float32
-    attention's every token (measured 3 of 8)."""
+    attention's every token (measured 3 of 8).
+
+    The default on such a CPU, decodes through the paged kernel in float32 and prefills in
+    bf16, strays no further than bf16 attention may."""
     from kvflow.engine_worker.model.loader import load_model
 
     truth = greedy_smollm2(torch.float32, False, monkeypatch, load_model(None, quantization="none"))
@@ -233,3 +244,8 @@ def test_smollm2_bf16_attention_stays_as_close_to_float32_as_float32_attention(
         agreed(f32, truth),
     )
     assert sum(x == y for x, y in zip(bf16, f32, strict=True)) >= 3
+    paged = greedy_smollm2(torch.bfloat16, True, monkeypatch, loaded, paged=True)
+    assert agreed(paged, truth) >= PARITY_SHARE * agreed(f32, truth), (
+        agreed(paged, truth),
+        agreed(f32, truth),
+    )

@@ -94,9 +94,9 @@ def test_a_bf16_model_attends_in_its_compute_dtype_and_keeps_its_cache_in_bf16(
     wide = torch.bfloat16 if native else torch.float32
     engine = bf16_engine(tiny, **MODES[mode])
     runner: Any = engine.runner
-    # The kernel reads the bf16 cache in place for float32 attention; bf16 attention (a CPU
-    # with native bf16) keeps SDPA.
-    paged = mode == "paged" and not native
+    # The kernel reads the bf16 cache in place whatever attention's dtype (it computes in
+    # float32; bf16 queries are widened).
+    paged = mode == "paged"
     assert runner.paged_kernel == paged
     spy = SdpaDtypes()
     with mock.patch.object(F, "scaled_dot_product_attention", spy):

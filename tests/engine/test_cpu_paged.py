@@ -2,7 +2,7 @@
 gathered context: random block tables in any order, ragged lengths (one token, a block's
 edge, past a tile of 32), grouped query heads (1 to 8 a KV head), head sizes its vector
 loops take and one they do not, strided queries, one thread and two, and every cache dtype
-it reads (float32, bf16, int8 and fp8 rows with their scales)."""
+it reads (float32, bf16, int8 and fp8 rows with their scales), and bf16 queries."""
 
 from __future__ import annotations
 
@@ -112,6 +112,24 @@ def test_few_long_sequences_are_split_across_threads_and_merged(
     torch.testing.assert_close(got, reference(q, cache, table, ctx, 0.125), rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("cache_dtype", ["bfloat16", "int8"])
+def test_bf16_queries_attend_in_float32_and_come_back_in_bf16(cache_dtype: str) -> None:
+    """A bf16 model on a CPU with native bf16 hands over bf16 queries (a view of its fused
+    QKV output): the kernel widens them, computes in float32 and returns bf16: the float32
+    kernel's output on the same (widened) queries, rounded once."""
+    lens = [1, 33, 200, 513]
+    q, cache, table, ctx = paged_case(lens, 9, 3, 64, 16, seed=5, dtype=CACHE_DTYPES[cache_dtype])
+    fused = torch.randn(len(lens), 15, 64).bfloat16()
+    fused[:, :9] = q.bfloat16()
+    view = fused[:, :9]
+    got = cpu_paged.paged_decode(view, cache, table, ctx, 0.125)
+    assert got.dtype == torch.bfloat16
+    wide = cpu_paged.paged_decode(view.float(), cache, table, ctx, 0.125)
+    torch.testing.assert_close(got, wide.bfloat16(), rtol=0, atol=0)
+    want = reference(view.float(), cache, table, ctx, 0.125)
+    torch.testing.assert_close(wide, want, rtol=0, atol=2e-6)
+
+
 def test_strided_queries_and_odd_block_sizes() -> None:
     """Queries as the model hands them over, a view of the fused QKV output (rows wider than
     the heads), and a block size that is not a power of two."""
@@ -138,17 +156,19 @@ def test_a_peaked_softmax_and_scores_far_below_the_max() -> None:
 
 def test_what_it_does_not_take_is_refused() -> None:
     q, cache, table, ctx = paged_case([20, 30], 4, 2, 64, 16, seed=3)
-    with pytest.raises(ValueError, match="float32"):
-        cpu_paged.paged_decode(q.bfloat16(), cache, table, ctx, 0.125)
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="float32 or bfloat16 queries"):
+        cpu_paged.paged_decode(q.half(), cache, table, ctx, 0.125)
+    with pytest.raises(ValueError, match="float32 or bfloat16 queries"):
         cpu_paged.paged_decode(q, cache.half(), table, ctx, 0.125)
     with pytest.raises(ValueError, match="query heads"):
         cpu_paged.paged_decode(torch.randn(2, 5, 64), cache, table, ctx, 0.125)
     with pytest.raises(ValueError, match="int64"):
         cpu_paged.paged_decode(q, cache, table.int(), ctx, 0.125)
     for cache_dtype in CACHE_DTYPES.values():
+        # Attention in float32, and a bf16 model's in bf16 (a CPU with native bf16).
         assert cpu_paged.supports(torch.device("cpu"), cache_dtype, torch.float32)
-    # A float16 cache, and a model that attends in bf16 (a CPU with native bf16): SDPA's.
+        assert cpu_paged.supports(torch.device("cpu"), cache_dtype, torch.bfloat16)
+    # A float16 cache or compute dtype (the CPU widens float16 models): SDPA's.
     assert not cpu_paged.supports(torch.device("cpu"), torch.float16, torch.float32)
-    assert not cpu_paged.supports(torch.device("cpu"), torch.bfloat16, torch.bfloat16)
+    assert not cpu_paged.supports(torch.device("cpu"), torch.float32, torch.float16)
     assert not cpu_paged.supports(torch.device("meta"), torch.float32, torch.float32)

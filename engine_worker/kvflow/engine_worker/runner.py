@@ -112,8 +112,8 @@ class TorchModelRunner:
         self.kv_caches = [
             torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(num_layers)
         ]
-        # Decodes read the cache in place where a paged kernel runs (a GPU's, or the CPU's
-        # for float32 attention): then a workspace's copies would only cost memory.
+        # Decodes read the cache in place where a paged kernel runs (a GPU's, or the CPU's):
+        # then a workspace's copies would only cost memory.
         self.paged_kernel = paged_kernel and uses_paged_kernel(
             self.device, block_size, kv_dtype, compute_dtype(dtype, self.device)
         )

@@ -15,7 +15,7 @@ once, then one token appended per step, and one SDPA over all of them.
 
 Where a paged kernel runs, decodes skip the gather: it walks each sequence's block table
 and reads its tokens in place: on a GPU the Triton kernel of ``triton_paged.py``, on the CPU
-where attention computes in float32 the C kernel of ``cpu_paged.py`` (the runner's choice,
+the C kernel of ``cpu_paged.py``, in float32 whatever the compute dtype (the runner's choice,
 ``paged_kernel.py``; with it the runner keeps no workspace). Prefill chunks keep the gather
 and SDPA: their copy is shared by all their query tokens.
 
@@ -50,7 +50,10 @@ def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype attention computes in, for a model in ``dtype`` on ``device``.
 
     On a GPU, and for a bf16 model on a CPU that multiplies bf16 natively (``avx512_bf16`` or
-    ``amx_bf16``), the model's own dtype. There torch's CPU SDPA (flash attention: float32
+    ``amx_bf16``), the model's own dtype. (The CPU's paged kernel, the default for decodes,
+    computes in float32 either way: it takes bf16 queries and returns bf16, cpu_paged.py; so
+    this is the dtype of prefill chunks' SDPA, and of decodes where the kernel does not run.)
+    There torch's CPU SDPA (flash attention: float32
     accumulation and softmax, bf16 products) runs one-token queries over the decode
     workspace's slots at 0.5-1.1x float32's time (SmolLM2's 3 KV heads of 64 with 3 query
     rows each: 0.75-0.88x; 8 heads of 64: 0.47x; 16 slots of 150-400 tokens, 1 thread,

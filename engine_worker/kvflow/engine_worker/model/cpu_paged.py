@@ -8,11 +8,16 @@ its fixed cost and the padding are most of the time. The kernel walks each seque
 table and reads its own tokens once, the query heads of a KV head together (GQA), in one
 call per layer for the whole batch, threaded over (sequence, KV head) on torch's OpenMP pool.
 
-It takes float32 queries, the CPU's compute dtype for every model without native bf16 (a
-GGUF's quantized weights included, the default), over a cache of float32, bf16, or int8 or
-fp8 rows with their scales (kv_quant.py), each read as it is stored and widened to float32
-in registers: ``supports`` says where. Elsewhere (a bf16 model attending in bf16 on a CPU
-with native bf16, no C compiler, ``KVFLOW_NATIVE_KERNELS=0``) decodes keep the gather or
+It computes in float32, over a cache of float32, bf16, or int8 or fp8 rows with their
+scales (kv_quant.py), each read as it is stored and widened to float32 in registers. It
+takes float32 queries (the CPU's compute dtype for every model without native bf16, a GGUF's
+quantized weights included: the default) or bf16 ones (a bf16 model on a CPU with native
+bf16, whose prefills attend in bf16): those are widened, and the output narrowed, in the
+call. Decodes there gain float32's accuracy with the kernel's speed: one token's attention
+is a few dot products per cached token, bound by the cache's bytes (the same bf16 either
+way), so bf16 arithmetic would buy nothing, and torch's bf16 SDPA over the workspace pays
+its fixed cost per slot and head. ``supports`` says where it runs; elsewhere (no C
+compiler, ``KVFLOW_NATIVE_KERNELS=0``, ``--no-paged-attention``) decodes keep the gather or
 the workspace.
 """
 
@@ -31,6 +36,8 @@ from kvflow.engine_worker.model.native_build import build_library, one_openmp_ru
 #: Query heads per KV head the kernel takes (its stack buffers; Llama-3-70B has 8).
 MAX_GROUP = 16
 _WITHOUT = "decode attention gathers the paged cache and runs SDPA"
+#: The query (and output) dtypes it takes: float32 as they are, bf16 widened.
+QUERY_DTYPES = (torch.float32, torch.bfloat16)
 # The cache dtypes the kernel reads, as its KIND_* numbers (cpu_paged.c).
 KINDS: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 if "fp8" in QUANTIZED_DTYPES:
@@ -58,7 +65,7 @@ def supports(device: torch.device, kv_cache_dtype: torch.dtype, compute_dtype: t
     return (
         device.type == "cpu"
         and kv_cache_dtype in KINDS
-        and compute_dtype == torch.float32
+        and compute_dtype in QUERY_DTYPES
         and _kernel() is not None
     )
 
@@ -75,8 +82,8 @@ def paged_decode(
     ``kv_cache`` is one layer's cache (``paged_cache.kv_cache_shape``) of a dtype in
     ``KINDS``, this step's K/V already written; ``block_ids`` ``[B, max_blocks]`` int64, the
     rows' block tables (entries past a row's context are never read); ``context_lens``
-    ``[B]`` int64, the tokens each row attends to (at least 1). Returns ``[B, H, D]``
-    float32."""
+    ``[B]`` int64, the tokens each row attends to (at least 1). ``q`` is float32 or bf16;
+    the kernel computes in float32 either way. Returns ``[B, H, D]`` in ``q``'s dtype."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError(f"no native paged decode kernel: {_WITHOUT} instead")
@@ -84,12 +91,15 @@ def paged_decode(
     batch, num_heads, head_dim = q.shape
     _, block_size, _, num_kv_heads, width = kv_cache.shape
     kind = KINDS.get(kv_cache.dtype)
-    if q.dtype != torch.float32 or kind is None or not q.is_cpu:
+    if q.dtype not in QUERY_DTYPES or kind is None or not q.is_cpu:
         kinds = ", ".join(str(d).removeprefix("torch.") for d in KINDS)
         raise ValueError(
-            f"the CPU paged kernel takes float32 queries over a cache of {kinds}: "
+            f"the CPU paged kernel takes float32 or bfloat16 queries over a cache of {kinds}: "
             f"q {q.dtype}, cache {kv_cache.dtype}"
         )
+    narrow = q.dtype
+    if narrow != torch.float32:
+        q = q.float()  # [B, H, D]: a few KB a layer
     cache_dim = width - SCALE_BYTES if is_quantized(kv_cache.dtype) else width
     if q.stride(2) != 1 or kv_cache.stride(4) != 1 or cache_dim != head_dim:
         raise ValueError("the CPU paged kernel reads dense head rows")
@@ -112,4 +122,4 @@ def paged_decode(
     if status == -2:
         raise MemoryError("cpu_paged: no memory for the attention scores")
     assert status == 0, f"cpu_paged refused its arguments ({status})"
-    return out
+    return out if narrow == torch.float32 else out.to(narrow)

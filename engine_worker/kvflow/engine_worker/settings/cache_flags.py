@@ -50,7 +50,7 @@ def add_cache_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
         "--no-paged-attention",
         action="store_true",
         help="decodes gather their blocks (or read the decode workspace) instead of reading "
-        "the paged cache in place through kvflow's kernel (the CPU's, for float32 attention; "
+        "the paged cache in place through kvflow's kernel (the CPU's C kernel, or "
         "Triton's on CUDA)",
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")

@@ -46,8 +46,8 @@ class WorkerSettings:
     # (model/decode_workspace.py). None: kv_cache_gib on CPU, 0 (off) on CUDA, where the
     # memory is better spent on the cache.
     decode_workspace_gib: float | None = None
-    # Decodes read the paged cache in place through a kernel where one runs (the CPU's
-    # for float32 attention, model/cpu_paged.py; Triton's on CUDA); False: they read the
+    # Decodes read the paged cache in place through a kernel where one runs (the CPU's,
+    # model/cpu_paged.py; Triton's on CUDA); False: they read the
     # workspace or gather their blocks.
     paged_attention: bool = True
     # Pure decode steps replayed from CUDA graphs (model/decode_graphs.py). The command line

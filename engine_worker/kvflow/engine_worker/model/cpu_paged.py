@@ -44,10 +44,16 @@ if "fp8" in QUANTIZED_DTYPES:
     KINDS[QUANTIZED_DTYPES["fp8"]] = 3
 
 
-@cache
 def _kernel() -> tuple[Callable[..., int], bool] | None:
     """The compiled function and whether it may use torch's threads (one OpenMP runtime)."""
-    library = build_library(Path(__file__).with_name("cpu_paged.c"), ("-fopenmp",),
+    return build_kernel(())
+
+
+@cache
+def build_kernel(flags: tuple[str, ...]) -> tuple[Callable[..., int], bool] | None:
+    """``_kernel`` built with extra compiler ``flags`` (the tests' ``-mno-avx512f``: the AVX2
+    passes on a CPU whose own build takes AVX512's for the narrow cache dtypes)."""
+    library = build_library(Path(__file__).with_name("cpu_paged.c"), ("-fopenmp", *flags),
                             without=_WITHOUT)  # fmt: skip
     if library is None:
         return None

@@ -106,16 +106,21 @@ def test_every_path_gives_the_same_tokens_over_a_quantized_cache(tiny: str, kv: 
     assert greedy(engine_for(tiny), prompts, 16) != want
 
 
-# A greedy choice that parts from the unquantized cache's must be a near-tie there: its two
-# best tokens within what the cache's rounding moves. Over the prompts' first 48 tokens the
-# quantized caches move the gap between a step's two best logprobs by up to 0.50 nats
+# A greedy choice that parts from the unquantized cache's must be a near-tie there: the token
+# it picks within what the cache's rounding moves of the best one. Over the prompts' first
+# 48 tokens the quantized caches move the gap between a step's two best logprobs by up to 0.50 nats
 # (int8) and 0.68 (fp8) where the tokens still agree (0.50 and 0.55 on a build whose SiLU
 # also differed in its last bits), so a tie closer than that may flip. Which ties flip
 # changes with any last-bit change upstream: fp8's flips were at gaps of 0.005 to 0.17,
 # then, with the norms and RoPE in C (model/elementwise.c), one at 0.47 ("def
 # fibonacci(n):", token 12), which a bound of 0.25, under the measured movement, failed.
-# A broken cache parts at gaps of nats, or between tokens not in the top two.
+# The pick need not be the second best: "def fibonacci(n):" token 12 is a tie of three
+# (-0.93, -1.44, -1.63 nats alone; the batch moves them), and fp8 picked the third when the
+# CPU's paged kernel summed its products in another order (AVX512's 16 lanes). A broken
+# cache parts at gaps of nats, or for tokens outside the reference's top few.
 NEAR_TIE_NATS = {"int8": 0.55, "fp8": 0.7}
+# How many of the reference's best tokens (and logprobs) a parting pick is looked up in.
+TOP_TOKENS = 5
 
 
 @pytest.mark.slow
@@ -151,8 +156,8 @@ def test_smollm2_keeps_its_greedy_tokens_or_parts_at_a_near_tie(
         system + user.format("Name three primary colors."),
     ]
     prompts = [tok(t)["input_ids"] for t in texts]
-    want = greedy(engine(), prompts, 32, top_logprobs=2)
-    got = greedy(engine(kv_cache_dtype=kv), prompts, 32, top_logprobs=2)
+    want = greedy(engine(), prompts, 32, top_logprobs=TOP_TOKENS)
+    got = greedy(engine(kv_cache_dtype=kv), prompts, 32, top_logprobs=TOP_TOKENS)
     parted = []
     for i, (ours, theirs) in enumerate(zip(got, want, strict=True)):
         pairs = enumerate(zip(ours, theirs, strict=True))
@@ -160,9 +165,11 @@ def test_smollm2_keeps_its_greedy_tokens_or_parts_at_a_near_tie(
         if at is None:
             continue
         ref = theirs[at]
-        gap = ref.top_logprobs[0] - ref.top_logprobs[1]
+        logprobs = dict(zip(ref.top_token_ids, ref.top_logprobs, strict=True))
+        assert ref.top_token_ids[0] == ref.token_id
+        assert ours[at].token_id in logprobs, (i, at, ours[at].token_id, logprobs)
+        gap = ref.top_logprobs[0] - logprobs[ours[at].token_id]
         parted.append((i, at, round(gap, 3)))
-        assert set(ref.top_token_ids) == {ours[at].token_id, ref.token_id}, (i, at)
         assert gap < NEAR_TIE_NATS[kv], (i, at, gap)
     # int8 keeps at least half the prompts whole; fp8 (3 mantissa bits) at least one.
     # Which near-ties flip depends on the weights' kernel: torch's int4 kernel (bf16

@@ -24,15 +24,17 @@
   ``attention`` functions.
 
 - **The CPU's paged decode kernel** (``paged``): one layer's decode attention through it
-  against the decode workspace and the gather path, at batch 1-64 over 200-2,000 tokens.
+  against the decode workspace and the gather path, at batch 1-64 over 200-2,000 tokens;
+  (``paged_builds``) the kernel alone as this CPU builds it against its AVX2-only build.
 
     python bench/decode_micro.py        # every section, about a minute
     python bench/decode_micro.py kv_dtypes greedy   # only these
-    python bench/decode_micro.py paged --json FILE   # what ``paged`` measured, as JSON
+    python bench/decode_micro.py paged paged_builds --json FILE   # what they measured, as JSON
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -349,6 +351,65 @@ def paged() -> None:
               f"{ms['gather'] / ms['paged']:.2f} |")  # fmt: skip
 
 
+def paged_builds() -> None:
+    """The CPU's paged kernel alone (ctypes, no Python around it), as this CPU builds it
+    against its AVX2-only build (``-mno-avx512f``: what a CPU without AVX512 runs), both in
+    one process, interleaved over 7 rounds of 10 calls, median: per cache dtype, SmolLM2's
+    heads (9 over 3 of 64) and Llama-3-8B's (32 over 8 of 128), random block tables, torch's
+    threads. On a CPU without AVX512 the two builds are the same code."""
+    from kvflow.engine_worker.model import cpu_paged
+    from kvflow.engine_worker.model.kv_quant import QUANTIZED_DTYPES, is_quantized, quantize
+    from kvflow.engine_worker.model.paged_cache import kv_cache_shape
+
+    builds = {
+        "native": cpu_paged.build_kernel(()),
+        "avx2": cpu_paged.build_kernel(("-mno-avx512f",)),
+    }
+    if None in builds.values():
+        raise SystemExit("no C compiler: the paged kernel does not build")
+    torch.manual_seed(0)
+    print("\n| cache | batch | context | heads / KV heads x dim | native ms | AVX2-only ms | "
+          "AVX2-only / native |\n" + "|---" * 7 + "|")  # fmt: skip
+    rows = []
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, **QUANTIZED_DTYPES}
+    shapes = [(64, 1000, 9, 3, 64), (8, 2000, 9, 3, 64), (64, 200, 9, 3, 64), (1, 4000, 9, 3, 64),
+              (16, 1000, 32, 8, 128)]  # fmt: skip
+    block_size = 16
+    for name, dtype in dtypes.items():
+        for batch, length, heads, kv_heads, head_dim in shapes:
+            per = -(-length // block_size)
+            num_blocks = batch * per + 2
+            shape = kv_cache_shape(num_blocks=num_blocks, block_size=block_size,
+                                   num_kv_heads=kv_heads, head_dim=head_dim)  # fmt: skip
+            cache = torch.randn(shape)
+            cache = quantize(cache, dtype) if is_quantized(dtype) else cache.to(dtype)
+            table = torch.randperm(num_blocks)[: batch * per].view(batch, per).contiguous()
+            q = torch.randn(batch, heads, head_dim)
+            lens = torch.full((batch,), length, dtype=torch.int64)
+            out = torch.empty_like(q)
+            size = cache.element_size()
+            strides = [n * size for n in cache.stride()[:4]]
+            threads = torch.get_num_threads()
+            args = (q.data_ptr(), q.stride(0), q.stride(1), cache.data_ptr(), *strides,
+                    cpu_paged.KINDS[dtype], table.data_ptr(), table.stride(0), lens.data_ptr(),
+                    out.data_ptr(), out.stride(0), out.stride(1), batch, heads, kv_heads,
+                    head_dim, block_size, head_dim**-0.5)  # fmt: skip
+            times: dict[str, list[float]] = {k: [] for k in builds}
+            for _ in range(7):
+                for build, kernel in builds.items():
+                    assert kernel is not None
+                    function, shared = kernel
+                    call = functools.partial(function, *args, threads if shared else 1)
+                    times[build].append(median_ms(call, 10, rounds=1))
+            native, avx2 = (statistics.median(times[b]) for b in builds)
+            rows.append({"cache": name, "batch": batch, "context": length, "heads": heads,
+                         "kv_heads": kv_heads, "head_dim": head_dim, "native_ms": native,
+                         "avx2_ms": avx2})  # fmt: skip
+            RESULTS["paged_builds"] = rows
+            print(f"| {name} | {batch} | {length} | {heads} / {kv_heads} x {head_dim} | "
+                  f"{native:.3f} | {avx2:.3f} | {avx2 / native:.2f} |")  # fmt: skip
+
+
 SECTIONS: dict[str, Callable[[], None]] = {
     "greedy": greedy,
     "attention": attention,
@@ -357,9 +418,10 @@ SECTIONS: dict[str, Callable[[], None]] = {
     "dtypes": dtypes,
     "kv_dtypes": kv_dtypes,
     "paged": paged,
+    "paged_builds": paged_builds,
 }
 
-# What sections record for --json (only ``paged`` so far), by section.
+# What sections record for --json (``paged`` and ``paged_builds`` so far), by section.
 RESULTS: dict[str, object] = {}
 
 if __name__ == "__main__":

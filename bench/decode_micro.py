@@ -25,7 +25,8 @@
 
 - **The CPU's paged decode kernel** (``paged``): one layer's decode attention through it
   against the decode workspace and the gather path, at batch 1-64 over 200-2,000 tokens;
-  (``paged_builds``) the kernel alone as this CPU builds it against its AVX2-only build.
+  (``paged_builds``) the kernel alone as this CPU builds it against its AVX2-only build and
+  one without prefetches.
 
     python bench/decode_micro.py        # every section, about a minute
     python bench/decode_micro.py kv_dtypes greedy   # only these
@@ -353,10 +354,11 @@ def paged() -> None:
 
 def paged_builds() -> None:
     """The CPU's paged kernel alone (ctypes, no Python around it), as this CPU builds it
-    against its AVX2-only build (``-mno-avx512f``: what a CPU without AVX512 runs), both in
-    one process, interleaved over 7 rounds of 10 calls, median: per cache dtype, SmolLM2's
-    heads (9 over 3 of 64) and Llama-3-8B's (32 over 8 of 128), random block tables, torch's
-    threads. On a CPU without AVX512 the two builds are the same code."""
+    against its AVX2-only build (``-mno-avx512f``: what a CPU without AVX512 runs; on such a
+    CPU the same code) and a build that does not prefetch the next tile's rows
+    (``-DPAGED_NO_PREFETCH``), all in one process, interleaved over 7 rounds of 10 calls,
+    median: per cache dtype, SmolLM2's heads (9 over 3 of 64) and Llama-3-8B's (32 over 8 of
+    128), random block tables, torch's threads."""
     from kvflow.engine_worker.model import cpu_paged
     from kvflow.engine_worker.model.kv_quant import QUANTIZED_DTYPES, is_quantized, quantize
     from kvflow.engine_worker.model.paged_cache import kv_cache_shape
@@ -364,12 +366,14 @@ def paged_builds() -> None:
     builds = {
         "native": cpu_paged.build_kernel(()),
         "avx2": cpu_paged.build_kernel(("-mno-avx512f",)),
+        "no_prefetch": cpu_paged.build_kernel(("-DPAGED_NO_PREFETCH",)),
     }
     if None in builds.values():
         raise SystemExit("no C compiler: the paged kernel does not build")
     torch.manual_seed(0)
     print("\n| cache | batch | context | heads / KV heads x dim | native ms | AVX2-only ms | "
-          "AVX2-only / native |\n" + "|---" * 7 + "|")  # fmt: skip
+          "no prefetch ms | AVX2-only / native | no prefetch / native |\n"
+          + "|---" * 9 + "|")  # fmt: skip
     rows = []
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, **QUANTIZED_DTYPES}
     shapes = [(64, 1000, 9, 3, 64), (8, 2000, 9, 3, 64), (64, 200, 9, 3, 64), (1, 4000, 9, 3, 64),
@@ -401,13 +405,14 @@ def paged_builds() -> None:
                     function, shared = kernel
                     call = functools.partial(function, *args, threads if shared else 1)
                     times[build].append(median_ms(call, 10, rounds=1))
-            native, avx2 = (statistics.median(times[b]) for b in builds)
+            native, avx2, plain = (statistics.median(times[b]) for b in builds)
             rows.append({"cache": name, "batch": batch, "context": length, "heads": heads,
                          "kv_heads": kv_heads, "head_dim": head_dim, "native_ms": native,
-                         "avx2_ms": avx2})  # fmt: skip
+                         "avx2_ms": avx2, "no_prefetch_ms": plain})  # fmt: skip
             RESULTS["paged_builds"] = rows
             print(f"| {name} | {batch} | {length} | {heads} / {kv_heads} x {head_dim} | "
-                  f"{native:.3f} | {avx2:.3f} | {avx2 / native:.2f} |")  # fmt: skip
+                  f"{native:.3f} | {avx2:.3f} | {plain:.3f} | {avx2 / native:.2f} | "
+                  f"{plain / native:.2f} |")  # fmt: skip
 
 
 SECTIONS: dict[str, Callable[[], None]] = {

@@ -205,6 +205,37 @@ static void tile_rows(const uint8_t *cache, int64_t stride_block, int64_t stride
     }
 }
 
+/* Asks for the rows of tokens t0..t0+n-1 (K's or V's, as tile_rows) to be brought into the
+ * caches while the tile before them is worked on: a block's rows are a stride apart, which
+ * the hardware prefetcher follows, but the next block is anywhere in the cache. */
+static void prefetch_rows(const uint8_t *cache, int64_t stride_block, int64_t stride_token,
+                          const int64_t *table, int64_t block_size, int64_t t0, int64_t n,
+                          int64_t bytes) {
+#ifndef PAGED_NO_PREFETCH
+    int64_t block = t0 / block_size, offset = t0 % block_size;
+    const uint8_t *row = cache + table[block] * stride_block + offset * stride_token;
+    for (int64_t j = 0; j < n; j++) {
+        if (offset == block_size) {
+            row = cache + table[++block] * stride_block;
+            offset = 0;
+        }
+        for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 3);
+        row += stride_token;
+        offset++;
+    }
+#else
+    (void)cache, (void)stride_block, (void)stride_token, (void)table, (void)block_size;
+    (void)t0, (void)n, (void)bytes;
+#endif
+}
+
+/* The bytes of a row of `kind`: head_dim values, and a quantized row's float16 scale. */
+ALWAYS_INLINE int64_t row_bytes(int64_t head_dim, const int kind) {
+    if (kind == KIND_F32) return 4 * head_dim;
+    if (kind == KIND_BF16) return 2 * head_dim;
+    return head_dim + 2;
+}
+
 /* One task's geometry: where its K rows (V's are stride_kv bytes on) and query heads are,
  * and its tokens: first..first+len-1 of the sequence (all of them, or one split). */
 typedef struct {
@@ -286,6 +317,11 @@ ALWAYS_INLINE void scores_pass(const Task *k, float *scores, int64_t longest, fl
         const int64_t n = k->len - t0 < TILE ? k->len - t0 : TILE;
         tile_rows(k->keys, k->stride_block, k->stride_token, k->table, k->block_size,
                   k->first + t0, n, rows);
+        if (t0 + TILE < k->len) {
+            const int64_t next = k->len - t0 - TILE < TILE ? k->len - t0 - TILE : TILE;
+            prefetch_rows(k->keys, k->stride_block, k->stride_token, k->table, k->block_size,
+                          k->first + t0 + TILE, next, row_bytes(head_dim, kind));
+        }
         float scales[TILE];
         for (int64_t j = 0; j < n; j++) scales[j] = k->scale * row_scale(rows[j], head_dim, kind);
         int64_t done = 0; /* tokens of the tile scored for every head */
@@ -387,6 +423,11 @@ ALWAYS_INLINE void values_pass(const Task *k, const float *scores, int64_t longe
         const int64_t n = k->len - t0 < TILE ? k->len - t0 : TILE;
         tile_rows(k->keys + k->stride_kv, k->stride_block, k->stride_token, k->table,
                   k->block_size, k->first + t0, n, rows);
+        if (t0 + TILE < k->len) {
+            const int64_t next = k->len - t0 - TILE < TILE ? k->len - t0 - TILE : TILE;
+            prefetch_rows(k->keys + k->stride_kv, k->stride_block, k->stride_token, k->table,
+                          k->block_size, k->first + t0 + TILE, next, row_bytes(head_dim, kind));
+        }
         float scales[TILE];
         for (int64_t j = 0; j < n; j++) scales[j] = row_scale(rows[j], head_dim, kind);
 #ifdef PAGED_AVX512

@@ -36,9 +36,9 @@
 /* 16 lanes, 32 registers: the scores and values passes below load and widen each K/V row
  * once for all the query heads of its KV head (up to 3 and 4 at a time), where AVX2's 16
  * registers make them do it once per head. For the narrow kinds (bf16, int8, fp8), whose
- * widening is most of a load: 1.15-1.8x AVX2's speed on a Xeon with AMX. Not for float32,
- * whose rows need no widening: there it measured 0.82-1.09x, slower over the longest
- * batches, so float32 keeps AVX2's passes. */
+ * widening is most of a load: 1.3-2.0x AVX2's speed on a Xeon with AMX. Not for float32,
+ * whose rows need no widening: there it measured 0.82-1.10x, slower over the longest
+ * batches, so float32 keeps AVX2's passes (docs/benchmarks.md). */
 #define PAGED_AVX512 1
 #endif
 #endif

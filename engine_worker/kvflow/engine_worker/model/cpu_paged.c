@@ -324,12 +324,21 @@ ALWAYS_INLINE void scores_pass(const Task *k, float *scores, int64_t longest, fl
         }
         float scales[TILE];
         for (int64_t j = 0; j < n; j++) scales[j] = k->scale * row_scale(rows[j], head_dim, kind);
+        /* The tile's last 8 tokens padded with copies of its last row: the vector loops take
+         * a tail of 1-7 tokens as 8 (their copies' scores, written past the task's tokens into
+         * the buffer's padding, are never read, and equal a real score, so the max holds),
+         * where a scalar loop would cost as much as a tile's vector work. */
+        const int64_t n8 = (n + 7) & ~(int64_t)7;
+        for (int64_t j = n; j < n8; j++) {
+            rows[j] = rows[n - 1];
+            scales[j] = scales[n - 1];
+        }
         int64_t done = 0; /* tokens of the tile scored for every head */
 #ifdef PAGED_AVX512
         if (kind != KIND_F32 && head_dim % 16 == 0) {
             __m256 top[MAX_GROUP];
             for (int64_t g = 0; g < k->group; g++) top[g] = _mm256_set1_ps(maxes[g]);
-            for (; done + 8 <= n; done += 8) {
+            for (; done < n8; done += 8) {
                 for (int64_t g0 = 0; g0 < k->group; g0 += 3) {
                     const int64_t gb = k->group - g0 < 3 ? k->group - g0 : 3;
                     const uint8_t *const *r8 = rows + done;
@@ -359,7 +368,7 @@ ALWAYS_INLINE void scores_pass(const Task *k, float *scores, int64_t longest, fl
                 /* 8 tokens at once: 8 running products, summed across by a tree of hadds
                  * into one vector of their 8 scores */
                 __m256 top = _mm256_set1_ps(maxes[g]);
-                for (; j + 8 <= n; j += 8) {
+                for (; j < n8; j += 8) {
                     __m256 a[8];
                     for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
                     for (int64_t i = 0; i < head_dim; i += 8) {
@@ -576,12 +585,14 @@ int paged_decode(const float *q, int64_t q_stride_b, int64_t q_stride_h, const u
         if (partials == NULL) return -2;
     }
     const int64_t chunk_max = (longest + splits - 1) / splits;
+    /* a head's scores, padded to whole 8s: the scores pass writes a tile's tail as 8 */
+    const int64_t stride = (chunk_max + 7) & ~(int64_t)7;
     const int64_t tasks = pairs * splits;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
     {
-        /* scores [group][chunk_max], then the V accumulators [group][head_dim] */
-        float *scores = malloc(sizeof(float) * (size_t)(group * (chunk_max + head_dim)));
+        /* scores [group][stride], then the V accumulators [group][head_dim] */
+        float *scores = malloc(sizeof(float) * (size_t)(group * (stride + head_dim)));
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -609,7 +620,7 @@ int paged_decode(const float *q, int64_t q_stride_b, int64_t q_stride_h, const u
                 .q_stride_h = q_stride_h,
                 .scale = scale,
             };
-            run(&k, scores, chunk_max, out + b * out_stride_b + kvh * group * out_stride_h,
+            run(&k, scores, stride, out + b * out_stride_b + kvh * group * out_stride_h,
                 out_stride_h, partials == NULL ? NULL : partials + task * step);
         }
         free(scores);

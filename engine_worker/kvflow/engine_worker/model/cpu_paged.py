@@ -14,9 +14,9 @@ takes float32 queries (the CPU's compute dtype for every model without native bf
 quantized weights included: the default) or bf16 ones (a bf16 model on a CPU with native
 bf16, whose prefills attend in bf16): those are widened, and the output narrowed, in the
 call. Decodes there gain float32's accuracy with the kernel's speed: one token's attention
-is a few dot products per cached token, bound by the cache's bytes (the same bf16 either
-way), so bf16 arithmetic would buy nothing, and torch's bf16 SDPA over the workspace pays
-its fixed cost per slot and head. ``supports`` says where it runs; elsewhere (no C
+reads the same bf16 bytes either way, bf16 products would save only the widening (which
+the AVX512 passes share among a KV head's query heads), and torch's bf16 SDPA over the
+workspace pays its fixed cost per slot and head. ``supports`` says where it runs; elsewhere (no C
 compiler, ``KVFLOW_NATIVE_KERNELS=0``, ``--no-paged-attention``) decodes keep the gather or
 the workspace.
 """

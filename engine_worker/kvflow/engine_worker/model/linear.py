@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvflow.engine_worker.model import dense_gemv
 from kvflow.engine_worker.model.quant.fp8_weight import Fp8Weight
 from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 
@@ -32,6 +33,15 @@ from kvflow.engine_worker.model.quant.int4_weight import Int4Weight
 #: hold little of the mass. 8 rows a sampled row: 512 rows of the head for a batch of 64,
 #: 3 ms a step on one core; 32 rows cost 4x that.
 REFINE_TOP_K = 8
+
+
+def dense_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` over a dense weight: a bf16 decode step's few rows through
+    kvflow's GEMV where it runs (``dense_gemv``), else torch's linear."""
+    out = dense_gemv.linear(x, weight, bias)
+    return F.linear(x, weight, bias) if out is None else out
 
 
 class DenseWeight(nn.Module):
@@ -87,16 +97,20 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
+            return dense_product(x, self.weight, self.bias)
         assert self.segments is not None
         parts = [_segment(segment).matmul(x) for segment in self.segments]
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return out if self.bias is None else out.add_(self.bias)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``residual + self(x)``; dense, as one ``addmm`` (the add rides in the GEMM)."""
+        """``residual + self(x)``; dense, as one ``addmm`` (the add rides in the GEMM), or
+        one call of kvflow's GEMV at a bf16 decode step's few rows."""
         if self.weight is None:
             return self.forward(x).add_(residual)
+        fused = dense_gemv.linear(x, self.weight, self.bias, residual)
+        if fused is not None:
+            return fused
         out = torch.addmm(residual, x, self.weight.t())
         return out if self.bias is None else out.add_(self.bias)
 
@@ -137,7 +151,7 @@ def head_logits(hidden: torch.Tensor, head: Linear | Embedding) -> torch.Tensor:
     """
     weight = head.weight
     if weight is not None:
-        return F.linear(hidden, weight).float()
+        return dense_product(hidden, weight).float()
     quantized = head.quantized if isinstance(head, Embedding) else _single_segment(head)
     assert quantized is not None
     logits = quantized.matmul(hidden).float()

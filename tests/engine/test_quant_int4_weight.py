@@ -340,3 +340,35 @@ def test_cuda_products_match_the_cpu_ones() -> None:
     assert_product(gpu.matmul(x.cuda()).cpu(), x, exact_weights(p))
     ids = torch.tensor([3, 500])
     torch.testing.assert_close(gpu.take_rows(ids.cuda()).cpu(), cpu.take_rows(ids))
+
+
+@pytest.mark.parametrize(
+    ("flags", "choice", "expected"),
+    [
+        ("avx2 fma", "auto", True),  # an AVX2 CPU: kvflow's
+        ("avx2 fma avx512f", "auto", False),  # AVX512: torch's 512-bit kernel
+        ("avx2 fma avx512f", "kvflow", True),  # asked for anyway
+        ("avx2 fma", "torch", False),
+        ("sse4_2", "kvflow", False),  # no AVX2: kvflow's cannot run
+    ],
+)
+def test_the_int4_gemv_choice_follows_the_cpu_and_the_environment(
+    flags: str, choice: str, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(int4_weight, "_cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setenv(int4_weight.INT4_GEMV_ENV, choice)
+    _USE_NATIVE_GEMV.cache_clear()
+    try:
+        assert _USE_NATIVE_GEMV() is expected
+    finally:
+        _USE_NATIVE_GEMV.cache_clear()
+
+
+def test_an_unknown_int4_gemv_choice_says_what_to_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(int4_weight.INT4_GEMV_ENV, "fast")
+    _USE_NATIVE_GEMV.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="use auto, kvflow or torch"):
+            _USE_NATIVE_GEMV()
+    finally:
+        _USE_NATIVE_GEMV.cache_clear()

@@ -288,13 +288,25 @@ class Int4Weight(nn.Module):
         return weights.view(count, self.num_planes, self.cols).sum(dim=1)
 
 
+#: ``auto`` (the default), ``kvflow`` or ``torch``: whose kernel multiplies few rows by
+#: 4-bit weights on the CPU (``use_native_gemv``).
+INT4_GEMV_ENV = "KVFLOW_INT4_GEMV"
+
+
 @cache
 def use_native_gemv() -> bool:
-    """Whether few-row products go to kvflow's GEMV (``native.py``): it built, and the CPU
-    has AVX2 but not AVX512 (there torch's kernel has 512-bit code; kvflow's is AVX2 and was
-    not measured against it). Weights then keep their scales block-major for it."""
+    """Whether few-row products go to kvflow's GEMV (``native.py``): it built, the CPU has
+    AVX2, and (``KVFLOW_INT4_GEMV=auto``) not AVX512. With AVX512 torch's kernel has 512-bit
+    code and kvflow's is AVX2: on a Xeon with AVX512 torch's read Llama-3.2-1B's shape at
+    batch 1 at 46 % of the streamed bandwidth, kvflow's at 33 % (31 % with int8
+    activations; docs/benchmarks.md). ``kvflow`` or ``torch`` choose either anywhere (the
+    benchmark's arms). Weights then keep their scales block-major for it."""
+    choice = os.environ.get(INT4_GEMV_ENV, "auto")
+    if choice not in ("auto", "kvflow", "torch"):
+        raise ValueError(f"{INT4_GEMV_ENV}={choice!r}: use auto, kvflow or torch")
     flags = _cpu_flags()
-    return "avx2" in flags and "avx512f" not in flags and native_gemv() is not None
+    cpu_fits = "avx2" in flags and ("avx512f" not in flags or choice == "kvflow")
+    return choice != "torch" and cpu_fits and native_gemv() is not None
 
 
 #: ``float32`` (the default) or ``int8``: what kvflow's GEMV multiplies the 4-bit codes by.

@@ -3,15 +3,16 @@
 ``Int4Weight.matmul(x)`` is ``x @ W.T``:
 
 - **Few rows** (decode steps, an LM head over the sampled rows): a kernel that reads the
-  4-bit codes and their bf16 scales and never widens ``W``. On a CPU with AVX2 but no
-  AVX512, kvflow's own (``gemv_int4.c``, compiled on first use, ``native.py``): activations
-  float32, exact, or (``gemv_activations``, asked for) rounded to int8 per 32 columns and
-  integer dot products; threads shared with torch. It reads a 16384 x 2048 matrix at 9-13
-  GB/s on 2 threads of an AMD EPYC (Zen 3), 27-33 with int8 activations, where torch's
-  kernel reads 8. Elsewhere (AVX512, where
-  torch's kernel has 512-bit code and kvflow's is not measured; or no C compiler) torch's
-  weight-only int4 kernel, which is vectorized for bf16 activations only (float32 runs a
-  scalar loop, 30x slower), so ``x`` goes in as bf16 and the result, bf16, is widened back.
+  4-bit codes and their bf16 scales and never widens ``W``. On a CPU with AVX2, kvflow's
+  own (``gemv_int4.c``, compiled on first use, ``native.py``): activations float32, exact,
+  or (``gemv_activations``, asked for, AVX2's packing only) rounded to int8 per 32 columns
+  and integer dot products; threads shared with torch. It reads a 16384 x 2048 matrix at
+  9-13 GB/s on 2 threads of an AMD EPYC (Zen 3), 27-33 with int8 activations, where torch's
+  kernel reads 8; with AVX512 (a Xeon) a decode step of Llama-3.2-1B's shape 1.2x as fast
+  as torch's kernel. Elsewhere (no AVX2, no C compiler, or ``KVFLOW_INT4_GEMV=torch``)
+  torch's weight-only int4 kernel, which is vectorized for bf16 activations only (float32
+  runs a scalar loop, 30x slower), so ``x`` goes in as bf16 and the result, bf16, is
+  widened back.
 - **Many rows** (prefill chunks, large decode batches): the kernel's cost grows by about
   40 us per row for that matrix, a GEMM's hardly at all (512 rows: kernel 25.9 ms, bf16
   GEMM 1.5 ms). So past ``WIDEN_MIN_ROWS_*`` rows the matrix is widened for this one call,
@@ -155,7 +156,10 @@ class Int4Weight(nn.Module):
 
     def widen_min_rows(self) -> int:
         """From this many rows of ``x`` on, a CPU product widens ``W`` (``matmul``)."""
-        return WIDEN_MIN_ROWS_INT8_GEMV if self.int8_activations else _widen_min_rows()
+        # The integer loop reads blocks of 32 rows (AVX2's packing); over AVX512's 64 the
+        # rounded x goes through the float32 loop, which widening beats as early as ever.
+        int8_loop = self.int8_activations and self._block_n == 32
+        return WIDEN_MIN_ROWS_INT8_GEMV if int8_loop else _widen_min_rows()
 
     def _matmul_native(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` by ``gemv_int4.c``, in float32 (CPU, few rows of ``x``). A decode step
@@ -288,25 +292,22 @@ class Int4Weight(nn.Module):
         return weights.view(count, self.num_planes, self.cols).sum(dim=1)
 
 
-#: ``auto`` (the default), ``kvflow`` or ``torch``: whose kernel multiplies few rows by
-#: 4-bit weights on the CPU (``use_native_gemv``).
+#: ``kvflow`` (the default) or ``torch``: whose kernel multiplies few rows by 4-bit weights
+#: on the CPU (``use_native_gemv``).
 INT4_GEMV_ENV = "KVFLOW_INT4_GEMV"
 
 
 @cache
 def use_native_gemv() -> bool:
     """Whether few-row products go to kvflow's GEMV (``native.py``): it built, the CPU has
-    AVX2, and (``KVFLOW_INT4_GEMV=auto``) not AVX512. With AVX512 torch's kernel has 512-bit
-    code and kvflow's is AVX2: on a Xeon with AVX512 torch's read Llama-3.2-1B's shape at
-    batch 1 at 46 % of the streamed bandwidth, kvflow's at 33 % (31 % with int8
-    activations; docs/benchmarks.md). ``kvflow`` or ``torch`` choose either anywhere (the
-    benchmark's arms). Weights then keep their scales block-major for it."""
-    choice = os.environ.get(INT4_GEMV_ENV, "auto")
-    if choice not in ("auto", "kvflow", "torch"):
-        raise ValueError(f"{INT4_GEMV_ENV}={choice!r}: use auto, kvflow or torch")
-    flags = _cpu_flags()
-    cpu_fits = "avx2" in flags and ("avx512f" not in flags or choice == "kvflow")
-    return choice != "torch" and cpu_fits and native_gemv() is not None
+    AVX2, and ``KVFLOW_INT4_GEMV`` is not ``torch`` (torch's kernel, the benchmark's other
+    arm). With AVX512 the GEMV converts 16 codes an instruction and prefetches the groups
+    ahead: on a Xeon it read Llama-3.2-1B's shape at batch 1 1.2x as fast as torch's
+    512-bit kernel (docs/benchmarks.md). Weights then keep their scales block-major for it."""
+    choice = os.environ.get(INT4_GEMV_ENV, "kvflow")
+    if choice not in ("kvflow", "torch"):
+        raise ValueError(f"{INT4_GEMV_ENV}={choice!r}: use kvflow or torch")
+    return choice == "kvflow" and "avx2" in _cpu_flags() and native_gemv() is not None
 
 
 #: ``float32`` (the default) or ``int8``: what kvflow's GEMV multiplies the 4-bit codes by.

@@ -117,9 +117,11 @@ def native_widener() -> Widener | None:
 
 
 @cache
-def native_gemv() -> Gemv | None:
-    """The compiled int4 GEMV, or None (no compiler, a failed build, or turned off)."""
-    library = build_library(_HERE / "gemv_int4.c", ("-fopenmp",), without=_WITHOUT)
+def native_gemv(extra_flags: tuple[str, ...] = ()) -> Gemv | None:
+    """The compiled int4 GEMV, or None (no compiler, a failed build, or turned off).
+    ``extra_flags``: a build with more compiler flags (the tests' AVX2-only build,
+    ``-mno-avx512f``, on an AVX512 CPU)."""
+    library = build_library(_HERE / "gemv_int4.c", ("-fopenmp", *extra_flags), without=_WITHOUT)
     if library is None:
         return None
     function = library.gemv_int4

@@ -23,7 +23,7 @@ from kvflow.engine_worker.model import elementwise
 from kvflow.engine_worker.model.attention import paged_attention
 from kvflow.engine_worker.model.attention_metadata import AttentionMetadata
 from kvflow.engine_worker.model.config import ModelConfig
-from kvflow.engine_worker.model.linear import Embedding, Linear, dense_product, head_logits
+from kvflow.engine_worker.model.linear import Embedding, Linear, head_logits
 from kvflow.engine_worker.model.rope import RotaryEmbedding, Rotation
 from kvflow.engine_worker.model.shard import Shard
 from kvflow.engine_worker.model.tensor_parallel import SingleRank, TensorParallel
@@ -111,8 +111,6 @@ class MLP(nn.Module):
 
 def _project(x: torch.Tensor, proj: Linear) -> torch.Tensor:
     """``proj(x)`` without the module call (bench/engine_profile.py times the GEMMs here)."""
-    if proj.weight is not None:
-        return dense_product(x, proj.weight, proj.bias)
     return proj.forward(x)
 
 

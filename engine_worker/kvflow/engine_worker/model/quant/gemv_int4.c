@@ -21,11 +21,11 @@
  * otherwise rows 2i and 2i + 1 share byte i.
  *
  * int8 activations (``int8_x``): decode's products are bound by converting codes to float
- * (about 11 G codes a second a core), not by memory. With each row of x rounded to int8 in
- * blocks of QK columns, one float scale each (amax / 127, as llama.cpp's Q8_0), a
- * `vpmaddubsw` multiplies 32 unsigned codes by 32 signed activations and adds pairs, exactly,
- * in one instruction, where float32 takes a dozen to convert 32 codes and 4 FMAs. Only the
- * activations are rounded; the result is W times the rounded x, xq_k = d_b q_k:
+ * (about 17 G codes a second on a Zen 2 core at one row), not by memory. With each row of x
+ * rounded to int8 in blocks of QK columns, one float scale each (amax / 127, as llama.cpp's
+ * Q8_0), a `vpmaddubsw` multiplies 32 unsigned codes by 32 signed activations and adds
+ * pairs, exactly, in one instruction, where float32 takes ten to convert 32 codes and 4
+ * FMAs. Only the activations are rounded; the result is W times the rounded x, xq_k = d_b q_k:
  *   out = sum_g s * sum_b d_b sum_k (c_k - 8) q_k + z * sum_k xq_k,
  * with sum (c - 8) q = sum c q - 8 sum q in integers, exactly. Its error is then
  * sum_k W_k (xq_k - x_k), each weight times its activation's rounding. (The zero's term on
@@ -113,16 +113,23 @@ static void block_scalar(const uint8_t *block, const uint16_t *scales_zeros,
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* The 32 codes of 16 bytes as floats: rows 0-15 from the low nibbles, 16-31 the high. */
+/* The 32 codes of 16 bytes as floats: rows 0-15 from the low nibbles, 16-31 the high.
+ * Each 8 bytes are zero-extended to 32-bit lanes straight from memory, then the low nibble
+ * is an AND and the high one a shift (a byte's high nibble needs no mask): two shuffles for
+ * 32 codes where widening the nibbles from a 16-byte register took six (two byte shifts and
+ * four extensions). At one row of x the loop is bound by its vector ports, and on an AMD
+ * EPYC (Zen 2) this read a 16384 x 2048 matrix 1.28x as fast on one core and 1.40x on two
+ * (docs/benchmarks.md, "Quantized weights"). What is left is about one conversion and one
+ * FMA per 8 codes; a second chain of accumulators (FMA latency) and floats made from the
+ * code's bits instead of a conversion (1 + c/16, OR-ed into 1.0) measured slower. */
 static inline void unpack16(const uint8_t *run, __m256 c[4]) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)run);
-    const __m128i nibble = _mm_set1_epi8(15);
-    const __m128i lo = _mm_and_si128(bytes, nibble);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
-    c[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    c[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    const __m256i nibble = _mm256_set1_epi32(15);
+    const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)run));
+    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(run + 8)));
+    c[0] = _mm256_cvtepi32_ps(_mm256_and_si256(b0, nibble));
+    c[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, nibble));
+    c[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
+    c[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
 }
 
 /* out[i][dst + r] += s * acc + shift * xsum for one row of x, 8 rows of W at a time. */
@@ -173,22 +180,24 @@ static inline __attribute__((always_inline)) void chunk_group(
 /* R rows of x (4 or 6) against 16 rows of W: one nibble of a 16-byte chunk of the runs
  * (`high` 0 for the low nibbles, 1 for the high), its codes converted once for all R rows'
  * products where chunk_group's serve two. The conversion, not the FMAs, is what a row of x
- * costs beyond them: per weight and row of x, 54 ps two rows at a time, 41 four, 36 six
- * (one core of an AMD EPYC, Zen 3; a float32 GEMM over the widened matrix takes 29).
+ * costs beyond them: per weight and row of x on one core of an AMD EPYC (Zen 2), 72 ps
+ * alone, 45 two rows at a time, 35 four, 30 six (on a Zen 3, before unpack16's zero-extension
+ * from memory: 54 two, 41 four, 36 six, where a float32 GEMM over the widened matrix took 29).
  * Six rows' 12 accumulators, 2 code vectors and a broadcast fill AVX2's 16 registers. */
 static inline __attribute__((always_inline)) void chunk16_rows(
     const uint8_t *run, int64_t half, int64_t group, const float *const x[6],
     float *const o[6], const float *scale, const float *shift, const float s[6], int64_t r,
     const int high, const int R) {
-    const __m128i nibble = _mm_set1_epi8(15);
+    const __m256i nibble = _mm256_set1_epi32(15);
     __m256 a[6][2];
     for (int i = 0; i < R; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < group; k++) {
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(run + k * half));
-        if (high) bytes = _mm_srli_epi16(bytes, 4);
-        const __m128i codes = _mm_and_si128(bytes, nibble);
-        const __m256 c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
-        const __m256 c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
+        __m256i w0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(run + k * half)));
+        __m256i w1 =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(run + k * half + 8)));
+        w0 = high ? _mm256_srli_epi32(w0, 4) : _mm256_and_si256(w0, nibble);
+        w1 = high ? _mm256_srli_epi32(w1, 4) : _mm256_and_si256(w1, nibble);
+        const __m256 c0 = _mm256_cvtepi32_ps(w0), c1 = _mm256_cvtepi32_ps(w1);
         for (int i = 0; i < R; i++) {
             const __m256 v = _mm256_broadcast_ss(x[i] + k);
             a[i][0] = _mm256_fmadd_ps(c0, v, a[i][0]);

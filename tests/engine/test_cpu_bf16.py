@@ -121,14 +121,26 @@ def test_a_bf16_model_attends_in_its_compute_dtype_and_keeps_its_cache_in_bf16(
 def test_bf16_tokens_are_the_same_through_the_kernel_the_workspace_and_the_gather(
     tiny: tuple[str, Any], native: bool, kv_cache_dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """All attend over the same values of the same bf16 cache, in the same dtype. An int8
-    cache's step tokens are dequantized straight to the compute dtype, as its gathers and
-    fills are: rounded through bf16 on the way to float32, the step's own tokens would
-    differ from the copies the next steps read."""
+    """The workspace and the gather attend over the same values of the same bf16 cache, in
+    the same dtype, and so does the kernel where attention computes in float32 (emulated).
+    An int8 cache's step tokens are dequantized straight to the compute dtype, as its
+    gathers and fills are: rounded through bf16 on the way to float32, the step's own
+    tokens would differ from the copies the next steps read.
+
+    With native bf16 the kernel still decodes in float32 (bf16 queries widened) where the
+    others decode in bf16 SDPA: a different sum, so a near-tie of this random model may go
+    either way (on an AVX2 EPYC one did, at the fifth token of a request). There the first
+    tokens, from the prefills' bf16 SDPA on every path, must agree; how close the kernel's
+    bf16 decodes stay is tests/engine/test_bf16_attention.py's."""
     monkeypatch.setattr(attention, "cpu_has_native_bf16", lambda: native)
     runs = {m: generate(bf16_engine(tiny, kv_cache_dtype=kv_cache_dtype, **o))
             for m, o in MODES.items()}  # fmt: skip
     gathered = runs["gather"]
-    assert runs["paged"] == runs["workspace"] == gathered
+    assert runs["workspace"] == gathered
+    if native:
+        first = {request: tokens[0] for request, tokens in gathered.items()}
+        assert {request: tokens[0] for request, tokens in runs["paged"].items()} == first
+    else:
+        assert runs["paged"] == gathered
     # A sanity check that the prompts do not all collapse onto one token.
     assert len({t for tokens in gathered.values() for t in tokens}) > MAX_TOKENS

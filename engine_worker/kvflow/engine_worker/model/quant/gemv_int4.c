@@ -119,9 +119,10 @@ static void block_scalar(const uint8_t *block, const uint16_t *scales_zeros,
  * 32 codes where widening the nibbles from a 16-byte register took six (two byte shifts and
  * four extensions). At one row of x the loop is bound by its vector ports, and on an AMD
  * EPYC (Zen 2) this read a 16384 x 2048 matrix 1.28x as fast on one core and 1.40x on two
- * (docs/benchmarks.md, "Quantized weights"). What is left is about one conversion and one
- * FMA per 8 codes; a second chain of accumulators (FMA latency) and floats made from the
- * code's bits instead of a conversion (1 + c/16, OR-ed into 1.0) measured slower. */
+ * (docs/benchmarks.md, "The int4 GEMV's AVX2 loop on an AMD EPYC"). What is left is about
+ * one conversion and one FMA per 8 codes; a second chain of accumulators (FMA latency) and
+ * floats made from the codes' bits instead of a conversion (1 + c/16, OR-ed into 1.0)
+ * measured slower. */
 static inline void unpack16(const uint8_t *run, __m256 c[4]) {
     const __m256i nibble = _mm256_set1_epi32(15);
     const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)run));

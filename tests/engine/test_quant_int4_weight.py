@@ -306,6 +306,21 @@ def test_the_native_gemv_gives_the_same_sums_on_any_number_of_threads(
     assert native_build.one_openmp_runtime()
 
 
+@pytest.mark.parametrize("batch", [1, 2, 4, 6])
+def test_the_gemvs_prefetches_change_no_result(monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    """The loops prefetch the groups ahead (prefetch_group): a hint, never a read the sums
+    see. A build without them gives the same floats, bit for bit, at every row path."""
+    monkeypatch.setattr(int4_weight, "use_native_gemv", lambda: True)
+    weight = Int4Weight(planes(256 + 32, 512, 2, group=64))
+    assert weight.native
+    x = torch.randn(batch, 512, generator=torch.Generator().manual_seed(batch))
+    prefetching = weight.matmul(x)
+    without = native.native_gemv(("-DGEMV_PF_GROUPS=0",))
+    assert without is not None, "this machine has a C compiler: cc"
+    monkeypatch.setattr(int4_weight, "native_gemv", lambda: without)
+    assert torch.equal(weight.matmul(x), prefetching)
+
+
 @pytest.mark.parametrize("block_major", [True, False])
 def test_the_native_widener_is_exact_in_float32(
     monkeypatch: pytest.MonkeyPatch, block_major: bool

@@ -141,6 +141,25 @@ static inline void fold8(float *out, const float *scale, const float *shift, __m
     _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_loadu_ps(scale), acc, t));
 }
 
+/* The runs of the group GEMV_PF_GROUPS ahead of the one at column k0, into L1. A block's runs
+ * are one sequential stream, yet the hardware prefetcher did not keep ahead of the loops:
+ * with AVX512's blocks of 64 rows they read each group in two interleaved passes (a 128256
+ * x 2048 LM head read 13 GB/s without, 17 with 2 groups ahead; 4, 8 and 16 between; in a
+ * whole decode step 2, 6 and 12 alike), and with AVX2's 32 on an AMD EPYC (Zen 2) the same
+ * head read 15.4 GB/s without, 18.9 with, and a batch-1 step of Llama-3.2-1B's shape ran
+ * 1.08x as fast (matrices of a few MB gain nothing: the caches hold them). A prefetch past
+ * the block's end is harmless: prefetches never fault. */
+#ifndef GEMV_PF_GROUPS
+#define GEMV_PF_GROUPS 2
+#endif
+static inline void prefetch_group(const uint8_t *block, int64_t k0, int64_t group,
+                                  int64_t half) {
+    if (!GEMV_PF_GROUPS) return;
+    const uint8_t *ahead = block + (k0 + GEMV_PF_GROUPS * group) * half;
+    for (int64_t line = 0; line < group * half; line += 64)
+        _mm_prefetch((const char *)(ahead + line), _MM_HINT_T0);
+}
+
 /* One group's columns of one 16-byte chunk of the runs (32 rows of W), for one row of x or
  * (two) two: the products accumulate in registers, then fold into out with the group's
  * scales. Inlined with `two` a constant, so each case is its own branch-free loop. */
@@ -226,6 +245,7 @@ static void block_avx2(const uint8_t *block, const uint16_t *scales_zeros, const
     for (int64_t g = 0; g < groups; g++) {
         group_scales(scales_zeros, groups, block_n, b, g, block_n, 8.0f, scale, shift);
         const int64_t k0 = g * group, xk = k0 % cols; /* every plane multiplies the same x */
+        prefetch_group(block, k0, group, half);
         for (int64_t q = 0; q < half / 16; q++) {
             const uint8_t *run = block + k0 * half + 16 * q;
             const int64_t r_lo = 16 * q, r_hi = half + 16 * q;
@@ -260,18 +280,12 @@ static void block_avx2(const uint8_t *block, const uint16_t *scales_zeros, const
     }
 }
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-#ifndef GEMV_PF_GROUPS
-#define GEMV_PF_GROUPS 2
-#endif
 /* With AVX512 the float32 loop converts 16 codes an instruction where AVX2 converts 8: the
  * conversion is what the loop is bound by (block_avx2), so a row of x costs about half the
  * instructions. Same products, same order of sums per lane as chunk16_rows, 16 rows a
- * register instead of 8. The runs of the group GEMV_PF_GROUPS ahead are prefetched: a
- * block's runs are one sequential stream, but the loop reads them in two interleaved
- * passes (each 16-byte chunk of a 32-byte run) and the hardware prefetcher did not keep
- * ahead (a 128256 x 2048 LM head read 13 GB/s without, 17 with 2 groups ahead; 4, 8 and
- * 16 measured between; in a whole decode step 2, 6 and 12 alike). Measured on a Xeon: a decode step of Llama-3.2-1B's shape 1.15x
- * as fast as through torch's 512-bit int4 kernel (docs/benchmarks.md). */
+ * register instead of 8, with the groups ahead prefetched (prefetch_group). Measured on a
+ * Xeon: a decode step of Llama-3.2-1B's shape 1.15x as fast as through torch's 512-bit int4
+ * kernel (docs/benchmarks.md). */
 static inline __m512 codes16(__m128i bytes) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
 }
@@ -320,11 +334,7 @@ static void block_avx512(const uint8_t *block, const uint16_t *scales_zeros, con
     for (int64_t g = 0; g < groups; g++) {
         group_scales(scales_zeros, groups, block_n, b, g, block_n, 8.0f, scale, shift);
         const int64_t k0 = g * group, xk = k0 % cols;
-        if (GEMV_PF_GROUPS) {
-            const uint8_t *ahead = block + (k0 + GEMV_PF_GROUPS * group) * half;
-            for (int64_t line = 0; line < group * half; line += 64)
-                _mm_prefetch((const char *)(ahead + line), _MM_HINT_T0);
-        }
+        prefetch_group(block, k0, group, half);
         for (int64_t q = 0; q < half / 16; q++) {
             const uint8_t *run = block + k0 * half + 16 * q;
             const int64_t r_lo = 16 * q, r_hi = half + 16 * q;

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from gemv_micro import MODELS
 
-from kvflow.engine_worker.auto_dtype import CPU_BF16_FLAGS, cpu_flags
+from kvflow.engine_worker.model.attention import cpu_has_native_bf16
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -61,12 +61,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()
-    try:
-        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        flags = frozenset()
-    native = sorted(CPU_BF16_FLAGS & flags) or ["none"]
-    print(f"native bf16: {', '.join(native)} ({torch.get_num_threads()} threads)")
+    native = cpu_has_native_bf16()
+    print(f"native bf16: {'yes' if native else 'no'} ({torch.get_num_threads()} threads)")
     print("\n| model | rows | float32 ms | bf16 ms | bf16 / float32 |\n" + "|---" * 5 + "|")
     results = []
     for model in args.models.split(","):

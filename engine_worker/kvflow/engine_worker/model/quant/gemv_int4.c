@@ -143,9 +143,11 @@ static inline void fold8(float *out, const float *scale, const float *shift, __m
 
 /* The runs of the group GEMV_PF_GROUPS ahead of the one at column k0, into L1. A block's runs
  * are one sequential stream, yet the hardware prefetcher did not keep ahead of the loops:
- * with AVX512's blocks of 64 rows they read each group in two interleaved passes (a 128256
- * x 2048 LM head read 13 GB/s without, 17 with 2 groups ahead; 4, 8 and 16 between; in a
- * whole decode step 2, 6 and 12 alike), and with AVX2's 32 on an AMD EPYC (Zen 2) the same
+ * on a Xeon, when the AVX512 loop read each group in two interleaved passes, a 128256 x 2048
+ * LM head read 13 GB/s without, 17 with 2 groups ahead (4, 8 and 16 between; in a whole
+ * decode step 2, 6 and 12 alike); on a Zen 4, reading each group in one pass, a batch-1
+ * step's products of Llama-3.2-1B's shape took 0.78-0.85x the time with them in 3 rounds of
+ * 4 (1.17x in the fourth); and with AVX2's 32 on an AMD EPYC (Zen 2) the same
  * head read 15.4 GB/s without, 18.9 with, and a batch-1 step of Llama-3.2-1B's shape ran
  * 1.08x as fast (matrices of a few MB gain nothing: the caches hold them). A prefetch past
  * the block's end is harmless: prefetches never fault. */
@@ -285,11 +287,9 @@ static void block_avx2(const uint8_t *block, const uint16_t *scales_zeros, const
  * instructions. Same products, same order of sums per lane as chunk16_rows, 16 rows a
  * register instead of 8, with the groups ahead prefetched (prefetch_group). Measured on a
  * Xeon: a decode step of Llama-3.2-1B's shape 1.15x as fast as through torch's 512-bit int4
- * kernel (docs/benchmarks.md). */
-static inline __m512 codes16(__m128i bytes) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-}
-
+ * kernel; on an AMD EPYC (Zen 4), reading a block's whole run per column (block_rows512)
+ * made that step's products 1.18x as fast at one row on two cores, 1.27x at eight
+ * (docs/benchmarks.md, "The int4 GEMV's AVX512 loop on an AMD EPYC (Zen 4)"). */
 static inline void fold16(float *out, const float *scale, const float *shift, __m512 acc,
                           float xsum) {
     const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(shift), _mm512_set1_ps(xsum),
@@ -297,66 +297,72 @@ static inline void fold16(float *out, const float *scale, const float *shift, __
     _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_loadu_ps(scale), acc, t));
 }
 
-/* R rows of x (1-6) against one 16-byte chunk of the runs: 16 rows of W from its low
- * nibbles (from r_lo) and 16 from its high (from r_hi). 2R accumulators. */
-static inline __attribute__((always_inline)) void chunk32_rows512(
-    const uint8_t *run, int64_t half, int64_t group, const float *const x[6],
-    float *const o[6], const float *scale, const float *shift, const float s[6], int64_t r_lo,
-    int64_t r_hi, const int R) {
-    const __m128i nibble = _mm_set1_epi8(15);
-    __m512 a[6][2];
-    for (int i = 0; i < R; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
+/* R rows of x (1-6) against a block of 64 rows: per column k its run of 32 bytes, two
+ * 16-byte chunks, chunk j holding rows 16j.. in its low nibbles and 32 + 16j.. in its high,
+ * each zero-extended to 32-bit lanes straight from memory (then an AND and a shift, as
+ * unpack16). Six rows' 24 accumulators, 4 code vectors and a broadcast fill 29 of AVX512's
+ * 32 registers. Against a 16-byte chunk at a time (two interleaved passes over each group's
+ * runs, the nibbles split in a 128-bit register before two extensions), one row of x has
+ * four independent chains of FMAs instead of two, and a 16384 x 2048 matrix read 1.18x as
+ * fast on one core of a Zen 4 (51 -> 43 ps per weight), 1.14-1.16x at 2-6 rows; eight
+ * chains (even and odd columns apart) gained nothing more. */
+static inline __attribute__((always_inline)) void block_rows512(
+    const uint8_t *run, int64_t group, const float *const x[6], float *const o[6],
+    const float *scale, const float *shift, const float s[6], const int R) {
+    const __m512i nibble = _mm512_set1_epi32(15);
+    __m512 a[6][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < group; k++) {
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)(run + k * half));
-        const __m512 lo = codes16(_mm_and_si128(bytes, nibble));
-        const __m512 hi = codes16(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
+        __m512 c[4]; /* rows 0.., 16.., 32.., 48.. */
+        for (int j = 0; j < 2; j++) {
+            const __m512i bytes =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(run + 32 * k + 16 * j)));
+            c[j] = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, nibble));
+            c[2 + j] = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+        }
         for (int i = 0; i < R; i++) {
             const __m512 v = _mm512_set1_ps(x[i][k]);
-            a[i][0] = _mm512_fmadd_ps(lo, v, a[i][0]);
-            a[i][1] = _mm512_fmadd_ps(hi, v, a[i][1]);
+            for (int j = 0; j < 4; j++) a[i][j] = _mm512_fmadd_ps(c[j], v, a[i][j]);
         }
     }
-    for (int i = 0; i < R; i++) {
-        fold16(o[i] + r_lo, scale + r_lo, shift + r_lo, a[i][0], s[i]);
-        fold16(o[i] + r_hi, scale + r_hi, shift + r_hi, a[i][1], s[i]);
-    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++)
+            fold16(o[i] + 16 * j, scale + 16 * j, shift + 16 * j, a[i][j], s[i]);
 }
 
-/* block_avx2's loop with chunk32_rows512: rows of x six at a time, then what is left. */
+/* block_avx2's loop over a block of 64 rows (AVX512's packing) with block_rows512: rows of
+ * x six at a time, then what is left. */
 static void block_avx512(const uint8_t *block, const uint16_t *scales_zeros, const float *x,
                          int64_t x_stride, const float *xsum, float *out, int64_t out_stride,
-                         int64_t m, int64_t cols, int64_t planes, int64_t group, int64_t b,
-                         int64_t block_n) {
-    const int64_t width = planes * cols, groups = width / group, half = block_n / 2;
-    float scale[MAX_BLOCK_N], shift[MAX_BLOCK_N];
+                         int64_t m, int64_t cols, int64_t planes, int64_t group, int64_t b) {
+    const int64_t width = planes * cols, groups = width / group;
+    float scale[64], shift[64];
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < block_n; j++) out[i * out_stride + j] = 0.0f;
+        for (int64_t j = 0; j < 64; j++) out[i * out_stride + j] = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
-        group_scales(scales_zeros, groups, block_n, b, g, block_n, 8.0f, scale, shift);
+        group_scales(scales_zeros, groups, 64, b, g, 64, 8.0f, scale, shift);
         const int64_t k0 = g * group, xk = k0 % cols;
-        prefetch_group(block, k0, group, half);
-        for (int64_t q = 0; q < half / 16; q++) {
-            const uint8_t *run = block + k0 * half + 16 * q;
-            const int64_t r_lo = 16 * q, r_hi = half + 16 * q;
-            for (int64_t i = 0; i < m;) {
-                const int64_t r = m - i >= 6 ? 6 : m - i;
-                const float *xs[6];
-                float *os[6], ss[6];
-                for (int64_t j = 0; j < r; j++) {
-                    xs[j] = x + (i + j) * x_stride + xk;
-                    os[j] = out + (i + j) * out_stride;
-                    ss[j] = xsum[(i + j) * groups + g];
-                }
-                switch (r) { /* each a constant R: its own unrolled loop */
-                case 6: chunk32_rows512(run, half, group, xs, os, scale, shift, ss, r_lo, r_hi, 6); break;
-                case 5: chunk32_rows512(run, half, group, xs, os, scale, shift, ss, r_lo, r_hi, 5); break;
-                case 4: chunk32_rows512(run, half, group, xs, os, scale, shift, ss, r_lo, r_hi, 4); break;
-                case 3: chunk32_rows512(run, half, group, xs, os, scale, shift, ss, r_lo, r_hi, 3); break;
-                case 2: chunk32_rows512(run, half, group, xs, os, scale, shift, ss, r_lo, r_hi, 2); break;
-                default: chunk32_rows512(run, half, group, xs, os, scale, shift, ss, r_lo, r_hi, 1);
-                }
-                i += r;
+        prefetch_group(block, k0, group, 32);
+        for (int64_t i = 0; i < m;) {
+            const int64_t r = m - i >= 6 ? 6 : m - i;
+            const float *xs[6];
+            float *os[6], ss[6];
+            for (int64_t j = 0; j < r; j++) {
+                xs[j] = x + (i + j) * x_stride + xk;
+                os[j] = out + (i + j) * out_stride;
+                ss[j] = xsum[(i + j) * groups + g];
             }
+            const uint8_t *run = block + 32 * k0;
+            switch (r) { /* each a constant R: its own unrolled loop */
+            case 6: block_rows512(run, group, xs, os, scale, shift, ss, 6); break;
+            case 5: block_rows512(run, group, xs, os, scale, shift, ss, 5); break;
+            case 4: block_rows512(run, group, xs, os, scale, shift, ss, 4); break;
+            case 3: block_rows512(run, group, xs, os, scale, shift, ss, 3); break;
+            case 2: block_rows512(run, group, xs, os, scale, shift, ss, 2); break;
+            default: block_rows512(run, group, xs, os, scale, shift, ss, 1);
+            }
+            i += r;
         }
     }
 }
@@ -548,9 +554,9 @@ int gemv_int4(const uint8_t *packed, const uint16_t *scales_zeros, const float *
             continue;
         }
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-        if (avx && block_n % 32 == 0) {
+        if (avx && block_n == 64) {
             block_avx512(block, scales_zeros, x, x_stride, sums, o, out_stride, m, cols, planes,
-                         group, first / block_n, block_n);
+                         group, first / block_n);
             continue;
         }
 #endif

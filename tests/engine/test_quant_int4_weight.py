@@ -389,6 +389,26 @@ def test_the_int4_gemv_choice_follows_the_cpu_and_the_environment(
         _USE_NATIVE_GEMV.cache_clear()
 
 
+@pytest.mark.parametrize(
+    ("flags", "rows"),
+    [
+        ("avx2 fma avx512f avx512bw avx512_bf16 amx_bf16", 48),  # AMX's GEMMs: widen early
+        ("avx2 fma avx512f avx512bw avx512_bf16", 128),  # a Zen 4: the GEMV wins to ~100
+        ("avx2 fma", 128),  # float32 GEMMs
+    ],
+)
+def test_widening_starts_where_the_cpus_gemm_overtakes_the_gemv(
+    flags: str, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(int4_weight, "_cpu_flags", lambda: frozenset(flags.split()))
+    int4_weight._widen_min_rows.cache_clear()
+    try:
+        assert native.native_widener() is not None, "this machine has a C compiler: cc"
+        assert int4_weight._widen_min_rows() == rows
+    finally:
+        int4_weight._widen_min_rows.cache_clear()
+
+
 def test_an_unknown_int4_gemv_choice_says_what_to_use(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(int4_weight.INT4_GEMV_ENV, "fast")
     _USE_NATIVE_GEMV.cache_clear()

@@ -5,8 +5,8 @@ The yardstick for the quantized path is the same file widened to float32
 quantized path multiplies in bf16 (torch's int4 kernels take bf16 activations, and large
 batches run bf16 GEMMs), so it may differ from float32 as much as the whole model run in
 bf16 does: the bound is twice what the widened model loaded in bf16 errs by, on the same
-tokens. A prompt of 70 tokens runs the widened-GEMM path (``Int4Weight``: 48 rows and up);
-the decode steps after it, the kernel.
+tokens. A prompt of 140 tokens runs the widened-GEMM path (``Int4Weight``: from 128 rows
+on, 48 with AMX); the decode steps after it, the kernel.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def tiny_gguf(tmp_path: Path, kind: T, **options: Any) -> Path:
 
 
 def logits(path: Path, **load: Any) -> torch.Tensor:
-    """A 70-token prompt's logits, then 5 decode steps' (one row each)."""
+    """A 140-token prompt's logits, then 5 decode steps' (one row each)."""
     model, config = load_model(path, **load)
     steps = PagedSteps(model, config, num_blocks=64, block_size=16)
-    tokens = torch.randint(0, 512, (70,), generator=torch.Generator().manual_seed(0)).tolist()
+    tokens = torch.randint(0, 512, (140,), generator=torch.Generator().manual_seed(0)).tolist()
     prompt = steps.step({"a": tokens})["a"]
     decodes = [steps.step({"a": [t]})["a"] for t in tokens[:5]]
     return torch.cat([prompt, *decodes])

@@ -15,9 +15,10 @@
   widened back.
 - **Many rows** (prefill chunks, large decode batches): the kernel's cost grows by about
   40 us per row for that matrix, a GEMM's hardly at all (512 rows: kernel 25.9 ms, bf16
-  GEMM 1.5 ms). So past ``WIDEN_MIN_ROWS_*`` rows the matrix is widened for this one call,
-  a chunk of rows at a time into a temporary, and multiplied by a bf16 GEMM (float32 on
-  CPUs without native bf16). Peak memory grows by one chunk, not by the model.
+  GEMM 1.5 ms). So from ``WIDEN_MIN_ROWS`` rows on (``WIDEN_MIN_ROWS_AMX`` with AMX's
+  GEMMs) the matrix is widened for this one call, a chunk of rows at a time into a
+  temporary, and multiplied by a bf16 GEMM (float32 on CPUs without native bf16). Peak
+  memory grows by one chunk, not by the model.
 
 On CUDA the same planes go to tinygemm (``_weight_int4pack_mm``), which handles every batch
 size itself.
@@ -43,14 +44,18 @@ from kvflow.engine_worker.model.quant.native import (
 from kvflow.engine_worker.model.quant.planes import Int4Planes
 
 #: From this many rows of ``x`` on, widen and GEMM instead of the kernel (CPU). The kernel
-#: costs about 22 ps a weight per row (40 us a row for 3072 x 576 on one core), a bf16 GEMM
-#: far less; widening costs about 0.3 ns a weight natively with AVX512 (``native.py``),
-#: 1.5 with torch ops: they cross near 16 rows and near 100 rows. Without native bf16
-#: GEMMs (an AVX2 CPU: widening runs its generic loop, about 2 ns a weight, and the GEMM is
-#: float32) widening wins only from about 128 rows (16384 x 2048 on an AMD EPYC, 2
-#: threads: 55 ms for either kernel at 64 rows, 76 widened; 123-129 and 113 at 128).
-WIDEN_MIN_ROWS_NATIVE = 48
-WIDEN_MIN_ROWS_TORCH = 128
+#: costs about 22 ps a weight per row (40 us a row for 3072 x 576 on one core); widening
+#: costs about 0.3 ns a weight natively with AVX512 (``native.py``), 1.5 with torch ops, and
+#: then the GEMM. With AMX's bf16 GEMMs (a Xeon) the two cross near 16 rows natively, and
+#: 48 leaves the kernel its batches of a few dozen. Everywhere else they cross near 100-128
+#: rows: on a Zen 4 EPYC (AVX512-BF16 GEMMs, no AMX; 2 threads, kvflow's AVX512 loop) the
+#: kernel took 0.68-0.75x the widened product's time at 64 rows (16384 x 2048, 2048 x 2048,
+#: 2048 x 8192), 0.75-0.99 at 96, 0.77-1.15 at 128, 1.25-1.58 at 256; without native bf16
+#: (an AVX2 CPU: widening runs its generic loop, about 2 ns a weight, and the GEMM is float32)
+#: widening wins only from about 128 rows (16384 x 2048 on an AMD EPYC, 2 threads: 55 ms for
+#: either kernel at 64 rows, 76 widened; 123-129 and 113 at 128).
+WIDEN_MIN_ROWS_AMX = 48
+WIDEN_MIN_ROWS = 128
 #: kvflow's GEMV on int8 activations multiplies 32 codes an instruction where a float32 GEMM
 #: does 8 products, so it beats widening for a float32 GEMM far past 128 rows: 2 threads of
 #: an AMD EPYC, GEMV / widened at 128 rows 0.47-0.69x (2048 x 2048, 16384 x 2048, 2048 x
@@ -331,8 +336,8 @@ def gemv_activations() -> str:
 
 @cache
 def _widen_min_rows() -> int:
-    fast = native_widener() is not None and _cpu_gemm_dtype() == torch.bfloat16
-    return WIDEN_MIN_ROWS_NATIVE if fast else WIDEN_MIN_ROWS_TORCH
+    amx = native_widener() is not None and "amx_bf16" in _cpu_flags()
+    return WIDEN_MIN_ROWS_AMX if amx else WIDEN_MIN_ROWS
 
 
 def _block_major(scales_zeros: torch.Tensor, block_n: int) -> torch.Tensor:

@@ -343,6 +343,7 @@ static void block_avx512(const uint8_t *block, const uint16_t *scales_zeros, con
     for (int64_t g = 0; g < groups; g++) {
         group_scales(scales_zeros, groups, 64, b, g, 64, 8.0f, scale, shift);
         const int64_t k0 = g * group, xk = k0 % cols;
+        const uint8_t *run = block + 32 * k0;
         prefetch_group(block, k0, group, 32);
         for (int64_t i = 0; i < m;) {
             const int64_t r = m - i >= 6 ? 6 : m - i;
@@ -353,7 +354,6 @@ static void block_avx512(const uint8_t *block, const uint16_t *scales_zeros, con
                 os[j] = out + (i + j) * out_stride;
                 ss[j] = xsum[(i + j) * groups + g];
             }
-            const uint8_t *run = block + 32 * k0;
             switch (r) { /* each a constant R: its own unrolled loop */
             case 6: block_rows512(run, group, xs, os, scale, shift, ss, 6); break;
             case 5: block_rows512(run, group, xs, os, scale, shift, ss, 5); break;

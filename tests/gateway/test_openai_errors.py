@@ -88,6 +88,37 @@ def test_body_too_large_bad_json_and_unknown_paths(gateway: GatewayProcess) -> N
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
 
 
+@pytest.mark.parametrize(
+    ("raw", "param", "fragment"),
+    [
+        # a lone surrogate: the tokenizer raised on it, a 500
+        (
+            b'"messages": [{"role": "user", "content": "a\\ud800b"}]',
+            "messages[0].content",
+            "lone UTF-16 surrogate",
+        ),
+        (
+            b'"messages": [{"role": "user", "content": "hi"}], "temperature": NaN',
+            None,
+            "NaN is not a JSON number",
+        ),  # passed the range check, refused by the worker
+        (b'"messages": [{"role": "user", "content": "hi"}], "top_p": 0', "top_p", "> 0"),
+    ],
+)
+def test_what_json_loads_takes_but_is_no_request_is_a_400(
+    gateway: GatewayProcess, raw: bytes, param: str | None, fragment: str
+) -> None:
+    with httpx.Client(base_url=gateway.base_url) as http:  # one connection throughout
+        r = http.post("/chat/completions", content=b'{"model": "sim", ' + raw + b"}",
+                      headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert fragment in error["message"] and error["param"] == param
+        ok = http.post("/chat/completions", json={"model": MODEL, "messages": MESSAGES,
+                                                  "max_tokens": 2})  # fmt: skip
+        assert ok.status_code == 200
+
+
 def test_no_healthy_worker_is_a_503_with_retry_after() -> None:
     with_nothing = f"127.0.0.1:{free_port()}"
     g = launch_gateway(["--served-model-name", MODEL, "--workers", with_nothing])

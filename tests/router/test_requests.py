@@ -127,6 +127,9 @@ def test_chat_all_supported_parameters() -> None:
         ({"temperature": 2.5}, "temperature", "<= 2"),
         ({"temperature": "hot"}, "temperature", "expected a decimal"),
         ({"top_p": -0.1}, "top_p", ">= 0"),
+        ({"top_p": 0}, "top_p", "> 0 and <= 1"),  # no token at all: the worker refuses it
+        ({"temperature": float("inf")}, "temperature", "finite"),  # how 1e400 parses
+        ({"presence_penalty": float("-inf")}, "presence_penalty", "finite"),
         ({"n": 0}, "n", ">= 1"),
         ({"n": 129}, "n", "max_n = 128"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),

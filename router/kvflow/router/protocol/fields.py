@@ -6,6 +6,7 @@ client sending `"max_tokens": true` gets a 400 instead of one token.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -107,6 +108,12 @@ class Fields:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise invalid_type(name, "a decimal", value)
+        if not math.isfinite(value):  # 1e400 parses as inf (NaN is refused as not JSON)
+            raise invalid_request(
+                f"Invalid '{name}': expected a finite number, but got {value} instead.",
+                param=name,
+                code="invalid_value",
+            )
         if (low is not None and value < low) or (high is not None and value > high):
             raise out_of_range(name, value, low, high)
         return float(value)

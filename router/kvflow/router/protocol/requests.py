@@ -175,7 +175,7 @@ def _common_sampling(
     return SamplingOptions(
         max_tokens=max_tokens,
         temperature=fields.number("temperature", low=0, high=2),
-        top_p=fields.number("top_p", low=0, high=1),
+        top_p=sampling_fields.top_p(fields),
         top_k=fields.integer("top_k", low=0, high=MAX_INT32) or 0,
         min_p=fields.number("min_p", low=0, high=1) or 0.0,
         # The worker's seed is unsigned 64-bit: wrap negative seeds instead of refusing them.

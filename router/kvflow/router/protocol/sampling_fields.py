@@ -110,6 +110,20 @@ def min_tokens(fields: Fields, max_tokens: int | None) -> int:
     return min_tokens
 
 
+def top_p(fields: Fields) -> float | None:
+    """In (0, 1]: nucleus sampling keeps the fewest tokens whose probabilities add up to
+    ``top_p``, and at 0 that is no token (the worker refuses it, as vLLM does)."""
+    value = fields.number("top_p", low=0, high=1)
+    if value == 0:
+        raise invalid_request(
+            "Invalid 'top_p': expected a value > 0 and <= 1, but got 0 instead (for the "
+            "most likely token every time, send temperature 0).",
+            param="top_p",
+            code="invalid_value",
+        )
+    return value
+
+
 def repetition_penalty(fields: Fields) -> float:
     value = fields.number("repetition_penalty")
     if value is None:

@@ -34,6 +34,7 @@ from kvflow.cli.up_models import (
     pair_models,
     router_config,
 )
+from kvflow.proto.ports import port_number
 from kvflow.proto.roles import Role
 
 # Worker log lines worth showing while it starts: model loading takes seconds.
@@ -176,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         "--decode-workers", type=int, default=0, help="disaggregated: this many decode workers"
     )
     p.add_argument("--host", default="127.0.0.1", help="gateway address (default: loopback)")
-    p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
+    p.add_argument("--port", type=port_number, default=8000, help="gateway port (0: any free port)")
     p.add_argument(
         "--model",
         action="append",

@@ -12,6 +12,7 @@ from kvflow.operator.admin_policy import AdminPolicy, setting_problems
 from kvflow.operator.builders.names import Images
 from kvflow.operator.kube import Kube, load_config
 from kvflow.operator.run import OperatorConfig, run_operator
+from kvflow.proto.ports import port_number
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/kvflow/worker:0.1.0"
 DEFAULT_ROUTER_IMAGE = "ghcr.io/kvflow/router:0.1.0"
@@ -34,7 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=30.0,
         help="how often every pool is re-applied to repair drift",
     )
-    p.add_argument("--liveness-port", type=int, default=8080, help="GET /healthz port (0: none)")
+    p.add_argument(
+        "--liveness-port", type=port_number, default=8080, help="GET /healthz port (0: none)"
+    )
     p.add_argument(
         "--leader-election",
         action=argparse.BooleanOptionalAction,

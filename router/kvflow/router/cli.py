@@ -17,6 +17,7 @@ from pathlib import Path
 import uvloop
 
 from kvflow.proto import otel
+from kvflow.proto.ports import port_number
 from kvflow.router import tracing
 from kvflow.router.batch.config import add_batch_flags, batch_config
 from kvflow.router.caches.config import parse_response_cache, response_cache_flags
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         description="OpenAI-compatible gateway: tenants, quotas, KV-aware routing to workers.",
     )
     p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port, help="HTTP port (0: any free port)")
+    p.add_argument("--port", type=port_number, default=d.port, help="HTTP port (0: any free port)")
     p.add_argument(
         "--model",
         help="tokenizer and chat template: a Hugging Face folder or a .gguf file "
@@ -109,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         help="serve /metrics on this port (0: any free port) and not on --port, which "
         "tenants reach (default: on --port)",
     )

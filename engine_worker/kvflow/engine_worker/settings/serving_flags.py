@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 
 from kvflow.engine_worker.settings.record import WorkerSettings
+from kvflow.proto.ports import port_number
 from kvflow.proto.roles import ROLE_WORDS, Role
 
 
 def add_serving_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
     p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port, help="gRPC port (0: any free port)")
+    p.add_argument("--port", type=port_number, default=d.port, help="gRPC port (0: any free port)")
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=d.metrics_port,
         help="HTTP port for /metrics, /health, /ready",
     )

@@ -7,6 +7,7 @@ import argparse
 
 from kvflow.engine_worker.settings.record import WorkerSettings
 from kvflow.engine_worker.tls import KV_TLS_MODES
+from kvflow.proto.ports import port_number
 from kvflow.proto.transports import KV_TRANSPORT_CHOICES
 
 
@@ -20,7 +21,7 @@ def add_transport_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
     )
     p.add_argument(
         "--kv-port",
-        type=int,
+        type=port_number,
         default=d.kv_port,
         help="port of the KV receiver / rendezvous store (0: any free port)",
     )

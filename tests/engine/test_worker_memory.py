@@ -147,7 +147,8 @@ def test_flags_refuse_what_cannot_work(capsys: pytest.CaptureFixture[str]) -> No
         (["--gpu-memory-utilization", "0.5"], "on the CPU (or with --simulate) size the KV"),
         (["--device", "cuda", "--gpu-memory-utilization", "1.2"], "must lie in (0, 1]"),
         (["--device", "cuda", "--gpu-memory-utilization", "0"], "must lie in (0, 1]"),
-        (["--kv-cache-gib", "0"], "must be positive"),
+        (["--kv-cache-gib", "0"], "must be a number of GiB > 0"),
+        (["--kv-cache-gib", "nan"], "must be a number of GiB > 0"),
     ):
         with pytest.raises(SystemExit):
             parse_args(argv)

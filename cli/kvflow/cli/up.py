@@ -34,7 +34,7 @@ from kvflow.cli.up_models import (
     pair_models,
     router_config,
 )
-from kvflow.proto.ports import port_number
+from kvflow.proto.cli_args import port_number
 from kvflow.proto.roles import Role
 
 # Worker log lines worth showing while it starts: model loading takes seconds.

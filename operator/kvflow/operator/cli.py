@@ -12,7 +12,7 @@ from kvflow.operator.admin_policy import AdminPolicy, setting_problems
 from kvflow.operator.builders.names import Images
 from kvflow.operator.kube import Kube, load_config
 from kvflow.operator.run import OperatorConfig, run_operator
-from kvflow.proto.ports import port_number
+from kvflow.proto.cli_args import port_number
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/kvflow/worker:0.1.0"
 DEFAULT_ROUTER_IMAGE = "ghcr.io/kvflow/router:0.1.0"

@@ -17,11 +17,10 @@ from pathlib import Path
 import uvloop
 
 from kvflow.proto import otel
-from kvflow.proto.ports import port_number
+from kvflow.proto.cli_args import port_number, seconds
 from kvflow.router import tracing
 from kvflow.router.batch.config import add_batch_flags, batch_config
 from kvflow.router.caches.config import parse_response_cache, response_cache_flags
-from kvflow.router.cli_args import seconds
 from kvflow.router.cli_breaker import breaker_flags, parse_breaker
 from kvflow.router.cli_limits import parse_request_limits, request_limit_flags
 from kvflow.router.cli_rate_limits import apply_rate_limit_flags, rate_limit_flags

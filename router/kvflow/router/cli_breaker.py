@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvflow.proto.cli_args import fraction, positive_int, seconds
 from kvflow.router.breaker.machine import BreakerConfig, BreakerConfigError
-from kvflow.router.cli_args import fraction, positive_int, seconds
 from kvflow.router.settings import ConfigError
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields as dataclass_fields
 
+from kvflow.proto.cli_args import positive_int, seconds
 from kvflow.router.api.http_limits import DEFAULT_BODY_TIMEOUT_S
-from kvflow.router.cli_args import positive_int, seconds
 from kvflow.router.protocol.limits import RequestLimits, flag_of
 from kvflow.router.serving.prepare import PREPARE_FLAGS, PrepareConfig
 from kvflow.router.settings import ConfigError

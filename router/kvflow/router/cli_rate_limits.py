@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from kvflow.router.cli_args import positive_int, seconds
+from kvflow.proto.cli_args import positive_int, seconds
 from kvflow.router.config_fields import ConfigError
 from kvflow.router.limits.levels import KINDS, LevelLimits, LimitsConfig, parse_cidrs
 

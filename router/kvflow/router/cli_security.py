@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvflow.proto.cli_args import positive_int, seconds
 from kvflow.router.api.http_limits import HttpLimits
-from kvflow.router.cli_args import positive_int, seconds
 from kvflow.router.settings import ConfigError, RouterSettings
 from kvflow.router.tenants.quota_scope import QUOTA_SCOPE
 from kvflow.router.tenants.salts import CACHE_SALT_SECRET_ENV

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvflow.engine_worker.settings.record import DEFAULT_GPU_MEMORY_UTILIZATION, WorkerSettings
+from kvflow.proto.cli_args import number_of, positive_int
 
 # auto: the model's dtype; int8 and fp8 (e4m3): one byte per value and a float16 scale per
 # token and head (model/kv_quant.py), 1.94x the tokens of a bf16 cache per byte.
@@ -12,15 +13,19 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 
 
 def add_cache_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
-    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    p.add_argument(
+        "--block-size", type=positive_int, default=d.block_size, help="tokens per KV block"
+    )
     p.add_argument(
         "--kv-cache-gib",
-        type=float,
+        type=number_of("GiB", allow_zero=False),
         help="memory for the KV cache (default: 1 GiB on CPU; on CUDA what "
         "--gpu-memory-utilization leaves)",
     )
     p.add_argument(
-        "--num-kv-blocks", type=int, help="KV blocks to allocate (overrides --kv-cache-gib)"
+        "--num-kv-blocks",
+        type=positive_int,
+        help="KV blocks to allocate (overrides --kv-cache-gib)",
     )
     p.add_argument(
         "--gpu-memory-utilization",
@@ -40,7 +45,7 @@ def add_cache_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
     )
     p.add_argument(
         "--decode-workspace-gib",
-        type=float,
+        type=number_of("GiB", allow_zero=True),
         help="memory for dense copies of the decoding sequences' K/V, so decode attention "
         "copies no blocks each step (default: as much as --kv-cache-gib on CPU, 0 on CUDA; "
         "0 turns it off; unused where decodes read the paged cache in place, see "
@@ -66,8 +71,6 @@ def memory_flags_problem(a: argparse.Namespace) -> str:
             "--gpu-memory-utilization sizes a CUDA device's memory; on the CPU (or with "
             "--simulate) size the KV cache with --kv-cache-gib or --num-kv-blocks"
         )
-    if a.kv_cache_gib is not None and a.kv_cache_gib <= 0:
-        return f"--kv-cache-gib {a.kv_cache_gib:g} must be positive"
     if a.kv_cache_dtype != "auto" and a.simulate:
         return (
             "--simulate models the KV bytes of its profile (or SmolLM2's float32): drop "

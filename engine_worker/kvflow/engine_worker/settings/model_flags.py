@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvflow.engine_worker.settings.record import WorkerSettings
+from kvflow.proto.cli_args import positive_int
 
 # auto: the checkpoint's dtype where the device computes it natively, else float32
 # (auto_dtype.py). No float16: the loader runs none (some checkpoints' activations overflow
@@ -69,7 +70,9 @@ def add_model_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
         "processes sharing the cores): heads, MLP and vocabulary divide among the ranks, "
         "which this worker spawns and leads; one worker to the router",
     )
-    p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    p.add_argument(
+        "--max-model-len", type=positive_int, help="context length (default: the model's)"
+    )
     p.add_argument(
         "--cuda-graphs",
         action="store_true",

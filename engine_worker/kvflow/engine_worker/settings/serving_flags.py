@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kvflow.engine_worker.settings.record import WorkerSettings
-from kvflow.proto.ports import port_number
+from kvflow.proto.cli_args import port_number, seconds
 from kvflow.proto.roles import ROLE_WORDS, Role
 
 
@@ -28,13 +28,13 @@ def add_serving_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
     )
     p.add_argument(
         "--drain-timeout-s",
-        type=float,
+        type=seconds(allow_zero=True),
         default=d.drain_timeout_s,
         help="on SIGTERM, how long to let running requests finish",
     )
     p.add_argument(
         "--engine-stall-timeout-s",
-        type=float,
+        type=seconds(allow_zero=False),
         default=d.engine_stall_timeout_s,
         help="/health (and gRPC Health) fail when the engine thread has stopped or spent "
         "longer than this in one step, so the kubelet restarts a wedged worker",

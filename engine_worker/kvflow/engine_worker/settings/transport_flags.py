@@ -7,7 +7,7 @@ import argparse
 
 from kvflow.engine_worker.settings.record import WorkerSettings
 from kvflow.engine_worker.tls import KV_TLS_MODES
-from kvflow.proto.ports import port_number
+from kvflow.proto.cli_args import port_number, seconds
 from kvflow.proto.transports import KV_TRANSPORT_CHOICES
 
 
@@ -32,7 +32,7 @@ def add_transport_flags(p: argparse.ArgumentParser, d: WorkerSettings) -> None:
     )
     p.add_argument(
         "--max-kv-transfer-timeout-s",
-        type=float,
+        type=seconds(allow_zero=False),
         default=d.max_kv_transfer_timeout_s,
         help="the longest a KV transfer may take, whatever the router asks",
     )

@@ -8,8 +8,8 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 
+from kvflow.proto.cli_args import positive_int, seconds
 from kvflow.router.batch.pacing import DEFAULT_TPOT_HEADROOM_FRACTION, TpotHeadroom
-from kvflow.router.cli_args import positive_int, seconds
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_LINES = 50_000

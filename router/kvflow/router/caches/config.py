@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from kvflow.router.cli_args import number_of, seconds
+from kvflow.proto.cli_args import number_of, seconds
 
 KIB = 1024
 MIB = 1024 * 1024

@@ -1,5 +1,5 @@
-"""The argparse types the router's flags share (cli_args.py): the bounds each accepts and
-the message a refused value gets."""
+"""The argparse types the command lines share (kvflow.proto.cli_args): the bounds each
+accepts and the message a refused value gets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kvflow.router.cli_args import fraction, number_of, positive_int, seconds
+from kvflow.proto.cli_args import fraction, number_of, port_number, positive_int, seconds
 
 
 @pytest.mark.parametrize("text", ["1", "0.5", "1e3"])
@@ -47,3 +47,10 @@ def test_a_fraction_outside_zero_to_one_is_refused(text: str) -> None:
 def test_a_count_below_one_or_not_whole_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"must be an integer >= 1"):
         positive_int(text)
+
+
+def test_ports_from_any_free_one_to_the_last() -> None:
+    assert [port_number(p) for p in ("0", "1", "8000", "65535")] == [0, 1, 8000, 65535]
+    for bad in ("65536", "-1", "80.5", "http", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="from 0 \\(any free port\\)"):
+            port_number(bad)

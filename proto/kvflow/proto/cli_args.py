@@ -1,5 +1,8 @@
-"""argparse types the router's command line shares: seconds and other amounts, fractions
-and positive integers."""
+"""argparse types the command lines share (the router's, the worker's, `kvflow up`'s, the
+operator's): seconds and other amounts, fractions, positive integers and ports. Each refuses
+a bad value when the flags are parsed, as a usage error naming the flag, so that nothing
+later meets it (a worker's --block-size 0 divided by zero, a NaN KV size became "cannot
+convert float NaN to integer")."""
 
 from __future__ import annotations
 
@@ -46,4 +49,25 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+# A TCP port (``--port``, ``--metrics-port``...): 0, any free port, to 65535. Past that,
+# gRPC binds the number modulo 65536 (a worker asked for 99999 listened on 34463, and for -5
+# on 65531) and a socket refuses it only with a traceback.
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """``text`` as a port, for argparse's ``type=``: a clear usage error otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a port: give a number from 0 (any free port) to {MAX_PORT}"
+        ) from None
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a port: give a number from 0 (any free port) to {MAX_PORT}"
+        )
     return value

@@ -55,3 +55,18 @@ def test_a_worker_number_out_of_range_is_a_usage_error(flag: str, value: str, sa
     assert done.returncode == 2, done.stderr
     assert f"argument {flag}: " in done.stderr and says in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--kv-cache-gib", "-1", "number of GiB > 0"),  # the worker's whole usage text
+        ("--startup-timeout-s", "0", "number of seconds > 0"),  # a traceback
+        ("--tensor-parallel-size", "0", "integer >= 1"),
+    ],
+)
+def test_an_up_number_out_of_range_is_its_own_usage_error(flag: str, value: str, says: str) -> None:
+    done = subprocess.run([str(KVFLOW), "up", "--simulate", flag, value],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("usage: kvflow up") and says in done.stderr

@@ -34,7 +34,7 @@ from kvflow.cli.up_models import (
     pair_models,
     router_config,
 )
-from kvflow.proto.cli_args import port_number
+from kvflow.proto.cli_args import number_of, port_number, positive_int, seconds
 from kvflow.proto.roles import Role
 
 # Worker log lines worth showing while it starts: model loading takes seconds.
@@ -190,7 +190,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the name clients use (default: smollm2); repeat it for several models, each "
         "its own pool of --workers behind the one gateway",
     )
-    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache per worker")
+    p.add_argument(
+        "--kv-cache-gib",
+        type=number_of("GiB", allow_zero=False),
+        default=1.0,
+        help="KV cache per worker",
+    )
     p.add_argument(
         "--dtype",
         choices=("auto", "float32", "bfloat16"),
@@ -201,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tensor-parallel-size",
         "-tp",
-        type=int,
+        type=positive_int,
         default=1,
         help="split each worker's model over this many ranks (processes sharing this "
         "machine's cores)",
@@ -237,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with no tenants, serve anonymous callers (as admins) on a non-loopback --host",
     )
-    p.add_argument("--startup-timeout-s", type=float, default=600.0)
+    p.add_argument("--startup-timeout-s", type=seconds(allow_zero=False), default=600.0)
     return p
 
 

@@ -60,6 +60,9 @@ def test_generation_config_fields_become_defaults_and_bad_values_are_dropped() -
     )  # fmt: skip
     bad = {"temperature": 7, "top_p": "high", "top_k": 0, "repetition_penalty": 0}
     assert from_generation_config(bad, "g.json") == SamplingDefaults()
+    # top_p 0 keeps no token (a request may not ask for it), NaN is no number
+    odd = {"top_p": 0.0, "temperature": float("nan"), "min_p": float("inf")}
+    assert from_generation_config(odd, "g.json") == SamplingDefaults()
     # Only token ids (as many models' generation_config.json): no defaults at all.
     assert from_generation_config({"bos_token_id": 1, "eos_token_id": 2}, "g") == SamplingDefaults()
 
@@ -287,6 +290,9 @@ def test_config_limits_sampling_and_tenant_fields() -> None:
         ({"limits": {"default_max_tokens": 9, "max_tokens_limit": 8}}, "is more than"),
         ({"sampling": {"generation_config": "vllm"}}, "auto or none"),
         ({"sampling": {"defaults": {"temperature": 3}}}, r"in \[0, 2\]"),
+        ({"sampling": {"defaults": {"temperature": float("nan")}}}, r"in \[0, 2\]"),
+        # every request without a top_p would get one the worker refuses
+        ({"sampling": {"defaults": {"top_p": 0}}}, r"top_p must be in \(0, 1\]"),
         ({"sampling": {"defaults": {"seed": 3}}}, "unknown fields"),
     ]:
         with pytest.raises(ConfigError, match=fragment):

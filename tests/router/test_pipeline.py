@@ -162,8 +162,9 @@ def test_zero_weight_drops_a_scorer_and_unknown_names_fail() -> None:
     assert "prefix_cache" not in decision.scores
     with pytest.raises(RoutingConfigError, match="unknown scorer 'prefix'"):
         make({"prefix": 1.0})
-    with pytest.raises(RoutingConfigError, match=">= 0"):
-        make({"queue_depth": -1.0})
+    for weight in (-1.0, float("nan"), float("inf")):  # NaN scores would pick at random
+        with pytest.raises(RoutingConfigError, match=">= 0"):
+            make({"queue_depth": weight})
 
 
 def test_header_value_explains_the_choice() -> None:

@@ -315,6 +315,8 @@ def _sampling(raw: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"sampling.defaults.{name} must be a number in [{low}, {high}], got {value!r}"
             )
+        if name == "top_p" and value == 0:  # keeps no token: every request would be refused
+            raise ConfigError("sampling.defaults.top_p must be in (0, 1], got 0")
     return {
         "use_generation_config": source == "auto",
         "sampling_defaults": SamplingDefaults(

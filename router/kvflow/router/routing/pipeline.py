@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -235,7 +236,7 @@ def build_pipeline(
                 f"routing.weights names an unknown scorer {name!r}; known: {sorted(SCORERS)}"
                 f" (and the earlier names {sorted(SCORER_ALIASES)})"
             )
-        if not isinstance(weight, int | float) or weight < 0:
+        if not isinstance(weight, int | float) or not 0 <= weight < math.inf:  # NaN too
             raise RoutingConfigError(
                 f"routing.weights.{name} must be a number >= 0, got {weight!r}"
             )

@@ -66,9 +66,13 @@ def _checked(name: str, value: Any, where: str) -> float | int | None:
     field_name, low, high = _HF_KEYS[name]
     is_integer = field_name in _INTEGER_FIELDS
     is_number = not isinstance(value, bool) and isinstance(value, int | float)
-    if not is_number or (is_integer and value != int(value)) or not low <= value <= high:
-        log.warning("%s: ignoring %s=%r (expected a number in [%s, %s])",
-                    where, name, value, low, high)  # fmt: skip
+    in_range = is_number and low <= value <= high
+    if name == "top_p" and value == 0:  # keeps no token: a request may not ask for it either
+        in_range = False
+    if not in_range or (is_integer and value != int(value)):
+        opening = "(" if name == "top_p" else "["
+        log.warning("%s: ignoring %s=%r (expected a number in %s%s, %s])",
+                    where, name, value, opening, low, high)  # fmt: skip
         return None
     return int(value) if is_integer else float(value)
 

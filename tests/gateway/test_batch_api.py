@@ -209,6 +209,16 @@ def test_bad_requests_get_openai_errors(gateway: GatewayProcess) -> None:
     assert failed.status == "failed"
     assert failed.errors is not None and failed.errors.data
     assert failed.errors.data[0].line == 2
+    # A lone surrogate escape (json.dumps writes one for "\ud800") failed every pass of the
+    # runner, and the batch never ended: now the line fails validation.
+    lone = _upload(client, [_line("a"), _line("\ud800")])
+    batch = client.batches.create(input_file_id=lone, endpoint="/v1/chat/completions",
+                                  completion_window="24h")  # fmt: skip
+    failed = _wait(client, batch.id, {"failed", "completed"}, timeout_s=30)
+    assert failed.status == "failed" and failed.errors is not None
+    (problem,) = failed.errors.data
+    assert problem.line == 2 and problem.code == "invalid_json_line"
+    assert "surrogate" in (problem.message or "")
     assert client.files.delete(file_id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(file_id)

@@ -69,6 +69,28 @@ def test_input_lines_are_checked_and_numbered() -> None:
     assert parse_input(b"\xff\xfe", CHAT, 10).errors[0]["code"] == "invalid_file"
 
 
+def test_lines_json_loads_takes_but_are_no_json_text_fail_validation() -> None:
+    """A lone surrogate failed every pass of the runner (the batch never ended), a line
+    nested past the parser's limit left it validating for good, and a NaN reached the
+    request: each is now an invalid line, as a body with it is a 400."""
+    head = '{"custom_id": "a", "method": "POST", "url": "' + CHAT + '", "body": '
+    for body, says in [
+        (
+            '{"model": "m", "messages": [{"role": "user", "content": "x\\ud800"}]}',
+            "surrogate escape",
+        ),
+        ('{"model": "m", "temperature": NaN}', "NaN is not a JSON number"),
+        ('{"model": "m", "messages": ' + "[" * 50_000 + "]" * 50_000 + "}", "nests too deeply"),
+    ]:
+        parsed = parse_input((head + body + "}").encode(), CHAT, 10)
+        assert parsed.lines == ()
+        (error,) = parsed.errors
+        assert (error["line"], error["code"]) == (1, "invalid_json_line")
+        assert says in error["message"]
+    with_bom = parse_input(b"\xef\xbb\xbf" + _line("a").encode(), CHAT, 10)
+    assert [ln.custom_id for ln in with_bom.lines] == ["a"] and with_bom.errors == ()
+
+
 def test_multipart_upload_parts() -> None:
     boundary = boundary_of('multipart/form-data; boundary="xyz"')
     body = (b"--xyz\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from kvflow.router.api.http import lone_surrogate_at, parse_json_body
+from kvflow.router.api.http import parse_json_body
 from kvflow.router.protocol.errors import ApiError
+from kvflow.router.protocol.strict_json import lone_surrogate_at
 
 
 def refused(body: bytes) -> ApiError:

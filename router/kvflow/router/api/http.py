@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import string
 from collections.abc import Iterable
 
@@ -15,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kvflow.router import tracing
 from kvflow.router.metrics import RouterMetrics
 from kvflow.router.protocol.errors import body_too_large, invalid_request
+from kvflow.router.protocol.strict_json import NotJsonTextError, loads_strict
 from kvflow.router.serving.types import new_request_id
 
 
@@ -34,16 +33,15 @@ async def read_json_body(request: Request, limit_bytes: int) -> object:
 
 
 def parse_json_body(body: bytes) -> object:
-    """The JSON value in ``body``, or a 400 that says what is wrong with it. Stricter than
-    ``json.loads``, which takes what is not JSON and hands on text that breaks later stages
-    (the tokenizer, protobuf and UTF-8 refuse it: a 500): NaN and Infinity are refused (not
-    JSON numbers), and so is a string holding a lone UTF-16 surrogate, raw (not UTF-8, which
-    ``json.loads`` lets through) or escaped (``"\\ud800"``: valid JSON, but no character;
-    only a high and low surrogate in a row are one)."""
+    """The JSON value in ``body``, read strictly (protocol/strict_json.py: no NaN, no
+    Infinity, no lone surrogate, UTF-8), or a 400 that says what is wrong with it."""
     try:
-        text = body.decode(json.detect_encoding(body))  # strict: no raw surrogates
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return loads_strict(body)
+    except NotJsonTextError as exc:
+        if exc.where is not None:
+            raise invalid_request(
+                f"Invalid '{exc.where}': {exc}. Send valid Unicode text.", param=exc.where
+            ) from exc
         raise invalid_request(
             f"We could not parse the JSON body of your request ({exc}). Send a JSON object "
             "with Content-Type: application/json."
@@ -53,46 +51,6 @@ def parse_json_body(body: bytes) -> object:
             "The JSON body of your request is nested too deeply to parse. Send a JSON object "
             "whose values nest at most a few hundred levels."
         ) from exc
-    if _SURROGATE_ESCAPE.search(text):  # rare (escaped emoji): only then walk the value
-        where = lone_surrogate_at(value)
-        if where is not None:
-            raise invalid_request(
-                f"Invalid '{where}': the string holds a lone UTF-16 surrogate escape (a "
-                "\\ud800-\\udfff not paired high then low), which is no character. Send "
-                "valid Unicode text.",
-                param=where,
-            )
-    return value
-
-
-# An escaped surrogate in the body's text: ``\ud800``-``\udfff`` (either case).
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _refuse_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number; send a finite number")
-
-
-def lone_surrogate_at(value: object) -> str | None:
-    """The path (``messages[0].content``) of the first string in ``value``, an object's key
-    or a value, that holds a surrogate code point; None when none does. Iterative: a body
-    nests as deep as the parser allowed, which a recursive walk might not."""
-    stack: list[tuple[object, str]] = [(value, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return path or "(body)"
-        elif isinstance(item, dict):
-            children = [(child, f"{path}.{key}" if path else key) for key, child in item.items()]
-            for _, key_path in children:
-                if _SURROGATE.search(key_path):  # a key: named with the surrogate escaped
-                    return key_path.encode("utf-8", "backslashreplace").decode()
-            stack.extend(reversed(children))
-        elif isinstance(item, list):
-            stack.extend((child, f"{path}[{i}]") for i, child in reversed(list(enumerate(item))))
-    return None
 
 
 async def wait_for_disconnect(request: Request) -> None:

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kvflow.router.protocol.strict_json import NotJsonTextError, loads_strict
+
 MAX_CUSTOM_ID_CHARS = 512
 
 
@@ -38,7 +40,7 @@ def parse_input(content: bytes, endpoint: str, max_lines: int) -> Parsed:
     lines: list[BatchLine] = []
     seen: set[str] = set()
     try:
-        text = content.decode("utf-8")
+        text = content.decode("utf-8-sig")  # a BOM, as editors on Windows write one, is no line
     except UnicodeDecodeError:
         return Parsed((), (_problem("invalid_file", "The file is not UTF-8 text.", None),))
     raw_lines = [(n, s) for n, s in enumerate(text.splitlines(), start=1) if s.strip()]
@@ -62,9 +64,16 @@ def _check_line(
     raw: str, endpoint: str, seen: set[str]
 ) -> dict[str, str] | tuple[str, dict[str, Any]]:
     try:
-        entry = json.loads(raw)
-    except ValueError:
-        return {"code": "invalid_json_line", "message": "This line is not valid JSON."}
+        entry = loads_strict(raw)
+    except NotJsonTextError as exc:
+        # A lone surrogate or a NaN is refused as the HTTP API refuses it in a body; left in,
+        # a surrogate failed every pass of the runner and the batch never ended.
+        where = "" if exc.where is None else f" (at {exc.where})"
+        message = f"This line is not valid JSON: {exc}{where}."
+        return {"code": "invalid_json_line", "message": message}
+    except RecursionError:  # left uncaught, the batch stayed "validating" for good
+        message = "This line is not valid JSON: it nests too deeply to parse."
+        return {"code": "invalid_json_line", "message": message}
     if not isinstance(entry, dict):
         return {"code": "invalid_request", "message": "Each line must be a JSON object."}
     custom_id = entry.get("custom_id")

@@ -58,3 +58,36 @@ def test_a_failed_cuda_operation_is_a_transfer_error() -> None:
     with pytest.raises(KvTransferError, match="remote process exited") as caught:
         wait_work(work, time.monotonic() + 5, "sending transfer t3", CUDA)
     assert not isinstance(caught.value, TransferTimeoutError)
+
+
+class GlooLikeWork:
+    """Never completes; wait() blocks for its timeout cut down to whole milliseconds, as
+    gloo's does, then raises gloo's timeout."""
+
+    def __init__(self) -> None:
+        self.timeouts_ms: list[int] = []
+
+    def wait(self, timeout: timedelta) -> bool:
+        ms = int(timeout.total_seconds() * 1e3)
+        self.timeouts_ms.append(ms)
+        time.sleep(ms / 1e3)
+        raise RuntimeError(f"Timed out waiting {ms}ms for recv operation to complete")
+
+
+def test_gloos_timeout_in_whole_milliseconds_is_the_transfers_timeout() -> None:
+    """A wait asked for 2.9957 s returned after 2,995 ms, before the deadline, and was taken
+    for a failed transfer (KvTransferError, not TransferTimeoutError): the wait asks for
+    whole milliseconds rounded up."""
+    work = GlooLikeWork()
+    deadline_s = time.monotonic() + 0.2997
+    with pytest.raises(TransferTimeoutError, match="receiving transfer t4 timed out"):
+        wait_work(work, deadline_s, "receiving transfer t4", torch.device("cpu"))
+    assert work.timeouts_ms[0] >= 300
+    assert time.monotonic() >= deadline_s
+
+
+def test_a_gloo_failure_well_before_the_deadline_is_a_transfer_error() -> None:
+    work = NcclLikeWork(done_after_s=0, error="Connection closed by peer [127.0.0.1]:5000")
+    with pytest.raises(KvTransferError, match="closed by peer") as caught:
+        wait_work(work, time.monotonic() + 5, "receiving transfer t5", torch.device("cpu"))
+    assert not isinstance(caught.value, TransferTimeoutError)

@@ -11,6 +11,7 @@ loopback ceiling (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -56,6 +57,18 @@ class Staging:
 _CUDA_POLL_S = 100e-6
 
 
+# gloo takes a wait's timeout in whole milliseconds, cut down: a wait of 2.9957 s returned
+# after 2,995 ms, before the deadline, and its timeout was taken for a failed transfer. So a
+# wait asks for whole milliseconds rounded up, and a failure within this much of the
+# deadline is its timeout (a peer that breaks the connection fails the wait at once).
+_DEADLINE_SLACK_S = 0.005
+
+
+def wait_timeout(deadline_s: float) -> timedelta:
+    """What is left until ``deadline_s``, in whole milliseconds rounded up (at least 1)."""
+    return timedelta(milliseconds=max(math.ceil((deadline_s - time.monotonic()) * 1e3), 1))
+
+
 def wait_work(work: Any, deadline_s: float, what: str, device: torch.device) -> None:
     """Wait for a send or receive until the deadline. Gloo's point-to-point work reports
     completion only through wait(), and a wait cannot be interrupted: cancellation is the
@@ -70,10 +83,9 @@ def wait_work(work: Any, deadline_s: float, what: str, device: torch.device) -> 
                 if time.monotonic() >= deadline_s:
                     raise TransferTimeoutError(f"{what} timed out")
                 time.sleep(_CUDA_POLL_S)
-        timeout = timedelta(seconds=max(deadline_s - time.monotonic(), 0.001))
-        work.wait(timeout)
+        work.wait(wait_timeout(deadline_s))
     except RuntimeError as exc:
-        if time.monotonic() >= deadline_s:
+        if time.monotonic() >= deadline_s - _DEADLINE_SLACK_S:
             raise TransferTimeoutError(f"{what} timed out") from exc
         raise KvTransferError(f"{what} failed: {exc}") from exc
 

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
+from kvflow.proto.cli_args import number_of, positive_int, seconds
 from kvflow.sim.calibrate import calibrate
 
 
@@ -21,21 +22,28 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvflow sim calibrate", description=__doc__)
     p.add_argument("--profile", required=True, help="a file from `kvflow profile`")
     p.add_argument("--model", help="the model it was fitted on (default: SmolLM2-135M)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads, as when fitted")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads, as when fitted")
     p.add_argument(
         "--clock",
         choices=("cpu", "wall"),
         default="cpu",
         help="the real side's clock, as the profile was fitted (calibrate.py)",
     )
-    p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals, req/s")
-    p.add_argument("--duration-s", type=float, default=60.0)
-    p.add_argument("--warmup-s", type=float, default=10.0)
-    p.add_argument("--groups", type=int, default=4)
+    p.add_argument(
+        "--rate",
+        type=number_of("requests/s", allow_zero=False),
+        default=1.0,
+        help="Poisson arrivals, req/s",
+    )
+    p.add_argument("--duration-s", type=seconds(allow_zero=False), default=60.0)
+    p.add_argument("--warmup-s", type=seconds(allow_zero=True), default=10.0)
+    p.add_argument("--groups", type=positive_int, default=4)
     p.add_argument("--prefix-words", default="384,192")
-    p.add_argument("--question-words", type=int, default=48)
-    p.add_argument("--output-tokens", type=int, default=24)
-    p.add_argument("--tolerance", type=float, default=0.15)
+    p.add_argument("--question-words", type=positive_int, default=48)
+    p.add_argument("--output-tokens", type=positive_int, default=24)
+    p.add_argument(
+        "--tolerance", type=number_of("x the real figure", allow_zero=False), default=0.15
+    )
     p.add_argument("--seed", type=int, default=1, help="traffic seed (the sweep used 0)")
     return p
 

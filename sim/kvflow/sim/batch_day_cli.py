@@ -33,6 +33,7 @@ from kvflow.engine_worker.sim.profiles import SimProfile
 from kvflow.loadgen.records import RequestRecord
 from kvflow.loadgen.report_json import write_json
 from kvflow.operator.planner import CapacityProfile, capacity_from_timing
+from kvflow.proto.cli_args import positive_int
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.batch.pacing import DEFAULT_TPOT_HEADROOM_FRACTION, TpotHeadroom
 from kvflow.sim.autoscale import Slo
@@ -191,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the report here")
     p.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 for the noise")
     p.add_argument("--planner-seed", type=int, default=3)
-    p.add_argument("--planner-in-flight", type=int, nargs="+", default=[4, 16],
+    p.add_argument("--planner-in-flight", type=positive_int, nargs="+", default=[4, 16],
                    help="batch lines in flight at once, one planner run each")  # fmt: skip
     p.add_argument("--tpot-headroom-fraction", type=float,
                    default=DEFAULT_TPOT_HEADROOM_FRACTION, metavar="F",

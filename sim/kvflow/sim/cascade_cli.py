@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvflow.proto.cli_args import number_of, positive_int
 from kvflow.sim.cascade import CascadeScenario, PromptKind, run, summary
 
 _KEYS = ("ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
@@ -22,16 +23,21 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvflow sim cascade", description="A small-then-large model cascade, in virtual time."
     )
-    p.add_argument("--requests", type=int, default=d.num_requests)
-    p.add_argument("--rate-rps", type=float, default=d.rate_rps, help="Poisson arrivals")
+    p.add_argument("--requests", type=positive_int, default=d.num_requests)
+    p.add_argument(
+        "--rate-rps",
+        type=number_of("requests/s", allow_zero=False),
+        default=d.rate_rps,
+        help="Poisson arrivals",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--hard-share", type=float, default=hard.share,
                    help="share of hard prompts (the rest are easy)")  # fmt: skip
     p.add_argument("--easy-failure-rate", type=float, default=easy.small_failure_rate,
                    help="share of easy prompts the small model's answer fails")  # fmt: skip
     p.add_argument("--hard-failure-rate", type=float, default=hard.small_failure_rate)
-    p.add_argument("--small-workers", type=int, default=d.small.num_workers)
-    p.add_argument("--large-workers", type=int, default=d.large.num_workers)
+    p.add_argument("--small-workers", type=positive_int, default=d.small.num_workers)
+    p.add_argument("--large-workers", type=positive_int, default=d.large.num_workers)
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--plot", help="write latency per outcome and cost here (PNG)")
     return p

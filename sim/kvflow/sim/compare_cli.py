@@ -11,6 +11,7 @@ from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.loadgen.metrics import Slo
 from kvflow.loadgen.report_json import write_json
 from kvflow.loadgen.trace import MOONCAKE_TRACE, TraceError
+from kvflow.proto.cli_args import number_of, positive_int
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.cluster import ClusterSpec
 from kvflow.sim.compare import (
@@ -31,8 +32,8 @@ def parser() -> argparse.ArgumentParser:
                                 description="The routing comparison, in virtual time.")  # fmt: skip
     p.add_argument("--trace", default=DEFAULT_TRACE, help="Mooncake-format trace (JSONL)")
     p.add_argument("--profile", default="h100-llama3-8b")
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--num-kv-blocks", type=int, help="per worker (default: the profile's)")
+    p.add_argument("--workers", type=positive_int, default=8)
+    p.add_argument("--num-kv-blocks", type=positive_int, help="per worker (default: the profile's)")
     p.add_argument("--arms", nargs="+", default=list(ARMS),
                    help="routing arms; kvflow:<scorer>=<weight>,... runs the gateway's "
                    "placement with other weights")  # fmt: skip
@@ -40,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated: shared-prefix, mooncake, no-reuse, hot-prefix, and "
                    "the generated trace families conv-7k, conv-7k-turns, conv-2k-turns, "
                    "agent")  # fmt: skip
-    p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    p.add_argument("--slo-ttft-ms", type=number_of("ms", allow_zero=False), default=1000.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=parse_seeds, metavar="N|S,S,...",
                    help="run every ladder at several seeds (each seed's arms share its "
@@ -50,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
                    help="run nothing: summarise these single-seed --json reports over their "
                    "seeds (a seed's reports merged; same cluster, SLO and --quick)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="fewer rungs and requests")
-    p.add_argument("--jobs", type=int, default=1, help="ladders run side by side")
+    p.add_argument("--jobs", type=positive_int, default=1, help="ladders run side by side")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write TTFT P90 and hit rate vs QPS here (PNG)")
     p.add_argument("--plot-from", nargs="+", metavar="JSON",

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.loadgen.report_json import write_json
+from kvflow.proto.cli_args import number_of, positive_int, seconds
 from kvflow.proto.priority_class import PriorityClass
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.overload import OverloadConfig, run_overload
@@ -31,6 +32,12 @@ from kvflow.sim.overload_traffic import (
     parse_mix,
 )
 
+# Each refuses NaN, infinity and negatives when the flags are parsed: a negative or NaN
+# phase was dropped without a word, and an infinite one never ended.
+_LOAD = number_of("x capacity", allow_zero=False)
+_PHASE_S = seconds(allow_zero=True)  # 0: the phase is left out
+_DWELL_S = seconds(allow_zero=True)
+
 
 def parser() -> argparse.ArgumentParser:
     g = GatewayConfig()
@@ -39,9 +46,9 @@ def parser() -> argparse.ArgumentParser:
                                 "class-ordered shedding and the degradation ladder, off "
                                 "and on, in virtual time.")  # fmt: skip
     p.add_argument("--profile", default="h100-llama3-8b")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--max-num-seqs", type=int, default=64, help="per worker")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per step")
+    p.add_argument("--workers", type=positive_int, default=2)
+    p.add_argument("--max-num-seqs", type=positive_int, default=64, help="per worker")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=2048, help="per step")
     p.add_argument("--routing-arm", default="kvflow")
     mix = p.add_mutually_exclusive_group()
     mix.add_argument("--scenario", choices=sorted(SCENARIOS), default=DEFAULT_SCENARIO,
@@ -50,34 +57,36 @@ def parser() -> argparse.ArgumentParser:
                      help="a traffic mix of your own, e.g. realtime:0.15:256:64,"
                      "normal:0.7:512:768,batch:0.15:1024:1024 (shares sum to 1; each "
                      "class's targets as in the named scenarios)")  # fmt: skip
-    p.add_argument("--calm-load", type=float, default=0.5,
+    p.add_argument("--calm-load", type=_LOAD, default=0.5,
                    help="offered load before and after the overload, x capacity")  # fmt: skip
-    p.add_argument("--overload-load", type=float, default=2.0, help="x capacity")
-    p.add_argument("--calm-before-s", type=float, default=60.0)
-    p.add_argument("--overload-s", type=float, default=240.0)
-    p.add_argument("--calm-after-s", type=float, default=420.0)
-    p.add_argument("--capacity-per-s", type=float,
+    p.add_argument("--overload-load", type=_LOAD, default=2.0, help="x capacity")
+    p.add_argument("--calm-before-s", type=_PHASE_S, default=60.0)
+    p.add_argument("--overload-s", type=_PHASE_S, default=240.0)
+    p.add_argument("--calm-after-s", type=_PHASE_S, default=420.0)
+    p.add_argument("--capacity-per-s", type=number_of("requests/s", allow_zero=False),
                    help="the pool's capacity in requests/s (default: measured)")  # fmt: skip
-    p.add_argument("--capacity-requests", type=int, default=600,
+    p.add_argument("--capacity-requests", type=positive_int, default=600,
                    help="the burst that measures capacity")  # fmt: skip
-    p.add_argument("--shed-wait-s", nargs=3, type=float, metavar=("BATCH", "NORMAL", "REALTIME"),
+    p.add_argument("--shed-wait-s", nargs=3, type=_DWELL_S, metavar=("BATCH", "NORMAL", "REALTIME"),
                    default=[DEFAULT_SHED_WAIT_S[c] for c in
                             (PriorityClass.BATCH, PriorityClass.NORMAL, PriorityClass.REALTIME)],
                    help="the estimated wait above which each class is refused")  # fmt: skip
-    p.add_argument("--max-tokens-cap", type=int, default=g.max_tokens_cap,
+    p.add_argument("--max-tokens-cap", type=positive_int, default=g.max_tokens_cap,
                    help="cap_max_tokens: most tokens a request generates while on")  # fmt: skip
-    p.add_argument("--window-s", type=float, default=g.window_s, help="the SLO window")
-    p.add_argument("--engage-after-s", type=float, default=DEFAULT_LADDER.engage_after_s,
+    p.add_argument(
+        "--window-s", type=seconds(allow_zero=False), default=g.window_s, help="the SLO window"
+    )
+    p.add_argument("--engage-after-s", type=_DWELL_S, default=DEFAULT_LADDER.engage_after_s,
                    help="the ladder takes its next step after this long hot")  # fmt: skip
-    p.add_argument("--release-after-s", type=float, default=DEFAULT_LADDER.release_after_s,
+    p.add_argument("--release-after-s", type=_DWELL_S, default=DEFAULT_LADDER.release_after_s,
                    help="the ladder reverts its last step after this long calm")  # fmt: skip
-    p.add_argument("--reengage-window-s", type=float, default=DEFAULT_LADDER.reengage_window_s,
+    p.add_argument("--reengage-window-s", type=_DWELL_S, default=DEFAULT_LADDER.reengage_window_s,
                    help="a step engaged again within this long of its release doubles its "
                    "next release dwell (0: never)")  # fmt: skip
-    p.add_argument("--max-release-after-s", type=float,
+    p.add_argument("--max-release-after-s", type=_DWELL_S,
                    default=DEFAULT_LADDER.max_release_after_s,
                    help="the longest release dwell the doubling reaches")  # fmt: skip
-    p.add_argument("--release-offered-ratio", type=float,
+    p.add_argument("--release-offered-ratio", type=number_of("x the arrivals", allow_zero=True),
                    default=DEFAULT_LADDER.release_offered_ratio,
                    help="release a step once arrivals/s fall under this share of those when "
                    "it was taken (0: not asked)")  # fmt: skip

@@ -23,6 +23,7 @@ from kvflow.loadgen.report_json import report_dict, write_json
 from kvflow.loadgen.report_table import render_report
 from kvflow.loadgen.summary import LoadPointSummary, ScheduleLimits
 from kvflow.loadgen.trace import TraceError
+from kvflow.proto.cli_args import positive_int
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.cluster import ClusterSpec
 from kvflow.sim.run import run_point
@@ -38,14 +39,14 @@ def parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("simulated cluster")
     c.add_argument("--profile", default="h100-llama3-8b",
                    help="a shipped profile name or a file from `kvflow profile`")  # fmt: skip
-    c.add_argument("--workers", type=int, default=8)
+    c.add_argument("--workers", type=positive_int, default=8)
     c.add_argument(
         "--prefill-workers",
         type=int,
         default=0,
         help="of --workers, how many prefill (the rest decode); 0: all colocated",
     )
-    c.add_argument("--num-kv-blocks", type=int, help="per worker (default: the profile's)")
+    c.add_argument("--num-kv-blocks", type=positive_int, help="per worker (default: the profile's)")
     c.add_argument("--arms", nargs="+", default=["kvflow"],
                    help="routing arms: kvflow round-robin least-loaded random session ideal, "
                    "or kvflow:<scorer>=<weight>,...")  # fmt: skip

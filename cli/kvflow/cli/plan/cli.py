@@ -18,7 +18,7 @@ from typing import TextIO
 import yaml
 
 from kvflow.cli.plan.deployment import Deployment
-from kvflow.cli.plan.errors import PlanError
+from kvflow.cli.plan.errors import PlanError, is_positive
 from kvflow.cli.plan.gpus import BUILTIN, GpuOffer, extend_catalog, find_gpu
 from kvflow.cli.plan.model_files import read_model_path
 from kvflow.cli.plan.models import DTYPE_BYTES, PRESETS, ModelSpec, from_flags, preset
@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _model(args: argparse.Namespace) -> ModelSpec:
     given = [f"--{f.replace('_', '-')}" for f in _SHAPE_FLAGS if getattr(args, f) is not None]
     if args.model is not None:
+        if args.max_context is not None:
+            given.append("--max-context")
         if given:
             raise PlanError(f"--model and {', '.join(given)} both describe the model: give one")
         found = preset(args.model)
@@ -139,7 +141,7 @@ def _gpu(args: argparse.Namespace) -> GpuOffer:
         catalog = extend_catalog(catalog, data, str(args.gpu_file))
     offer = find_gpu(args.gpu, catalog)
     if args.gpu_price_per_hour is not None:
-        if args.gpu_price_per_hour <= 0:
+        if not is_positive(args.gpu_price_per_hour):
             raise PlanError("--gpu-price-per-hour must be > 0")
         offer = replace(offer, price_per_gpu_hour=args.gpu_price_per_hour)
     return offer
@@ -172,7 +174,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         ttft_s=None if args.ttft_ms is None else args.ttft_ms * ms,
         tpot_s=None if args.tpot_ms is None else args.tpot_ms * ms,
     )
-    if args.kv_link_gb_s <= 0:
+    if not is_positive(args.kv_link_gb_s):
         raise PlanError(f"--kv-link-gb-s must be > 0, got {args.kv_link_gb_s}")
     profile = None
     if args.profile is not None:

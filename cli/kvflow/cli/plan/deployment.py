@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvflow.cli.plan.errors import PlanError
+from kvflow.cli.plan.errors import PlanError, is_non_negative
 from kvflow.cli.plan.gpus import GpuOffer
 from kvflow.engine_worker.sim.profiles import Efficiency
 
@@ -45,7 +45,9 @@ class Deployment:
         ):
             if not 0 < value <= 1:
                 raise PlanError(f"{name} must be in (0, 1], got {value}")
-        if eff.activation_bytes_per_gpu < 0 or eff.step_overhead_s < 0:
+        if not (
+            is_non_negative(eff.activation_bytes_per_gpu) and is_non_negative(eff.step_overhead_s)
+        ):
             raise PlanError("--overhead-gb and --step-overhead-ms must be >= 0")
 
     @property

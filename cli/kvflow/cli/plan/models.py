@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvflow.cli.plan.errors import PlanError
+from kvflow.cli.plan.errors import PlanError, is_positive
 from kvflow.engine_worker.sim.hardware import LLAMA3_8B, LLAMA3_70B, ModelShape
 
 #: Bytes a stored value takes. int4 is the payload alone: the group scales of GPTQ/AWQ add
@@ -123,7 +123,9 @@ def from_flags(
     for flag, value in values.items():
         if value < 1:
             raise PlanError(f"{flag} must be >= 1, got {value}")
-    if params_b <= 0:
+    if max_context_tokens is not None and max_context_tokens < 1:
+        raise PlanError(f"--max-context must be >= 1 token, got {max_context_tokens}")
+    if not is_positive(params_b):
         raise PlanError(f"--params-b must be > 0 (billions of parameters), got {params_b}")
     if num_heads % num_kv_heads:
         raise PlanError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvflow.cli.plan.errors import PlanError
+from kvflow.cli.plan.errors import PlanError, is_positive
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ class Target:
             raise PlanError("give --concurrency or --rate, not both")
         if self.concurrency is not None and self.concurrency < 1:
             raise PlanError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.rate_per_s is not None and self.rate_per_s <= 0:
+        if self.rate_per_s is not None and not is_positive(self.rate_per_s):
             raise PlanError(f"--rate must be > 0 requests per second, got {self.rate_per_s}")
 
 
@@ -121,5 +121,5 @@ class Slo:
 
     def __post_init__(self) -> None:
         for name, value in (("--ttft-ms", self.ttft_s), ("--tpot-ms", self.tpot_s)):
-            if value is not None and value <= 0:
+            if value is not None and not is_positive(value):
                 raise PlanError(f"{name} must be > 0")

@@ -122,4 +122,4 @@ class Slo:
     def __post_init__(self) -> None:
         for name, value in (("--ttft-ms", self.ttft_s), ("--tpot-ms", self.tpot_s)):
             if value is not None and not is_positive(value):
-                raise PlanError(f"{name} must be > 0")
+                raise PlanError(f"{name} must be > 0, got {value * 1e3:g}")

@@ -65,6 +65,15 @@ def metric(g: GatewayProcess, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
+def outcomes(g: GatewayProcess) -> dict[str, int]:
+    """kvflow_router_prefix_outcomes_total by outcome (those counted so far)."""
+    found = {}
+    for line in httpx.get(f"{g.url}/metrics").text.splitlines():
+        if match := re.match(r'kvflow_router_prefix_outcomes_total\{outcome="(\w+)"\} (\S+)', line):
+            found[match.group(1)] = int(float(match.group(2)))
+    return found
+
+
 def wait_indexed(g: GatewayProcess, num_blocks: int, timeout_s: float = 10) -> None:
     """Until the router's index holds ``num_blocks`` distinct blocks (KV events arrived)."""
     deadline = time.monotonic() + timeout_s
@@ -86,6 +95,9 @@ def test_a_repeated_long_prefix_lands_on_the_worker_that_holds_it() -> None:
         # A prompt with another prefix is free to go anywhere: nobody holds its blocks.
         _, blocks, _ = complete(g, list(range(5000, 5100)))
         assert blocks == 0
+        # Where each went relative to its prompt's best holder: the first and the stranger
+        # found the prefix nowhere, the six others on its holder.
+        assert outcomes(g) == {"best_holder": 6, "no_prefix": 2}
 
 
 def test_a_loaded_worker_is_avoided_despite_its_cache() -> None:
@@ -135,6 +147,7 @@ def test_a_loaded_worker_is_avoided_despite_its_cache() -> None:
                 worker, blocks, _ = chosen
                 # 8 cached blocks there, but 12 requests queued: the other worker wins.
                 assert worker != holder and blocks == 0
+                assert outcomes(g)["passed_over"] == 1
             finally:
                 stop.set()
 

@@ -61,8 +61,10 @@ def test_default_score_is_cached_blocks_minus_queue_depth() -> None:
     assert decision is not None
     assert decision.worker_id == "b"
     assert decision.score == 2.0
-    # Each scorer's value, then the cached-blocks measure the prefix scorer reports beside it.
-    assert decision.scores == {"prefix_cache": 2.0, "queue_depth": 0.0, "prefix_blocks": 2.0}
+    # Each scorer's value, then the measures the prefix scorer reports beside it: the
+    # chosen worker's cached blocks and the best holder's (a, passed over for its queue).
+    assert decision.scores == {"prefix_cache": 2.0, "queue_depth": 0.0, "prefix_blocks": 2.0,
+                               "best_prefix_blocks": 6.0}  # fmt: skip
     assert decision.num_candidates == 3
     # One more queued request on b tips it to a (6 - 5 = 1 > 2 - 2 = 0).
     workers[1] = worker("b", queue=2)
@@ -174,7 +176,7 @@ def test_header_value_explains_the_choice() -> None:
     assert decision is not None
     assert decision.header_value() == (
         "worker=a; score=2; prefix_cache=4; queue_depth=-1; session=0; kv_cache_usage=-0.5; "
-        "prefix_blocks=4; candidates=1"
+        "prefix_blocks=4; best_prefix_blocks=4; candidates=1"
     )
 
 

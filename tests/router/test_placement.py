@@ -171,11 +171,12 @@ def test_route_header_names_both_workers_and_why() -> None:
     assert plan.header_value() == (
         "prefill=p1 decode=d2; plan=disaggregated; reason=many_missing_tokens; "
         "missing_tokens=544; score=4; prefix_cache=5; queue_depth=-1; "
-        "session=0; prefix_blocks=5; candidates=2; prefill_score=2; prefill_prefix_cache=2; "
-        "prefill_queue_depth=0; prefill_prefix_blocks=2; prefill_candidates=2"
+        "session=0; prefix_blocks=5; best_prefix_blocks=5; candidates=2; prefill_score=2; "
+        "prefill_prefix_cache=2; prefill_queue_depth=0; prefill_prefix_blocks=2; "
+        "prefill_best_prefix_blocks=2; prefill_candidates=2"
     )
     colocated = plan_for([view("a", BOTH)])
     assert colocated is not None and colocated.header_value() == (
         "worker=a; plan=colocated; reason=colocated_worker; score=0; prefix_cache=0; "
-        "queue_depth=0; session=0; prefix_blocks=0; candidates=1"
+        "queue_depth=0; session=0; prefix_blocks=0; best_prefix_blocks=0; candidates=1"
     )

@@ -137,6 +137,14 @@ class RouterMetrics:
             "Prompt blocks the chosen worker already cached, per the router's index",
             registry=r,
         )
+        self.prefix_outcomes = Counter(
+            "kvflow_router_prefix_outcomes_total",
+            "Requests by where they went relative to the worker holding most of their prompt: "
+            "best_holder, passed_over (for its load), copy (of a shared prefix), no_prefix "
+            "(held nowhere)",
+            ["outcome"],
+            registry=r,
+        )
         self.prepare_refusals = Counter(
             "kvflow_router_prepare_refusals_total",
             "Requests refused while preparing (template, tokenizer, grammar): busy (no "

@@ -112,4 +112,13 @@ PANELS: list[Panel] = [
         "Matched blocks/s (the chosen worker already cached them), failovers/s, and the "
         "routing index's size.",
     ),
+    Panel(
+        "Where requests went, by their prefix",
+        "reqps",
+        (rate("kvflow_router_prefix_outcomes_total", "outcome"),),
+        "Relative to the worker holding most of each prompt: best_holder, passed_over (its "
+        "load cost more than the hit saves: add capacity), copy (of a shared prefix), "
+        "no_prefix (held nowhere: add KV cache). docs/router.md, Metrics.",
+        stack=True,
+    ),
 ]

@@ -59,8 +59,16 @@ from dataclasses import dataclass, replace
 from kvflow.proto.block_hash import BlockHash
 from kvflow.proto.step_model import StepTiming
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.prefix_outcome import best_held_blocks
 from kvflow.router.routing.replicas import ReplicaLedger
-from kvflow.router.routing.types import PREFIX_BLOCKS, RouteRequest, WorkerId, WorkerView
+from kvflow.router.routing.types import (
+    BEST_PREFIX_BLOCKS,
+    PREFIX_BLOCKS,
+    PREFIX_COPY,
+    RouteRequest,
+    WorkerId,
+    WorkerView,
+)
 
 
 @dataclass(frozen=True)
@@ -207,11 +215,22 @@ class TimeCostScorer:
         self.replicas = replicas
         self.num_copies = 0  # prefixes copied by the rule, for tests and metrics
         self.matched_blocks: dict[WorkerId, float] = {}  # of the last ``score`` call
+        self.copied = False  # the last ``score`` call bought a copy
 
     def details(self, worker_id: WorkerId) -> dict[str, float]:
         """The chosen worker's cached prefix blocks past the skip, as the ``prefix_blocks``
-        measure (the prefix scorer's unit), from the last ``score`` call."""
-        return {PREFIX_BLOCKS: self.matched_blocks.get(worker_id, 0.0)}
+        measure (the prefix scorer's unit), the best holder's, and whether the request was
+        sent to copy a prefix (prefix_outcome.py), from the last ``score`` call."""
+        details = {PREFIX_BLOCKS: self.matched_blocks.get(worker_id, 0.0),
+                   BEST_PREFIX_BLOCKS: max(self.matched_blocks.values(), default=0.0)}  # fmt: skip
+        if self.copied:
+            details[PREFIX_COPY] = 1.0
+        return details
+
+    def best_prefix_blocks(self, request: RouteRequest, workers: Sequence[WorkerView]) -> float:
+        """The most prompt blocks past the skip that any of ``workers`` holds (the pipeline
+        asks for the workers its load gate left out)."""
+        return best_held_blocks(self._index, request, workers)
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
         seen: list[BlockHash] = []  # the blocks the match read: the copy rule's keys
@@ -224,6 +243,7 @@ class TimeCostScorer:
         cached = {w.worker_id: max(matched[w.worker_id], skip) * size for w in workers}
         out = {w.worker_id: 0.0 - self._cost_s(w, request, cached[w.worker_id]) for w in workers}
         copy = self._copy_prefix(request, workers, matched, cached, out, seen)
+        self.copied = copy is not None
         return out if copy is None else copy
 
     def _cost_s(self, worker: WorkerView, request: RouteRequest, num_cached_tokens: int) -> float:

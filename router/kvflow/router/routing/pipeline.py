@@ -32,6 +32,7 @@ from kvflow.router.routing.plugins import (
 from kvflow.router.routing.replicas import ReplicaLedger
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import (
+    BEST_PREFIX_BLOCKS,
     RouteDecision,
     RouteRequest,
     WorkerId,
@@ -189,8 +190,12 @@ class RoutingPipeline:
         candidates, circuit_open = self._filter(request, workers)
         if not candidates:
             return None
+        gated_out: list[WorkerView] = []
         if self._gate is not None:
-            candidates = self._gate.keep(candidates)
+            kept = self._gate.keep(candidates)
+            kept_ids = {w.worker_id for w in kept}
+            gated_out = [w for w in candidates if w.worker_id not in kept_ids]
+            candidates = kept
         totals = dict.fromkeys((w.worker_id for w in candidates), 0.0)
         per_scorer: dict[str, dict[WorkerId, float]] = {}
         for weighted in self._scorers:
@@ -204,6 +209,14 @@ class RoutingPipeline:
             details = getattr(weighted.scorer, "details", None)
             if details is not None:
                 scores.update(details(chosen.worker_id))
+        if gated_out and BEST_PREFIX_BLOCKS in scores:
+            # A holder the gate left out for its load still held the prompt: the request
+            # passed it over (prefix_outcome.py), it did not find the prefix nowhere.
+            for weighted in self._scorers:
+                best_of = getattr(weighted.scorer, "best_prefix_blocks", None)
+                if best_of is not None:
+                    best = best_of(request, gated_out)
+                    scores[BEST_PREFIX_BLOCKS] = max(scores[BEST_PREFIX_BLOCKS], best)
         return RouteDecision(
             worker_id=chosen.worker_id,
             score=totals[chosen.worker_id],

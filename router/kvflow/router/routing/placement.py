@@ -41,6 +41,7 @@ from kvflow.router.routing.pipeline import (
     RoutingPipeline,
     build_pipeline,
 )
+from kvflow.router.routing.prefix_outcome import PrefixOutcome, prefix_outcome
 from kvflow.router.routing.sessions import SessionTable
 from kvflow.router.routing.types import (
     PREFIX_BLOCKS,
@@ -184,6 +185,11 @@ class Colocated:
         """Prompt blocks the streaming worker caches, per the index (0 without the scorer)."""
         return self.worker.scores.get(PREFIX_BLOCKS, 0.0)
 
+    @property
+    def prefix_outcome(self) -> PrefixOutcome | None:
+        """Where it went relative to its prompt's best holder (prefix_outcome.py)."""
+        return prefix_outcome(self.worker.scores)
+
     def header_value(self) -> str:
         return "; ".join([f"worker={self.worker.worker_id}", f"plan={self.decision}",
                           f"reason={self.reason.value}", *self.worker.explain()])  # fmt: skip
@@ -207,6 +213,11 @@ class Disaggregated:
     @property
     def matched_blocks(self) -> float:
         return self.decode.scores.get(PREFIX_BLOCKS, 0.0)
+
+    @property
+    def prefix_outcome(self) -> PrefixOutcome | None:
+        """The decode worker's, which keeps the prompt's KV for its next turn."""
+        return prefix_outcome(self.decode.scores)
 
     def header_value(self) -> str:
         return "; ".join([f"prefill={self.prefill.worker_id} decode={self.decode.worker_id}",

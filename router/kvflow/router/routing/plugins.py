@@ -16,8 +16,15 @@ from typing import Protocol
 from kvflow.proto.roles import Role
 from kvflow.router.breaker.machine import CircuitState
 from kvflow.router.routing.block_index import BlockIndex
+from kvflow.router.routing.prefix_outcome import best_held_blocks
 from kvflow.router.routing.sessions import SessionTable
-from kvflow.router.routing.types import PREFIX_BLOCKS, RouteRequest, WorkerId, WorkerView
+from kvflow.router.routing.types import (
+    BEST_PREFIX_BLOCKS,
+    PREFIX_BLOCKS,
+    RouteRequest,
+    WorkerId,
+    WorkerView,
+)
 
 
 class Filter(Protocol):
@@ -104,7 +111,13 @@ class PrefixCacheScorer:
     def details(self, worker_id: WorkerId) -> dict[str, float]:
         """The chosen worker's count as the ``prefix_blocks`` measure, which the route
         header, placement and the simulator read whichever prefix scorer ran."""
-        return {PREFIX_BLOCKS: self._matched.get(worker_id, 0.0)}
+        return {PREFIX_BLOCKS: self._matched.get(worker_id, 0.0),
+                BEST_PREFIX_BLOCKS: max(self._matched.values(), default=0.0)}  # fmt: skip
+
+    def best_prefix_blocks(self, request: RouteRequest, workers: Sequence[WorkerView]) -> float:
+        """The most prompt blocks past the skip that any of ``workers`` holds (the pipeline
+        asks for the workers its load gate left out)."""
+        return best_held_blocks(self._index, request, workers)
 
     def score(self, request: RouteRequest, workers: Sequence[WorkerView]) -> dict[WorkerId, float]:
         matched = self._index.match_prefix(request.block_hashes, (w.worker_id for w in workers))

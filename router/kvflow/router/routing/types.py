@@ -15,6 +15,11 @@ from kvflow.router.breaker.machine import CircuitState
 # (RouteDecision.scores). The `x-kvflow-route` header prints it under this name, placement
 # and the simulator read it, and `kvflow bench` parses it.
 PREFIX_BLOCKS = "prefix_blocks"
+# Beside it: the most prompt blocks past the skip that any candidate held (the best holder's),
+# and 1 when the rent-or-buy rule sent the request to copy a shared prefix (replicas.py).
+# Together they say why a request missed cache it could have hit (prefix_outcome.py).
+BEST_PREFIX_BLOCKS = "best_prefix_blocks"
+PREFIX_COPY = "prefix_copy"
 
 WorkerId = NewType("WorkerId", str)
 """A worker's gRPC address, "host:port": stable across the worker's restarts."""

@@ -263,6 +263,8 @@ class GenerationService:
             for item in sink:
                 queue.put_nowait(item)
             self._metrics.matched_blocks.inc(plan.matched_blocks)
+            if (outcome := plan.prefix_outcome) is not None:
+                self._metrics.prefix_outcomes.labels(outcome.value).inc()
             if caller.session_id:
                 self._sessions.set(caller.session_id, plan.stream_worker)
             return

@@ -77,6 +77,9 @@ def test_bench_shared_prefix_against_the_gateway(gateway: GatewayProcess, tmp_pa
     # after the first of each group, and the router spreads the groups.
     assert cache["hit_rate"] > 0.3 and cache["router_hit_rate"] > 0.3
     assert len(cache["requests_per_worker"]) == 2
+    # The gateway's header says where each went by its prefix (mostly to its holder).
+    assert sum(cache["prefix_outcomes"].values()) == t["num_ok"]
+    assert cache["prefix_outcomes"]["best_holder"] > t["num_ok"] / 2
     assert report["knee"] == {"label": "8 req/s", "qps": 8}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

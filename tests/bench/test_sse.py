@@ -7,6 +7,7 @@ from typing import Any
 
 from kvflow.loadgen.payloads import parse_route_header
 from kvflow.loadgen.sse import StreamAccumulator
+from kvflow.proto.prefix_outcome import PrefixOutcome
 
 
 def data(obj: Any) -> str:
@@ -107,3 +108,22 @@ def test_route_header_of_a_disaggregated_plan_names_the_decode_worker() -> None:
              "prefill_score=2; prefill_prefix_blocks=2")  # fmt: skip
     route = parse_route_header(value)
     assert route is not None and (route.worker, route.prefix_blocks) == ("10.0.0.8:50051", 5)
+
+
+def test_route_header_says_where_the_request_went_by_its_prefix() -> None:
+    def outcome(value: str) -> PrefixOutcome | None:
+        route = parse_route_header(value)
+        assert route is not None
+        return route.prefix_outcome
+
+    assert outcome("worker=w1; prefix_blocks=4; best_prefix_blocks=4") is PrefixOutcome.BEST_HOLDER
+    assert outcome("worker=w1; prefix_blocks=0; best_prefix_blocks=4") is PrefixOutcome.PASSED_OVER
+    copy = "worker=w1; prefix_blocks=0; best_prefix_blocks=4; prefix_copy=1"
+    assert outcome(copy) is PrefixOutcome.COPY
+    assert outcome("worker=w1; prefix_blocks=0; best_prefix_blocks=0") is PrefixOutcome.NO_PREFIX
+    # A gateway that does not report the best holder (an older one): no outcome.
+    assert outcome("worker=w1; prefix_blocks=4") is None
+    # A disaggregated plan's prefill worker has measures of its own: the decode worker's count.
+    pd = ("prefill=p1 decode=d1; plan=disaggregated; prefix_blocks=2; best_prefix_blocks=5; "
+          "prefill_prefix_blocks=3; prefill_best_prefix_blocks=3")  # fmt: skip
+    assert outcome(pd) is PrefixOutcome.PASSED_OVER

@@ -45,6 +45,13 @@ def test_bench_options_in_virtual_time(tmp_path: Path) -> None:
     assert all(p["schedule"]["is_valid"] for p in points)  # virtual time never lags
     assert points[0]["cache"]["hit_rate"] > 0.5  # 3 groups' 128-word prefixes, 16-word questions
     assert out_png.stat().st_size > 10_000
+    # Where each measured request went by its prefix: the router's own account. The
+    # baselines' scorers report no prefix measures, so round-robin has none.
+    for point in points:
+        outcomes = point["cache"]["prefix_outcomes"]
+        assert sum(outcomes.values()) == point["throughput"]["num_ok"]
+        assert outcomes["best_holder"] > outcomes.get("no_prefix", 0)
+    assert all(not p["cache"]["prefix_outcomes"] for p in report["round-robin"]["load_points"])
 
 
 def test_kvflow_bench_sim_is_the_same_command(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ class BenchClient:
         stream = StreamAccumulator(request_id, scheduled_s, now())
         worker: str | None = None
         predicted: int | None = None
+        outcome: str | None = None
         error: str | None = None
         detail = ""
         try:
@@ -55,6 +56,8 @@ class BenchClient:
                     route = parse_route_header(response.headers.get(ROUTE_HEADER))
                     if route is not None:
                         worker, predicted = route.worker, route.prefix_blocks
+                        if route.prefix_outcome is not None:
+                            outcome = route.prefix_outcome.value
                     if response.status_code != httpx.codes.OK:
                         error = f"http_{response.status_code}"
                         detail = error_message(response.status_code, await response.aread())
@@ -77,4 +80,5 @@ class BenchClient:
             error_detail=detail,
             worker=worker,
             predicted_cached_blocks=predicted,
+            prefix_outcome=outcome,
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvflow.loadgen.text import render_text
 from kvflow.loadgen.workload import BenchRequest, prompt_word_ids, segment_text
+from kvflow.proto.prefix_outcome import PrefixOutcome, classify_prefix
 
 ROUTE_HEADER = "x-kvflow-route"
 
@@ -92,6 +93,9 @@ def error_message(status: int, body: bytes) -> str:
 class RouteInfo:
     worker: str
     prefix_blocks: int | None  # the router's cached-prefix estimate on that worker
+    # Where it went relative to its prompt's best holder (kvflow.proto.prefix_outcome),
+    # when the gateway reports the best holder's blocks.
+    prefix_outcome: PrefixOutcome | None = None
 
 
 def parse_route_header(value: str | None) -> RouteInfo | None:
@@ -118,4 +122,13 @@ def parse_route_header(value: str | None) -> RouteInfo | None:
         blocks = round(float(fields["prefix_blocks"]))
     except (KeyError, ValueError):
         blocks = None
-    return RouteInfo(worker, blocks)
+    outcome = None
+    try:
+        best = float(fields["best_prefix_blocks"])
+        copied = float(fields.get("prefix_copy", "0")) > 0
+    except (KeyError, ValueError):
+        pass
+    else:
+        if blocks is not None:
+            outcome = classify_prefix(blocks, best, copied)
+    return RouteInfo(worker, blocks, outcome)

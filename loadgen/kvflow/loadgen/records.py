@@ -31,6 +31,9 @@ class RequestRecord:
     # and the cached prefix blocks the router expected there.
     worker: str | None = None
     predicted_cached_blocks: int | None = None
+    # And where it went relative to its prompt's best holder (kvflow.proto.prefix_outcome:
+    # best_holder, passed_over, copy, no_prefix).
+    prefix_outcome: str | None = None
 
     @property
     def is_ok(self) -> bool:

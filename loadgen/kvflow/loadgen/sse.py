@@ -82,6 +82,7 @@ class StreamAccumulator:
         error_detail: str = "",
         worker: str | None = None,
         predicted_cached_blocks: int | None = None,
+        prefix_outcome: str | None = None,
     ) -> RequestRecord:
         if error is not None:
             self._fail(error, error_detail)
@@ -111,6 +112,7 @@ class StreamAccumulator:
             error_detail=self.error_detail,
             worker=worker,
             predicted_cached_blocks=predicted_cached_blocks,
+            prefix_outcome=prefix_outcome,
         )
 
 

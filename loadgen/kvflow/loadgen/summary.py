@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvflow.loadgen.arrivals import LoadPoint, mean_rate_per_s
 from kvflow.loadgen.metrics import (
@@ -57,6 +57,9 @@ class CacheSummary:
     requests_per_worker: dict[str, int]
     # Max over mean requests per worker seen; 1.0 is perfect balance.
     load_imbalance: float | None
+    # Successful requests by where they went relative to their prompt's best holder
+    # (kvflow.proto.prefix_outcome), where the router said: why the hit rate is what it is.
+    prefix_outcomes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,12 +125,14 @@ def cache_summary(records: Sequence[RequestRecord], block_size: int) -> CacheSum
         if per_worker
         else None
     )
+    outcomes = Counter(r.prefix_outcome for r in ok if r.prefix_outcome is not None)
     return CacheSummary(
         hit_rate=hit_rate,
         num_reporting=len(reporting),
         router_hit_rate=predicted / routed_total if routed_total else None,
         requests_per_worker=dict(sorted(per_worker.items())),
         load_imbalance=imbalance,
+        prefix_outcomes=dict(sorted(outcomes.items())),
     )
 
 

@@ -100,6 +100,7 @@ class _InFlight:
     prefill: SimWorker | None
     predicted_blocks: int | None
     free_tokens: int
+    prefix_outcome: str | None  # kvflow.proto.prefix_outcome, where the router said
     token_times_s: list[float] = field(default_factory=list)
 
 
@@ -209,6 +210,7 @@ class VirtualCluster:
         decision = plan.worker if isinstance(plan, Colocated) else plan.decode
         has_prefix_scorer = PREFIX_BLOCKS in decision.scores
         predicted = int(plan.matched_blocks) if has_prefix_scorer else None
+        outcome = plan.prefix_outcome
         sampling = SamplingParams(max_tokens=request.num_output_tokens, ignore_eos=True)
         tenant, priority_class = self._tenant_and_class(request)
         try:
@@ -222,7 +224,14 @@ class VirtualCluster:
             return
         self.router.open(WorkerId(stream.worker_id))
         self._inflight[request.request_id] = _InFlight(
-            request, now_s, tokens, stream, prefill, predicted, free
+            request,
+            now_s,
+            tokens,
+            stream,
+            prefill,
+            predicted,
+            free,
+            None if outcome is None else outcome.value,
         )
 
     def _tenant_and_class(self, request: BenchRequest) -> tuple[str | None, PriorityClass]:
@@ -289,5 +298,6 @@ class VirtualCluster:
                 num_cached_tokens=max(out.num_cached_tokens, flight.free_tokens),
                 worker=worker_id,
                 predicted_cached_blocks=flight.predicted_blocks,
+                prefix_outcome=flight.prefix_outcome,
             )
         )

@@ -1,21 +1,12 @@
-"""Where a request went relative to the cache its prompt could have hit: the answer to "why
-is the hit rate under what the cache could give?". Pure: it reads a decision's measures.
-
-- ``best_holder``: to a worker holding as much of the prompt as any candidate, and some.
-- ``passed_over``: past the best holder, for its load (its queue or decodes cost more than
-  the prefill the hit saves): more capacity, not a larger cache, raises the hit rate.
-- ``copy``: past the best holder to copy a shared prefix there (the rent-or-buy rule).
-- ``no_prefix``: no candidate held any of it: a new prefix, or one evicted everywhere (a
-  larger KV cache, or fewer prefixes per worker, raises the hit rate).
-
-A decision without the prefix measures (the prefix scorers weighted out) has no outcome.
-"""
+"""A decision's prefix outcome (kvflow.proto.prefix_outcome: best_holder, passed_over, copy,
+no_prefix) from its measures, and the best holder's blocks among workers the scorers did not
+see. Pure but for the index read."""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 
+from kvflow.proto.prefix_outcome import PrefixOutcome, classify_prefix
 from kvflow.router.routing.block_index import BlockIndex
 from kvflow.router.routing.types import (
     BEST_PREFIX_BLOCKS,
@@ -25,25 +16,17 @@ from kvflow.router.routing.types import (
     WorkerView,
 )
 
-
-class PrefixOutcome(enum.Enum):
-    BEST_HOLDER = "best_holder"
-    PASSED_OVER = "passed_over"
-    COPY = "copy"
-    NO_PREFIX = "no_prefix"
+__all__ = ["PrefixOutcome", "best_held_blocks", "prefix_outcome"]
 
 
 def prefix_outcome(scores: Mapping[str, float]) -> PrefixOutcome | None:
-    """The outcome of a decision whose measures are ``scores`` (RouteDecision.scores)."""
+    """The outcome of a decision whose measures are ``scores`` (RouteDecision.scores); None
+    without the prefix measures (the prefix scorers weighted out)."""
     chosen = scores.get(PREFIX_BLOCKS)
     best = scores.get(BEST_PREFIX_BLOCKS)
     if chosen is None or best is None:
         return None
-    if best <= 0:
-        return PrefixOutcome.NO_PREFIX
-    if chosen >= best:
-        return PrefixOutcome.BEST_HOLDER
-    return PrefixOutcome.COPY if scores.get(PREFIX_COPY, 0.0) > 0 else PrefixOutcome.PASSED_OVER
+    return classify_prefix(chosen, best, scores.get(PREFIX_COPY, 0.0) > 0)
 
 
 def best_held_blocks(

@@ -17,7 +17,7 @@ from kvflow.router.breaker.machine import CircuitState
 PREFIX_BLOCKS = "prefix_blocks"
 # Beside it: the most prompt blocks past the skip that any candidate held (the best holder's),
 # and 1 when the rent-or-buy rule sent the request to copy a shared prefix (replicas.py).
-# Together they say why a request missed cache it could have hit (prefix_outcome.py).
+# Together they say why a request missed cache it could have hit (kvflow.proto.prefix_outcome).
 BEST_PREFIX_BLOCKS = "best_prefix_blocks"
 PREFIX_COPY = "prefix_copy"
 

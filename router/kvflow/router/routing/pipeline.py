@@ -217,6 +217,7 @@ class RoutingPipeline:
                 if best_of is not None:
                     best = best_of(request, gated_out)
                     scores[BEST_PREFIX_BLOCKS] = max(scores[BEST_PREFIX_BLOCKS], best)
+                    break  # one index lookup: every prefix scorer reads the same index
         return RouteDecision(
             worker_id=chosen.worker_id,
             score=totals[chosen.worker_id],

@@ -4,7 +4,10 @@ Before, `value <= 0` let NaN and infinity through: `plan --rate nan` and `bench 
 ended in tracebacks ("cannot convert float NaN to integer", an OverflowError), `plan
 --step-overhead-ms 1e400` divided by zero, `plan --kv-link-gb-s nan` printed a plan, `sim
 overload --calm-before-s -1` dropped the phase without a word and `--overload-s inf` never
-ended, and `sim compare --num-kv-blocks -1` failed with a traceback from the block pool."""
+ended, and `sim compare --num-kv-blocks -1` failed with a traceback from the block pool.
+The SLO planner benchmark (`python -m kvflow.sim.autoscale_cli`) the same: `--peak-rate nan`
+and `--utilization nan 0.5` ended in "cannot convert float NaN to integer", `--jobs 0` and
+`--max-replicas 0` in tracebacks, and `--startups nan` or `--planner-interval 0` ran."""
 
 from __future__ import annotations
 
@@ -19,8 +22,13 @@ PLAN = ["plan", "--model", "llama-3-8b", "--gpu", "h100"]
 BENCH = ["bench", "--url", "http://127.0.0.1:9", "--duration-s", "1"]
 
 
+AUTOSCALE = ["-m", "kvflow.sim.autoscale_cli", "--quick", "--shapes", "step"]
+
+
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(KVFLOW), *argv], capture_output=True, text=True, timeout=120,
+    """``kvflow ARGV``, or ``python -m ...`` for an ``argv`` that starts with ``-m``."""
+    command = [sys.executable] if argv[0] == "-m" else [str(KVFLOW)]
+    return subprocess.run([*command, *argv], capture_output=True, text=True, timeout=120,
                           check=False)  # fmt: skip
 
 
@@ -73,6 +81,14 @@ TOOL_CASES = [
      "argument --planner-in-flight: must be an integer >= 1"),
     (["sim", "calibrate", "--profile", "x.json", "--rate", "inf"],
      "argument --rate: must be a number of requests/s > 0"),
+    ([*AUTOSCALE, "--peak-rate", "nan"], "argument --peak-rate: must be a number of requests"),
+    ([*AUTOSCALE, "--slo-tpot-ms", "-1"], "argument --slo-tpot-ms: must be a number of ms"),
+    ([*AUTOSCALE, "--utilization", "nan", "0.5"], "argument --utilization: must be a fraction"),
+    ([*AUTOSCALE, "--utilization", "0.5", "0.7"], "--utilization: DOWN (0.7) must be under UP"),
+    ([*AUTOSCALE, "--startups", "nan"], "argument --startups: must be a number of seconds >= 0"),
+    ([*AUTOSCALE, "--planner-interval", "0"], "argument --planner-interval: must be a number"),
+    ([*AUTOSCALE, "--max-replicas", "0"], "argument --max-replicas: must be an integer >= 1"),
+    ([*AUTOSCALE, "--jobs", "0"], "argument --jobs: must be an integer >= 1"),
 ]  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from kvflow.engine_worker.sim.profile_file import ProfileError
 from kvflow.loadgen.report_json import write_json
+from kvflow.proto.cli_args import fraction, number_of, positive_int, seconds
 from kvflow.sim.autoscale import Slo
 from kvflow.sim.autoscale_bench import (
     ARMS,
@@ -29,6 +30,14 @@ from kvflow.sim.autoscale_metrics import Score
 from kvflow.sim.autoscale_report import plot, report_dict, table
 from kvflow.sim.autoscale_traffic import SHAPES
 
+# Each refuses NaN, infinity and numbers out of range as a usage error naming the flag (a
+# NaN peak rate ended in "cannot convert float NaN to integer").
+_RATE = number_of("requests a second", allow_zero=False)
+_MS = number_of("ms", allow_zero=False)
+_RATIO = number_of("times the target", allow_zero=False)
+_SECONDS = seconds(allow_zero=False)
+_SECONDS_OR_0 = seconds(allow_zero=True)
+
 
 def parser() -> argparse.ArgumentParser:
     d = BenchConfig()
@@ -36,39 +45,39 @@ def parser() -> argparse.ArgumentParser:
                                 description="The SLO planner against static and reactive "
                                 "scaling, in virtual time.")  # fmt: skip
     p.add_argument("--profile", default=d.profile)
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    p.add_argument("--peak-rate", type=float, default=d.peak_rate_per_s, help="req/s")
-    p.add_argument("--slo-ttft-ms", type=float, default=d.slo.ttft_s * 1e3)
-    p.add_argument("--slo-tpot-ms", type=float, default=d.slo.tpot_s * 1e3)
+    p.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs)
+    p.add_argument("--peak-rate", type=_RATE, default=d.peak_rate_per_s, help="req/s")
+    p.add_argument("--slo-ttft-ms", type=_MS, default=d.slo.ttft_s * 1e3)
+    p.add_argument("--slo-tpot-ms", type=_MS, default=d.slo.tpot_s * 1e3)
     p.add_argument("--shapes", nargs="+", default=list(d.shapes), choices=SHAPES)
-    p.add_argument("--startups", nargs="+", type=float, default=list(d.startups_s),
+    p.add_argument("--startups", nargs="+", type=_SECONDS_OR_0, default=list(d.startups_s),
                    help="pod start-up delays, seconds")  # fmt: skip
     p.add_argument("--arms", nargs="+", default=list(d.arms), choices=ARMS)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--utilization", nargs=2, type=float, metavar=("UP", "DOWN"),
+    p.add_argument("--utilization", nargs=2, type=fraction, metavar=("UP", "DOWN"),
                    help="the planner's target and scale-down utilisation (default: its "
                    "own)")  # fmt: skip
-    p.add_argument("--calm-latency-ratio", type=float, metavar="R",
+    p.add_argument("--calm-latency-ratio", type=_RATIO, metavar="R",
                    help="the planner scales down only while latency is under R x its "
                    "target (autoscaling.scaleDownLatencyRatio; default: its own, 0.6)")  # fmt: skip
-    p.add_argument("--forecast-damping-s", type=float, metavar="S",
+    p.add_argument("--forecast-damping-s", type=_SECONDS, metavar="S",
                    help="the planner trusts a load slope for S seconds on average "
                    "(Tuning.forecast_damping_s; default: its own, 60)")  # fmt: skip
-    p.add_argument("--planner-interval", type=float, default=d.planner_interval_s,
+    p.add_argument("--planner-interval", type=_SECONDS, default=d.planner_interval_s,
                    help="the planner's intervalSeconds (default: the CRD's)")  # fmt: skip
-    p.add_argument("--stabilization-s", type=float, default=d.stabilization_s,
+    p.add_argument("--stabilization-s", type=_SECONDS_OR_0, default=d.stabilization_s,
                    help="the planner's and the reactive arm's scale-down stabilization "
                    "window, seconds")  # fmt: skip
-    p.add_argument("--max-replicas", type=int, default=d.max_replicas,
+    p.add_argument("--max-replicas", type=positive_int, default=d.max_replicas,
                    help="every dynamic arm's ceiling, and the static search's")  # fmt: skip
     p.add_argument("--proportional-margin", action="store_true",
                    help="the planner's margin in proportion to the load at every pool "
                    "size (default: pooled above 4 shares, docs/planner.md)")  # fmt: skip
-    p.add_argument("--admission-max-queue-s", type=float, metavar="S",
+    p.add_argument("--admission-max-queue-s", type=_SECONDS, metavar="S",
                    help="the gateway refuses (503) a request whose best queue is longer "
                    "than S seconds, in every arm (default: off, every request queues)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 5-10 minute traffic")
-    p.add_argument("--jobs", type=int, default=1, help="cells run side by side")
+    p.add_argument("--jobs", type=positive_int, default=1, help="cells run side by side")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write replicas and TTFT over time here (PNG)")
     return p
@@ -104,7 +113,12 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 
 
 def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
-    args = parser().parse_args(list(argv))
+    p = parser()
+    args = p.parse_args(list(argv))
+    if args.utilization and args.utilization[1] >= args.utilization[0]:
+        p.error(f"--utilization: DOWN ({args.utilization[1]}) must be under UP "
+                f"({args.utilization[0]}): the gap between them keeps the planner from "
+                "scaling back and forth")  # fmt: skip
     try:
         config = config_from(args)
         config.sim_profile()

@@ -15,6 +15,7 @@ import pytest
 from kvflow.router.api.openapi import build_openapi
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.protocol.requests import parse_chat_request, parse_completion_request
+from kvflow.router.protocol.responses_api import chat_request
 
 SCHEMA = build_openapi(served_models=["sim"], vocab_size=49152)
 REQUESTS = {
@@ -22,6 +23,8 @@ REQUESTS = {
              {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}),
     "completion": (SCHEMA["components"]["schemas"]["CompletionRequest"],
                    parse_completion_request, {"model": "sim", "prompt": "hi"}),
+    "responses": (SCHEMA["components"]["schemas"]["ResponseRequest"], chat_request,
+                  {"model": "sim", "input": "hi"}),
 }  # fmt: skip
 # Parameters of OpenAI's and vLLM's APIs, read or not by our parsers: each must be in the
 # schema exactly when the parser reads it.
@@ -39,6 +42,10 @@ CANDIDATES = [
     "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
     "frequency_penalty", "presence_penalty", "temperature", "top_p", "prompt_cache_key",
     "safety_identifier", "kv_transfer_params", "request_id", "cache_salt",
+    # the Responses API's
+    "input", "instructions", "max_output_tokens", "text", "previous_response_id",
+    "conversation", "background", "truncation", "reasoning", "prompt", "include",
+    "max_tool_calls", "context_management",
 ]  # fmt: skip
 
 
@@ -71,8 +78,12 @@ def test_the_minimal_body_is_valid_and_an_unknown_field_is_not(kind: str) -> Non
     assert validator.is_valid(base)
     parse(base)
     assert not validator.is_valid({**base, "no_such_parameter": 1})
-    assert not validator.is_valid({**base, "stream_options": {"include_usage": True}})
-    assert validator.is_valid({**base, "stream": True, "stream_options": {"include_usage": True}})
+    option = {"include_obfuscation": False} if kind == "responses" else {"include_usage": True}
+    assert not validator.is_valid({**base, "stream_options": option})
+    assert validator.is_valid({**base, "stream": True, "stream_options": option})
+    parse({**base, "stream": True, "stream_options": option})
+    with pytest.raises(ApiError):
+        parse({**base, "stream_options": option})
 
 
 def test_the_document_lists_every_route() -> None:
@@ -81,7 +92,8 @@ def test_the_document_lists_every_route() -> None:
                                        "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                                        "/v1/files", "/v1/files/{file_id}",
                                        "/v1/files/{file_id}/content", "/v1/models",
-                                       "/v1/models/{model}", "/v1/usage"]  # fmt: skip
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+                                       "/v1/models/{model}", "/v1/responses",
+                                       "/v1/responses/{response_id}", "/v1/usage"]  # fmt: skip
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"):
         responses = SCHEMA["paths"][path]["post"]["responses"]
         assert {"200", "400", "401", "404", "413", "429", "503"} <= set(responses)

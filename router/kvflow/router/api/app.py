@@ -26,6 +26,7 @@ from kvflow.router.api.http import (
 )
 from kvflow.router.api.openapi import build_openapi
 from kvflow.router.api.response_cache import purge as purge_answers
+from kvflow.router.api.responses import handle_response, no_stored_response
 from kvflow.router.batch.routes import ENDPOINT_PATHS
 from kvflow.router.batch.service import install_batches
 from kvflow.router.protocol.errors import ApiError
@@ -36,6 +37,7 @@ _ENDPOINTS = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/v1/embeddings",
         "/v1/models",
         "/v1/usage",
@@ -122,6 +124,16 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handle_completion(request, is_chat=False)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await handle_response(request)
+
+    @app.get("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}")
+    async def stored_response(response_id: str, request: Request) -> Response:
+        gateway.authenticate(request.headers)
+        raise no_stored_response(response_id)
 
     batches = install_batches(app, gateway)  # /v1/files, /v1/batches (batch/)
 

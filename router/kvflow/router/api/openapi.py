@@ -21,6 +21,7 @@ from typing import Any
 
 from kvflow.router.api.openapi_batch import batch_paths, batch_schemas
 from kvflow.router.api.openapi_requests import chat_request, completion_request, integer
+from kvflow.router.api.openapi_responses import RESPONSE_OBJECT, response_request, responses_paths
 from kvflow.router.protocol.limits import DEFAULT_LIMITS, RequestLimits
 
 Schema = dict[str, Any]
@@ -327,6 +328,7 @@ def build_openapi(
             },
             "/metrics": _get("Metrics", text),
             **batch_paths(),  # /v1/files, /v1/batches
+            **responses_paths(_errors("400", "401", "403", "404", "413", "429", "502", "503")),
         },
         "components": {
             "schemas": {
@@ -336,6 +338,8 @@ def build_openapi(
                 "ChatCompletionResponse": _completion("chat.completion", _CHAT_CHOICE),
                 "CompletionResponse": _completion("text_completion", _TEXT_CHOICE),
                 **batch_schemas(),
+                "ResponseRequest": response_request(served_models),
+                "Response": RESPONSE_OBJECT,
                 "EmbeddingRequest": _embedding_request(served_models),
                 "EmbeddingResponse": _EMBEDDING_RESPONSE,
             }

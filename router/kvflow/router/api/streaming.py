@@ -28,6 +28,17 @@ class ManagedStreamingResponse(StreamingResponse):
         finally:
             await self._on_close()
 
+    def rewritten(
+        self,
+        rewrite: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]],
+        headers: dict[str, str],
+    ) -> ManagedStreamingResponse:
+        """The same stream in another wire format (api/responses.py): ``rewrite`` of this
+        body, with ``headers``; its end runs this one's cleanup, and this one is not sent."""
+        body = self.body_iterator
+        assert isinstance(body, AsyncIterator)
+        return ManagedStreamingResponse(rewrite(body), self._on_close, headers)
+
 
 async def sse_body(
     first: ChoiceDelta | ChoiceUsage,

@@ -1,0 +1,221 @@
+"""The Responses API (`POST /v1/responses`) through the official `openai` client, against a
+real gateway and the built-in SmolLM2-135M-Instruct worker: answers equal the chat path's
+for the same conversation, streams follow OpenAI's event order and add up to the final
+Response, function calls round-trip, text.format constrains the output, and what kvflow
+cannot do (stored responses, hosted tools, images) is a 400 naming the parameter."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.worker_process import WorkerProcess, launch_worker
+
+from kvflow.router.tenants.config import hash_api_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "smollm2"
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False},
+}  # fmt: skip
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[WorkerProcess]:
+    w = launch_worker(["--served-model-name", MODEL, "--num-kv-blocks", "256"], timeout_s=300)
+    yield w
+    w.stop(timeout_s=10)
+
+
+@pytest.fixture(scope="module")
+def gateway(worker: WorkerProcess) -> Iterator[GatewayProcess]:
+    g = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address])
+    try:
+        g.wait_ready()
+        yield g
+    finally:
+        g.stop()
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url, api_key="x", max_retries=0, timeout=300)
+
+
+def test_a_response_is_the_chat_answer_to_the_same_conversation(client: openai.OpenAI) -> None:
+    response = client.responses.create(
+        model=MODEL, instructions="Answer in a few words.", temperature=0,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}],
+        max_output_tokens=24, metadata={"ticket": "7"},
+    )  # fmt: skip
+    chat = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=24,
+        messages=[{"role": "system", "content": "Answer in a few words."},
+                  {"role": "user", "content": QUESTION}],
+    )  # fmt: skip
+    assert response.output_text == chat.choices[0].message.content
+    assert "Paris" in response.output_text
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "completed" and response.incomplete_details is None
+    assert response.model == MODEL and response.store is False
+    assert response.instructions == "Answer in a few words."
+    assert response.metadata == {"ticket": "7"} and response.max_output_tokens == 24
+    [message] = response.output
+    assert message.type == "message" and message.role == "assistant"
+    assert response.usage is not None and chat.usage is not None
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    assert response.usage.total_tokens == chat.usage.total_tokens
+
+
+def test_a_stream_follows_openais_event_order_and_adds_up(client: openai.OpenAI) -> None:
+    whole = client.responses.create(model=MODEL, input=QUESTION, temperature=0,
+                                    max_output_tokens=40)  # fmt: skip
+    events = list(client.responses.create(model=MODEL, input=QUESTION, temperature=0,
+                                          max_output_tokens=40, stream=True))  # fmt: skip
+    kinds = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert kinds == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", *["response.output_text.delta"] * len(deltas),
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in deltas)
+    done = events[-1]
+    assert done.type == "response.completed"
+    assert text == whole.output_text == done.response.output_text
+    assert done.response.id == events[0].response.id  # type: ignore[union-attr]
+    assert done.response.usage is not None and whole.usage is not None
+    assert done.response.usage.output_tokens == whole.usage.output_tokens
+    # The SDK's own accumulator agrees.
+    with client.responses.stream(model=MODEL, input=QUESTION, temperature=0,
+                                 max_output_tokens=40) as stream:  # fmt: skip
+        final = stream.get_final_response()
+    assert final.output_text == whole.output_text
+
+
+def test_max_output_tokens_ends_a_response_incomplete(client: openai.OpenAI) -> None:
+    response = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=3)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 3
+    last = list(client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=3,
+                                        stream=True))[-1]  # fmt: skip
+    assert last.type == "response.incomplete"
+    assert last.response.incomplete_details is not None
+
+
+def test_a_function_call_round_trips(client: openai.OpenAI) -> None:
+    asked = "What is the weather like in Paris?"
+    first = client.responses.create(model=MODEL, input=asked, tools=[WEATHER], temperature=0,
+                                    tool_choice="required", parallel_tool_calls=False,
+                                    max_output_tokens=60)  # fmt: skip
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and first.status == "completed"
+    call = calls[0]
+    assert call.name == "get_weather" and call.call_id and call.status == "completed"
+    assert set(json.loads(call.arguments)) == {"city"}
+    # Streamed: one function_call item whose argument deltas add up to its arguments.
+    events = list(client.responses.create(model=MODEL, input=asked, tools=[WEATHER],
+                                          temperature=0, tool_choice="required",
+                                          parallel_tool_calls=False, max_output_tokens=60,
+                                          stream=True))  # fmt: skip
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert len(added) == 1 and added[0].item.type == "function_call"
+    streamed = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    [args_done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert streamed == args_done.arguments == call.arguments
+    # The call and its output sent back: an answer in text.
+    answer = client.responses.create(
+        model=MODEL, tools=[WEATHER], temperature=0, max_output_tokens=40,
+        input=[{"role": "user", "content": asked},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id,
+                "output": "sunny, 21 C"}],
+    )  # fmt: skip
+    assert answer.output_text and answer.output[0].type == "message"
+
+
+def test_text_format_json_schema_constrains_the_output(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}  # fmt: skip
+    response = client.responses.create(
+        model=MODEL, input="Name a city in JSON.", temperature=0, max_output_tokens=60,
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}},
+    )  # fmt: skip
+    assert set(json.loads(response.output_text)) == {"city"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "says"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "kvflow keeps none"),
+        ({"background": True}, "background", "is not supported"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "'function' tools"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+         "input[0].content[0].type", "reads text only"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "keeps none"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "expected a value >= 1"),
+        ({"max_output_tokens": 10**9}, "max_output_tokens", "reduce max_output_tokens"),
+        ({"temperature": 5}, "temperature", "<= 2"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type", "'json_schema'"),
+        ({"truncation": "auto"}, "truncation", "'disabled'"),
+        ({"n": 2}, "n", "Unrecognized request argument"),
+    ],
+)  # fmt: skip
+def test_what_kvflow_cannot_do_is_a_400_naming_the_parameter(
+    gateway: GatewayProcess, extra: dict[str, Any], param: str, says: str
+) -> None:
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 4, **extra}
+    answer = httpx.post(f"{gateway.url}/v1/responses", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_stored_responses_do_not_exist(client: openai.OpenAI, gateway: GatewayProcess) -> None:
+    with pytest.raises(openai.NotFoundError, match="keeps no responses"):
+        client.responses.retrieve("resp_123")
+    gone = httpx.delete(f"{gateway.url}/v1/responses/resp_123", timeout=30)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
+
+
+def test_a_tenant_needs_its_key_and_is_charged_for_a_response(
+    worker: WorkerProcess, tmp_path: Path
+) -> None:
+    key = "sk-alice-responses"
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(yaml.safe_dump([{"name": "alice", "api_key_sha256": hash_api_key(key)}]))
+    g = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
+                        "--tenants-file", str(tenants)])  # fmt: skip
+    try:
+        g.wait_ready()
+        anonymous = httpx.post(f"{g.url}/v1/responses", json={"model": MODEL, "input": "hi"})
+        assert anonymous.status_code == 401, anonymous.text
+        alice = openai.OpenAI(base_url=g.base_url, api_key=key, max_retries=0, timeout=300)
+        response = alice.responses.create(model=MODEL, input=QUESTION, max_output_tokens=5)
+        assert response.usage is not None
+        usage = httpx.get(f"{g.url}/v1/usage", headers={"authorization": f"Bearer {key}"}).json()
+        assert usage["tenant"] == "alice" and usage["requests"] == 1
+        assert usage["completion_tokens"] == response.usage.output_tokens
+    finally:
+        g.stop()

@@ -141,6 +141,37 @@ def test_batch_runs_to_completed_with_a_bad_line_in_the_error_file(
     assert file_id in [f.id for f in client.files.list()]
 
 
+def test_a_batch_of_responses_api_lines_answers_each_with_a_response(
+    gateway: GatewayProcess,
+) -> None:
+    client = _client(gateway)
+    lines = [{"custom_id": f"r-{i}", "method": "POST", "url": "/v1/responses",
+              "body": {"model": MODEL, "input": f"r-{i}", "instructions": "Be brief.",
+                       "max_output_tokens": 2}} for i in range(3)]  # fmt: skip
+    lines.append(
+        {
+            "custom_id": "stored",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {"model": MODEL, "input": "x", "previous_response_id": "resp_1"},
+        }
+    )
+    batch = client.batches.create(input_file_id=_upload(client, lines), endpoint="/v1/responses",
+                                  completion_window="24h")  # fmt: skip
+    done = _wait(client, batch.id, {"completed", "failed", "expired"})
+    assert done.status == "completed", done
+    outputs = _lines(client, done.output_file_id)
+    assert sorted(o["custom_id"] for o in outputs) == ["r-0", "r-1", "r-2"]
+    for o in outputs:
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200 and body["object"] == "response"
+        assert body["output"][0]["type"] == "message" and body["instructions"] == "Be brief."
+        assert 1 <= body["usage"]["output_tokens"] <= 2
+    (error,) = _lines(client, done.error_file_id)
+    assert error["custom_id"] == "stored" and error["response"]["status_code"] == 400
+    assert error["response"]["body"]["error"]["param"] == "previous_response_id"
+
+
 def test_batch_lines_are_charged_at_the_discount(gateway: GatewayProcess) -> None:
     client = _client(gateway, KEY_B)
 

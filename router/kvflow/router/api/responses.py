@@ -30,13 +30,17 @@ from kvflow.router.protocol.responses_api import (
     response_object,
     sse,
 )
+from kvflow.router.tenants.config import Tenant
 
 _PASSED_HEADERS = frozenset({"content-length", "content-type"})  # the chat answer's own
 
 
-async def handle_response(request: Request) -> Response:
+async def handle_response(request: Request, *, tenant: Tenant | None = None) -> Response:
+    """``tenant``: the caller already known (a batch's line, batch/runner.py), else from
+    the request's API key."""
     gw: Gateway = request.app.state.gateway
-    tenant = gw.authenticate(request.headers)
+    if tenant is None:
+        tenant = gw.authenticate(request.headers)
     body = await read_json_body(request, gw.settings.config.max_body_bytes)
     chat, echo = chat_request(body)
     try:

@@ -15,7 +15,7 @@ import secrets
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 COMPLETION_WINDOWS = ("24h",)
 FILE_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"

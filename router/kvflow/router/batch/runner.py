@@ -31,6 +31,7 @@ from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.respond import CLIENT_GONE
+from kvflow.router.api.responses import handle_response
 from kvflow.router.batch.config import BatchConfig
 from kvflow.router.batch.jsonl import BatchLine, dump_lines, parse_input, result_line, unrun_line
 from kvflow.router.batch.pacing import WorkerLoad, may_start_line
@@ -251,9 +252,12 @@ class BatchRunner:
             return 400, request_id, ApiError(400, message, param="stream").body()
         request = self._request(record.endpoint, line.body, request_id)
         try:
-            response = await handle_completion(
-                request, is_chat=record.endpoint == "/v1/chat/completions", tenant=tenant
-            )
+            if record.endpoint == "/v1/responses":
+                response = await handle_response(request, tenant=tenant)
+            else:
+                response = await handle_completion(
+                    request, is_chat=record.endpoint == "/v1/chat/completions", tenant=tenant
+                )
         except ApiError as exc:
             if exc.status in (429, 503):
                 self._back_off(exc.retry_after_s)
@@ -346,5 +350,6 @@ class BatchRunner:
 def _prompt_tokens_at_most(line: BatchLine) -> int:
     """The line's prompt in tokens, at most: its text's UTF-8 bytes (a token is at least one
     byte), without tokenizing it here."""
-    prompt = line.body.get("messages", line.body.get("prompt", ""))
+    body = line.body
+    prompt = body.get("messages", body.get("prompt", [body.get("instructions"), body.get("input")]))
     return len(json.dumps(prompt, ensure_ascii=False).encode())

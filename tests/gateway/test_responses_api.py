@@ -109,6 +109,28 @@ def test_a_stream_follows_openais_event_order_and_adds_up(client: openai.OpenAI)
     assert final.output_text == whole.output_text
 
 
+def test_included_logprobs_are_the_chat_paths(client: openai.OpenAI) -> None:
+    response = client.responses.create(model=MODEL, input=QUESTION, temperature=0,
+                                       max_output_tokens=6, top_logprobs=2,
+                                       include=["message.output_text.logprobs"])  # fmt: skip
+    chat = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=6,
+                                          messages=[{"role": "user", "content": QUESTION}],
+                                          logprobs=True, top_logprobs=2)  # fmt: skip
+    [text] = response.output[0].content  # type: ignore[union-attr]
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content
+    expected = [(t.token, t.logprob, [a.token for a in t.top_logprobs])
+                for t in chat.choices[0].logprobs.content]  # fmt: skip
+    got = [(t.token, t.logprob, [a.token for a in t.top_logprobs])
+           for t in text.logprobs or []]  # type: ignore[union-attr]  # fmt: skip
+    assert got == expected and len(got) == 6
+    events = list(client.responses.create(model=MODEL, input=QUESTION, temperature=0,
+                                          max_output_tokens=6, top_logprobs=2, stream=True,
+                                          include=["message.output_text.logprobs"]))  # fmt: skip
+    streamed = [lp.token for e in events if e.type == "response.output_text.delta"
+                for lp in e.logprobs]  # fmt: skip
+    assert streamed == [token for token, _, _ in expected]
+
+
 def test_max_output_tokens_ends_a_response_incomplete(client: openai.OpenAI) -> None:
     response = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=3)
     assert response.status == "incomplete"

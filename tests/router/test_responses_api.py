@@ -86,7 +86,8 @@ def test_a_string_input_is_one_user_message_and_text_format_text_asks_nothing() 
         ({"input": "x", "background": True}, "background"),
         ({"input": "x", "truncation": "auto"}, "truncation"),
         ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
-        ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
+        ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include[0]"),
+        ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
         ({"input": "x", "tools": [{"type": "file_search"}]}, "tools[0].type"),
         ({"input": "x", "tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity"),
@@ -254,3 +255,27 @@ def test_an_event_is_framed_with_its_type_as_the_sse_event_name() -> None:
     assert frame == ('event: response.output_text.delta\n'
                      'data: {"type":"response.output_text.delta","sequence_number":3,'
                      '"delta":"é"}\n\n').encode()  # fmt: skip
+
+
+def test_included_logprobs_ask_the_chat_path_and_come_back_on_the_output_text() -> None:
+    include = ["message.output_text.logprobs"]
+    chat, _ = chat_request({"model": "m", "input": "x", "include": include, "top_logprobs": 2})
+    assert chat["logprobs"] is True and chat["top_logprobs"] == 2
+    plain, _ = chat_request({"model": "m", "input": "x", "top_logprobs": 2})
+    assert "logprobs" not in plain  # top_logprobs alone includes nothing, as OpenAI's
+    entry = {"token": "Hi", "logprob": -0.1, "bytes": [72, 105],
+             "top_logprobs": [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]}]}  # fmt: skip
+    choice = {"index": 0, "finish_reason": "stop", "logprobs": {"content": [entry]},
+              "message": {"role": "assistant", "content": "Hi"}}  # fmt: skip
+    chat_answer = {**CHAT, "choices": [choice]}
+    text = response_object(chat_answer, ResponseEcho())["output"][0]["content"][0]
+    assert text["logprobs"] == [entry]
+    events = ResponseEvents(ResponseEcho())
+    streamed = events.chunk({**CHAT, "choices": [{"index": 0, "delta": {"content": "Hi"},
+                                                  "logprobs": {"content": [entry]},
+                                                  "finish_reason": None}]})  # fmt: skip
+    streamed += events.end()
+    delta = next(e for e in streamed if e["type"] == "response.output_text.delta")
+    done = next(e for e in streamed if e["type"] == "response.output_text.done")
+    assert delta["logprobs"] == done["logprobs"] == [entry]
+    assert streamed[-1]["response"]["output"][0]["content"][0]["logprobs"] == [entry]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvflow.router.api.openapi_requests import integer, opt
+from kvflow.router.protocol.responses_api import LOGPROBS_INCLUDE, MAX_TOP_LOGPROBS
 from kvflow.router.tools.spec import MAX_TOOLS
 
 Schema = dict[str, Any]
@@ -102,6 +103,8 @@ def response_request(served_models: list[str]) -> Schema:
             }
         ),
         "metadata": opt({"type": "object"}),
+        "include": opt({"type": "array", "items": {"const": LOGPROBS_INCLUDE}}),
+        "top_logprobs": opt(integer(0, MAX_TOP_LOGPROBS)),
         "store": _BOOL,  # accepted; nothing is stored (the Response says store: false)
         "background": _only(False),
         "truncation": _only("disabled"),
@@ -118,8 +121,6 @@ def response_request(served_models: list[str]) -> Schema:
                 "previous_response_id",
                 "conversation",
                 "prompt",
-                "include",
-                "top_logprobs",
                 "max_tool_calls",
                 "context_management",
             )

@@ -27,6 +27,8 @@ from kvflow.router.protocol.fields import Fields, as_mapping, invalid_type
 # Passed to the chat request as they are (it checks them).
 _PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "user",
            "safety_identifier", "prompt_cache_key", "service_tier", "priority_class")  # fmt: skip
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound, the chat path's too
 _NO_STATE = "needs a stored response, and kvflow keeps none: send the whole conversation in 'input'"
 _TEXT_PARTS = ("input_text", "output_text")
 _ROLES = ("user", "system", "developer", "assistant")
@@ -97,7 +99,12 @@ def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
                          "context is a 400, never cut", allowed=("disabled",))  # fmt: skip
     fields.reject_if_set("reasoning", "is not supported by this model",
                          allowed=({"effort": None}, {"effort": None, "summary": None}))  # fmt: skip
-    for name in ("prompt", "include", "top_logprobs", "max_tool_calls", "context_management"):
+    top_logprobs = fields.integer("top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    if _includes_logprobs(fields.raw("include")):
+        chat["logprobs"] = True
+        if top_logprobs:
+            chat["top_logprobs"] = top_logprobs
+    for name in ("prompt", "max_tool_calls", "context_management"):
         fields.reject_if_set(name, "is not supported by kvflow's Responses API")
     fields.reject_unknown()
     echo = ResponseEcho(
@@ -217,6 +224,20 @@ def _text(item: Mapping[str, Any], name: str, where: str) -> str:
     return value
 
 
+def _includes_logprobs(value: object) -> bool:
+    """``include``: only ``message.output_text.logprobs`` (each output_text's tokens with
+    their log probabilities, and ``top_logprobs`` alternatives) is something kvflow has."""
+    if value is None:
+        return False
+    if not isinstance(value, list):
+        raise invalid_type("include", "an array", value)
+    for i, name in enumerate(value):
+        if name != LOGPROBS_INCLUDE:
+            raise unsupported_parameter(f"include[{i}]", f"{name!r} is not supported: kvflow "
+                                        f"can include only '{LOGPROBS_INCLUDE}'")  # fmt: skip
+    return bool(value)
+
+
 def _stream_options(value: object, stream: bool) -> None:
     """Only ``include_obfuscation``, and only with ``stream: true``. kvflow sends no
     obfuscation padding either way: its events carry no field for it."""
@@ -298,8 +319,9 @@ def response_object(chat: Mapping[str, Any], echo: ResponseEcho) -> dict[str, An
     message = choice.get("message") or {}
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
-        events.output.append(_message_item(events.message_id, message.get("content") or "",
-                                           "completed"))  # fmt: skip
+        item = _message_item(events.message_id, message.get("content") or "", "completed")
+        item["content"][0]["logprobs"] = _logprobs(choice.get("logprobs"))
+        events.output.append(item)
     for i, call in enumerate(calls):
         events.output.append(_call_item(f"fc_{events.key}_{i}", call, "completed"))
     return events.response(_status(choice.get("finish_reason")), chat.get("usage"))
@@ -324,6 +346,12 @@ def _call_item(item_id: str, call: Mapping[str, Any], status: str) -> dict[str, 
     return {"type": "function_call", "id": item_id, "call_id": call.get("id", ""),
             "name": function.get("name", ""), "arguments": function.get("arguments", ""),
             "status": status}  # fmt: skip
+
+
+def _logprobs(chat_logprobs: Mapping[str, Any] | None) -> list[Any]:
+    """The chat's ``logprobs.content`` (token, logprob, bytes, top_logprobs): the same
+    entries output_text carries."""
+    return list((chat_logprobs or {}).get("content") or [])
 
 
 def _usage(chat_usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -353,6 +381,7 @@ class ResponseEvents:
         self._seq = 0
         self._text_at: int | None = None  # the open message item's place in ``output``
         self._text: list[str] = []
+        self._text_logprobs: list[Any] = []
         self._calls: dict[int, int] = {}  # chat tool call index -> its place in ``output``
         self._call_at: int | None = None  # the open function call item's place
         self._finish: object = None
@@ -414,7 +443,7 @@ class ResponseEvents:
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                out += self._text_delta(delta["content"])
+                out += self._text_delta(delta["content"], _logprobs(choice.get("logprobs")))
             for call in delta.get("tool_calls") or ():
                 out += self._call_delta(call)
             if choice.get("finish_reason") is not None:
@@ -452,19 +481,21 @@ class ResponseEvents:
         item["content"] = []
         self._text_at = at = len(self.output)
         self._text = []
+        self._text_logprobs = []
         self.output.append(item)
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return [self._event("response.output_item.added", output_index=at, item=dict(item)),
                 self._event("response.content_part.added", item_id=item["id"],
                             output_index=at, content_index=0, part=part)]  # fmt: skip
 
-    def _text_delta(self, text: str) -> list[dict[str, Any]]:
+    def _text_delta(self, text: str, logprobs: list[Any]) -> list[dict[str, Any]]:
         out = self._open_text() if self._text_at is None else []
         assert self._text_at is not None
         self._text.append(text)
+        self._text_logprobs += logprobs
         return out + [self._event("response.output_text.delta", item_id=self.message_id,
                                   output_index=self._text_at, content_index=0, delta=text,
-                                  logprobs=[])]  # fmt: skip
+                                  logprobs=logprobs)]  # fmt: skip
 
     def _close_text(self) -> list[dict[str, Any]]:
         at = self._text_at
@@ -473,8 +504,9 @@ class ResponseEvents:
         self._text_at = None
         text = "".join(self._text)
         done = self.output[at] = _message_item(self.message_id, text, "completed")
+        done["content"][0]["logprobs"] = logprobs = self._text_logprobs
         return [self._event("response.output_text.done", item_id=done["id"], output_index=at,
-                            content_index=0, text=text, logprobs=[]),
+                            content_index=0, text=text, logprobs=logprobs),
                 self._event("response.content_part.done", item_id=done["id"], output_index=at,
                             content_index=0, part=done["content"][0]),
                 self._event("response.output_item.done", output_index=at, item=done)]  # fmt: skip

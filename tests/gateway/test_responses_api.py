@@ -1,8 +1,9 @@
-"""The Responses API (`POST /v1/responses`) through the official `openai` client, against a
-real gateway and the built-in SmolLM2-135M-Instruct worker: answers equal the chat path's
-for the same conversation, streams follow OpenAI's event order and add up to the final
-Response, function calls round-trip, text.format constrains the output, and what kvflow
-cannot do (stored responses, hosted tools, images) is a 400 naming the parameter."""
+"""The Responses API (`/v1/responses`) through the official `openai` client, against a real
+gateway and the built-in SmolLM2-135M-Instruct worker: answers equal the chat path's for
+the same conversation, streams follow OpenAI's event order and add up to the final
+Response, function calls round-trip, text.format constrains the output, stored responses
+continue with previous_response_id (across router replicas through a real Redis), and what
+kvflow cannot do (hosted tools, images) is a 400 naming the parameter."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import openai
 import pytest
 import yaml
 from testkit.gateway_process import GatewayProcess, launch_gateway
+from testkit.redis_server import running_redis
 from testkit.worker_process import WorkerProcess, launch_worker
 
 from kvflow.router.tenants.config import hash_api_key
@@ -70,7 +72,7 @@ def test_a_response_is_the_chat_answer_to_the_same_conversation(client: openai.O
     assert "Paris" in response.output_text
     assert response.id.startswith("resp_") and response.object == "response"
     assert response.status == "completed" and response.incomplete_details is None
-    assert response.model == MODEL and response.store is False
+    assert response.model == MODEL and response.store is True
     assert response.instructions == "Answer in a few words."
     assert response.metadata == {"ticket": "7"} and response.max_output_tokens == 24
     [message] = response.output
@@ -190,12 +192,12 @@ def test_text_format_json_schema_constrains_the_output(client: openai.OpenAI) ->
 @pytest.mark.parametrize(
     ("extra", "param", "says"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id", "kvflow keeps none"),
         ({"background": True}, "background", "is not supported"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "'function' tools"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0].type", "reads text only"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "keeps none"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type",
+         "previous_response_id"),
         ({"max_output_tokens": 0}, "max_output_tokens", "expected a value >= 1"),
         ({"max_output_tokens": 10**9}, "max_output_tokens", "reduce max_output_tokens"),
         ({"temperature": 5}, "temperature", "<= 2"),
@@ -214,19 +216,92 @@ def test_what_kvflow_cannot_do_is_a_400_naming_the_parameter(
     assert error["param"] == param and says in error["message"], error
 
 
-def test_stored_responses_do_not_exist(client: openai.OpenAI, gateway: GatewayProcess) -> None:
-    with pytest.raises(openai.NotFoundError, match="keeps no responses"):
-        client.responses.retrieve("resp_123")
-    gone = httpx.delete(f"{gateway.url}/v1/responses/resp_123", timeout=30)
-    assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
+def test_a_stored_response_is_continued_retrieved_and_deleted(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="My name is Ada.", temperature=0,
+                                    max_output_tokens=16)  # fmt: skip
+    second = client.responses.create(model=MODEL, input="What is my name?", temperature=0,
+                                     max_output_tokens=16,
+                                     previous_response_id=first.id)  # fmt: skip
+    chat = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=16,
+        messages=[{"role": "user", "content": "My name is Ada."},
+                  {"role": "assistant", "content": first.output_text},
+                  {"role": "user", "content": "What is my name?"}],
+    )  # fmt: skip
+    assert second.output_text == chat.choices[0].message.content
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and chat.usage is not None
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+    # A streamed response is stored before its last event reaches the client.
+    events = list(client.responses.create(model=MODEL, input="And again?", stream=True,
+                                          previous_response_id=second.id,
+                                          max_output_tokens=8))  # fmt: skip
+    streamed = events[-1].response  # type: ignore[union-attr]
+    assert client.responses.retrieve(streamed.id).output_text == streamed.output_text
+    # store: false keeps nothing.
+    unkept = client.responses.create(model=MODEL, input="hi", max_output_tokens=4, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError, match="is stored for this API key"):
+        client.responses.retrieve(unkept.id)
+    with pytest.raises(openai.NotFoundError, match="Previous response with id") as caught:
+        client.responses.create(model=MODEL, input="x", previous_response_id=unkept.id)
+    assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(first.id)
+    assert client.responses.retrieve(second.id).id == second.id  # the others stay
 
 
-def test_a_tenant_needs_its_key_and_is_charged_for_a_response(
+def test_router_replicas_share_stored_responses_through_redis_and_survive_its_loss(
+    worker: WorkerProcess,
+) -> None:
+    with running_redis() as redis:
+        flags = ["--served-model-name", MODEL, "--workers", worker.address,
+                 "--redis-url", redis.url]  # fmt: skip
+        one, two = launch_gateway(flags), launch_gateway(flags)
+        try:
+            one.wait_ready()
+            two.wait_ready()
+            at_one = openai.OpenAI(base_url=one.base_url, api_key="x", max_retries=0, timeout=300)
+            at_two = openai.OpenAI(base_url=two.base_url, api_key="x", max_retries=0, timeout=300)
+            first = at_one.responses.create(model=MODEL, input="My name is Ada.", temperature=0,
+                                            max_output_tokens=8)  # fmt: skip
+            assert at_two.responses.retrieve(first.id).output_text == first.output_text
+            second = at_two.responses.create(model=MODEL, input="My name?", temperature=0,
+                                             max_output_tokens=8,
+                                             previous_response_id=first.id)  # fmt: skip
+            assert second.usage is not None and first.usage is not None
+            assert second.usage.input_tokens > first.usage.input_tokens  # the history came
+            at_two.responses.delete(first.id)
+            with pytest.raises(openai.NotFoundError):
+                at_one.responses.retrieve(first.id)
+            # Redis down: answers still come, said to be unkept; a continuation is a 503.
+            redis.stop()
+            unkept = at_one.responses.create(model=MODEL, input="hi", max_output_tokens=4)
+            assert unkept.output_text is not None and unkept.store is False
+            with pytest.raises(openai.APIStatusError) as caught:
+                at_one.responses.create(model=MODEL, input="x", previous_response_id=second.id)
+            assert caught.value.status_code == 503
+            assert caught.value.response.headers["retry-after"] == "1"
+            redis.start()
+            kept = at_two.responses.create(model=MODEL, input="hi", max_output_tokens=4)
+            assert kept.store is True and at_one.responses.retrieve(kept.id).id == kept.id
+        finally:
+            one.stop()
+            two.stop()
+
+
+def test_a_tenant_needs_its_key_is_charged_and_sees_only_its_own_responses(
     worker: WorkerProcess, tmp_path: Path
 ) -> None:
-    key = "sk-alice-responses"
+    key, other = "sk-alice-responses", "sk-bob-responses"
     tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(yaml.safe_dump([{"name": "alice", "api_key_sha256": hash_api_key(key)}]))
+    people = [{"name": "alice", "api_key_sha256": hash_api_key(key)},
+              {"name": "bob", "api_key_sha256": hash_api_key(other)}]  # fmt: skip
+    tenants.write_text(yaml.safe_dump(people))
     g = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
                         "--tenants-file", str(tenants)])  # fmt: skip
     try:
@@ -239,5 +314,13 @@ def test_a_tenant_needs_its_key_and_is_charged_for_a_response(
         usage = httpx.get(f"{g.url}/v1/usage", headers={"authorization": f"Bearer {key}"}).json()
         assert usage["tenant"] == "alice" and usage["requests"] == 1
         assert usage["completion_tokens"] == response.usage.output_tokens
+        bob = openai.OpenAI(base_url=g.base_url, api_key=other, max_retries=0, timeout=300)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(response.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.create(model=MODEL, input="x", previous_response_id=response.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.delete(response.id)
+        assert alice.responses.retrieve(response.id).id == response.id
     finally:
         g.stop()

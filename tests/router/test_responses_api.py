@@ -12,6 +12,8 @@ from kvflow.router.protocol.responses_api import (
     ResponseEcho,
     ResponseEvents,
     chat_request,
+    continued,
+    conversation,
     renamed,
     response_object,
     sse,
@@ -37,7 +39,7 @@ def test_input_items_become_chat_messages_and_parallel_calls_one_assistant_turn(
         ],
         "tools": [TOOL], "tool_choice": {"type": "function", "name": "f"},
         "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}},
-        "metadata": {"k": "v"}, "store": True, "prompt_cache_key": "u1",
+        "metadata": {"k": "v"}, "store": False, "prompt_cache_key": "u1",
     })  # fmt: skip
     assert chat["messages"] == [
         {"role": "system", "content": "Be brief."},
@@ -69,6 +71,7 @@ def test_input_items_become_chat_messages_and_parallel_calls_one_assistant_turn(
     }
     assert chat["prompt_cache_key"] == "u1" and "store" not in chat and "metadata" not in chat
     assert echo.instructions == "Be brief." and echo.metadata == {"k": "v"}
+    assert echo.store is False and echo.input_messages == chat["messages"][1:]
     assert echo.tools == [TOOL] and echo.max_output_tokens == 9  # fmt: skip
 
 
@@ -81,7 +84,7 @@ def test_a_string_input_is_one_user_message_and_text_format_text_asks_nothing() 
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "x", "previous_response_id": "r"}, "previous_response_id"),
+        ({"input": "x", "previous_response_id": ""}, "previous_response_id"),
         ({"input": "x", "conversation": "c"}, "conversation"),
         ({"input": "x", "background": True}, "background"),
         ({"input": "x", "truncation": "auto"}, "truncation"),
@@ -155,7 +158,7 @@ def test_a_whole_chat_completion_becomes_a_response() -> None:
     }
     response = response_object(chat, ResponseEcho(metadata={"k": "v"}))
     assert response["id"] == "resp_abc" and response["created_at"] == 7
-    assert response["status"] == "completed" and response["store"] is False
+    assert response["status"] == "completed" and response["store"] is True
     assert response["output"] == [
         {"type": "message", "id": "msg_abc", "status": "completed", "role": "assistant",
          "content": [{"type": "output_text", "text": "Let me look.", "annotations": [],
@@ -279,3 +282,53 @@ def test_included_logprobs_ask_the_chat_path_and_come_back_on_the_output_text() 
     done = next(e for e in streamed if e["type"] == "response.output_text.done")
     assert delta["logprobs"] == done["logprobs"] == [entry]
     assert streamed[-1]["response"]["output"][0]["content"][0]["logprobs"] == [entry]
+
+
+def test_a_continued_response_sees_the_stored_conversation_without_its_instructions() -> None:
+    first_chat, first = chat_request(
+        {"model": "m", "instructions": "Old.", "input": "Hi, I'm Ada."}
+    )
+    hello = {"role": "assistant", "content": "Hello Ada."}
+    answered = {**CHAT, "choices": [{"index": 0, "finish_reason": "stop", "message": hello}]}
+    kept = conversation(first, [], response_object(answered, first))
+    assert kept == [{"role": "user", "content": "Hi, I'm Ada."},
+                    {"role": "assistant", "content": "Hello Ada."}]  # fmt: skip
+    chat, second = chat_request({"model": "m", "instructions": "New.", "input": "My name?",
+                                 "previous_response_id": "resp_abc"})  # fmt: skip
+    assert second.previous_response_id == "resp_abc"
+    assert continued(chat, second, kept)["messages"] == [
+        {"role": "system", "content": "New."},
+        *kept,
+        {"role": "user", "content": "My name?"},
+    ]
+    assert first_chat["messages"][0] == {"role": "system", "content": "Old."}
+    # A response that called tools leaves its calls as the assistant's turn.
+    called = {
+        **CHAT,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+            }
+        ],
+    }
+    after = conversation(second, kept, response_object(called, second))
+    assert after[-1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    assert after[:-1] == [*kept, {"role": "user", "content": "My name?"}]

@@ -26,7 +26,8 @@ from kvflow.router.api.http import (
 )
 from kvflow.router.api.openapi import build_openapi
 from kvflow.router.api.response_cache import purge as purge_answers
-from kvflow.router.api.responses import handle_response, no_stored_response
+from kvflow.router.api.response_store import ResponseStore
+from kvflow.router.api.responses import handle_response, stored_response
 from kvflow.router.batch.routes import ENDPOINT_PATHS
 from kvflow.router.batch.service import install_batches
 from kvflow.router.protocol.errors import ApiError
@@ -83,6 +84,8 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     )  # fmt: skip
     vocab_size = max(b.text.tokenizer.vocab_size for b in gateway.backends)
     app.state.gateway = gateway
+    # Stored Responses (api/response_store.py): shared through Redis when the gateway has it.
+    app.state.responses = ResponseStore(gateway.redis, gateway.settings.quota_scope)
     app.state.drain = drain
     if gateway.settings.sse_keepalive_interval_s > 0:  # innermost: sees the stream's bytes
         app.add_middleware(SseKeepAliveMiddleware,
@@ -130,10 +133,12 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
         return await handle_response(request)
 
     @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+        return await stored_response(request, response_id, delete=False)
+
     @app.delete("/v1/responses/{response_id}")
-    async def stored_response(response_id: str, request: Request) -> Response:
-        gateway.authenticate(request.headers)
-        raise no_stored_response(response_id)
+    async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+        return await stored_response(request, response_id, delete=True)
 
     batches = install_batches(app, gateway)  # /v1/files, /v1/batches (batch/)
 

@@ -1,6 +1,6 @@
 """The Responses API's part of the OpenAPI document (api/openapi.py): its request, exactly
 the parameters protocol/responses_api.py reads (tests/fuzz/test_openapi_schema.py checks
-it), the Response it answers, and the stored-response routes that answer 404."""
+it), the Response it answers, and the routes of stored Responses."""
 
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def response_request(served_models: list[str]) -> Schema:
         "metadata": opt({"type": "object"}),
         "include": opt({"type": "array", "items": {"const": LOGPROBS_INCLUDE}}),
         "top_logprobs": opt(integer(0, MAX_TOP_LOGPROBS)),
-        "store": _BOOL,  # accepted; nothing is stored (the Response says store: false)
+        "store": _BOOL,  # default true: kept for previous_response_id and GET
+        "previous_response_id": opt({"type": "string", "minLength": 1}),
         "background": _only(False),
         "truncation": _only("disabled"),
         "reasoning": opt(
@@ -118,7 +119,6 @@ def response_request(served_models: list[str]) -> Schema:
         **{
             name: _only()
             for name in (
-                "previous_response_id",
                 "conversation",
                 "prompt",
                 "max_tool_calls",
@@ -189,7 +189,8 @@ RESPONSE_OBJECT: Schema = _object(
             total_tokens=integer(0),
         )
     ),
-    store={"const": False},
+    store={"type": "boolean"},
+    previous_response_id=opt({"type": "string"}),
 )
 
 
@@ -201,12 +202,17 @@ _SSE_EVENT: Schema = {
 }
 
 
+def _json_of(schema: Schema, description: str) -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
 def responses_paths(errors: Schema) -> Schema:
     """The routes, with the document's error responses."""
     response_id = {"name": "response_id", "in": "path", "required": True,
                    "schema": {"type": "string"}}  # fmt: skip
-    not_kept = {"parameters": [response_id],
-                "responses": {"404": errors["404"]}}  # fmt: skip
+    deleted = _object(("id", "object", "deleted"), id={"type": "string"},
+                      object={"const": "response"}, deleted={"const": True})  # fmt: skip
+    stored = {"parameters": [response_id]}
     return {
         "/v1/responses": {"post": {
             "operationId": "CreateResponse",
@@ -221,7 +227,11 @@ def responses_paths(errors: Schema) -> Schema:
             },
         }},
         "/v1/responses/{response_id}": {
-            "get": {"operationId": "GetResponse", **not_kept},
-            "delete": {"operationId": "DeleteResponse", **not_kept},
+            "get": {"operationId": "GetResponse", **stored, "responses": {
+                "200": _json_of({"$ref": _REF + "Response"}, "The stored Response"),
+                "401": errors["401"], "404": errors["404"]}},
+            "delete": {"operationId": "DeleteResponse", **stored, "responses": {
+                "200": _json_of(deleted, "Deleted"),
+                "401": errors["401"], "404": errors["404"]}},
         },
     }  # fmt: skip

@@ -1,17 +1,20 @@
-"""``POST /v1/responses``: the Responses API, answered on the chat path.
+"""``/v1/responses``: the Responses API, answered on the chat path.
 
-authenticate (401) -> the body as a chat request (protocol/responses_api.py: 400s name the
-Responses parameter) -> ``handle_completion`` as for ``/v1/chat/completions``, with this
-request's headers (session, priority class, route debug) and its disconnect -> the chat
-answer as a Response, or its SSE chunks as the Response's events. ``GET`` and ``DELETE
-/v1/responses/{id}`` say that kvflow keeps no responses (404).
+POST: authenticate (401) -> the body as a chat request (protocol/responses_api.py: 400s
+name the Responses parameter), after the stored conversation of ``previous_response_id``
+(404 if this tenant has no such response) -> ``handle_completion`` as for
+``/v1/chat/completions``, with this request's headers (session, priority class, route
+debug) and its disconnect -> the chat answer as a Response, or its SSE chunks as the
+Response's events -> stored with its conversation (``store``, the default; a failed one
+is not). GET and DELETE ``/v1/responses/{id}``: the tenant's stored Response.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -20,18 +23,23 @@ from starlette.types import Message
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body
+from kvflow.router.api.response_store import ResponseStore, ResponseStoreError, StoredResponse
 from kvflow.router.api.streaming import ManagedStreamingResponse
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.protocol.responses_api import (
     ResponseEcho,
     ResponseEvents,
     chat_request,
+    continued,
+    conversation,
     renamed,
     response_object,
     sse,
 )
 from kvflow.router.tenants.config import Tenant
 
+log = logging.getLogger("kvflow.router.api")
+T = TypeVar("T")
 _PASSED_HEADERS = frozenset({"content-length", "content-type"})  # the chat answer's own
 
 
@@ -43,23 +51,79 @@ async def handle_response(request: Request, *, tenant: Tenant | None = None) -> 
         tenant = gw.authenticate(request.headers)
     body = await read_json_body(request, gw.settings.config.max_body_bytes)
     chat, echo = chat_request(body)
+    store: ResponseStore = request.app.state.responses
+    history: list[Any] = []
+    if echo.previous_response_id is not None:
+        previous = await _read(store.get(tenant.name, echo.previous_response_id))
+        if previous is None:
+            raise ApiError(404, f"Previous response with id '{echo.previous_response_id}' not "
+                           "found.", param="previous_response_id",
+                           code="previous_response_not_found")  # fmt: skip
+        history = previous.conversation
+        chat = continued(chat, echo, history)
     try:
         answer = await handle_completion(_as_chat(request, chat), is_chat=True, tenant=tenant)
     except ApiError as exc:
         raise renamed(exc) from None
+    keep = _keeper(store, tenant.name, echo, history)
     headers = {k: v for k, v in answer.headers.items() if k not in _PASSED_HEADERS}
     if isinstance(answer, ManagedStreamingResponse):
-        return answer.rewritten(lambda chunks: _events(chunks, echo), headers)
+        return answer.rewritten(lambda chunks: _events(chunks, echo, keep), headers)
     if answer.status_code != 200:  # the client left (499): nobody reads it
         return answer
-    return JSONResponse(response_object(json.loads(bytes(answer.body)), echo), headers=headers)
+    response = response_object(json.loads(bytes(answer.body)), echo)
+    await keep(response)
+    return JSONResponse(response, headers=headers)
+
+
+async def stored_response(request: Request, response_id: str, *, delete: bool) -> dict[str, Any]:
+    """GET or DELETE ``/v1/responses/{response_id}`` for the caller's tenant."""
+    gw: Gateway = request.app.state.gateway
+    tenant = gw.authenticate(request.headers)
+    store: ResponseStore = request.app.state.responses
+    if delete:
+        if not await _read(store.delete(tenant.name, response_id)):
+            raise no_stored_response(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+    found = await _read(store.get(tenant.name, response_id))
+    if found is None:
+        raise no_stored_response(response_id)
+    return found.response
+
+
+Keeper = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _keeper(store: ResponseStore, tenant: str, echo: ResponseEcho, history: list[Any]) -> Keeper:
+    """Stores a finished response with its conversation, when the request asked for it."""
+
+    async def keep(response: dict[str, Any]) -> None:
+        if echo.store and response["status"] in ("completed", "incomplete"):
+            kept = StoredResponse(response, conversation(echo, history, response))
+            try:
+                await store.put(tenant, kept)
+            except ResponseStoreError as exc:  # the answer still goes out, said to be unkept
+                log.warning("response %s not stored: %s", response["id"], exc)
+                response["store"] = False
+
+    return keep
+
+
+async def _read(call: Awaitable[T]) -> T:
+    """A store read the request needs: 503 while the store fails."""
+    try:
+        return await call
+    except ResponseStoreError as exc:
+        raise ApiError(503, f"Stored responses are unavailable for now ({exc}); retry, or "
+                       "send the whole conversation in 'input'.", type="server_error",
+                       code="response_store_unavailable", retry_after_s=1.0) from exc  # fmt: skip
 
 
 def no_stored_response(response_id: str) -> ApiError:
     return ApiError(
         404,
-        f"No response '{response_id}': kvflow keeps no responses; each request carries its "
-        "whole conversation in 'input'.",
+        f"No response with id '{response_id}' is stored for this API key (responses sent "
+        "with store: false are not kept; stored ones expire after 30 days).",
         param="response_id",
         code="response_not_found",
     )
@@ -84,8 +148,11 @@ def _as_chat(request: Request, chat: dict[str, Any]) -> Request:
     return Request(scope, receive)
 
 
-async def _events(chunks: AsyncIterator[bytes], echo: ResponseEcho) -> AsyncIterator[bytes]:
-    """The chat stream's ``data:`` events as the Response's events."""
+async def _events(
+    chunks: AsyncIterator[bytes], echo: ResponseEcho, keep: Keeper
+) -> AsyncIterator[bytes]:
+    """The chat stream's ``data:`` events as the Response's events; the last one's
+    Response is stored."""
     events = ResponseEvents(echo)
     pending = b""
     async for chunk in chunks:
@@ -101,4 +168,6 @@ async def _events(chunks: AsyncIterator[bytes], echo: ResponseEcho) -> AsyncIter
                 if "error" in parsed:
                     return
     for event in events.end():
+        if event["type"] in ("response.completed", "response.incomplete"):
+            await keep(event["response"])  # before the client reads it: a follow-up finds it
         yield sse(event)

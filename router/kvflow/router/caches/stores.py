@@ -68,6 +68,13 @@ class MemoryAnswerStore:
         if num_evicted:
             self._on_evict(num_evicted)
 
+    async def delete(self, key: str) -> bool:
+        """Exactly ``key`` (api/response_store.py): whether it was there."""
+        if key not in self._entries:
+            return False
+        self._drop(key)
+        return True
+
     async def purge(self, prefix: str) -> int:
         doomed = [key for key in self._entries if key.startswith(prefix)]
         for key in doomed:

@@ -8,10 +8,12 @@ other, the gateway answers it on the chat path (quotas, routing, caches, tool ca
 structured output as for any chat request), and ``response_object`` and ``ResponseEvents``
 turn the chat answer, whole or streamed, into a Response and its events.
 
-kvflow keeps no responses: a request carries its whole conversation in ``input``. What
-needs stored state (``previous_response_id``, ``conversation``, ``background``, item
-references, ``GET /v1/responses/{id}``) is refused with a 400 that says so, and every
-response reports ``store: false``. Only function tools run (the chat path's tools).
+A stored response (``store``, the default) keeps its conversation, so that a request with
+``previous_response_id`` continues it: ``continued`` puts that history before the
+request's input, and ``conversation`` is what the new response leaves for the next one
+(api/response_store.py keeps them). What kvflow lacks (``conversation`` objects,
+``background``, hosted tools, images) is refused with a 400 that says so. Only function
+tools run (the chat path's tools).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ _PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "us
            "safety_identifier", "prompt_cache_key", "service_tier", "priority_class")  # fmt: skip
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound, the chat path's too
-_NO_STATE = "needs a stored response, and kvflow keeps none: send the whole conversation in 'input'"
 _TEXT_PARTS = ("input_text", "output_text")
 _ROLES = ("user", "system", "developer", "assistant")
 # A chat parameter's name in the chat path's errors, as the Responses API calls it.
@@ -56,6 +57,10 @@ class ResponseEcho:
     user: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True  # kept for previous_response_id and GET /v1/responses/{id}
+    # The chat messages of this request's own input (instructions apart).
+    input_messages: list[dict[str, Any]] = field(default_factory=list)
 
 
 def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
@@ -66,9 +71,8 @@ def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
     chat: dict[str, Any] = {k: v for k, v in passed.items() if v is not None}
     fields.string("model", required=True)
     instructions = fields.string("instructions")
-    messages = [{"role": "system", "content": instructions}] if instructions else []
-    messages += _messages(fields.required("input"))
-    chat["messages"] = messages
+    input_messages = _messages(fields.required("input"))
+    chat["messages"] = _instructed(instructions, input_messages)
     max_output_tokens = fields.integer("max_output_tokens", low=1)
     if max_output_tokens is not None:
         chat["max_tokens"] = max_output_tokens
@@ -89,10 +93,13 @@ def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
     metadata = fields.raw("metadata")
     if metadata is not None:
         as_mapping(metadata, "metadata")
-    if fields.raw("store") not in (None, True, False):
-        raise invalid_type("store", "a boolean", fields.raw("store"))
-    for name in ("previous_response_id", "conversation"):
-        fields.reject_if_set(name, _NO_STATE)
+    store = fields.boolean("store", True)
+    previous_response_id = fields.string("previous_response_id")
+    if previous_response_id == "":
+        raise invalid_request("Invalid 'previous_response_id': empty string.",
+                              param="previous_response_id")  # fmt: skip
+    fields.reject_if_set("conversation", "is not supported: chain responses with "
+                         "'previous_response_id', or send the conversation in 'input'")  # fmt: skip
     fields.reject_if_set("background", "is not supported: kvflow answers while you wait "
                          "(stream for the tokens as they come)", allowed=(False,))  # fmt: skip
     fields.reject_if_set("truncation", "supports only 'disabled': a prompt over the model's "
@@ -120,8 +127,38 @@ def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
         user=chat.get("user"),
         prompt_cache_key=chat.get("prompt_cache_key"),
         safety_identifier=chat.get("safety_identifier"),
+        previous_response_id=previous_response_id,
+        store=store,
+        input_messages=input_messages,
     )
     return chat, echo
+
+
+def continued(chat: dict[str, Any], echo: ResponseEcho, history: list[Any]) -> dict[str, Any]:
+    """``chat`` after ``history``, the conversation of the response it continues (its
+    instructions are not carried over: this request's own are, as OpenAI does)."""
+    return {**chat, "messages": _instructed(echo.instructions, [*history, *echo.input_messages])}
+
+
+def conversation(echo: ResponseEcho, history: list[Any], response: Mapping[str, Any]) -> list[Any]:
+    """What a response continuing this one sees before its input: ``history``, this
+    request's input, and this response's output as the assistant's turn."""
+    out: list[Any] = [*history, *echo.input_messages]
+    calls = []
+    for item in response.get("output") or ():
+        if item.get("type") == "message":
+            text = "".join(part.get("text", "") for part in item.get("content") or ())
+            out.append({"role": "assistant", "content": text})
+        elif item.get("type") == "function_call":
+            function = {"name": item["name"], "arguments": item["arguments"]}
+            calls.append({"id": item["call_id"], "type": "function", "function": function})
+    if calls:
+        out.append({"role": "assistant", "content": None, "tool_calls": calls})
+    return out
+
+
+def _instructed(instructions: str | None, messages: list[Any]) -> list[Any]:
+    return [{"role": "system", "content": instructions}, *messages] if instructions else messages
 
 
 def renamed(error: ApiError) -> ApiError:
@@ -182,7 +219,8 @@ def _messages(value: object) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": _text(item, "call_id", where),
                              "content": output})  # fmt: skip
         elif kind == "item_reference":
-            raise unsupported_parameter(f"{where}.type", _NO_STATE)
+            raise unsupported_parameter(f"{where}.type", "is not supported: continue a stored "
+                                        "response with 'previous_response_id'")  # fmt: skip
         else:
             raise invalid_request(
                 f"Invalid '{where}.type': {kind!r} is not an input item kvflow takes: use "
@@ -412,9 +450,9 @@ class ResponseEvents:
             "model": self._chat.get("model", ""),
             "output": [dict(item) for item in self.output],
             "parallel_tool_calls": e.parallel_tool_calls,
-            "previous_response_id": None,
+            "previous_response_id": e.previous_response_id,
             "reasoning": {"effort": None, "summary": None},
-            "store": False,
+            "store": e.store,
             "temperature": e.temperature,
             "text": e.text,
             "tool_choice": e.tool_choice,

@@ -1,0 +1,100 @@
+"""Stored Responses (``store``, the Responses API's default): each Response and the
+conversation it ends, for ``previous_response_id`` and ``GET``/``DELETE
+/v1/responses/{id}``. In Redis when the gateway has one (every router replica reads what
+another stored), else in this replica's memory (least recently used first out past
+``DEFAULT_MAX_BYTES``). Entries expire after ``DEFAULT_TTL_S``, OpenAI's 30 days.
+
+Keys carry the tenant's name, so a tenant finds only its own responses: another's id is
+a 404, as an unknown one is. A failing Redis raises ``ResponseStoreError``: the caller
+answers without storing, or 503 where it needed a stored response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from kvflow.router.caches.stores import MemoryAnswerStore
+
+DEFAULT_TTL_S = 30 * 24 * 3600.0
+# A stored response holds its whole conversation: a 100-turn agent session of 8K-token
+# prompts is a few MB of JSON, so memory keeps a few hundred such, or many thousand chats.
+DEFAULT_MAX_BYTES = 256 * 2**20
+_STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+T = TypeVar("T")
+
+
+class ResponseStoreError(Exception):
+    """The store (Redis) did not answer."""
+
+
+async def _redis_call(call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except _STORE_ERRORS as exc:
+        raise ResponseStoreError(f"the response store (Redis) failed: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    response: dict[str, Any]  # the Response object, as it was answered
+    conversation: list[Any]  # chat messages up to and including its output
+
+
+class ResponseStore:
+    def __init__(
+        self,
+        redis: Redis | None,
+        scope: str,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self._redis = redis
+        self._memory = MemoryAnswerStore(max_bytes) if redis is None else None
+        self._prefix = f"kvflow:responses:{scope}:"
+        self.ttl_s = ttl_s
+
+    @property
+    def is_shared(self) -> bool:
+        """Whether other router replicas see what this one stores."""
+        return self._redis is not None
+
+    async def put(self, tenant: str, stored: StoredResponse) -> None:
+        value = json.dumps({"response": stored.response, "conversation": stored.conversation},
+                           separators=(",", ":")).encode()  # fmt: skip
+        key = self._key(tenant, stored.response["id"])
+        if self._redis is not None:
+            await _redis_call(self._redis.set(key, value, px=max(1, int(self.ttl_s * 1000))))
+        else:
+            assert self._memory is not None
+            await self._memory.put(key, value, self.ttl_s)
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        key = self._key(tenant, response_id)
+        if self._redis is not None:
+            value = await _redis_call(self._redis.get(key))
+        else:
+            assert self._memory is not None
+            value = await self._memory.get(key)
+        if value is None:
+            return None
+        entry = json.loads(value)
+        return StoredResponse(entry["response"], entry["conversation"])
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        key = self._key(tenant, response_id)
+        if self._redis is not None:
+            return bool(await _redis_call(self._redis.unlink(key)))
+        assert self._memory is not None
+        return await self._memory.delete(key)
+
+    def _key(self, tenant: str, response_id: str) -> str:
+        # Tenant names are checked to be plain (tenants/config.py); an id is the client's
+        # string, kept whole after the last colon.
+        return f"{self._prefix}{tenant}:{response_id}"

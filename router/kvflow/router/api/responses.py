@@ -114,8 +114,9 @@ async def _read(call: Awaitable[T]) -> T:
     try:
         return await call
     except ResponseStoreError as exc:
-        raise ApiError(503, f"Stored responses are unavailable for now ({exc}); retry, or "
-                       "send the whole conversation in 'input'.", type="server_error",
+        log.warning("stored responses unavailable: %s", exc)  # its address stays in the log
+        raise ApiError(503, "Stored responses are unavailable for now; retry, or send the "
+                       "whole conversation in 'input'.", type="server_error",
                        code="response_store_unavailable", retry_after_s=1.0) from exc  # fmt: skip
 
 

@@ -168,7 +168,7 @@ def test_a_batch_of_responses_api_lines_answers_each_with_a_response(
         assert body["output"][0]["type"] == "message" and body["instructions"] == "Be brief."
         assert 1 <= body["usage"]["output_tokens"] <= 2
     (error,) = _lines(client, done.error_file_id)
-    assert error["custom_id"] == "stored" and error["response"]["status_code"] == 400
+    assert error["custom_id"] == "stored" and error["response"]["status_code"] == 404
     assert error["response"]["body"]["error"]["param"] == "previous_response_id"
 
 

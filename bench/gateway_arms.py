@@ -45,12 +45,25 @@ def direct_sender(stubs: list[Any], prompt_ids: list[int]) -> Callable[[int], Se
     return make
 
 
-def gateway_sender(http: HttpClient, headers: dict[str, str]) -> Callable[[int], Sender]:
+# The same request in each API's words: the chat completion, or the Response (its default
+# store: true, so the measure includes keeping it).
+ENDPOINTS = ("chat", "responses")
+
+
+def gateway_sender(
+    http: HttpClient, headers: dict[str, str], endpoint: str = "chat"
+) -> Callable[[int], Sender]:
+    assert endpoint in ENDPOINTS, endpoint
+
     def make(max_tokens: int) -> Sender:
-        body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens}).encode()
+        if endpoint == "chat":
+            path, request = "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": max_tokens}
+        else:
+            path, request = "/v1/responses", {"input": MESSAGES, "max_output_tokens": max_tokens}
+        body = json.dumps({"model": MODEL, **request}).encode()
 
         async def send() -> None:
-            status, _ = await http.post("/v1/chat/completions", body, headers)
+            status, _ = await http.post(path, body, headers)
             if status != 200:
                 raise RuntimeError(f"HTTP {status}")
 
@@ -125,13 +138,14 @@ async def gateway_arm(
 
 
 async def paired_arm(
-    arm: GatewayArm, addresses: list[str], prompt_ids: list[int], args: argparse.Namespace
-) -> dict[str, Any]:
+    arm: GatewayArm, addresses: list[str], prompt_ids: list[int], args: argparse.Namespace,
+    endpoint: str = "chat",
+) -> dict[str, Any]:  # fmt: skip
     http = HttpClient("127.0.0.1", int(arm.url.rsplit(":", 1)[1]))
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
     try:
         direct = direct_sender([pb_grpc.WorkerStub(c) for c in channels], prompt_ids)(16)
-        gateway = gateway_sender(http, arm.headers)(16)
+        gateway = gateway_sender(http, arm.headers, endpoint)(16)
         return await paired_run(
             direct, gateway, num_idle=args.paired_idle, rate=args.rate,
             duration_s=args.duration_s,
@@ -144,13 +158,14 @@ async def paired_arm(
 
 def run_paired(
     name: str, addresses: list[str], prompt_ids: list[int], args: argparse.Namespace,
-    workdir: Path,
+    workdir: Path, endpoint: str = "chat",
 ) -> dict[str, Any]:  # fmt: skip
-    print(f"  {name} (paired: the same request direct and through the gateway)", flush=True)
+    print(f"  {name} (paired: the same request direct and through the gateway's {endpoint} "
+          "endpoint)", flush=True)  # fmt: skip
     arm = start_gateway_arm(name, addresses, workdir)
     try:
         wait_gateway(arm.url, len(addresses))
-        return asyncio.run(paired_arm(arm, addresses, prompt_ids, args))
+        return asyncio.run(paired_arm(arm, addresses, prompt_ids, args, endpoint))
     finally:
         arm.stop()
 

@@ -33,6 +33,7 @@ the numbers are the gateway's own cost plus loopback gRPC. Everything shares thi
 machine's cores: the load generator, the gateway, redis-server and the stubs.
 
     python bench/gateway_overhead.py [--quick] [--stages] [--arms open,...] [--json PATH]
+        [--paired-only --endpoints chat,responses]
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from gateway_arms import MESSAGES, direct_arm, run_gateway_arm, run_paired  # noqa: E402
+from gateway_arms import ENDPOINTS, MESSAGES, direct_arm, run_gateway_arm, run_paired  # noqa: E402
 from gateway_decision import decision_benchmark  # noqa: E402
 from gateway_procs import GATEWAY_ARMS, MODEL, cpu_s, start, stop  # noqa: E402
 from gateway_report import print_paired, print_report  # noqa: E402
@@ -83,6 +84,9 @@ def main() -> None:
         help="also time the same request direct and through each gateway arm, per request",
     )
     p.add_argument("--paired-only", action="store_true", help="only the paired part")
+    p.add_argument("--endpoints", default="chat",
+                   help="the paired part's APIs, of chat,responses (the same request as a "
+                   "chat completion or a Response; each a row)")  # fmt: skip
     p.add_argument("--paired-idle", type=int, help="idle pairs per arm (400; quick 100)")
     p.add_argument("--duration-s", type=float, help="each latency run (30; quick 8)")
     p.add_argument("--throughput-s", type=float, help="each throughput run (15; quick 5)")
@@ -96,6 +100,9 @@ def main() -> None:
     unknown = set(arms) - set(GATEWAY_ARMS)
     if unknown:
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(GATEWAY_ARMS)}")
+    endpoints = [e for e in args.endpoints.split(",") if e]
+    if not endpoints or set(endpoints) - set(ENDPOINTS):
+        p.error(f"--endpoints: a comma-separated list of {', '.join(ENDPOINTS)}")
     num_decisions = 300 if args.quick else 2000
     load_before = os.getloadavg()
 
@@ -134,7 +141,10 @@ def main() -> None:
             for name in arms if not args.paired_only else []:
                 results[name] = run_gateway_arm(name, addresses, stub_cpu, args, workdir)
             for name in arms if args.paired else []:
-                paired[name] = run_paired(name, addresses, prompt_ids, args, workdir)
+                for endpoint in endpoints:
+                    label = name if endpoint == "chat" else f"{name} /v1/responses"
+                    paired[label] = run_paired(name, addresses, prompt_ids, args, workdir,
+                                               endpoint)  # fmt: skip
             if args.stages and not args.paired_only:
                 path = workdir / "stages.json"
                 results["tenants-redis (instrumented)"] = run_gateway_arm(

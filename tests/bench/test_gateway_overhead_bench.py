@@ -61,3 +61,19 @@ def test_stage_times_cover_exactly_the_measured_requests(report: dict[str, Any])
         assert stages[stage]["n"] == n, stage
         assert 0 < stages[stage]["p50_ms"] <= stages[stage]["p99_ms"]
     assert stages["routing_decision"]["p50_ms"] < stages["handler"]["p50_ms"]
+
+
+def test_the_paired_part_measures_each_endpoint(tmp_path: Path) -> None:
+    out = tmp_path / "paired.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/gateway_overhead.py", "--quick", "--workers", "2",
+         "--paired-only", "--arms", "open", "--endpoints", "chat,responses",
+         "--paired-idle", "20", "--rate", "20", "--duration-s", "1", "--json", str(out)],
+        cwd=ROOT, check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    paired = json.loads(out.read_text())["paired"]
+    assert list(paired) == ["open", "open /v1/responses"]
+    for name, row in paired.items():
+        assert row["loaded_errors"] == 0, name
+        assert row["idle_added"]["n"] == 20 and row["loaded_added"]["n"] > 0, name

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -323,12 +323,19 @@ def run_grid(
             static[shape]["initial"] = config.initial_replicas
     measured = measured_capacity(config) if "planner-measured" in config.arms else None
     todo = cells(config, static)
-    results = []
+    if jobs <= 1:  # in this process: a killed run leaves no pool worker running its cell
+        return _collected((run_cell(config, cell, measured) for cell in todo), done)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(run_cell, config, cell, measured) for cell in todo]
-        for future in futures:
-            item = future.result()
-            results.append(item)
-            if done is not None:
-                done(item[0], item[1])
+        return _collected((future.result() for future in futures), done)
+
+
+def _collected(
+    items: Iterable[tuple[Cell, Score, RunResult]], done: Callable[[Cell, Score], None] | None
+) -> list[tuple[Cell, Score, RunResult]]:
+    results = []
+    for item in items:
+        results.append(item)
+        if done is not None:
+            done(item[0], item[1])
     return results

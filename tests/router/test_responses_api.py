@@ -8,15 +8,13 @@ from typing import Any
 import pytest
 
 from kvflow.router.protocol.errors import ApiError
+from kvflow.router.protocol.response_events import ResponseEvents, response_object, sse
 from kvflow.router.protocol.responses_api import (
     ResponseEcho,
-    ResponseEvents,
     chat_request,
     continued,
     conversation,
     renamed,
-    response_object,
-    sse,
 )
 
 TOOL = {"type": "function", "name": "f", "description": "d",

@@ -26,15 +26,13 @@ from kvflow.router.api.http import read_json_body
 from kvflow.router.api.response_store import ResponseStore, ResponseStoreError, StoredResponse
 from kvflow.router.api.streaming import ManagedStreamingResponse
 from kvflow.router.protocol.errors import ApiError
+from kvflow.router.protocol.response_events import ResponseEvents, response_object, sse
 from kvflow.router.protocol.responses_api import (
     ResponseEcho,
-    ResponseEvents,
     chat_request,
     continued,
     conversation,
     renamed,
-    response_object,
-    sse,
 )
 from kvflow.router.tenants.config import Tenant
 

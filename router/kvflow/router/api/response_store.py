@@ -11,22 +11,20 @@ answers without storing, or 503 where it needed a stored response.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from kvflow.router.caches.stores import MemoryAnswerStore
+from kvflow.router.store_errors import STORE_ERRORS
 
 DEFAULT_TTL_S = 30 * 24 * 3600.0
 # A stored response holds its whole conversation: a 100-turn agent session of 8K-token
 # prompts is a few MB of JSON, so memory keeps a few hundred such, or many thousand chats.
 DEFAULT_MAX_BYTES = 256 * 2**20
-_STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 T = TypeVar("T")
 
 
@@ -37,7 +35,7 @@ class ResponseStoreError(Exception):
 async def _redis_call(call: Awaitable[T]) -> T:
     try:
         return await call
-    except _STORE_ERRORS as exc:
+    except STORE_ERRORS as exc:
         raise ResponseStoreError(f"the response store (Redis) failed: {exc}") from exc
 
 

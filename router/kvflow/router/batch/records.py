@@ -37,12 +37,14 @@ class Status(enum.StrEnum):
 
 
 _TERMINAL = frozenset({Status.FAILED, Status.COMPLETED, Status.EXPIRED, Status.CANCELLED})
-# Each status's next ones; anything else is a bug in the runner, refused loudly.
+# Each status's next ones; anything else is a bug in the runner, refused loudly. Failed
+# is validation's verdict, and also where the runner stops a batch whose every pass fails
+# (runner.py, MAX_FAILED_PASSES), whatever its status.
 _NEXT: dict[Status, frozenset[Status]] = {
     Status.VALIDATING: frozenset({Status.FAILED, Status.IN_PROGRESS, Status.CANCELLING}),
-    Status.IN_PROGRESS: frozenset({Status.FINALIZING, Status.CANCELLING}),
-    Status.FINALIZING: frozenset({Status.COMPLETED, Status.EXPIRED}),
-    Status.CANCELLING: frozenset({Status.CANCELLED}),
+    Status.IN_PROGRESS: frozenset({Status.FINALIZING, Status.CANCELLING, Status.FAILED}),
+    Status.FINALIZING: frozenset({Status.COMPLETED, Status.EXPIRED, Status.FAILED}),
+    Status.CANCELLING: frozenset({Status.CANCELLED, Status.FAILED}),
 }
 _STAMP = {
     Status.FAILED: "failed_at",
@@ -102,7 +104,8 @@ class BatchRecord:
     metadata: dict[str, str] | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
-    # The input file's problems (status failed): OpenAI's errors.data entries.
+    # Why it failed (status failed): the input file's problems, or the runner's
+    # ``internal_error``; OpenAI's errors.data entries.
     errors: tuple[dict[str, Any], ...] = ()
     total: int = 0
     # Set where the status leaves "validating" / "in_progress" and so on.

@@ -40,6 +40,7 @@ from kvflow.router.batch.scope import BATCH_SCOPE_KEY
 from kvflow.router.batch.store import BatchStore
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.routing.cost import DEFAULT_STEP_COSTS
+from kvflow.router.store_errors import STORE_ERRORS
 from kvflow.router.tenants.config import ANONYMOUS, Tenant
 
 log = logging.getLogger("kvflow.router.batch")
@@ -47,6 +48,11 @@ log = logging.getLogger("kvflow.router.batch")
 MAX_BACKOFF_S = 30.0
 LEASE_S = 30.0  # a batch's lease in a shared store; renewed on every pass
 _RETRY = object()  # a line refused for now (429/503): put back, not a result
+# A batch whose pass fails this many times in a row for a reason other than its store is
+# failed with an ``internal_error``: the same input failing the same code every pass is a
+# bug, which retrying forever would hide while the batch never ends. A store's outage
+# (STORE_ERRORS) is waited out: it ends.
+MAX_FAILED_PASSES = 5
 
 
 class _Running:
@@ -72,6 +78,7 @@ class BatchRunner:
         self._backoff_s = config.busy_backoff_s
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._failed_passes: dict[str, int] = {}  # batch id -> passes failed in a row
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -109,8 +116,43 @@ class BatchRunner:
                 if not await self._store.claim(batch_id, self._owner, LEASE_S):
                     continue  # another replica runs it
                 await self._advance(record)
+                self._failed_passes.pop(batch_id, None)
+            except STORE_ERRORS:
+                log.exception("batch %s: the store failed this pass; trying again", batch_id)
             except Exception:  # one bad batch must not stop the others
-                log.exception("batch %s: this pass failed; trying again next pass", batch_id)
+                log.exception("batch %s: this pass failed", batch_id)
+                await self._failed_pass(batch_id)
+
+    async def _failed_pass(self, batch_id: str) -> None:
+        """Count a pass that failed for a reason other than the store; at
+        MAX_FAILED_PASSES in a row, fail the batch: its lines in flight are cancelled, the
+        results of those done stay stored (no output file is written: writing it may be
+        what fails)."""
+        num_failed = self._failed_passes[batch_id] = self._failed_passes.get(batch_id, 0) + 1
+        if num_failed < MAX_FAILED_PASSES:
+            return
+        try:
+            record = await self._store.get_batch(batch_id)
+            if record is None or record.status.is_terminal:
+                return
+            running = self._running.pop(batch_id, None)
+            if running is not None:
+                for task in running.in_flight.values():
+                    task.cancel()
+                await asyncio.gather(*running.in_flight.values(), return_exceptions=True)
+            problem = {
+                "code": "internal_error",
+                "param": None,
+                "line": None,
+                "message": f"The gateway failed on this batch {num_failed} times in a row "
+                "and stopped it; its log names the cause. Submit the batch again, or report "
+                "the log's error if it fails again.",
+            }
+            await self._put(record.moved(Status.FAILED, int(time.time()), errors=(problem,)))
+            self._failed_passes.pop(batch_id, None)
+            log.error("batch %s failed: %d passes failed in a row", batch_id, num_failed)
+        except STORE_ERRORS:
+            log.exception("batch %s: the store failed while failing it; next pass", batch_id)
 
     async def _advance(self, record: BatchRecord) -> None:
         now_s = int(time.time())

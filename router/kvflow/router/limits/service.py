@@ -17,18 +17,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from redis.exceptions import RedisError
-
 from kvflow.router.limits.decide import Refusal
 from kvflow.router.limits.errors import limit_exceeded
 from kvflow.router.limits.levels import LimitsConfig, Slot
 from kvflow.router.limits.redis_store import RedisLimitStore
 from kvflow.router.limits.store import MemoryLimitStore
+from kvflow.router.store_errors import STORE_ERRORS
 from kvflow.router.tenants.service import RETRY_REDIS_AFTER_S, quota_store_unavailable
 
 log = logging.getLogger("kvflow.router.limits")
-
-_STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
 @dataclass
@@ -93,7 +90,7 @@ class LimitService:
                                                   is_check=is_check)  # fmt: skip
                 self._redis_ok()
                 return refusal, True
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._redis_failed(exc)
         if self._redis is not None:
             self._on_fallback("deny" if self._is_deny else "memory")
@@ -157,7 +154,7 @@ class LimitService:
                     is_cancelled=is_cancelled,
                 )  # fmt: skip
                 self._redis_ok()
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._redis_failed(exc)  # the Redis lease expires on its own
         elif not lease.in_redis:
             await self._memory.finish(lease.slots, lease_id=lease.lease_id,
@@ -182,7 +179,7 @@ class LimitService:
         if held:
             try:
                 await self._redis.renew(held)
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._redis_failed(exc)
 
     async def _renew_forever(self) -> None:

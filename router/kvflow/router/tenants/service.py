@@ -22,9 +22,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from redis.exceptions import RedisError
-
 from kvflow.router.protocol.errors import ApiError
+from kvflow.router.store_errors import STORE_ERRORS
 from kvflow.router.tenants.config import Tenant
 from kvflow.router.tenants.redis_store import LEASE_REFRESH_S, RedisQuotaStore
 from kvflow.router.tenants.store import Admission, MemoryQuotaStore, UsageTotals
@@ -33,7 +32,6 @@ log = logging.getLogger("kvflow.router.quotas")
 
 RETRY_REDIS_AFTER_S = 2.0
 # Redis errors, and the OS-level ones a dropped connection raises before redis-py wraps them.
-_STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
 @dataclass
@@ -119,7 +117,7 @@ class QuotaService:
                 )
                 self._redis_ok()
                 lease.in_redis = True
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._redis_failed(exc)
             else:
                 if admission.is_admitted:
@@ -146,7 +144,7 @@ class QuotaService:
             try:
                 admission = await self._redis.check(tenant, reserved_tokens=reserved_tokens)
                 self._redis_ok()
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._redis_failed(exc)
             else:
                 return admission
@@ -175,7 +173,7 @@ class QuotaService:
                 )
                 self._redis_ok()
                 return
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._redis_failed(exc)  # the Redis lease expires on its own
         await self._memory.finish(
             tenant,
@@ -193,7 +191,7 @@ class QuotaService:
                 totals = await self._redis.read_usage(tenant)
                 self._redis_ok()
                 return totals, "cluster"
-            except _STORE_ERRORS as exc:
+            except STORE_ERRORS as exc:
                 self._redis_failed(exc)
         return await self._memory.read_usage(tenant), "replica"
 
@@ -220,5 +218,5 @@ class QuotaService:
             for leases in by_tenant.values():
                 try:
                     await self._redis.refresh_leases(leases[0].tenant, (x.lease_id for x in leases))
-                except _STORE_ERRORS as exc:
+                except STORE_ERRORS as exc:
                     self._redis_failed(exc)

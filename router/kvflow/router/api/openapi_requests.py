@@ -16,7 +16,7 @@ from kvflow.router.tools.spec import MAX_TOOLS
 
 Schema = dict[str, Any]
 
-_EMPTY: Schema = {
+EMPTY: Schema = {
     "anyOf": [{"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0}]
 }
 
@@ -35,12 +35,12 @@ def _num(low: float, high: float) -> Schema:
     return {"type": "number", "minimum": low, "maximum": high}
 
 
-def _only(*values: object) -> Schema:
+def only(*values: object) -> Schema:
     """A parameter kvflow does not support: only these values (or an empty one) pass."""
-    return opt({"anyOf": [{"enum": list(values)}, _EMPTY]} if values else _EMPTY)
+    return opt({"anyOf": [{"enum": list(values)}, EMPTY]} if values else EMPTY)
 
 
-_BOOL = opt({"type": "boolean"})
+BOOL = opt({"type": "boolean"})
 _ANY: Schema = {}  # accepted and ignored (user, metadata...)
 # priority_class and service_tier are read by the gateway (protocol/priority_class.py).
 _IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
@@ -67,9 +67,9 @@ def _sampling(*, is_chat: bool, limits: RequestLimits) -> Schema:
         ),
         "stop_token_ids": opt({"type": "array", "items": integer(0)}),
         "n": opt(integer(1, limits.max_n)),
-        "ignore_eos": _BOOL,
-        "include_stop_str_in_output": _BOOL,
-        "skip_special_tokens": _BOOL,
+        "ignore_eos": BOOL,
+        "include_stop_str_in_output": BOOL,
+        "skip_special_tokens": BOOL,
         "frequency_penalty": opt(_num(-MAX_PENALTY, MAX_PENALTY)),
         "presence_penalty": opt(_num(-MAX_PENALTY, MAX_PENALTY)),
         # vLLM's: > 0, 1 disables it.
@@ -84,14 +84,14 @@ def _sampling(*, is_chat: bool, limits: RequestLimits) -> Schema:
                 "additionalProperties": _num(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS),
             }
         ),
-        "stream": _BOOL,
+        "stream": BOOL,
         "stream_options": opt(
             {
                 "type": "object",
                 "properties": {
-                    "include_usage": _BOOL,
-                    "include_obfuscation": _BOOL,
-                    "continuous_usage_stats": _BOOL,
+                    "include_usage": BOOL,
+                    "include_obfuscation": BOOL,
+                    "continuous_usage_stats": BOOL,
                 },
                 "additionalProperties": False,
             }
@@ -99,7 +99,7 @@ def _sampling(*, is_chat: bool, limits: RequestLimits) -> Schema:
         **dict.fromkeys(_IGNORED, _ANY),
     }
     if is_chat:
-        props["logprobs"] = _BOOL
+        props["logprobs"] = BOOL
         props["top_logprobs"] = opt(integer(0, MAX_TOP_LOGPROBS_CHAT))
     else:
         props["logprobs"] = opt(integer(0, MAX_LOGPROBS_COMPLETIONS))
@@ -131,15 +131,15 @@ def _object(**props: Schema) -> Schema:
 
 
 # OpenAI's rule for function and json_schema names.
-_NAME: Schema = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
+NAME: Schema = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
 _NON_EMPTY: Schema = {"type": "string", "minLength": 1}
 # `parameters` and `schema` must be JSON Schemas that llguidance compiles (a 400 otherwise).
 _TOOL = _object(
     type={"const": "function"},
     function={
-        **_object(name=_NAME),
+        **_object(name=NAME),
         "properties": {
-            "name": _NAME,
+            "name": NAME,
             "description": opt({"type": "string"}),
             "parameters": opt({"type": "object"}),
             "strict": opt({"type": "boolean"}),
@@ -159,10 +159,10 @@ _TOOL_CALL: Schema = {
 _JSON_SCHEMA_FORMAT = _object(
     type={"const": "json_schema"},
     json_schema={
-        **_object(name=_NAME),
+        **_object(name=NAME),
         "additionalProperties": False,
         "properties": {
-            "name": _NAME,
+            "name": NAME,
             "description": _ANY,
             "schema": opt({"type": "object"}),
             "strict": opt({"type": "boolean"}),
@@ -206,7 +206,7 @@ def chat_request(served_models: list[str], limits: RequestLimits = DEFAULT_LIMIT
         "messages": {"type": "array", "items": message, "minItems": 1},
         **_sampling(is_chat=True, limits=limits),
         **{
-            name: _only()
+            name: only()
             for name in (
                 "functions",
                 "audio",
@@ -217,9 +217,9 @@ def chat_request(served_models: list[str], limits: RequestLimits = DEFAULT_LIMIT
         },
         "tools": opt({"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS}),
         "tool_choice": opt({"anyOf": [{"enum": ["none", "auto", "required"]}, _NAMED_CHOICE]}),
-        "parallel_tool_calls": _BOOL,
-        "function_call": _only("none"),
-        "modalities": _only(["text"]),
+        "parallel_tool_calls": BOOL,
+        "function_call": only("none"),
+        "modalities": only(["text"]),
         "response_format": opt(
             {"anyOf": [_object(type={"enum": ["text", "json_object"]}), _JSON_SCHEMA_FORMAT]}
         ),
@@ -249,9 +249,9 @@ def chat_request(served_models: list[str], limits: RequestLimits = DEFAULT_LIMIT
                 },
             }
         ),
-        "add_generation_prompt": _BOOL,
-        "continue_final_message": _only(False),
-        "echo": _only(False),
+        "add_generation_prompt": BOOL,
+        "continue_final_message": only(False),
+        "echo": only(False),
     }
     return {
         "type": "object",
@@ -282,8 +282,8 @@ def completion_request(
         "model": _model(served_models),
         "prompt": prompt,
         **_sampling(is_chat=False, limits=limits),
-        "echo": _BOOL,
-        "suffix": _only(""),
+        "echo": BOOL,
+        "suffix": only(""),
         "best_of": opt(integer(1)),
     }
     return {

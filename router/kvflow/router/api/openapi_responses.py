@@ -6,22 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvflow.router.api.openapi_requests import integer, opt
+from kvflow.router.api.openapi_requests import BOOL, NAME, integer, only, opt
 from kvflow.router.protocol.responses_api import LOGPROBS_INCLUDE, MAX_TOP_LOGPROBS
 from kvflow.router.tools.spec import MAX_TOOLS
 
 Schema = dict[str, Any]
 _REF = "#/components/schemas/"
-_EMPTY: Schema = {
-    "anyOf": [{"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0}]
-}
-_BOOL = opt({"type": "boolean"})
-_NAME: Schema = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
-
-
-def _only(*values: object) -> Schema:
-    """Needs what kvflow does not have: only these values (or an empty one) pass."""
-    return opt({"anyOf": [{"enum": list(values)}, _EMPTY]} if values else _EMPTY)
 
 
 def _object(required: tuple[str, ...], **props: Schema) -> Schema:
@@ -45,13 +35,13 @@ _CALL_OUTPUT = _object(
     call_id={"type": "string"},
     output={"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
 )
-_TOOL = _object(("type", "name"), type={"const": "function"}, name=_NAME,
+_TOOL = _object(("type", "name"), type={"const": "function"}, name=NAME,
                 description=opt({"type": "string"}), parameters=opt({"type": "object"}),
                 strict=opt({"type": "boolean"}))  # fmt: skip
 _FORMAT = {
     "anyOf": [
         _object(("type",), type={"enum": ["text", "json_object"]}),
-        _object(("type", "name"), type={"const": "json_schema"}, name=_NAME,
+        _object(("type", "name"), type={"const": "json_schema"}, name=NAME,
                 schema=opt({"type": "object"}), strict=opt({"type": "boolean"}),
                 description=opt({"type": "string"})),
     ]
@@ -77,7 +67,7 @@ def response_request(served_models: list[str]) -> Schema:
         "max_output_tokens": opt(integer(1)),
         "temperature": opt({"type": "number", "minimum": 0, "maximum": 2}),
         "top_p": opt({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-        "stream": _BOOL,
+        "stream": BOOL,
         "stream_options": opt(
             {
                 "type": "object",
@@ -94,7 +84,7 @@ def response_request(served_models: list[str]) -> Schema:
                 ]
             }
         ),
-        "parallel_tool_calls": _BOOL,
+        "parallel_tool_calls": BOOL,
         "text": opt(
             {
                 "type": "object",
@@ -105,10 +95,10 @@ def response_request(served_models: list[str]) -> Schema:
         "metadata": opt({"type": "object"}),
         "include": opt({"type": "array", "items": {"const": LOGPROBS_INCLUDE}}),
         "top_logprobs": opt(integer(0, MAX_TOP_LOGPROBS)),
-        "store": _BOOL,  # default true: kept for previous_response_id and GET
+        "store": BOOL,  # default true: kept for previous_response_id and GET
         "previous_response_id": opt({"type": "string", "minLength": 1}),
-        "background": _only(False),
-        "truncation": _only("disabled"),
+        "background": only(False),
+        "truncation": only("disabled"),
         "reasoning": opt(
             {
                 "type": "object",
@@ -117,7 +107,7 @@ def response_request(served_models: list[str]) -> Schema:
             }
         ),
         **{
-            name: _only()
+            name: only()
             for name in (
                 "conversation",
                 "prompt",

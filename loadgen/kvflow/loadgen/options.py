@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 
 from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
@@ -14,6 +13,7 @@ from kvflow.loadgen.shared_prefix import SharedPrefixWorkload
 from kvflow.loadgen.trace import load_trace
 from kvflow.loadgen.trace_replay import TraceWorkload
 from kvflow.loadgen.workload import Workload
+from kvflow.proto.cli_args import is_non_negative, is_positive
 
 WORKLOADS = ("shared-prefix", "multi-turn", "no-reuse", "trace")
 DEFAULT_DURATION_S = 30.0
@@ -30,18 +30,9 @@ def _numbers(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(
             f"expected numbers separated by commas: {text!r}"
         ) from None
-    if not values or not all(_is_positive(v) for v in values):
+    if not values or not all(is_positive(v) for v in values):
         raise argparse.ArgumentTypeError(f"expected positive numbers: {text!r}")
     return values
-
-
-def _is_positive(value: float) -> bool:
-    """Finite and above zero (``value <= 0`` lets NaN and infinity through)."""
-    return math.isfinite(value) and value > 0
-
-
-def _is_non_negative(value: float) -> bool:
-    return math.isfinite(value) and value >= 0
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -106,15 +97,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def check_ranges(args: argparse.Namespace) -> None:
-    if args.duration_s is not None and not _is_positive(args.duration_s):
+    if args.duration_s is not None and not is_positive(args.duration_s):
         raise OptionError("--duration-s must be > 0")
-    if not _is_non_negative(args.warmup_s):
+    if not is_non_negative(args.warmup_s):
         raise OptionError("--warmup-s must be >= 0")
     if args.max_requests is not None and args.max_requests < 1:
         raise OptionError("--max-requests must be at least 1")
-    if not (_is_positive(args.request_timeout_s) and _is_positive(args.max_lag_ms)):
+    if not (is_positive(args.request_timeout_s) and is_positive(args.max_lag_ms)):
         raise OptionError("--request-timeout-s and --max-lag-ms must be > 0")
-    if not (_is_positive(args.slo_ttft_ms) and _is_positive(args.slo_tpot_ms)):
+    if not (is_positive(args.slo_ttft_ms) and is_positive(args.slo_tpot_ms)):
         raise OptionError("--slo-ttft-ms and --slo-tpot-ms must be > 0")
     if args.block_size < 1:
         raise OptionError("--block-size must be at least 1")
@@ -142,7 +133,7 @@ def load_points(args: argparse.Namespace) -> list[LoadPoint]:
 def build_workload(args: argparse.Namespace) -> Workload:
     """The workload the options name; a trace is read and validated here."""
     scales = {"input_scale": args.input_scale, "output_scale": args.output_scale}
-    if not all(_is_positive(v) for v in scales.values()):
+    if not all(is_positive(v) for v in scales.values()):
         raise OptionError("--input-scale and --output-scale must be > 0")
     if args.workload == "trace":
         if not args.trace:

@@ -11,6 +11,17 @@ import math
 from collections.abc import Callable
 
 
+def is_positive(value: float) -> bool:
+    """A finite number above zero. (``value <= 0`` lets NaN and infinity through: a NaN
+    rate reached ``math.ceil`` as "cannot convert float NaN to integer".)"""
+    return math.isfinite(value) and value > 0
+
+
+def is_non_negative(value: float) -> bool:
+    """A finite number at or above zero."""
+    return math.isfinite(value) and value >= 0
+
+
 def seconds(*, allow_zero: bool) -> Callable[[str], float]:
     return number_of("seconds", allow_zero=allow_zero)
 
@@ -23,7 +34,7 @@ def number_of(unit: str, *, allow_zero: bool) -> Callable[[str], float]:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        if not (is_non_negative(value) if allow_zero else is_positive(value)):
             least = ">= 0" if allow_zero else "> 0"
             raise argparse.ArgumentTypeError(f"must be a number of {unit} {least}, got {text!r}")
         return value

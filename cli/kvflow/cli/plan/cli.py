@@ -18,7 +18,7 @@ from typing import TextIO
 import yaml
 
 from kvflow.cli.plan.deployment import Deployment
-from kvflow.cli.plan.errors import PlanError, is_positive
+from kvflow.cli.plan.errors import PlanError
 from kvflow.cli.plan.gpus import BUILTIN, GpuOffer, extend_catalog, find_gpu
 from kvflow.cli.plan.model_files import read_model_path
 from kvflow.cli.plan.models import DTYPE_BYTES, PRESETS, ModelSpec, from_flags, preset
@@ -27,6 +27,7 @@ from kvflow.cli.plan.report import render_table, to_json
 from kvflow.cli.plan.workload import Slo, Target, parse_mix, workload
 from kvflow.engine_worker.sim.profile_file import ProfileError, resolve_profile
 from kvflow.engine_worker.sim.profiles import Efficiency
+from kvflow.proto.cli_args import is_positive
 
 _SHAPE_FLAGS = ("params_b", "layers", "heads", "kv_heads", "head_dim")
 

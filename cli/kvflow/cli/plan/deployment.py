@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvflow.cli.plan.errors import PlanError, is_non_negative
+from kvflow.cli.plan.errors import PlanError
 from kvflow.cli.plan.gpus import GpuOffer
 from kvflow.engine_worker.sim.profiles import Efficiency
+from kvflow.proto.cli_args import is_non_negative
 
 
 @dataclass(frozen=True, slots=True)

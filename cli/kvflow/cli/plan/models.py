@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvflow.cli.plan.errors import PlanError, is_positive
+from kvflow.cli.plan.errors import PlanError
 from kvflow.engine_worker.sim.hardware import LLAMA3_8B, LLAMA3_70B, ModelShape
+from kvflow.proto.cli_args import is_positive
 
 #: Bytes a stored value takes. int4 is the payload alone: the group scales of GPTQ/AWQ add
 #: about 3 % (a 16-bit scale per 128 weights is 0.125 bits on 4).

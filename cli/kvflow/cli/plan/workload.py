@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvflow.cli.plan.errors import PlanError, is_positive
+from kvflow.cli.plan.errors import PlanError
+from kvflow.proto.cli_args import is_positive
 
 
 @dataclass(frozen=True, slots=True)

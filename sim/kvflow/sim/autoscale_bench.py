@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from kvflow.engine_worker.sim.profile_file import resolve_profile
@@ -32,6 +31,7 @@ from kvflow.sim.autoscale import RunResult, Slo, run
 from kvflow.sim.autoscale_metrics import Score, score
 from kvflow.sim.autoscale_policies import Planner, Policy, Reactive, Static, planner_config
 from kvflow.sim.autoscale_traffic import Traffic
+from kvflow.sim.pool import process_pool
 
 ARMS = ("planner", "planner-measured", "static-peak", "static-mean", "reactive")
 STATIC_TARGET = 0.95
@@ -323,9 +323,9 @@ def run_grid(
             static[shape]["initial"] = config.initial_replicas
     measured = measured_capacity(config) if "planner-measured" in config.arms else None
     todo = cells(config, static)
-    if jobs <= 1:  # in this process: a killed run leaves no pool worker running its cell
+    if jobs <= 1:  # in this process
         return _collected((run_cell(config, cell, measured) for cell in todo), done)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    with process_pool(jobs) as pool:
         futures = [pool.submit(run_cell, config, cell, measured) for cell in todo]
         return _collected((future.result() for future in futures), done)
 

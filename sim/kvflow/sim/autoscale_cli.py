@@ -77,7 +77,12 @@ def parser() -> argparse.ArgumentParser:
                    help="the gateway refuses (503) a request whose best queue is longer "
                    "than S seconds, in every arm (default: off, every request queues)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: 5-10 minute traffic")
-    p.add_argument("--jobs", type=positive_int, default=1, help="cells run side by side")
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="cells run side by side, in processes that end with this one",
+    )
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write replicas and TTFT over time here (PNG)")
     return p

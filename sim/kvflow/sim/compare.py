@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from kvflow.loadgen.arrivals import ArrivalKind, LoadPoint
@@ -43,6 +42,7 @@ from kvflow.loadgen.trace_replay import TraceWorkload
 from kvflow.sim.arms import resolve_arm
 from kvflow.sim.cluster import ClusterSpec, WorkerStats
 from kvflow.sim.ladders import SimLadder, run_ladder
+from kvflow.sim.pool import process_pool
 from kvflow.sim.targets import (
     Verdict,
     balance_target,
@@ -174,7 +174,7 @@ def run_comparison(
             if on_done is not None:
                 on_done(item)
         return result
-    with ProcessPoolExecutor(config.jobs) as pool:
+    with process_pool(config.jobs) as pool:
         futures = [pool.submit(_run_one, *job) for job in jobs]
         for future in futures:
             item = future.result()

@@ -51,7 +51,12 @@ def parser() -> argparse.ArgumentParser:
                    help="run nothing: summarise these single-seed --json reports over their "
                    "seeds (a seed's reports merged; same cluster, SLO and --quick)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="fewer rungs and requests")
-    p.add_argument("--jobs", type=positive_int, default=1, help="ladders run side by side")
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="ladders run side by side, in processes that end with this one",
+    )
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--plot", help="write TTFT P90 and hit rate vs QPS here (PNG)")
     p.add_argument("--plot-from", nargs="+", metavar="JSON",

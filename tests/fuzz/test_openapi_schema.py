@@ -93,7 +93,9 @@ def test_the_document_lists_every_route() -> None:
                                        "/v1/files", "/v1/files/{file_id}",
                                        "/v1/files/{file_id}/content", "/v1/models",
                                        "/v1/models/{model}", "/v1/responses",
-                                       "/v1/responses/{response_id}", "/v1/usage"]  # fmt: skip
+                                       "/v1/responses/{response_id}",
+                                       "/v1/responses/{response_id}/input_items",
+                                       "/v1/usage"]  # fmt: skip
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"):
         responses = SCHEMA["paths"][path]["post"]["responses"]
         assert {"200", "400", "401", "404", "413", "429", "503"} <= set(responses)

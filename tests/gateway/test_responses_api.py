@@ -255,6 +255,44 @@ def test_a_stored_response_is_continued_retrieved_and_deleted(client: openai.Ope
     assert client.responses.retrieve(second.id).id == second.id  # the others stay
 
 
+def test_a_stored_responses_input_items_are_listed_and_paged(client: openai.OpenAI) -> None:
+    first = client.responses.create(
+        model=MODEL, max_output_tokens=4, temperature=0,
+        input=[{"role": "developer", "content": "Be brief."},
+               {"type": "message", "role": "user", "id": "msg_mine",
+                "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                "arguments": '{"city":"Paris"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}],
+    )  # fmt: skip
+    newest_first = list(client.responses.input_items.list(first.id))
+    assert [item.type for item in newest_first] == ["function_call_output", "function_call",
+                                                    "message", "message"]  # fmt: skip
+    assert newest_first[2].id == "msg_mine"  # a given id is kept
+    assert newest_first[0].output == "18 C"  # type: ignore[union-attr]
+    assert newest_first[1].name == "get_weather"  # type: ignore[union-attr]
+    assert newest_first[3].content[0].text == "Be brief."  # type: ignore[union-attr]
+    # The SDK's auto-paging follows last_id one item at a time, oldest first.
+    paged = list(client.responses.input_items.list(first.id, limit=1, order="asc"))
+    assert [item.id for item in paged] == [item.id for item in reversed(newest_first)]
+    page = client.responses.input_items.list(first.id, limit=3)
+    assert len(page.data) == 3 and page.has_more is True
+    # A continuation lists its own input only; a string input is one user message.
+    second = client.responses.create(model=MODEL, input="And in Rome?", max_output_tokens=4,
+                                     previous_response_id=first.id)  # fmt: skip
+    [item] = client.responses.input_items.list(second.id)
+    assert item.type == "message" and item.role == "user"  # type: ignore[union-attr]
+    assert item.content[0].text == "And in Rome?"  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.input_items.list(first.id, limit=101)
+    assert caught.value.body["param"] == "limit"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_items.list(first.id, after="msg_nowhere")
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(first.id)
+
+
 def test_router_replicas_share_stored_responses_through_redis_and_survive_its_loss(
     worker: WorkerProcess,
 ) -> None:
@@ -321,6 +359,9 @@ def test_a_tenant_needs_its_key_is_charged_and_sees_only_its_own_responses(
             bob.responses.create(model=MODEL, input="x", previous_response_id=response.id)
         with pytest.raises(openai.NotFoundError):
             bob.responses.delete(response.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.input_items.list(response.id)
+        assert len(alice.responses.input_items.list(response.id).data) == 1
         assert alice.responses.retrieve(response.id).id == response.id
     finally:
         g.stop()

@@ -27,7 +27,7 @@ from kvflow.router.api.http import (
 from kvflow.router.api.openapi import build_openapi
 from kvflow.router.api.response_cache import purge as purge_answers
 from kvflow.router.api.response_store import ResponseStore
-from kvflow.router.api.responses import handle_response, stored_response
+from kvflow.router.api.responses import handle_response, stored_input_items, stored_response
 from kvflow.router.batch.routes import ENDPOINT_PATHS
 from kvflow.router.batch.service import install_batches
 from kvflow.router.protocol.errors import ApiError
@@ -135,6 +135,10 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict[str, Any]:
         return await stored_response(request, response_id, delete=False)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(response_id: str, request: Request) -> dict[str, Any]:
+        return await stored_input_items(request, response_id)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> dict[str, Any]:

@@ -21,7 +21,12 @@ from typing import Any
 
 from kvflow.router.api.openapi_batch import batch_paths, batch_schemas
 from kvflow.router.api.openapi_requests import chat_request, completion_request, integer
-from kvflow.router.api.openapi_responses import RESPONSE_OBJECT, response_request, responses_paths
+from kvflow.router.api.openapi_responses import (
+    INPUT_ITEM_LIST,
+    RESPONSE_OBJECT,
+    response_request,
+    responses_paths,
+)
 from kvflow.router.protocol.limits import DEFAULT_LIMITS, RequestLimits
 
 Schema = dict[str, Any]
@@ -340,6 +345,7 @@ def build_openapi(
                 **batch_schemas(),
                 "ResponseRequest": response_request(served_models),
                 "Response": RESPONSE_OBJECT,
+                "ResponseItemList": INPUT_ITEM_LIST,
                 "EmbeddingRequest": _embedding_request(served_models),
                 "EmbeddingResponse": _EMBEDDING_RESPONSE,
             }

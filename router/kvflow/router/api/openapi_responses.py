@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvflow.router.api.openapi_requests import BOOL, NAME, integer, only, opt
+from kvflow.router.protocol.input_items import DEFAULT_LIMIT, MAX_LIMIT
 from kvflow.router.protocol.responses_api import LOGPROBS_INCLUDE, MAX_TOP_LOGPROBS
 from kvflow.router.tools.spec import MAX_TOOLS
 
@@ -184,6 +185,33 @@ RESPONSE_OBJECT: Schema = _object(
 )
 
 
+_INPUT_PART = _object(("type", "text"), type={"enum": ["input_text", "output_text"]},
+                     text={"type": "string"})  # fmt: skip
+# GET /v1/responses/{id}/input_items: a page of the request's input (protocol/input_items.py).
+INPUT_ITEM_LIST: Schema = _object(
+    ("object", "data", "first_id", "last_id", "has_more"),
+    object={"const": "list"},
+    data={"type": "array", "maxItems": MAX_LIMIT, "items": {"anyOf": [
+        _object(("id", "type", "role", "content", "status"), id={"type": "string"},
+                type={"const": "message"}, role={"enum": ["user", "system", "developer",
+                                                          "assistant"]},
+                content={"type": "array", "items": _INPUT_PART}, status={"const": "completed"}),
+        _object(("id", "type", "call_id", "name", "arguments", "status"), id={"type": "string"},
+                type={"const": "function_call"}, call_id={"type": "string"},
+                name={"type": "string"}, arguments={"type": "string"},
+                status={"const": "completed"}),
+        _object(("id", "type", "call_id", "output", "status"), id={"type": "string"},
+                type={"const": "function_call_output"}, call_id={"type": "string"},
+                output={"anyOf": [{"type": "string"}, {"type": "array",
+                                                        "items": _INPUT_PART}]},
+                status={"const": "completed"}),
+    ]}},
+    first_id=opt({"type": "string"}),
+    last_id=opt({"type": "string"}),
+    has_more={"type": "boolean"},
+)  # fmt: skip
+
+
 # One server-sent event: its name is the event's type, `data` the event's JSON.
 _SSE_EVENT: Schema = {
     "type": "object",
@@ -224,4 +252,25 @@ def responses_paths(errors: Schema) -> Schema:
                 "200": _json_of(deleted, "Deleted"),
                 "401": errors["401"], "404": errors["404"]}},
         },
+        "/v1/responses/{response_id}/input_items": {"get": {
+            "operationId": "ListInputItems",
+            "summary": "The stored Response's request input, a page of items",
+            "parameters": [response_id, *_LIST_PARAMETERS],
+            "responses": {
+                "200": _json_of({"$ref": _REF + "ResponseItemList"}, "A page of input items"),
+                "400": errors["400"], "401": errors["401"], "404": errors["404"],
+                "503": errors["503"]},
+        }},
     }  # fmt: skip
+
+
+_LIST_PARAMETERS: list[Schema] = [
+    {"name": "limit", "in": "query", "required": False,
+     "schema": integer(1, MAX_LIMIT) | {"default": DEFAULT_LIMIT}},
+    {"name": "order", "in": "query", "required": False,
+     "schema": {"enum": ["asc", "desc"], "default": "desc"}},
+    {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "An item id of this response: the page starts after it (400 if none)."},
+    {"name": "include", "in": "query", "required": False,
+     "schema": {"type": "array", "items": {"const": LOGPROBS_INCLUDE}}},
+]  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
@@ -43,6 +43,8 @@ async def _redis_call(call: Awaitable[T]) -> T:
 class StoredResponse:
     response: dict[str, Any]  # the Response object, as it was answered
     conversation: list[Any]  # chat messages up to and including its output
+    # Its request's input as items (protocol/input_items.py); [] where stored before them.
+    input_items: list[Any] = field(default_factory=list)
 
 
 class ResponseStore:
@@ -64,8 +66,9 @@ class ResponseStore:
         return self._redis is not None
 
     async def put(self, tenant: str, stored: StoredResponse) -> None:
-        value = json.dumps({"response": stored.response, "conversation": stored.conversation},
-                           separators=(",", ":")).encode()  # fmt: skip
+        entry = {"response": stored.response, "conversation": stored.conversation,
+                 "input_items": stored.input_items}  # fmt: skip
+        value = json.dumps(entry, separators=(",", ":")).encode()
         key = self._key(tenant, stored.response["id"])
         if self._redis is not None:
             await _redis_call(self._redis.set(key, value, px=max(1, int(self.ttl_s * 1000))))
@@ -83,7 +86,8 @@ class ResponseStore:
         if value is None:
             return None
         entry = json.loads(value)
-        return StoredResponse(entry["response"], entry["conversation"])
+        return StoredResponse(entry["response"], entry["conversation"],
+                              entry.get("input_items", []))  # fmt: skip
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         key = self._key(tenant, response_id)

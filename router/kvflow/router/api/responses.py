@@ -6,7 +6,8 @@ name the Responses parameter), after the stored conversation of ``previous_respo
 ``/v1/chat/completions``, with this request's headers (session, priority class, route
 debug) and its disconnect -> the chat answer as a Response, or its SSE chunks as the
 Response's events -> stored with its conversation (``store``, the default; a failed one
-is not). GET and DELETE ``/v1/responses/{id}``: the tenant's stored Response.
+is not). GET and DELETE ``/v1/responses/{id}``: the tenant's stored Response; GET
+``/v1/responses/{id}/input_items``: its request's input, a page of items.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kvflow.router.api.http import read_json_body
 from kvflow.router.api.response_store import ResponseStore, ResponseStoreError, StoredResponse
 from kvflow.router.api.streaming import ManagedStreamingResponse
 from kvflow.router.protocol.errors import ApiError
+from kvflow.router.protocol.input_items import input_items, item_page
 from kvflow.router.protocol.response_events import ResponseEvents, response_object, sse
 from kvflow.router.protocol.responses_api import (
     ResponseEcho,
@@ -89,6 +91,19 @@ async def stored_response(request: Request, response_id: str, *, delete: bool) -
     return found.response
 
 
+async def stored_input_items(request: Request, response_id: str) -> dict[str, Any]:
+    """GET ``/v1/responses/{response_id}/input_items`` for the caller's tenant: a page of
+    its request's input items (protocol/input_items.py)."""
+    gw: Gateway = request.app.state.gateway
+    tenant = gw.authenticate(request.headers)
+    query = {name: request.query_params.getlist(name) for name in request.query_params}
+    store: ResponseStore = request.app.state.responses
+    found = await _read(store.get(tenant.name, response_id))
+    if found is None:
+        raise no_stored_response(response_id)
+    return item_page(found.input_items, query)
+
+
 Keeper = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -97,7 +112,8 @@ def _keeper(store: ResponseStore, tenant: str, echo: ResponseEcho, history: list
 
     async def keep(response: dict[str, Any]) -> None:
         if echo.store and response["status"] in ("completed", "incomplete"):
-            kept = StoredResponse(response, conversation(echo, history, response))
+            kept = StoredResponse(response, conversation(echo, history, response),
+                                  input_items(echo.input, response["id"]))  # fmt: skip
             try:
                 await store.put(tenant, kept)
             except ResponseStoreError as exc:  # the answer still goes out, said to be unkept

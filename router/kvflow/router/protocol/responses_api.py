@@ -60,6 +60,8 @@ class ResponseEcho:
     store: bool = True  # kept for previous_response_id and GET /v1/responses/{id}
     # The chat messages of this request's own input (instructions apart).
     input_messages: list[dict[str, Any]] = field(default_factory=list)
+    # That input as given, checked (protocol/input_items.py lists it).
+    input: Any = ""
 
 
 def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
@@ -70,7 +72,8 @@ def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
     chat: dict[str, Any] = {k: v for k, v in passed.items() if v is not None}
     fields.string("model", required=True)
     instructions = fields.string("instructions")
-    input_messages = _messages(fields.required("input"))
+    raw_input = fields.required("input")
+    input_messages = _messages(raw_input)
     chat["messages"] = _instructed(instructions, input_messages)
     max_output_tokens = fields.integer("max_output_tokens", low=1)
     if max_output_tokens is not None:
@@ -129,6 +132,7 @@ def chat_request(body: object) -> tuple[dict[str, Any], ResponseEcho]:
         previous_response_id=previous_response_id,
         store=store,
         input_messages=input_messages,
+        input=raw_input,
     )
     return chat, echo
 

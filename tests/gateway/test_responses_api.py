@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from redis import Redis
 from testkit.gateway_process import GatewayProcess, launch_gateway
 from testkit.redis_server import running_redis
 from testkit.worker_process import WorkerProcess, launch_worker
@@ -298,7 +299,7 @@ def test_router_replicas_share_stored_responses_through_redis_and_survive_its_lo
 ) -> None:
     with running_redis() as redis:
         flags = ["--served-model-name", MODEL, "--workers", worker.address,
-                 "--redis-url", redis.url]  # fmt: skip
+                 "--redis-url", redis.url, "--responses-ttl-s", "600"]  # fmt: skip
         one, two = launch_gateway(flags), launch_gateway(flags)
         try:
             one.wait_ready()
@@ -327,6 +328,13 @@ def test_router_replicas_share_stored_responses_through_redis_and_survive_its_lo
             redis.start()
             kept = at_two.responses.create(model=MODEL, input="hi", max_output_tokens=4)
             assert kept.store is True and at_one.responses.retrieve(kept.id).id == kept.id
+            # Kept for --responses-ttl-s, in Redis's own expiry.
+            client = Redis.from_url(redis.url)
+            try:
+                [key] = client.keys(f"kvflow:responses:*:{kept.id}")
+                assert 590_000 < client.pttl(key) <= 600_000
+            finally:
+                client.close()
         finally:
             one.stop()
             two.stop()

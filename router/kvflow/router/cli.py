@@ -19,6 +19,10 @@ import uvloop
 from kvflow.proto import otel
 from kvflow.proto.cli_args import port_number, seconds
 from kvflow.router import tracing
+from kvflow.router.api.response_store_config import (
+    add_response_store_flags,
+    response_store_config,
+)
 from kvflow.router.batch.config import add_batch_flags, batch_config
 from kvflow.router.caches.config import parse_response_cache, response_cache_flags
 from kvflow.router.cli_breaker import breaker_flags, parse_breaker
@@ -119,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     request_limit_flags(p, d.request_limits, d.prepare, d.body_timeout_s)
     rate_limit_flags(p)
     add_batch_flags(p)
+    add_response_store_flags(p)
     security_flags(p, d)
     response_cache_flags(p, d.response_cache)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning"])
@@ -260,6 +265,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> Rout
         response_cache=parse_response_cache(args),
         breaker=parse_breaker(args),
         batch=batch_config(args),
+        responses=response_store_config(args),
         **security_settings(args, env),
     )
 

@@ -64,6 +64,7 @@ from kvflow.router.api.http_limits import (
     DEFAULT_SSE_KEEPALIVE_INTERVAL_S,
     HttpLimits,
 )
+from kvflow.router.api.response_store_config import ResponseStoreConfig
 from kvflow.router.batch.config import BatchConfig
 from kvflow.router.breaker.machine import BreakerConfig
 from kvflow.router.caches.config import ResponseCacheConfig
@@ -199,6 +200,7 @@ class RouterSettings:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     # The Batch API: its store, limits, pace and price (batch/config.py).
     batch: BatchConfig = field(default_factory=BatchConfig)
+    responses: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
 
     def __post_init__(self) -> None:
         # The config's ladders and the flags' cache meet here (degrade/config.py).

@@ -85,7 +85,9 @@ def create_app(gateway: Gateway, drain: DrainState | None = None) -> FastAPI:
     vocab_size = max(b.text.tokenizer.vocab_size for b in gateway.backends)
     app.state.gateway = gateway
     # Stored Responses (api/response_store.py): shared through Redis when the gateway has it.
-    app.state.responses = ResponseStore(gateway.redis, gateway.settings.quota_scope)
+    kept = gateway.settings.responses
+    app.state.responses = ResponseStore(gateway.redis, gateway.settings.quota_scope,
+                                        kept.ttl_s, kept.max_memory_bytes)  # fmt: skip
     app.state.drain = drain
     if gateway.settings.sse_keepalive_interval_s > 0:  # innermost: sees the stream's bytes
         app.add_middleware(SseKeepAliveMiddleware,

@@ -2,7 +2,8 @@
 conversation it ends, for ``previous_response_id`` and ``GET``/``DELETE
 /v1/responses/{id}``. In Redis when the gateway has one (every router replica reads what
 another stored), else in this replica's memory (least recently used first out past
-``DEFAULT_MAX_BYTES``). Entries expire after ``DEFAULT_TTL_S``, OpenAI's 30 days.
+``--responses-max-memory-bytes``). Entries expire after ``--responses-ttl-s``, by default
+OpenAI's 30 days (api/response_store_config.py).
 
 Keys carry the tenant's name, so a tenant finds only its own responses: another's id is
 a 404, as an unknown one is. A failing Redis raises ``ResponseStoreError``: the caller
@@ -18,13 +19,10 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
+from kvflow.router.api.response_store_config import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_TTL_S
 from kvflow.router.caches.stores import MemoryAnswerStore
 from kvflow.router.store_errors import STORE_ERRORS
 
-DEFAULT_TTL_S = 30 * 24 * 3600.0
-# A stored response holds its whole conversation: a 100-turn agent session of 8K-token
-# prompts is a few MB of JSON, so memory keeps a few hundred such, or many thousand chats.
-DEFAULT_MAX_BYTES = 256 * 2**20
 T = TypeVar("T")
 
 
@@ -53,7 +51,7 @@ class ResponseStore:
         redis: Redis | None,
         scope: str,
         ttl_s: float = DEFAULT_TTL_S,
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ) -> None:
         self._redis = redis
         self._memory = MemoryAnswerStore(max_bytes) if redis is None else None

@@ -134,6 +134,7 @@ class BatchRunner:
         try:
             record = await self._store.get_batch(batch_id)
             if record is None or record.status.is_terminal:
+                self._failed_passes.pop(batch_id, None)  # it ended some other way
                 return
             running = self._running.pop(batch_id, None)
             if running is not None:

@@ -9,10 +9,13 @@ then ``kvflow sim calibrate``, the same clock), and reports:
 - the step model's error per kind of step (decode-only, prefill-only, mixed): median and
   P90 of |predicted - measured| / measured, on the run's own steps and, held out, on the
   other runs' steps (what a profile fitted once predicts for a later run);
-- the end-to-end error the test checks, TTFT and TPOT P50 of the simulator against the
-  real engine: per run, mean, standard deviation and the largest magnitude.
+- the end-to-end error, the simulator against the real engine: mean TTFT and TPOT (what
+  the test checks) and their P50s, per run, with mean, standard deviation and the
+  largest magnitude;
+- the step drift of each check (its real steps against the fitted step model, median
+  ratio minus one): how far the machine moved between the fit and the check.
 
-    .venv/bin/python bench/calibration_spread.py --runs 5 --out bench/data/calibration_spread.json
+    .venv/bin/python bench/calibration_spread.py --runs 10 --out bench/data/calibration_spread.json
 
 docs/simulator.md ("How accurate") quotes a run; the test's bound comes from it.
 """
@@ -91,13 +94,18 @@ def one_run(model: Path, folder: Path, index: int) -> dict[str, Any]:
                             "--model", str(model), *CALIBRATE_ARGS],
                            capture_output=True, text=True, check=False)  # fmt: skip
     found = re.search(r"TTFT ([-+0-9.]+)%, TPOT ([-+0-9.]+)%", check.stdout)
-    assert found, fit.stderr + check.stdout + check.stderr
+    drift = re.search(r"step drift: the real engine's steps ran ([-+0-9.]+)%", check.stdout)
+    means = re.search(r"error in the mean: TTFT ([-+0-9.]+)%, TPOT ([-+0-9.]+)%", check.stdout)
+    assert found and drift and means, fit.stderr + check.stdout + check.stderr
     return {
         "timing": fitted["timing"],
         "source": fitted["source"],
         "steps": json.loads(samples.read_text()),
         "ttft_p50_error": float(found.group(1)) / 100,
         "tpot_p50_error": float(found.group(2)) / 100,
+        "ttft_mean_error": float(means.group(1)) / 100,
+        "tpot_mean_error": float(means.group(2)) / 100,
+        "step_drift": float(drift.group(1)) / 100,
         "calibrate": check.stdout,
     }
 
@@ -129,10 +137,16 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "step_error_by_kind": steps,
         "ttft_p50_error": spread([r["ttft_p50_error"] for r in runs]),
         "tpot_p50_error": spread([r["tpot_p50_error"] for r in runs]),
+        "ttft_mean_error": spread([r["ttft_mean_error"] for r in runs]),
+        "tpot_mean_error": spread([r["tpot_mean_error"] for r in runs]),
+        "step_drift": spread([r["step_drift"] for r in runs]),
         "per_run": [
             {
                 "ttft_p50_error": r["ttft_p50_error"],
                 "tpot_p50_error": r["tpot_p50_error"],
+                "ttft_mean_error": r["ttft_mean_error"],
+                "tpot_mean_error": r["tpot_mean_error"],
+                "step_drift": r["step_drift"],
                 "source": r["source"],
             }
             for r in runs
@@ -153,7 +167,9 @@ def main() -> int:
             runs.append(one_run(model, folder, i))
             last = runs[-1]
             print(f"run {i + 1}: TTFT {last['ttft_p50_error']:+.1%} TPOT "
-                  f"{last['tpot_p50_error']:+.1%}; {last['source']}", flush=True)  # fmt: skip
+                  f"{last['tpot_p50_error']:+.1%}; mean TTFT {last['ttft_mean_error']:+.1%} "
+                  f"TPOT {last['tpot_mean_error']:+.1%}; step drift {last['step_drift']:+.1%}; "
+                  f"{last['source']}", flush=True)  # fmt: skip
     summary = summarize(runs)
     text = json.dumps(summary, indent=2)
     print(text)

@@ -8,30 +8,39 @@ time and jumps idle gaps to the next arrival), against the simulator's virtual t
 machine's other jobs then change what a step costs (caches, memory bandwidth) but not
 whether a waiting step counts.
 
-What error the model has, measured by bench/calibration_spread.py (5 runs of this test's
-fit and check, each a fresh fit; load average 9-12 on the 2-core test machine;
+What error the model has, measured by bench/calibration_spread.py (10 runs of this test's
+fit and check, each a fresh fit, on the 2-core test machine at load average 1-2;
 bench/data/calibration_spread.json):
 
-- the terms over the runs (mean, sd): base step 3.41 +- 0.51 ms (CV 15 %); per prefill
-  token 7.60 +- 0.56 us (7 %); per decoding sequence 4.83 +- 0.13 ms (3 %); per prefill
-  sequence 4.82 +- 0.27 ms (6 %); per KV token read fitted to 0 in 4 of 5 runs (the tiny
-  model's attention reads are lost in its per-sequence cost: this term is not identified
-  here, and its error does not matter here either);
-- the step model, |predicted - measured| / measured: median 5.4 % (P90 11 %) on the run's
-  own steps, 7.2 % (P90 16 %) held out on the other runs' steps; by kind of step, held out:
-  decode 7.2 % (P90 15 %), prefill 8.5 % (P90 24 %), mixed 7.0 % (P90 17 %);
-- end to end, the simulator's P50 against the real engine's: TTFT +1.7 % mean, sd 12.1
-  points, at most 16.4 % off; TPOT -4.3 % mean, sd 5.1 points, at most 11.4 % off. TTFT
-  spreads more: it rests on the prefill steps, the sweep's fewest (18 of 341) and its
-  least certain, and queueing behind a prefill amplifies their error.
+- the terms over the runs (mean, sd): base step 0.94 +- 0.31 ms (CV 33 %); per prefill
+  token 6.33 +- 0.71 us (11 %); per decoding sequence 4.64 +- 0.05 ms (1 %); per prefill
+  sequence 4.41 +- 0.09 ms (2 %); per KV token read 0.011 +- 0.023 us (the tiny model's
+  attention reads are lost in its per-sequence cost: not identified here, and its error
+  does not matter here either);
+- the step model, |predicted - measured| / measured: median 5.5 % (P90 11 %) on the run's
+  own steps, 6.2 % (P90 12 %) held out on the other runs' steps; by kind of step, held out:
+  decode 5.8 % (P90 11 %), prefill 8.3 % (P90 20 %), mixed 7.6 % (P90 15 %);
+- the check's own steps against the fit (the step drift: how far the machine moved between
+  fit and check): -0.6 % mean, sd 5.5 points, at most 12.1 % off;
+- end to end, the simulator's mean TTFT against the real engine's: -4.2 %, sd 6.5 points,
+  at most 14.2 % off; mean TPOT +1.4 %, sd 6.6 points, at most 11.2 % off.
 
-The bounds are |mean| + 3 sd of those runs, rounded up to 5 points: TTFT 40 %, TPOT 20 %,
-one try. The test is marked `alone` (`make test` runs it after the parallel run): in the
-parallel run, the other worker's load changed between the fit and the check, and the
-engine's steps ran 28 % slower than fitted (TPOT -28.5 %; both halves take CPU time, and
-a busy sibling core slows a thread's CPU time too). A simulator wrong in kind (a step 1.6x
-too slow gave +435 % to +1,345 %) fails by far. The fit's R^2 was 0.87-0.99; below 0.8 the
-sweep itself went wrong.
+The test compares means, not P50s. Over the same 10 runs the TTFT P50 error ran from
+-55 % to +32 % (sd 29 points) and the TPOT P50's from -23 % to +20 %: at this load an
+arrival either finds the engine idle (its TTFT is its prefill step, about 6 ms) or waits
+out a running step (about 12 ms), and the P50 of 58 requests falls on one mode or the
+other (the run that failed in CI: real 12.2 ms, simulated 5.7 ms). A mean moves with the
+share of arrivals that wait, smoothly.
+
+The bounds are |mean| + 3 sd of those runs, rounded up to 5 points: mean TTFT and mean
+TPOT within 25 %, one try. The test is marked `alone` (`make test` runs it after the
+parallel run): in the parallel run, the other worker's load changed between the fit and
+the check, and the engine's steps ran 28 % slower than fitted (both halves take CPU time,
+and a busy sibling core slows a thread's CPU time too). A simulator wrong in kind fails
+by far: with the fitted profile's per-decoding-sequence term 1.3x too large, the mean TTFT
+error was +51 % and TPOT's +67 %; with every term 1.3x, +73 % and +76 % (the same fit
+unchanged: -8 % and -5 %). The fit's R^2 was
+0.98-0.99; below 0.8 the sweep itself went wrong.
 """
 
 from __future__ import annotations
@@ -47,8 +56,8 @@ import pytest
 from testkit.tiny_model import write_tiny_llama
 
 KVFLOW = [sys.executable, "-m", "kvflow.cli.main"]
-TTFT_BOUND = 0.40
-TPOT_BOUND = 0.20
+TTFT_MEAN_BOUND = 0.25
+TPOT_MEAN_BOUND = 0.25
 MIN_R_SQUARED = 0.8
 
 
@@ -70,12 +79,12 @@ def test_a_fitted_profile_predicts_the_real_engine(tmp_path: Path) -> None:
                   "--warmup-s", "3", "--tolerance", "1")  # fmt: skip
     assert run.returncode in (0, 1), run.stderr
     report = fitted["source"] + "\n" + run.stdout + _machine_state()
-    errors = re.search(r"TTFT ([-+0-9.]+)%, TPOT ([-+0-9.]+)%", run.stdout)
+    errors = re.search(r"error in the mean: TTFT ([-+0-9.]+)%, TPOT ([-+0-9.]+)%", run.stdout)
     assert errors, report
     ttft_error, tpot_error = float(errors.group(1)) / 100, float(errors.group(2)) / 100
     assert r_squared > MIN_R_SQUARED, report
-    assert abs(ttft_error) <= TTFT_BOUND, report
-    assert abs(tpot_error) <= TPOT_BOUND, report
+    assert abs(ttft_error) <= TTFT_MEAN_BOUND, report
+    assert abs(tpot_error) <= TPOT_MEAN_BOUND, report
 
 
 def _kvflow(*args: str) -> subprocess.CompletedProcess[str]:

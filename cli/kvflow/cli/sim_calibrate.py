@@ -48,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Past this, the check's own steps are off the fit by more than the machine's run-to-run
+# spread (bench/calibration_spread.py: at most 12 % over 10 fresh fits).
+STEP_DRIFT_WARN = 0.15
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
@@ -97,6 +102,16 @@ def main(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     print(
         f"simulator error at P50: TTFT {_pct(result.ttft_p50_error)}, "
         f"TPOT {_pct(result.tpot_p50_error)} (tolerance {args.tolerance:.0%})",
+        file=out,
+    )
+    print(f"simulator error in the mean: TTFT {_pct(result.ttft_mean_error)}, "
+          f"TPOT {_pct(result.tpot_mean_error)}", file=out)  # fmt: skip
+    drift = result.step_drift
+    hint = ("; the machine changed since the fit: fit the profile again"
+            if drift is not None and abs(drift) > STEP_DRIFT_WARN else "")  # fmt: skip
+    print(
+        f"step drift: the real engine's steps ran {_pct(drift)} against the profile's "
+        f"step model (median over {len(result.real_steps)} steps){hint}",
         file=out,
     )
     errors = [result.ttft_p50_error, result.tpot_p50_error]

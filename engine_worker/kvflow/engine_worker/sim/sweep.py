@@ -42,8 +42,9 @@ def default_sweep(max_prompt_tokens: int, *, quick: bool = False) -> list[SweepP
     return points
 
 
-class _ShapeRecorder:
-    """The engine's runner, noting each step's shape."""
+class ShapeRecorder:
+    """The engine's runner, noting each step's shape (the sweep's, and the calibration
+    check's, which compares the real steps with the fitted model)."""
 
     def __init__(self, inner: ModelRunner) -> None:
         self.inner = inner
@@ -74,7 +75,7 @@ def run_sweep(
 ) -> list[StepSample]:
     """Every step's shape and seconds, over all points (the first point is a warm-up and
     not returned: first calls allocate and compile)."""
-    recorder = _ShapeRecorder(engine.runner)
+    recorder = ShapeRecorder(engine.runner)
     engine.runner = recorder
     rng = random.Random(seed)
     vocab = engine.config.vocab_size

@@ -1,7 +1,8 @@
 """The Batch API end to end with the official openai SDK: real router processes in front of a
 simulated worker process, a directory store and a real redis-server. Upload, run, download;
 a bad line lands in the error file; tenants see only their own; cancel; expiry; a router
-killed mid-batch resumes without running done lines again; batch lines cost the discount."""
+killed mid-batch resumes without running done lines again; batch lines cost the discount;
+one tenant's spent budget holds only its own batches."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "sim"
 KEY_A = "sk-batch-tenant-a-0123"
 KEY_B = "sk-batch-tenant-b-0123"
+KEY_C = "sk-batch-tenant-c-0123"  # a daily budget of 1 token: spent by its first request
 # 1 USD per completion token: a line's spend shows the discount exactly.
 PRICES = {"output_usd_per_million_tokens": 1_000_000}
 USD = 10**12
@@ -48,7 +50,9 @@ def worker() -> Iterator[WorkerProcess]:
 def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = {
         "tenants": [{"name": "a", "api_key_sha256": hash_api_key(KEY_A)},
-                    {"name": "b", "api_key_sha256": hash_api_key(KEY_B)}],
+                    {"name": "b", "api_key_sha256": hash_api_key(KEY_B)},
+                    {"name": "c", "api_key_sha256": hash_api_key(KEY_C),
+                     "daily_token_budget": 1}],
         "prices": {MODEL: PRICES},
     }  # fmt: skip
     path: Path = tmp_path_factory.mktemp("router") / "router.yaml"
@@ -83,6 +87,13 @@ def _line(custom_id: str, *, max_tokens: int = 2, **body: Any) -> dict[str, Any]
 def _upload(client: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
     return client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def _create(client: openai.OpenAI, lines: list[dict[str, Any]]) -> Any:
+    file_id = _upload(client, lines)
+    return client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
 
 
 def _wait(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 60
@@ -306,6 +317,33 @@ def test_a_batch_past_its_window_expires_with_done_lines_kept(
         assert {e["error"]["code"] for e in errors} == {"batch_expired"}
     finally:
         g.stop()
+
+
+def test_a_tenant_whose_budget_is_spent_holds_only_its_own_batches(
+    gateway: GatewayProcess,
+) -> None:
+    """Tenant c's lines are refused until its budget refills at UTC midnight (429 with a
+    Retry-After of hours); tenant b's batch, created after c's, still runs at once."""
+    spent, other = _client(gateway, KEY_C), _client(gateway, KEY_B)
+    ask = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    spent.chat.completions.create(**ask)
+    with pytest.raises(openai.RateLimitError) as refused:
+        spent.chat.completions.create(**ask)
+    # Seconds to the next UTC midnight: hours, but for a run in the day's last minute.
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    held = _create(spent, [_line("c-1"), _line("c-2")])
+    _wait(spent, held.id, {"in_progress"})
+    time.sleep(1.0)  # the runner tries c's first line and is refused
+    runs = _create(other, [_line("b-1"), _line("b-2")])
+    done = _wait(other, runs.id, {"completed", "failed"}, timeout_s=30)
+    assert done.status == "completed" and done.request_counts.completed == 2
+    still = spent.batches.retrieve(held.id)
+    assert still.status == "in_progress" and still.request_counts.completed == 0
+    assert spent.batches.cancel(held.id).status == "cancelling"
+    cancelled = _wait(spent, held.id, {"cancelled"})
+    assert {e["error"]["code"] for e in _lines(spent, cancelled.error_file_id)} == {
+        "batch_cancelled"
+    }
 
 
 def _stored_results(store: str, where: str, batch_id: str) -> int:

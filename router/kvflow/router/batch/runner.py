@@ -7,7 +7,9 @@ looks at the pool's last load reports (the shared rule, batch/pacing.py): while 
 has requests waiting, online traffic is using the capacity, and with an online TPOT target
 set, while a worker's decode step with one more sequence would pass its share of that
 target, online requests would decode slower: either way the runner waits. A line refused
-by admission or a quota (429/503) is put back and the runner backs off, doubling to 30 s.
+by admission or a quota (429/503) is put back and its batch backs off (at least the
+Retry-After, else doubling to 30 s): other batches, other tenants' among them, go on, so a
+tenant whose daily budget is spent holds only its own batches until the budget refills.
 Each finished line's result is stored at once (batch/store.py), so a restarted router
 resumes a batch without running its done lines again.
 """
@@ -20,7 +22,7 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI
@@ -47,7 +49,15 @@ log = logging.getLogger("kvflow.router.batch")
 
 MAX_BACKOFF_S = 30.0
 LEASE_S = 30.0  # a batch's lease in a shared store; renewed on every pass
-_RETRY = object()  # a line refused for now (429/503): put back, not a result
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """A line refused for now (429/503): put back, not a result."""
+
+    retry_after_s: float | None
+
+
 # A batch whose pass fails this many times in a row for a reason other than its store is
 # failed with an ``internal_error``: the same input failing the same code every pass is a
 # bug, which retrying forever would hide while the batch never ends. A store's outage
@@ -58,10 +68,20 @@ MAX_FAILED_PASSES = 5
 class _Running:
     """One batch's lines as this router knows them."""
 
-    def __init__(self, lines: tuple[BatchLine, ...], done: set[int]) -> None:
+    def __init__(self, lines: tuple[BatchLine, ...], done: set[int], backoff_s: float) -> None:
         self.lines = lines
         self.pending = collections.deque(ln.index for ln in lines if ln.index not in done)
         self.in_flight: dict[int, asyncio.Task[None]] = {}
+        # This batch's own hold: a refusal is its tenant's (a quota) or its pool's (busy,
+        # admission), never a reason to hold another tenant's batch.
+        self.hold_until = 0.0  # monotonic: no new line of this batch before
+        self.backoff_s = backoff_s
+        self.base_backoff_s = backoff_s
+
+    def back_off(self, retry_after_s: float | None) -> None:
+        wait_s = max(self.backoff_s, retry_after_s or 0.0)
+        self.hold_until = time.monotonic() + wait_s
+        self.backoff_s = min(MAX_BACKOFF_S, self.backoff_s * 2)
 
 
 class BatchRunner:
@@ -74,8 +94,6 @@ class BatchRunner:
         self._config = config
         self._owner = secrets.token_hex(8)
         self._running: dict[str, _Running] = {}
-        self._hold_until = 0.0  # monotonic: no new line before
-        self._backoff_s = config.busy_backoff_s
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._failed_passes: dict[str, int] = {}  # batch id -> passes failed in a row
@@ -190,7 +208,7 @@ class BatchRunner:
         if parsed.errors:
             await self._put(record.moved(Status.FAILED, now_s, errors=parsed.errors))
             return
-        self._running[record.id] = _Running(parsed.lines, set())
+        self._running[record.id] = _Running(parsed.lines, set(), self._config.busy_backoff_s)
         await self._put(record.moved(Status.IN_PROGRESS, now_s, total=len(parsed.lines)))
 
     async def _running_of(self, record: BatchRecord) -> _Running:
@@ -200,7 +218,8 @@ class BatchRunner:
             content = await self._store.get_content(record.input_file_id) or b""
             lines = parse_input(content, record.endpoint, self._config.max_lines).lines
             done = set(await self._store.results(record.id))
-            running = self._running[record.id] = _Running(lines, done)
+            running = self._running[record.id] = _Running(lines, done,
+                                                          self._config.busy_backoff_s)  # fmt: skip
         return running
 
     async def _progress(self, record: BatchRecord, now_s: int) -> None:
@@ -215,11 +234,11 @@ class BatchRunner:
             await self._put(record.moved(Status.FINALIZING, now_s))
             return
         while running.pending and self.num_in_flight() < self._config.max_in_flight:
-            if time.monotonic() < self._hold_until or self._is_stopping():
+            if time.monotonic() < running.hold_until or self._is_stopping():
                 return
             line = running.lines[running.pending[0]]
             if self._pool_is_busy(record, line):
-                self._hold_until = time.monotonic() + self._config.poll_interval_s
+                running.hold_until = time.monotonic() + self._config.poll_interval_s
                 return
             running.pending.popleft()
             task = asyncio.create_task(self._run_line(record, running, line))
@@ -265,26 +284,21 @@ class BatchRunner:
     async def _run_line(self, record: BatchRecord, running: _Running, line: BatchLine) -> None:
         try:
             outcome = await self._answer(record, line)
-            if outcome is _RETRY:
+            if isinstance(outcome, _Retry):
+                running.back_off(outcome.retry_after_s)
                 running.pending.appendleft(line.index)
                 return
-            assert isinstance(outcome, tuple)
             status, request_id, body = outcome
-            self._backoff_s = self._config.busy_backoff_s
+            running.backoff_s = running.base_backoff_s
             entry = result_line(line, request_id, status, body)
             text = json.dumps(entry, separators=(",", ":"))
             await self._store.add_result(record.id, line.index, 200 <= status < 300, text)
         finally:
             running.in_flight.pop(line.index, None)
 
-    def _back_off(self, retry_after_s: float | None) -> None:
-        wait_s = max(self._backoff_s, retry_after_s or 0.0)
-        self._hold_until = time.monotonic() + wait_s
-        self._backoff_s = min(MAX_BACKOFF_S, self._backoff_s * 2)
-
     async def _answer(
         self, record: BatchRecord, line: BatchLine
-    ) -> tuple[int, str, dict[str, Any]] | object:
+    ) -> tuple[int, str, dict[str, Any]] | _Retry:
         request_id = "batch-" + secrets.token_hex(12)
         tenant = self._tenant(record.tenant)
         if tenant is None:
@@ -303,8 +317,7 @@ class BatchRunner:
                 )
         except ApiError as exc:
             if exc.status in (429, 503):
-                self._back_off(exc.retry_after_s)
-                return _RETRY
+                return _Retry(exc.retry_after_s)
             return exc.status, request_id, exc.body()
         except asyncio.CancelledError:
             raise
@@ -313,8 +326,7 @@ class BatchRunner:
             message = f"The gateway failed on this request (request id {request_id})."
             return 500, request_id, ApiError(500, message, type="server_error").body()
         if response.status_code in (429, 503, CLIENT_GONE):  # CLIENT_GONE: the router stops
-            self._back_off(None)
-            return _RETRY
+            return _Retry(None)
         return response.status_code, request_id, json.loads(bytes(response.body))
 
     def _request(self, endpoint: str, body: dict[str, Any], request_id: str) -> Request:

@@ -2,7 +2,8 @@
 simulated worker process, a directory store and a real redis-server. Upload, run, download;
 a bad line lands in the error file; tenants see only their own; cancel; expiry; a router
 killed mid-batch resumes without running done lines again; batch lines cost the discount;
-one tenant's spent budget holds only its own batches."""
+one tenant's spent budget holds only its own batches, and a per-client-IP rate limit does
+not count batch lines (they have no client) as one shared address."""
 
 from __future__ import annotations
 
@@ -344,6 +345,34 @@ def test_a_tenant_whose_budget_is_spent_holds_only_its_own_batches(
     assert {e["error"]["code"] for e in _lines(spent, cancelled.error_file_id)} == {
         "batch_cancelled"
     }
+
+
+def test_batch_lines_are_not_one_client_under_a_client_ip_limit(
+    worker: WorkerProcess, tmp_path: Path
+) -> None:
+    """With 2 requests a minute per client address, a batch of 5 lines still runs at once:
+    its lines come from no client, and keyed as one unknown address every tenant's lines
+    would share one bucket (the third line on waited out the minute)."""
+    config = {
+        "tenants": [{"name": "a", "api_key_sha256": hash_api_key(KEY_A)}],
+        "rate_limits": {"client_ip": {"requests_per_minute": 2}},
+    }
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    g = _gateway(worker, path, "--batch-dir", str(tmp_path / "batches"))
+    try:
+        client = _client(g)
+        batch = _create(client, [_line(f"ip-{i}") for i in range(5)])
+        done = _wait(client, batch.id, {"completed", "failed"}, timeout_s=30)
+        assert done.status == "completed" and done.request_counts.completed == 5
+        # The limit still holds for online requests from this address.
+        ask = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+        client.chat.completions.create(**ask)
+        client.chat.completions.create(**ask)
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(**ask)
+    finally:
+        g.stop()
 
 
 def _stored_results(store: str, where: str, batch_id: str) -> int:

@@ -182,7 +182,10 @@ def _level_slots(request: Request, gw: Gateway, served_name: str) -> tuple[Slot,
     if not config.is_limited:
         return ()
     client = None
-    if config.client_ip.is_limited:
+    # A Batch API line has no client of its own (the batch's creator was limited when it
+    # uploaded and created it): all lines keyed as one unknown address would share one
+    # bucket across every tenant's batches.
+    if config.client_ip.is_limited and not request.scope.get(BATCH_SCOPE_KEY):
         peer = request.client.host if request.client is not None else None
         forwarded = request.headers.getlist("x-forwarded-for")
         client = client_address(peer, forwarded, config.trusted_proxies)

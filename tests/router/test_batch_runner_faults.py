@@ -1,9 +1,11 @@
 """The batch runner under a pass that keeps failing: a bug (the same input failing the
 same code every pass) fails the batch after MAX_FAILED_PASSES passes in a row, with an
 ``internal_error``, instead of leaving it unfinished forever; a store outage is waited out
-however long it lasts, and the batch goes on once the store is back. On the real
-directory store; the fault is injected into the runner's input parser and the store's
-reads."""
+however long it lasts, and the batch goes on once the store is back; a result the store
+refuses is written again, not lost; a batch whose input cannot be read again on resume
+fails with the reason; batches run oldest first, and one whose record cannot be read holds
+no other. On the real directory store; the fault is injected into the runner's input
+parser and the store's reads and writes."""
 
 from __future__ import annotations
 
@@ -123,5 +125,133 @@ def test_a_store_outage_is_waited_out_however_long(tmp_path: Path) -> None:
         await runner.step()  # the store is back
         record = await store.get_batch("batch-1")
         assert record is not None and record.status is Status.IN_PROGRESS and record.total == 1
+
+    asyncio.run(run())
+
+
+class _Answering(BatchRunner):
+    """The runner with each line answered 200 at once: these tests are of its bookkeeping
+    (the gateway's answer path is tests/gateway/test_batch_api.py's)."""
+
+    def _pool_is_busy(self, record: BatchRecord, line: Any) -> bool:
+        return False
+
+    async def _answer(self, record: BatchRecord, line: Any) -> tuple[int, str, dict[str, Any]]:
+        return 200, f"req-{line.index}", {"ok": True}
+
+
+class ResultBlips(DirBatchStore):
+    """The directory store whose result writes fail, as Redis down does, ``outage`` times."""
+
+    def __init__(self, root: Path, outage: int) -> None:
+        super().__init__(root)
+        self.outage = outage
+
+    async def add_result(self, batch_id: str, index: int, ok: bool, line: str) -> None:
+        if self.outage > 0:
+            self.outage -= 1
+            raise RedisConnectionError("Connection refused")
+        await super().add_result(batch_id, index, ok, line)
+
+
+def _answering(store: DirBatchStore) -> _Answering:
+    config = BatchConfig(poll_interval_s=0.01, busy_backoff_s=0.01)
+    return _Answering(FastAPI(), cast(Gateway, None), store, config)
+
+
+async def _passes(runner: BatchRunner, store: DirBatchStore, n: int, batch_id: str) -> Status:
+    for _ in range(n):
+        await runner.step()
+        await asyncio.sleep(0.02)
+        record = await store.get_batch(batch_id)
+        assert record is not None
+        if record.status.is_terminal:
+            return record.status
+    return record.status
+
+
+def test_a_result_the_store_refuses_is_written_again_not_lost(tmp_path: Path) -> None:
+    """Before: the line's task died, the batch had nothing pending or in flight and ended
+    ``expired`` with its window all but unused and that line listed as never run."""
+
+    async def run() -> None:
+        store = ResultBlips(tmp_path, outage=3)
+        await _batch(store)
+        status = await _passes(_answering(store), store, 50, "batch-1")
+        assert status is Status.COMPLETED
+        assert (await store.counts("batch-1")) == (1, 0)
+
+    asyncio.run(run())
+
+
+def test_a_batch_whose_input_is_gone_on_resume_fails_and_says_why(tmp_path: Path) -> None:
+    """A router that picks up a running batch (a restart, another replica's lease) and
+    cannot read its input again fails it; before, it completed it with no lines."""
+
+    async def run() -> None:
+        store = DirBatchStore(tmp_path)
+        await _batch(store, Status.IN_PROGRESS)
+        await store.delete_file("file-in")
+        status = await _passes(_answering(store), store, 3, "batch-1")
+        failed = await store.get_batch("batch-1")
+        assert status is Status.FAILED and failed is not None
+        assert [e["code"] for e in failed.errors] == ["file_not_found"]
+
+    asyncio.run(run())
+
+
+def test_a_resumed_batch_is_not_held_to_a_lower_line_limit(tmp_path: Path) -> None:
+    async def run() -> None:
+        store = DirBatchStore(tmp_path)
+        content = "".join(json.dumps({**LINE, "custom_id": f"l{i}"}) + "\n" for i in range(3))
+        await store.put_file(FileRecord("file-in", "a", "in.jsonl", FILE_PURPOSE,
+                                        len(content), 1), content.encode())  # fmt: skip
+        record = BatchRecord("batch-1", "a", CHAT, "file-in", "24h", 1, 2**40)
+        await store.put_batch(record.moved(Status.IN_PROGRESS, 2, total=3))
+        config = BatchConfig(poll_interval_s=0.01, busy_backoff_s=0.01, max_lines=2)
+        runner = _Answering(FastAPI(), cast(Gateway, None), store, config)
+        assert await _passes(runner, store, 50, "batch-1") is Status.COMPLETED
+        assert (await store.counts("batch-1")) == (3, 0)
+
+    asyncio.run(run())
+
+
+class OneUnreadable(DirBatchStore):
+    """A record this version cannot read (a newer router's, during a rolling upgrade)."""
+
+    async def get_batch(self, batch_id: str) -> BatchRecord | None:
+        if batch_id == "batch-0":
+            raise TypeError("BatchRecord.__init__() got an unexpected keyword argument 'x'")
+        return await super().get_batch(batch_id)
+
+
+def test_batches_run_oldest_first_and_an_unreadable_one_holds_no_other(
+    tmp_path: Path,
+) -> None:
+    async def run() -> None:
+        store = OneUnreadable(tmp_path)
+        content = (json.dumps(LINE) + "\n").encode()
+        await store.put_file(FileRecord("file-in", "a", "in.jsonl", FILE_PURPOSE,
+                                        len(content), 1), content)  # fmt: skip
+        # Ids sort the other way round from creation: "batch-z" is the oldest.
+        for batch_id, created_s in (("batch-0", 0), ("batch-a", 20), ("batch-z", 10)):
+            await store.put_batch(BatchRecord(batch_id, "a", CHAT, "file-in", "24h",
+                                              created_s, 2**40))  # fmt: skip
+        runner = _answering(store)
+        order: list[str] = []
+        advance = runner._advance
+
+        async def noting(record: BatchRecord) -> None:
+            order.append(record.id)
+            await advance(record)
+
+        runner._advance = noting  # type: ignore[method-assign]
+        for _ in range(5 * MAX_FAILED_PASSES):
+            await runner.step()
+            await asyncio.sleep(0.01)
+        assert order[:2] == ["batch-z", "batch-a"]
+        for batch_id in ("batch-a", "batch-z"):
+            done = await store.get_batch(batch_id)
+            assert done is not None and done.status is Status.COMPLETED
 
     asyncio.run(run())

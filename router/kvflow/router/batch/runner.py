@@ -51,6 +51,18 @@ MAX_BACKOFF_S = 30.0
 LEASE_S = 30.0  # a batch's lease in a shared store; renewed on every pass
 
 
+class _InputLostError(Exception):
+    """A running batch's lines cannot be read again (after a restart or a lost lease)."""
+
+    def __init__(self, *problems: dict[str, Any]) -> None:
+        super().__init__(problems)
+        self.problems = problems
+
+
+def _problem(code: str, param: str | None, message: str) -> dict[str, Any]:
+    return {"code": code, "param": param, "line": None, "message": message}
+
+
 @dataclass(frozen=True)
 class _Retry:
     """A line refused for now (429/503): put back, not a result."""
@@ -97,6 +109,7 @@ class BatchRunner:
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._failed_passes: dict[str, int] = {}  # batch id -> passes failed in a row
+        self._unreadable: set[str] = set()  # batch ids whose record did not parse (logged)
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -125,12 +138,26 @@ class BatchRunner:
             await asyncio.sleep(self._config.poll_interval_s)
 
     async def step(self) -> None:
-        """One pass over the active batches, oldest first."""
+        """One pass over the active batches, oldest first (by creation time: ids are
+        random)."""
+        records: list[BatchRecord] = []
         for batch_id in await self._store.active_batch_ids():
             try:
                 record = await self._store.get_batch(batch_id)
-                if record is None or record.status.is_terminal:
-                    continue
+            except STORE_ERRORS:
+                log.exception("batch %s: the store failed this pass; trying again", batch_id)
+                continue
+            except Exception:  # unreadable (another version's record?): it holds no other
+                if batch_id not in self._unreadable:  # once, not every pass
+                    self._unreadable.add(batch_id)
+                    log.exception("batch %s: its record cannot be read; skipped", batch_id)
+                continue
+            if record is not None and not record.status.is_terminal:
+                records.append(record)
+        records.sort(key=lambda r: (r.created_at, r.id))
+        for record in records:
+            batch_id = record.id
+            try:
                 if not await self._store.claim(batch_id, self._owner, LEASE_S):
                     continue  # another replica runs it
                 await self._advance(record)
@@ -139,7 +166,10 @@ class BatchRunner:
                 log.exception("batch %s: the store failed this pass; trying again", batch_id)
             except Exception:  # one bad batch must not stop the others
                 log.exception("batch %s: this pass failed", batch_id)
-                await self._failed_pass(batch_id)
+                try:
+                    await self._failed_pass(batch_id)
+                except Exception:
+                    log.exception("batch %s: failing it failed too; next pass", batch_id)
 
     async def _failed_pass(self, batch_id: str) -> None:
         """Count a pass that failed for a reason other than the store; at
@@ -174,6 +204,20 @@ class BatchRunner:
             log.exception("batch %s: the store failed while failing it; next pass", batch_id)
 
     async def _advance(self, record: BatchRecord) -> None:
+        try:
+            await self._advance_running(record)
+        except _InputLostError as lost:
+            # Ended, not completed: completing it with no lines would drop the results of
+            # those done and say nothing of why.
+            running = self._running.pop(record.id, None)
+            if running is not None:
+                for task in running.in_flight.values():
+                    task.cancel()
+            await self._put(record.moved(Status.FAILED, int(time.time()), errors=lost.problems))
+            log.error("batch %s failed: its input cannot be read again: %s", record.id,
+                      lost.problems)  # fmt: skip
+
+    async def _advance_running(self, record: BatchRecord) -> None:
         now_s = int(time.time())
         cancel_at = await self._store.cancel_requested(record.id)
         if record.status in (Status.VALIDATING, Status.IN_PROGRESS) and cancel_at is not None:
@@ -196,12 +240,8 @@ class BatchRunner:
     async def _validate(self, record: BatchRecord, now_s: int) -> None:
         content = await self._store.get_content(record.input_file_id)
         if content is None:
-            problem = {
-                "code": "file_not_found",
-                "param": "input_file_id",
-                "line": None,
-                "message": f"The input file {record.input_file_id} was deleted.",
-            }
+            problem = _problem("file_not_found", "input_file_id",
+                               f"The input file {record.input_file_id} was deleted.")  # fmt: skip
             await self._put(record.moved(Status.FAILED, now_s, errors=(problem,)))
             return
         parsed = parse_input(content, record.endpoint, self._config.max_lines)
@@ -212,13 +252,23 @@ class BatchRunner:
         await self._put(record.moved(Status.IN_PROGRESS, now_s, total=len(parsed.lines)))
 
     async def _running_of(self, record: BatchRecord) -> _Running:
-        """This batch's lines; after a restart read again, and its stored results skipped."""
+        """This batch's lines; after a restart read again, and its stored results skipped.
+        Raises _InputLostError when they cannot be read again (the batch is then failed)."""
         running = self._running.get(record.id)
         if running is None:
-            content = await self._store.get_content(record.input_file_id) or b""
-            lines = parse_input(content, record.endpoint, self._config.max_lines).lines
+            content = await self._store.get_content(record.input_file_id)
+            if content is None:
+                raise _InputLostError(_problem("file_not_found", "input_file_id",
+                                          f"The input file {record.input_file_id} was "
+                                          "deleted while the batch ran."))  # fmt: skip
+            # Its line count was checked when it started: a lower --batch-max-lines since
+            # then does not apply to it.
+            parsed = parse_input(content, record.endpoint, max(self._config.max_lines,
+                                                               record.total))  # fmt: skip
+            if parsed.errors:
+                raise _InputLostError(*parsed.errors)
             done = set(await self._store.results(record.id))
-            running = self._running[record.id] = _Running(lines, done,
+            running = self._running[record.id] = _Running(parsed.lines, done,
                                                           self._config.busy_backoff_s)  # fmt: skip
         return running
 
@@ -292,9 +342,24 @@ class BatchRunner:
             running.backoff_s = running.base_backoff_s
             entry = result_line(line, request_id, status, body)
             text = json.dumps(entry, separators=(",", ":"))
-            await self._store.add_result(record.id, line.index, 200 <= status < 300, text)
+            await self._store_result(record.id, line.index, 200 <= status < 300, text)
         finally:
             running.in_flight.pop(line.index, None)
+
+    async def _store_result(self, batch_id: str, index: int, ok: bool, text: str) -> None:
+        """Store a line's result, through a store outage: the line stays in flight (so its
+        batch does not finalize without it) and its answer, computed and charged, is not
+        run again. Only stopping the router abandons it (a restart runs the line again)."""
+        wait_s = self._config.busy_backoff_s
+        while True:
+            try:
+                await self._store.add_result(batch_id, index, ok, text)
+                return
+            except STORE_ERRORS:
+                log.exception("batch %s line %d: storing its result failed; retrying in %.0f s",
+                              batch_id, index, wait_s)  # fmt: skip
+            await asyncio.sleep(wait_s)
+            wait_s = min(MAX_BACKOFF_S, wait_s * 2)
 
     async def _answer(
         self, record: BatchRecord, line: BatchLine

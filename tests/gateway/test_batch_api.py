@@ -3,7 +3,8 @@ simulated worker process, a directory store and a real redis-server. Upload, run
 a bad line lands in the error file; tenants see only their own; cancel; expiry; a router
 killed mid-batch resumes without running done lines again; batch lines cost the discount;
 one tenant's spent budget holds only its own batches, and a per-client-IP rate limit does
-not count batch lines (they have no client) as one shared address."""
+not count batch lines (they have no client) as one shared address; Redis down is a 503
+with Retry-After on the files and batches routes."""
 
 from __future__ import annotations
 
@@ -373,6 +374,28 @@ def test_batch_lines_are_not_one_client_under_a_client_ip_limit(
             client.chat.completions.create(**ask)
     finally:
         g.stop()
+
+
+def test_files_and_batches_answer_503_while_redis_is_down(
+    worker: WorkerProcess, config_path: Path
+) -> None:
+    with running_redis() as redis_server:
+        g = _gateway(worker, config_path, "--redis-url", redis_server.url)
+        try:
+            client = _client(g)
+            file_id = _upload(client, [_line("r-1")])
+            redis_server.stop()
+            for call in (client.files.list, lambda: client.files.retrieve(file_id),
+                         lambda: client.batches.retrieve("batch_0123")):  # fmt: skip
+                with pytest.raises(openai.APIStatusError) as down:
+                    call()
+                assert down.value.status_code == 503, down.value
+                assert down.value.response.headers["retry-after"] == "1"
+                assert down.value.body["code"] == "batch_store_unavailable"  # type: ignore[index]
+            redis_server.start()  # an empty Redis (no persistence): the routes answer again
+            assert client.files.list().data == []
+        finally:
+            g.stop()
 
 
 def _stored_results(store: str, where: str, batch_id: str) -> int:

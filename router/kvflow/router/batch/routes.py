@@ -3,10 +3,13 @@ batches: another's id is a 404, as an id that never existed."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import re
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -26,7 +29,12 @@ from kvflow.router.batch.records import (
 )
 from kvflow.router.batch.store import BatchStore, with_counts
 from kvflow.router.protocol.errors import ApiError, invalid_request
+from kvflow.router.store_errors import STORE_ERRORS
 from kvflow.router.tenants.config import Tenant
+
+log = logging.getLogger("kvflow.router.batch")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 ENDPOINT_PATHS = ("/v1/files", "/v1/batches")
 # Room for the multipart framing and the purpose field around the file itself.
@@ -165,6 +173,23 @@ def _disabled() -> ApiError:
     )
 
 
+def _store_guarded(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """A route whose store fails (Redis down, the directory's disk) answers 503 with a
+    Retry-After, as the Responses API does, not a 500 that reads as a bug in kvflow."""
+
+    @functools.wraps(handler)
+    async def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await handler(*args, **kwargs)
+        except STORE_ERRORS as exc:
+            log.warning("files and batches unavailable: %s", exc)
+            raise ApiError(503, "Files and batches are unavailable for now: their store "
+                           "failed. Retry shortly.", type="server_error",
+                           code="batch_store_unavailable", retry_after_s=1.0) from exc  # fmt: skip
+
+    return guarded
+
+
 def add_batch_routes(app: FastAPI, gateway: Gateway, api: BatchApi | None) -> None:
     """The routes; ``api`` None: each answers that the Batch API is off."""
 
@@ -175,22 +200,26 @@ def add_batch_routes(app: FastAPI, gateway: Gateway, api: BatchApi | None) -> No
         return api, tenant
 
     @app.post("/v1/files")
+    @_store_guarded
     async def upload_file(request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         return await a.upload(request, tenant)
 
     @app.get("/v1/files")
+    @_store_guarded
     async def list_files(request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         files = sorted(await a.store.list_files(tenant.name), key=lambda f: -f.created_at)
         return _page([f.to_openai() for f in files])
 
     @app.get("/v1/files/{file_id}")
+    @_store_guarded
     async def get_file(file_id: str, request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         return (await a.own_file(tenant, file_id)).to_openai()
 
     @app.get("/v1/files/{file_id}/content")
+    @_store_guarded
     async def file_content(file_id: str, request: Request) -> Response:
         a, tenant = ready(request)
         await a.own_file(tenant, file_id)
@@ -200,6 +229,7 @@ def add_batch_routes(app: FastAPI, gateway: Gateway, api: BatchApi | None) -> No
         return Response(content, media_type="application/jsonl")
 
     @app.delete("/v1/files/{file_id}")
+    @_store_guarded
     async def delete_file(file_id: str, request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         await a.own_file(tenant, file_id)
@@ -213,22 +243,26 @@ def add_batch_routes(app: FastAPI, gateway: Gateway, api: BatchApi | None) -> No
         return {"id": file_id, "object": "file", "deleted": True}
 
     @app.post("/v1/batches")
+    @_store_guarded
     async def create_batch(request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         return await a.create(request, tenant)
 
     @app.get("/v1/batches")
+    @_store_guarded
     async def list_batches(request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         batches = sorted(await a.store.list_batches(tenant.name), key=lambda b: -b.created_at)
         return _page([await a.view(b) for b in batches])
 
     @app.get("/v1/batches/{batch_id}")
+    @_store_guarded
     async def get_batch(batch_id: str, request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         return await a.view(await a.own_batch(tenant, batch_id))
 
     @app.post("/v1/batches/{batch_id}/cancel")
+    @_store_guarded
     async def cancel_batch(batch_id: str, request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
         return await a.cancel(tenant, batch_id)

@@ -205,6 +205,20 @@ def test_each_pool_refuses_the_others_endpoint_by_name(gateway: GatewayProcess) 
                       timeout=10).status_code == 401  # fmt: skip
 
 
+def test_inputs_past_the_tenants_minute_are_a_400_not_a_429(
+    gateway: GatewayProcess, model: StaticEmbedder
+) -> None:
+    """More tokens than alice's whole minute (30) can never be admitted: waiting would not
+    help, and each retry of a 429 would embed them again. Refused before the quota takes
+    anything (the next test counts alice's minute)."""
+    texts = ["one two three four five six seven"] * 8
+    assert sum(len(t) for t in model.tokenize(texts)) > 30
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(gateway, "alice").embeddings.create(model=EMBED, input=texts)
+    assert refused.value.body["code"] == "tokens_per_minute_exceeded"  # type: ignore[index]
+    assert refused.value.body["param"] == "input"  # type: ignore[index]
+
+
 def test_usage_spend_quota_log_and_metrics(gateway: GatewayProcess, model: StaticEmbedder) -> None:
     text = "one two three four five six seven"
     num_tokens = len(model.tokenize([text])[0])

@@ -41,10 +41,12 @@ from kvflow.router.protocol.embeddings import (
     embeddings_body,
     parse_embedding_request,
 )
+from kvflow.router.protocol.errors import invalid_request
 from kvflow.router.protocol.responses import UsageCounts
 from kvflow.router.serving.embeddings import embed, embedder_info
 from kvflow.router.serving.job import TenantContext
 from kvflow.router.serving.types import ChoiceUsage
+from kvflow.router.tenants.config import Tenant
 
 
 async def handle_embeddings(request: Request) -> Response:
@@ -78,6 +80,7 @@ async def handle_embeddings(request: Request) -> Response:
             ),
         )
         tokens = result.prompt_tokens
+        _raise_if_never_admitted(tenant.tenant, tokens)
         level_lease = await gw.limits.admit(levels, tokens)
         try:
             admission, lease = await gw.quotas.admit(tenant.tenant, tokens, tokens)
@@ -103,3 +106,18 @@ async def handle_embeddings(request: Request) -> Response:
     return JSONResponse(
         embeddings_body(result.vectors, parsed.encoding_format, served_name, tokens)
     )
+
+
+def _raise_if_never_admitted(tenant: Tenant, tokens: int) -> None:
+    """Inputs of more tokens than the tenant's whole minute can never be admitted: a 400,
+    as for completions (serving/token_budget.py), not a 429 whose retries recompute them.
+    Known only once the worker has counted them."""
+    limit = tenant.quotas.tokens_per_minute
+    if limit is not None and tokens > limit:
+        raise invalid_request(
+            f"Request too large for tenant '{tenant.name}' on tokens per minute: limit "
+            f"{limit}, the input is {tokens} tokens. It can never be admitted: send fewer "
+            "or shorter inputs.",
+            param="input",
+            code="tokens_per_minute_exceeded",
+        )

@@ -115,3 +115,48 @@ def test_a_degraded_model_answers_a_sampled_request_with_its_greedy_twin(
         assert r.headers[CACHE] == "bypass" and DEGRADED not in r.headers
         assert len(worker.requests) == sent + 1
         assert post(temperature=0).headers[CACHE] == "hit"  # the greedy answer still serves
+
+
+def test_an_answer_cut_by_the_cap_step_is_not_stored_for_the_uncapped_request(
+    tmp_path: Path,
+) -> None:
+    """A request that leaves max_tokens out is capped by cap_max_tokens after the cache was
+    asked (its default is worked out then), so its key says "no max_tokens": an answer cut
+    at the cap stored there would be served, cut and unmarked, after the ladder released."""
+    worker = FakeWorker(tokens=TOKENS)
+    config = {"degradation": {"fake": {"steps": ["cap_max_tokens"], "max_tokens_cap": 2,
+                                       **FAST_LADDER}}}  # fmt: skip
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with (
+        running_fake_worker(worker) as address,
+        running_gateway(
+            ["--workers", address, "--config", str(path), "--response-cache", "on"]
+        ) as g,
+    ):
+        g.wait_ready(num_workers=1)
+        url = f"{g.base_url}/chat/completions"
+
+        def post(prompt: str, **extra: Any) -> httpx.Response:
+            body = {"model": "fake", "messages": [{"role": "user", "content": prompt}],
+                    "temperature": 0, **extra}  # fmt: skip
+            r = httpx.post(url, json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            return r
+
+        worker.token_delay_s = 0.15
+        wait_until(lambda: level(g) >= 1, 30, lambda: post("climb", max_tokens=5))
+        cut = post("no max_tokens")
+        assert cut.headers[DEGRADED] == "cap_max_tokens" and cut.headers[CACHE] == "miss"
+        assert worker.requests[-1].sampling.max_tokens == 2
+        assert cut.json()["choices"][0]["finish_reason"] == "length"
+        # A max_tokens the request set itself, at or under the cap: its answer is whole.
+        assert post("set", max_tokens=2).headers[CACHE] == "miss"
+        assert post("set", max_tokens=2).headers[CACHE] == "hit"
+
+        worker.token_delay_s = 0.0
+        wait_until(lambda: level(g) == 0, 30, lambda: time.sleep(0.1))
+        whole = post("no max_tokens")
+        assert whole.headers[CACHE] == "miss" and DEGRADED not in whole.headers
+        assert whole.json()["usage"]["completion_tokens"] > 2  # the worker's whole answer
+        assert post("no max_tokens").headers[CACHE] == "hit"

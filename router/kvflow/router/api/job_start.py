@@ -133,7 +133,10 @@ async def start_job(
             policy=policy,
             is_chat=isinstance(parsed, ChatRequest),
         )
-        budget = degradation.cap(budget, prompt_lens, sampling.n)  # cap_max_tokens
+        capped = degradation.cap(budget, prompt_lens, sampling.n)  # cap_max_tokens
+        if capped != budget:  # its key says max_tokens unset: the cut answer is not that
+            cached = cached.without_store()
+        budget = capped
         # A cached answer generates nothing: it reserves its prompt only.
         reserved = sum(prompt_lens) if cached.is_hit else budget.reserved_tokens
         level_lease = await gw.limits.admit(levels, reserved)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
@@ -115,6 +115,11 @@ class CacheTicket:
         if self.answer is None:
             return self.semantic.replay(prompt_tokens)
         return replay(self.answer)
+
+    def without_store(self) -> CacheTicket:
+        """This ticket storing nothing: the answer will not be the one its key names (a
+        degradation step capped the request's default max_tokens after the lookup)."""
+        return replace(self, key=None, semantic=replace(self.semantic, pending=None))
 
     def recording(self, stream: AsyncGenerator[Item], num_choices: int) -> AsyncGenerator[Item]:
         """``stream``, stored once it has ended normally (by each cache that may store it);

@@ -340,6 +340,27 @@ def test_router_replicas_share_stored_responses_through_redis_and_survive_its_lo
             two.stop()
 
 
+def test_a_response_too_large_for_the_memory_store_says_it_was_not_stored(
+    worker: WorkerProcess,
+) -> None:
+    """Before, the in-memory store dropped it silently: the Response said "store": true
+    and its first read was a 404."""
+    g = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
+                        "--responses-max-memory-bytes", "4096"])  # fmt: skip
+    try:
+        g.wait_ready()
+        client = openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0, timeout=300)
+        small = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+        assert small.store is True and client.responses.retrieve(small.id).id == small.id
+        large = client.responses.create(model=MODEL, input="word " * 1000, max_output_tokens=2)
+        assert large.store is False
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(large.id)
+        assert "not stored" in g.log and "--responses-max-memory-bytes 4096" in g.log
+    finally:
+        g.stop()
+
+
 def test_a_tenant_needs_its_key_is_charged_and_sees_only_its_own_responses(
     worker: WorkerProcess, tmp_path: Path
 ) -> None:

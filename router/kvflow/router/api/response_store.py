@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 
 class ResponseStoreError(Exception):
-    """The store (Redis) did not answer."""
+    """The store (Redis) did not answer, or could not keep the entry."""
 
 
 async def _redis_call(call: Awaitable[T]) -> T:
@@ -72,6 +72,14 @@ class ResponseStore:
             await _redis_call(self._redis.set(key, value, px=max(1, int(self.ttl_s * 1000))))
         else:
             assert self._memory is not None
+            if not self._memory.fits(key, value):
+                # Said, not silent: the Response then answers "store": false, not a 404 on
+                # its first read.
+                raise ResponseStoreError(
+                    f"the response and its conversation ({len(value)} bytes) are larger "
+                    f"than this replica's memory for them (--responses-max-memory-bytes "
+                    f"{self._memory.max_bytes})"
+                )
             await self._memory.put(key, value, self.ttl_s)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:

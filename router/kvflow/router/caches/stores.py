@@ -52,10 +52,14 @@ class MemoryAnswerStore:
         self._entries.move_to_end(key)
         return value
 
+    def fits(self, key: str, value: bytes) -> bool:
+        """Whether ``put`` would keep the entry: one larger than the whole store it drops."""
+        return _size(key, value) <= self.max_bytes
+
     async def put(self, key: str, value: bytes, ttl_s: float) -> None:
-        size = _size(key, value)
-        if size > self.max_bytes:
+        if not self.fits(key, value):
             return
+        size = _size(key, value)
         if key in self._entries:
             self._drop(key)
         num_evicted = 0

@@ -255,3 +255,40 @@ def test_batches_run_oldest_first_and_an_unreadable_one_holds_no_other(
             assert done is not None and done.status is Status.COMPLETED
 
     asyncio.run(run())
+
+
+class LeaseLost(DirBatchStore):
+    """A shared store's lease that this replica holds for ``held`` passes, then loses."""
+
+    def __init__(self, root: Path, held: int) -> None:
+        super().__init__(root)
+        self.held = held
+
+    async def claim(self, batch_id: str, owner: str, ttl_s: float) -> bool:
+        self.held -= 1
+        return self.held >= 0
+
+
+class _Slow(_Answering):
+    async def _answer(self, record: BatchRecord, line: Any) -> tuple[int, str, dict[str, Any]]:
+        await asyncio.sleep(60)
+        return await super()._answer(record, line)
+
+
+def test_a_replica_that_loses_a_batchs_lease_lets_go_of_it(tmp_path: Path) -> None:
+    async def run() -> None:
+        store = LeaseLost(tmp_path, held=2)
+        await _batch(store)
+        runner = _Slow(FastAPI(), cast(Gateway, None), store,
+                       BatchConfig(poll_interval_s=0.01, busy_backoff_s=0.01))  # fmt: skip
+        await runner.step()  # validated
+        await runner.step()  # its line started
+        assert runner.num_in_flight() == 1
+        await runner.step()  # the lease is another's now
+        assert runner.num_in_flight() == 0
+        await asyncio.sleep(0)
+        record = await store.get_batch("batch-1")
+        assert record is not None and record.status is Status.IN_PROGRESS
+        assert await store.results("batch-1") == {}
+
+    asyncio.run(run())

@@ -159,7 +159,8 @@ class BatchRunner:
             batch_id = record.id
             try:
                 if not await self._store.claim(batch_id, self._owner, LEASE_S):
-                    continue  # another replica runs it
+                    self._let_go(batch_id)  # another replica runs it
+                    continue
                 await self._advance(record)
                 self._failed_passes.pop(batch_id, None)
             except STORE_ERRORS:
@@ -170,6 +171,16 @@ class BatchRunner:
                     await self._failed_pass(batch_id)
                 except Exception:
                     log.exception("batch %s: failing it failed too; next pass", batch_id)
+
+    def _let_go(self, batch_id: str) -> None:
+        """Forget a batch another replica now holds (this one's lease lapsed: a slow pass):
+        its lines here are cancelled, and were this replica to take it again, it would read
+        what is done from the store, not run its old list of pending lines twice."""
+        running = self._running.pop(batch_id, None)
+        if running is not None:
+            for task in running.in_flight.values():
+                task.cancel()
+            log.warning("batch %s: another router replica holds it now; let go", batch_id)
 
     async def _failed_pass(self, batch_id: str) -> None:
         """Count a pass that failed for a reason other than the store; at

@@ -51,12 +51,36 @@ def with_counts(record: BatchRecord, done: tuple[int, int]) -> Counts:
     return Counts(total=record.total, completed=done[0], failed=done[1])
 
 
+# A line's result, first writer wins: into its hash (ok or err) unless the other holds it.
+# One script, so two replicas storing the same line at once cannot put it in both.
+_ADD_RESULT = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+"""
+# Take the lease, or renew it if this owner holds it. One script: a GET then a PEXPIRE
+# could renew a lease that lapsed and another replica took in between.
+_CLAIM = """
+local holder = redis.call('GET', KEYS[1])
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 class RedisBatchStore:
     """Keys under ``kvflow:batch:<scope>:``; per tenant, sets of its file and batch ids."""
 
     def __init__(self, redis: Redis, scope: str) -> None:
         self._r = redis
         self._p = f"kvflow:batch:{scope}:"
+        self._add_result = redis.register_script(_ADD_RESULT)
+        self._claim = redis.register_script(_CLAIM)
 
     async def put_file(self, record: FileRecord, content: bytes) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
@@ -116,10 +140,9 @@ class RedisBatchStore:
         return None if raw is None else int(raw)
 
     async def add_result(self, batch_id: str, index: int, ok: bool, line: str) -> None:
-        # First writer wins: the index is in neither hash, then in the one it belongs to.
+        mine = self._p + ("ok:" if ok else "err:") + batch_id
         other = self._p + ("err:" if ok else "ok:") + batch_id
-        if not await self._r.hexists(other, index):
-            await self._r.hsetnx(self._p + ("ok:" if ok else "err:") + batch_id, index, line)
+        await self._add_result(keys=[mine, other], args=[index, line])
 
     async def results(self, batch_id: str) -> dict[int, Result]:
         found: dict[int, Result] = {}
@@ -138,14 +161,7 @@ class RedisBatchStore:
         """One router replica runs a batch at a time: it holds the batch's lease, renewed
         while it runs; a replica that dies lets it lapse and another resumes the batch."""
         key = self._p + "lease:" + batch_id
-        ttl_ms = int(ttl_s * 1000)
-        if await self._r.set(key, owner, nx=True, px=ttl_ms):
-            return True
-        holder = await self._r.get(key)
-        if holder is not None and _text(holder) == owner:
-            await self._r.pexpire(key, ttl_ms)
-            return True
-        return False
+        return bool(await self._claim(keys=[key], args=[owner, max(1, int(ttl_s * 1000))]))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

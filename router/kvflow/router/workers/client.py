@@ -7,7 +7,9 @@ errors (workers/errors.py); Health, Load and the KV event stream are read by the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -25,6 +27,7 @@ from kvflow.router.workers.deadlines import DeadlineMiss, StreamClock, StreamDea
 from kvflow.router.workers.errors import (
     GRPC_CALL_ERRORS,
     WorkerCallError,
+    WorkerDownError,
     WorkerError,
     WorkerStalledError,
     WorkerTimeoutError,
@@ -60,6 +63,25 @@ GenerateCall = grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]
 KvEventsCall = grpc.aio.UnaryStreamCall[pb.SubscribeKvEventsRequest, pb.KvEventBatch]
 
 
+def is_cancelling_this_task() -> bool:
+    """Whether the CancelledError being handled is this task's own (its request ended: the
+    client left, a timeout around it, shutdown), not one a cancelled gRPC call raised
+    beneath it: awaiting a call that something else cancelled (a closed channel, a stream's
+    deadline timer) raises CancelledError too, with no cancel asked of the task."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def cancelled_call_error(worker_id: str, *, is_channel_closed: bool) -> WorkerError:
+    """What a call cancelled beneath its caller says of the worker: with the channel
+    closed, it left the pool (`WorkerPool.set_addresses` closes a removed worker's channel,
+    which cancels its calls in flight); a fault of the worker's either way, for the caller
+    to fail over from, never a cancellation of the request."""
+    if is_channel_closed:
+        return WorkerDownError(worker_id, "the worker left the pool during the call")
+    return WorkerCallError(worker_id, "the call was cancelled")
+
+
 class WorkerClient:
     def __init__(self, address: str, tls: WorkerTls | None = None) -> None:
         self.address = address
@@ -73,6 +95,21 @@ class WorkerClient:
         self._stub: Any = pb_grpc.WorkerStub(self._channel)
         token = os.environ.get(WORKER_TOKEN_ENV)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.is_closed = False  # set before the close cancels the calls in flight
+
+    @contextlib.contextmanager
+    def _worker_errors(self) -> Iterator[None]:
+        """Raise a failed serving call as a WorkerError: a status from the worker, a call on
+        the closed channel of a worker that left the pool, or a call that closing its
+        channel cancelled. A cancellation of the calling task itself propagates."""
+        try:
+            yield
+        except GRPC_CALL_ERRORS as exc:
+            raise from_grpc_error(self.address, exc) from exc
+        except asyncio.CancelledError:
+            if is_cancelling_this_task():
+                raise
+            raise cancelled_call_error(self.address, is_channel_closed=self.is_closed) from None
 
     async def health(self, timeout_s: float) -> pb.HealthResponse:
         response: pb.HealthResponse = await self._stub.Health(
@@ -97,24 +134,20 @@ class WorkerClient:
     ) -> WorkerStream:
         """Start generating; the stream must be cancelled or read to its end. With
         ``deadlines``, a read past one raises WorkerStalledError. Raises WorkerError."""
-        try:
+        with self._worker_errors():
             # The current span's traceparent (none when tracing is off): the worker's
             # spans join the gateway's trace.
             call: GenerateCall = self._stub.Generate(
                 to_generate_request(request), metadata=self._metadata + tracing.grpc_metadata()
             )
-        except grpc.aio.UsageError as exc:
-            raise from_grpc_error(self.address, exc) from exc
         return WorkerStream(self, request.request_id, call, deadlines)
 
     async def abort(self, request_id: str, timeout_s: float) -> bool:
         """Abort a running request (it still sends its final message); found or not."""
-        try:
+        with self._worker_errors():
             response: pb.AbortResponse = await self._stub.Abort(
                 pb.AbortRequest(request_id=request_id), timeout=timeout_s, metadata=self._metadata
             )
-        except GRPC_CALL_ERRORS as exc:
-            raise from_grpc_error(self.address, exc) from exc
         return response.found
 
     async def prefill(
@@ -122,39 +155,34 @@ class WorkerClient:
     ) -> PrefillResult:
         """Compute the prompt and send ``destination``'s blocks; returns once they are sent.
         Cancelling the awaiting task cancels the call, which frees the worker's blocks."""
-        try:
+        with self._worker_errors():
             response: pb.PrefillResponse = await self._stub.Prefill(
                 to_prefill_request(request, destination),
                 timeout=timeout_s,
                 metadata=self._metadata + tracing.grpc_metadata(),
             )
-        except GRPC_CALL_ERRORS as exc:
-            raise from_grpc_error(self.address, exc) from exc
         return from_prefill_response(response)
 
     async def cancel_kv_transfer(self, request_id: str, timeout_s: float) -> bool:
         """Tell a decode worker to stop waiting for blocks and prefill locally; found or not."""
-        try:
+        with self._worker_errors():
             response: pb.CancelKvTransferResponse = await self._stub.CancelKvTransfer(
                 pb.CancelKvTransferRequest(request_id=request_id),
                 timeout=timeout_s,
                 metadata=self._metadata,
             )
-        except GRPC_CALL_ERRORS as exc:
-            raise from_grpc_error(self.address, exc) from exc
         return response.found
 
     async def embed(self, request: pb.EmbedRequest, timeout_s: float) -> pb.EmbedResponse:
         """One Embed call (an embedding worker: serving/embeddings.py). Raises WorkerError."""
-        try:
+        with self._worker_errors():
             response: pb.EmbedResponse = await self._stub.Embed(
                 request, timeout=timeout_s, metadata=self._metadata + tracing.grpc_metadata()
             )
-        except GRPC_CALL_ERRORS as exc:
-            raise from_grpc_error(self.address, exc) from exc
         return response
 
     async def close(self) -> None:
+        self.is_closed = True
         await self._channel.close(grace=None)
 
 
@@ -200,17 +228,21 @@ class WorkerStream:
         self._call.cancel()
 
     async def next(self) -> TokenChunk | KvReservation:
-        """The next message. Raises WorkerError, also for a stream that ends unfinished,
-        and WorkerStalledError past a deadline."""
+        """The next message. Raises WorkerError, also for a stream that ends unfinished or
+        whose worker left the pool, and WorkerStalledError past a deadline."""
         try:
             message = await anext(self._messages, None)
         except asyncio.CancelledError:
-            # A read of a call cancelled here raises CancelledError: ours, from the
-            # deadline timer, unless this task itself is being cancelled.
-            task = asyncio.current_task()
-            if self._missed is None or (task is not None and task.cancelling()):
+            # A read of a cancelled call raises CancelledError: this task's own (propagated),
+            # else the call was cancelled beneath it, by the deadline timer or by the pool
+            # closing the channel of a worker that left it. Re-raised, that would end the
+            # choice's task silently, and its request would wait for it forever.
+            if is_cancelling_this_task():
                 raise
-            raise WorkerStalledError(self.worker_id, self._missed) from None
+            if self._missed is not None:
+                raise WorkerStalledError(self.worker_id, self._missed) from None
+            is_closed = self._client.is_closed
+            raise cancelled_call_error(self.worker_id, is_channel_closed=is_closed) from None
         except GRPC_CALL_ERRORS as exc:
             raise from_grpc_error(self.worker_id, exc) from exc
         if self._missed is not None:  # the message raced the cancel: the call is gone

@@ -126,6 +126,8 @@ class WorkerPool:
         await self._cancel(worker)
         self._index.drop_worker(worker_id)
         self._sessions.forget_worker(worker_id)
+        # Cancels its calls in flight: their requests see the worker as down (WorkerStream:
+        # a call cancelled beneath its reader) and fail over, or end with an error event.
         await worker.client.close()
         log.info("worker %s removed", worker_id)
 

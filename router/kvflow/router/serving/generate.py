@@ -21,7 +21,12 @@ from kvflow.proto import worker_pb2 as pb
 from kvflow.router import tracing
 from kvflow.router.breaker.machine import Outcome
 from kvflow.router.metrics import RouterMetrics
-from kvflow.router.protocol.errors import ApiError, circuit_open, no_worker_available
+from kvflow.router.protocol.errors import (
+    ApiError,
+    circuit_open,
+    no_worker_available,
+    worker_failed,
+)
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.routing.block_hasher import CachedBlockHasher, PromptHashes
 from kvflow.router.routing.placement import ExecutionPlan, Placement, PlacementRequest
@@ -32,6 +37,7 @@ from kvflow.router.serving.executor import AttemptFailedError, PlanExecutor, Str
 from kvflow.router.serving.public_prefix import PublicPrefixes
 from kvflow.router.serving.types import Caller, ChoiceSpec, ChoiceUsage, RequestTrace
 from kvflow.router.text.tokenizer import TextTokenizer
+from kvflow.router.workers.client import is_cancelling_this_task
 from kvflow.router.workers.pool import WorkerPool
 from kvflow.router.workers.records import GenerateInput, WorkerContext
 
@@ -149,10 +155,22 @@ class GenerationService:
         queue: asyncio.Queue[object],
         buffered: bool,
     ) -> None:
+        """Run one choice; whatever ends it but the request's own end (`run` cancelling
+        it) puts the choice's last item on ``queue``: its done marker or its error. `run`
+        waits for one of the two from every choice, so a task ending without either would
+        hold the request (and its tenant's slots) until the client hung up."""
         try:
             await self._run_choice(caller, spec, trace, queue, buffered)
         except ApiError as exc:
             queue.put_nowait(exc)
+        except asyncio.CancelledError:
+            if is_cancelling_this_task():
+                raise
+            # A gRPC call cancelled beneath the choice (its channel closed) that no layer
+            # below turned into a WorkerError: a bug, but the request must end, not hang.
+            log.error("%s: choice %d: a worker call was cancelled beneath it",
+                      trace.request_id, spec.index)  # fmt: skip
+            queue.put_nowait(worker_failed("The worker's call was cancelled; retry the request."))
         except Exception as exc:  # a bug: surface it to the request as a 500, and log it
             log.exception("%s: choice %d failed", trace.request_id, spec.index)
             queue.put_nowait(exc)

@@ -1,4 +1,5 @@
-"""A worker that leaves the pool mid-request is a worker fault like any other.
+"""A worker that leaves the pool mid-request is a worker fault like any other, as is one
+that aborts a request after its first token.
 
 `WorkerPool.set_addresses` (what `--worker-dns` runs every few seconds, and so what a pod
 the operator scales away does) closes a removed worker's gRPC channel, which cancels its
@@ -17,12 +18,15 @@ import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 from testkit.fake_worker import FakeWorker, running_fake_worker
 
+from kvflow.proto import worker_pb2 as pb
 from kvflow.router.api.app import create_app
 from kvflow.router.api.gateway import Gateway, build_gateway
 from kvflow.router.cli import parse_args
@@ -202,3 +206,52 @@ def test_a_worker_removed_before_the_first_token_is_failed_over(
             assert await _released(g)
 
     asyncio.run(scenario())
+
+
+# -- a worker that aborts a request after its first token ------------------------------------
+
+
+@dataclass
+class AbortingWorker(FakeWorker):
+    """Streams ``abort_after`` tokens, then finishes the request as aborted: a failed engine
+    step, a lost tensor-parallel rank, a drain past its grace, mid-decode."""
+
+    abort_after: int = 2
+
+    async def Generate(  # noqa: N802
+        self, request: pb.GenerateRequest, context: Any
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        self.requests.append(request)
+        for token in self.tokens[: self.abort_after]:
+            yield pb.GenerateResponse(request_id=request.request_id, token_ids=[token])
+        yield pb.GenerateResponse(request_id=request.request_id,
+                                  finish_reason=pb.FINISH_REASON_ABORT)  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "buffered"])
+def test_a_worker_aborting_after_its_first_token_fails_over_unless_the_client_saw_it(
+    stream: bool,
+) -> None:
+    a = AbortingWorker(tokens=TOKENS)
+    b = FakeWorker(tokens=TOKENS, num_running=5)  # looks busy: A is the first choice
+
+    async def scenario(address_a: str, address_b: str) -> None:
+        async with serving_gateway(address_a, address_b) as g, _http() as http:
+            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                r = await http.post(f"{g.url}/chat/completions", json=_body(stream=stream))
+            assert r.status_code == 200, r.text
+            if stream:  # the client saw text: the stream ends with an error event
+                events = _parsed(r.text)
+                received = "".join(_content(e) for e in events)
+                assert received == TOKENIZER.decode(TOKENS[:2])
+                error = events[-1]
+                assert isinstance(error, dict) and "error" in error, events
+                assert "aborted the request" in str(error["error"]), error
+                assert "[DONE]" not in events and not b.requests
+            else:  # it saw nothing: another worker answers in full
+                assert r.json()["choices"][0]["message"]["content"] == TEXT
+                assert len(a.requests) == 1 and len(b.requests) == 1
+            assert await _released(g)
+
+    with running_fake_worker(a) as address_a, running_fake_worker(b) as address_b:
+        asyncio.run(scenario(address_a, address_b))

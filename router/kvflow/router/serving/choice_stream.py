@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvflow.router.protocol.errors import worker_failed
 from kvflow.router.protocol.responses import ChoiceDelta, UsageCounts
 from kvflow.router.serving.decoder import ChoiceDecoder
 from kvflow.router.serving.types import ChoiceSpec, ChoiceUsage
@@ -55,7 +54,7 @@ class ChoiceStream:
 
     async def run(self, stream: WorkerStream, first: TokenChunk | None = None) -> None:
         """Read ``stream`` (after ``first``, if the caller read it) until the choice is
-        complete. Raises WorkerError from the stream; ApiError if the worker aborted it."""
+        complete. Raises WorkerError from the stream, also when the worker aborted it."""
         chunk = first if first is not None else await self._next(stream)
         while not await self._feed(stream, chunk):
             chunk = await self._next(stream)
@@ -93,7 +92,9 @@ class ChoiceStream:
                 emit(delta)
             return False
         if chunk.finish_reason == "abort":
-            raise worker_failed("The worker aborted the request.")
+            # A worker fault like any other (the executor decides): a stream the client
+            # reads ends with an error event, a buffered choice starts over elsewhere.
+            raise WorkerCallError(stream.worker_id, "the worker aborted the request")
         if delta is not None:
             emit(delta)
         emit(self._decoder.finish(chunk.finish_reason))

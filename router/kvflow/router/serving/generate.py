@@ -240,7 +240,7 @@ class GenerationService:
         busy_retry_after_s: list[float] = []  # the hints of the workers that were full
         for attempt in range(MAX_ATTEMPTS):
             placing = PlacementRequest(caller.model, hashes, len(tokens), info.block_size,
-                                       caller.session_id, frozenset(excluded))  # fmt: skip
+                                       caller.session_key, frozenset(excluded))  # fmt: skip
             with tracing.span("kvflow.route") as route_span:
                 plan = self._plan(placing)
                 if route_span is not None:
@@ -283,8 +283,8 @@ class GenerationService:
             self._metrics.matched_blocks.inc(plan.matched_blocks)
             if (outcome := plan.prefix_outcome) is not None:
                 self._metrics.prefix_outcomes.labels(outcome.value).inc()
-            if caller.session_id:
-                self._sessions.set(caller.session_id, plan.stream_worker)
+            if caller.session_key:
+                self._sessions.set(caller.session_key, plan.stream_worker)
             return
         raise no_worker_available(
             f"No worker could take this request for '{caller.model}'"

@@ -31,6 +31,13 @@ class Caller:
     # The class the request runs as, already capped to the tenant's ceiling.
     priority_class: PriorityClass = PriorityClass.NORMAL
 
+    @property
+    def session_key(self) -> str | None:
+        """The sticky session's key in the router's table: the client's session id under
+        its tenant, so one tenant sending another's id moves nothing of the other's.
+        (Tenant names hold no ':', tenants/config.py.)"""
+        return None if not self.session_id else f"{self.tenant.name}:{self.session_id}"
+
 
 @dataclass(frozen=True)
 class ChoiceUsage:

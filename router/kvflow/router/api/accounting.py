@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -60,6 +60,12 @@ class Accounting:
     price_factor: Fraction = Fraction(1)
     _prompt: dict[int, UsageCounts] = field(default_factory=dict)
     completion_tokens: int = 0
+    # Choice index -> the completion tokens its deltas counted so far, and the choices whose
+    # final usage came: a request cut short (the client left, a worker broke mid-stream) is
+    # charged for its unsettled choices from these (charge_unsettled).
+    _received_tokens: dict[int, int] = field(default_factory=dict)
+    _settled_choices: set[int] = field(default_factory=set)
+    _unsettled: UsageCounts = field(default_factory=UsageCounts)
     # Choice index -> why it ended, as the client was told (tool_calls included).
     finish_reasons: dict[int, str] = field(default_factory=dict)
     _is_finished: bool = False
@@ -74,12 +80,31 @@ class Accounting:
         if isinstance(item, ChoiceDelta):
             if item.finish_reason is not None:
                 self.finish_reasons[item.index] = item.finish_reason
+            received = self._received_tokens.get(item.index, 0)
+            self._received_tokens[item.index] = max(received, item.num_completion_tokens)
             return
+        self._settled_choices.add(item.index)
         # OpenAI counts a prompt once however many choices it has.
         seen = self._prompt.setdefault(item.prompt_index, UsageCounts())
         seen.prompt_tokens = max(seen.prompt_tokens, item.usage.prompt_tokens)
         seen.cached_tokens = max(seen.cached_tokens, item.usage.cached_tokens)
         self.completion_tokens += item.usage.completion_tokens
+
+    def charge_unsettled(self, prompt_tokens: Sequence[int]) -> None:
+        """The request ended before some choices' final usage came (the client left, or a
+        worker broke mid-stream): charge those choices what their workers computed, as
+        vLLM and OpenAI bill a request cut short. ``prompt_tokens``: each prompt's tokens,
+        as prepared. A settled choice keeps its final usage; a replayed answer computed
+        nothing. Idempotent: the latest call's estimate counts."""
+        if self.is_replayed:
+            return
+        self._unsettled = unsettled_usage(
+            prompt_tokens,
+            self._received_tokens,
+            self._settled_choices,
+            settled_prompts=self._prompt.keys(),
+            is_prefilled=self.trace.first_token_s is not None,
+        )
 
     @property
     def usage(self) -> UsageCounts:
@@ -90,12 +115,15 @@ class Accounting:
 
     @property
     def own_usage(self) -> UsageCounts:
-        """This call's usage: what it is charged for."""
-        return UsageCounts(
+        """This call's usage: what it is charged for (the final usage its choices reported,
+        and what any cut short computed)."""
+        usage = UsageCounts(
             prompt_tokens=sum(u.prompt_tokens for u in self._prompt.values()),
             completion_tokens=self.completion_tokens,
             cached_tokens=sum(u.cached_tokens for u in self._prompt.values()),
         )
+        usage.add(self._unsettled)
+        return usage
 
     def spend_pusd(self, usage: UsageCounts) -> int:
         """What this request costs at its served model's prices (pico-USD)."""
@@ -134,8 +162,11 @@ class Accounting:
             metrics.e2e_s.labels(self.served_model).observe(finished_s - self.trace.arrival_s)
         first_token_s = self.trace.first_token_s
         tpot_s = None
-        if first_token_s is not None and usage.completion_tokens >= 2:
-            tpot_s = (finished_s - first_token_s) / (usage.completion_tokens - 1)
+        # Timed from the choices that finished only, as before: one cut short is charged
+        # its tokens, but its end is the client's leaving, not its last token.
+        timed_tokens = usage.completion_tokens - self._unsettled.completion_tokens
+        if first_token_s is not None and timed_tokens >= 2:
+            tpot_s = (finished_s - first_token_s) / (timed_tokens - 1)
             metrics.tpot_s.labels(self.served_model, self.priority_class).observe(tpot_s)
         if self.degradation is not None:
             ttft_s = None if first_token_s is None else first_token_s - self.trace.arrival_s
@@ -183,6 +214,28 @@ class Accounting:
             *([("cascade", self.cascade)] if self.cascade is not None else []),
         ]
         return "request " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
+
+
+def unsettled_usage(
+    prompt_tokens: Sequence[int],
+    received_tokens: Mapping[int, int],
+    settled_choices: Collection[int],
+    *,
+    settled_prompts: Collection[int],
+    is_prefilled: bool,
+) -> UsageCounts:
+    """What the choices without a final usage computed: each one's completion tokens the
+    gateway received from its worker, and each prompt none of whose choices settled, once
+    a worker prefilled one (``is_prefilled``: the request's first token came).
+
+    The gateway cannot tell which prompts of a several-prompt request its workers reached
+    before that first token: all count. Cached tokens are unknown without the worker's
+    final message: none count, as serving/choice_stream.py estimates a missing usage."""
+    completion = sum(n for index, n in received_tokens.items() if index not in settled_choices)
+    prompt = 0
+    if is_prefilled:
+        prompt = sum(n for i, n in enumerate(prompt_tokens) if i not in settled_prompts)
+    return UsageCounts(prompt_tokens=prompt, completion_tokens=completion)
 
 
 def _usd(pusd: int) -> str:

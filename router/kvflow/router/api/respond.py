@@ -1,9 +1,12 @@
 """A running job's answer: one JSON body, or an SSE stream. Either way the accounting
-settles the job exactly once however it ends (done, failed, or the client gone)."""
+settles the job exactly once however it ends (done, failed, or the client gone); one cut
+short by the client, or by a worker breaking mid-stream, is charged what its workers
+computed for it (api/accounting.py, charge_unsettled)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator
 
 from starlette.requests import Request
@@ -14,6 +17,7 @@ from kvflow.router.api.accounting import Accounting
 from kvflow.router.api.http import wait_for_disconnect
 from kvflow.router.api.job_start import BUDGET_WARNING_HEADER, ROUTE_DEBUG_HEADER
 from kvflow.router.api.streaming import ManagedStreamingResponse, sse_body
+from kvflow.router.batch.scope import BATCH_SCOPE_KEY
 from kvflow.router.caches.policy import RESULT_HEADER
 from kvflow.router.caches.semantic_service import SEMANTIC_HEADER
 from kvflow.router.degrade.service import DEGRADED_HEADER
@@ -31,6 +35,9 @@ ItemStream = AsyncGenerator[ChoiceDelta | ChoiceUsage]
 
 # nginx's "client closed request": nobody reads it, but logs and metrics tell it apart.
 CLIENT_GONE = 499
+# After a stream ends early, how long the items its workers already sent may be counted
+# before the stream is closed (which aborts them): a bound, should tokens keep coming.
+RECEIVED_DRAIN_S = 0.01
 
 
 async def collected(
@@ -57,6 +64,9 @@ async def streamed(
         raise
     if first is None:  # the client left before the first token; the workers' calls are gone
         await stream.aclose()
+        # Its first token may have come and been held back (a stop string's or a tool
+        # call's prefix): the prompt was prefilled all the same.
+        accounting.charge_unsettled(_prompt_tokens(job))
         await accounting.finish()
         return Response(status_code=CLIENT_GONE)
     parsed = job.request
@@ -75,7 +85,11 @@ async def streamed(
 
     async def close() -> None:
         await body_iter.aclose()
+        # A stream that ended early (the client left, a worker broke) is charged what its
+        # workers computed, the tokens received but never sent included.
+        await _count_received(stream, accounting)
         await stream.aclose()
+        accounting.charge_unsettled(_prompt_tokens(job))
         await accounting.finish()
 
     headers = {"cache-control": "no-cache", "x-accel-buffering": "no", **_job_headers(job)}
@@ -126,6 +140,12 @@ async def _collect(
             consumer.cancel()  # the client left: abort the workers' requests now
         await asyncio.gather(consumer, watcher, return_exceptions=True)
     if consumer.cancelled():
+        # A batch line's "client" leaves only when this router stops, and the line runs
+        # again later (batch/runner.py): charged then, not twice.
+        if not request.scope.get(BATCH_SCOPE_KEY):
+            # Each choice's deltas wait in its worker call's buffer until it ends, so only
+            # the prompts are known to have been computed (api/accounting.py).
+            accounting.charge_unsettled(_prompt_tokens(job))
         return Response(status_code=CLIENT_GONE)
     consumer.result()  # re-raises an ApiError from generation
     build = chat_completion if job.is_chat else text_completion
@@ -138,6 +158,27 @@ async def _collect(
         with_logprobs=job.sampling.logprobs,
     )
     return JSONResponse(body, headers=_job_headers(job) or None)
+
+
+async def _count_received(stream: ItemStream, accounting: Accounting) -> None:
+    """Add to ``accounting`` the items ``stream`` has ready at once, up to its end or its
+    first wait (or RECEIVED_DRAIN_S): tokens the workers sent that the client never read.
+    A wait is cut short by cancelling it, which ends the stream and its workers' calls."""
+    deadline_s = time.perf_counter() + RECEIVED_DRAIN_S
+    while time.perf_counter() < deadline_s:
+        step = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)  # one turn of the loop: enough to take an item already there
+        if not step.done():
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
+            return
+        if step.cancelled() or step.exception() is not None:
+            return  # its end (StopAsyncIteration), or the failure the client was told of
+        accounting.add(step.result())
+
+
+def _prompt_tokens(job: CompletionJob) -> list[int]:
+    return [len(prompt.token_ids) for prompt in job.prompts]
 
 
 def _job_headers(job: CompletionJob) -> dict[str, str]:

@@ -98,9 +98,14 @@ class Accounting:
         nothing. Idempotent: the latest call's estimate counts."""
         if self.is_replayed:
             return
+        # A non-streamed choice's tokens wait in its buffer (serving/generate.py), unseen
+        # here until it ends: the trace says how many it holds.
+        received = dict(self._received_tokens)
+        for index, num_tokens in self.trace.buffered_tokens.items():
+            received[index] = max(received.get(index, 0), num_tokens)
         self._unsettled = unsettled_usage(
             prompt_tokens,
-            self._received_tokens,
+            received,
             self._settled_choices,
             settled_prompts=self._prompt.keys(),
             is_prefilled=self.trace.first_token_s is not None,

@@ -143,8 +143,7 @@ async def _collect(
         # A batch line's "client" leaves only when this router stops, and the line runs
         # again later (batch/runner.py): charged then, not twice.
         if not request.scope.get(BATCH_SCOPE_KEY):
-            # Each choice's deltas wait in its worker call's buffer until it ends, so only
-            # the prompts are known to have been computed (api/accounting.py).
+            # Its prompts, and the tokens each choice's buffer holds (api/accounting.py).
             accounting.charge_unsettled(_prompt_tokens(job))
         return Response(status_code=CLIENT_GONE)
     consumer.result()  # re-raises an ApiError from generation

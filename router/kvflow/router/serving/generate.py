@@ -255,10 +255,21 @@ class GenerationService:
                 context=context,
             )
             sink: list[ChoiceDelta | ChoiceUsage] = []
+            trace.buffered_tokens.pop(spec.index, None)  # a new attempt holds nothing yet
+
+            def hold(
+                item: ChoiceDelta | ChoiceUsage,
+                sink: list[ChoiceDelta | ChoiceUsage] = sink,
+                index: int = spec.index,
+            ) -> None:
+                sink.append(item)
+                if isinstance(item, ChoiceDelta):
+                    trace.buffered_tokens[index] = item.num_completion_tokens
+
             choice = ChoiceStream(
                 spec,
                 self._tokenizer,
-                sink.append if buffered else queue.put_nowait,
+                hold if buffered else queue.put_nowait,
                 lambda: self._first_message(caller, trace),
                 self._metrics.itl_s.labels(caller.model).observe,
             )

@@ -67,6 +67,10 @@ class RequestTrace:
     # Admission control let it in and counts it in flight (api/completions.py, before its
     # prompts were prepared); the generation service need not check it again.
     is_admitted: bool = False
+    # Choice index -> the completion tokens a buffered (non-streamed) choice's current
+    # attempt has received and holds until it ends: what it computed, if the client leaves
+    # before (api/accounting.py charges a request cut short).
+    buffered_tokens: dict[int, int] = field(default_factory=dict)
 
     def attempt_id(self, choice: int, attempt: int) -> str:
         """The id a worker sees: unique per choice and attempt, so never twice on a worker."""

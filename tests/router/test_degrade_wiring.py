@@ -296,6 +296,22 @@ def test_capacity_refusals_count_as_late_and_quota_refusals_do_not() -> None:
     assert [t.step for _, t in d.check()] == [Step.CAP_MAX_TOKENS]
 
 
+def test_a_client_that_leaves_before_the_ttft_target_says_nothing_of_the_model() -> None:
+    """Hanging up at once (by design, or to push every tenant's requests down the ladder)
+    is no missed first token; leaving after waiting past the target is one."""
+    clock = Clock()
+    d = degradation(clock, engage_after_s=0)
+    ttft_target_s = config()["degradation"]["big"]["ttft_slo_s"]
+    for _ in range(5):
+        d.plan(chat(), ANONYMOUS).finished(None, None, left_after_s=0.5 * ttft_target_s)
+    clock.now_s += 1
+    assert d.check() == []
+    for _ in range(5):
+        d.plan(chat(), ANONYMOUS).finished(None, None, left_after_s=2 * ttft_target_s)
+    clock.now_s += 1
+    assert [t.step for _, t in d.check()] == [Step.CAP_MAX_TOKENS]
+
+
 def test_each_request_counts_once_and_only_for_its_model() -> None:
     clock = Clock()
     d = degradation(clock, engage_after_s=0)

@@ -69,6 +69,7 @@ class Accounting:
     # Choice index -> why it ended, as the client was told (tool_calls included).
     finish_reasons: dict[int, str] = field(default_factory=dict)
     _is_finished: bool = False
+    is_client_gone: bool = False  # the client left before the answer was complete
     # A response-cache hit (caches/): the stored answer is replayed and nothing generated,
     # so its completion tokens are shown to the caller but neither billed nor counted; its
     # prompt tokens are, all of them as cached.
@@ -175,7 +176,8 @@ class Accounting:
             metrics.tpot_s.labels(self.served_model, self.priority_class).observe(tpot_s)
         if self.degradation is not None:
             ttft_s = None if first_token_s is None else first_token_s - self.trace.arrival_s
-            self.degradation.finished(ttft_s, tpot_s)
+            left_after_s = finished_s - self.trace.arrival_s if self.is_client_gone else None
+            self.degradation.finished(ttft_s, tpot_s, left_after_s=left_after_s)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", self.log_line(usage, finished_s, spend))
         await self.gateway.quotas.finish(

@@ -67,6 +67,7 @@ async def streamed(
         # Its first token may have come and been held back (a stop string's or a tool
         # call's prefix): the prompt was prefilled all the same.
         accounting.charge_unsettled(_prompt_tokens(job))
+        accounting.is_client_gone = True
         await accounting.finish()
         return Response(status_code=CLIENT_GONE)
     parsed = job.request
@@ -140,6 +141,7 @@ async def _collect(
             consumer.cancel()  # the client left: abort the workers' requests now
         await asyncio.gather(consumer, watcher, return_exceptions=True)
     if consumer.cancelled():
+        accounting.is_client_gone = True
         # A batch line's "client" leaves only when this router stops, and the line runs
         # again later (batch/runner.py): charged then, not twice.
         if not request.scope.get(BATCH_SCOPE_KEY):

@@ -175,9 +175,22 @@ class RequestDegradation:
         if isinstance(exc, ApiError) and exc.status == _CAPACITY_STATUS:
             self._record(None, None)
 
-    def finished(self, ttft_s: float | None, tpot_s: float | None) -> None:
+    def finished(
+        self, ttft_s: float | None, tpot_s: float | None, *, left_after_s: float | None = None
+    ) -> None:
         """The request ended; ``ttft_s`` None: no first token (it failed, or the client
-        left first), which counts as late."""
+        left first), which counts as late. ``left_after_s``: the client left, that long
+        after it arrived. Before the model's TTFT target it says nothing of the model (a
+        client that hangs up at once, by design or to push every tenant's requests down
+        the ladder): not recorded."""
+        model = self.model
+        if (
+            ttft_s is None
+            and left_after_s is not None
+            and model is not None
+            and left_after_s < model.spec.targets.ttft_s
+        ):
+            return
         self._record(ttft_s, tpot_s)
 
     def _record(self, ttft_s: float | None, tpot_s: float | None) -> None:

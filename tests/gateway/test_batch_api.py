@@ -376,6 +376,28 @@ def test_batch_lines_are_not_one_client_under_a_client_ip_limit(
         g.stop()
 
 
+def test_the_sdk_walks_files_and_batches_page_by_page(
+    worker: WorkerProcess, config_path: Path, tmp_path: Path
+) -> None:
+    g = _gateway(worker, config_path, "--batch-dir", str(tmp_path))
+    try:
+        client = _client(g, KEY_B)
+        uploaded = [_upload(client, [_line(f"p-{i}")]) for i in range(5)]
+        first = client.files.list(limit=2)
+        assert len(first.data) == 2 and first.has_more
+        listed = [f.id for f in client.files.list(limit=2)]  # the SDK follows `after`
+        assert sorted(listed) == sorted(uploaded) and len(listed) == 5
+        assert [f.id for f in client.files.list(order="asc")] == listed[::-1]
+        created = [_create(client, [_line(f"q-{i}")]).id for i in range(3)]
+        walked = [b.id for b in client.batches.list(limit=2)]
+        assert sorted(walked) == sorted(created) and len(walked) == 3
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.batches.list(limit=101)
+        assert refused.value.body["param"] == "limit"  # type: ignore[index]
+    finally:
+        g.stop()
+
+
 def test_files_and_batches_answer_503_while_redis_is_down(
     worker: WorkerProcess, config_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvflow.router.batch.listing import BATCHES, FILES
 from kvflow.router.batch.records import COMPLETION_WINDOWS, ENDPOINTS, Status
 
 Schema = dict[str, Any]
@@ -17,6 +18,7 @@ _WHY = {
     "404": "No such file or batch for this tenant, or the Batch API is off.",
     "409": "The batch cannot be cancelled in its status, or the file is a running batch's.",
     "413": "The file is larger than --batch-max-file-bytes.",
+    "503": "The files and batches store (Redis, the directory) failed; retry after Retry-After.",
 }
 
 FILE: Schema = {
@@ -105,6 +107,22 @@ def _id(name: str) -> list[Schema]:
     return [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}]
 
 
+def _page_parameters(max_limit: int, *, files: bool) -> list[Schema]:
+    """The listings' query (batch/listing.py)."""
+    found: list[Schema] = [
+        {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": max_limit}},
+        {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
+    ]  # fmt: skip
+    if files:
+        found += [
+            {"name": "order", "in": "query", "required": False,
+             "schema": {"enum": ["asc", "desc"]}},
+            {"name": "purpose", "in": "query", "required": False, "schema": {"type": "string"}},
+        ]  # fmt: skip
+    return found
+
+
 def batch_paths() -> Schema:
     file_ref, batch_ref = {"$ref": _REF + "File"}, {"$ref": _REF + "Batch"}
     upload = {
@@ -126,8 +144,9 @@ def batch_paths() -> Schema:
                      "responses": _responses(_json(file_ref, "The stored file"),
                                              "400", "401", "404", "413")},
             "get": {"operationId": "ListFiles",
+                    "parameters": _page_parameters(FILES.max_limit, files=True),
                     "responses": _responses(_json(_list("File"), "The tenant's files"),
-                                            "401", "404")},
+                                            "400", "401", "404", "503")},
         },
         "/v1/files/{file_id}": {
             "get": {"operationId": "GetFile", "parameters": _id("file_id"),
@@ -146,8 +165,9 @@ def batch_paths() -> Schema:
                      "responses": _responses(_json(batch_ref, "The new batch"),
                                              "400", "401", "404", "413")},
             "get": {"operationId": "ListBatches",
+                    "parameters": _page_parameters(BATCHES.max_limit, files=False),
                     "responses": _responses(_json(_list("Batch"), "The tenant's batches"),
-                                            "401", "404")},
+                                            "400", "401", "404", "503")},
         },
         "/v1/batches/{batch_id}": {
             "get": {"operationId": "GetBatch", "parameters": _id("batch_id"),

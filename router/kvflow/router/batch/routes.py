@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.http import read_json_body
 from kvflow.router.batch.config import BatchConfig
+from kvflow.router.batch.listing import BATCHES, FILES, list_object, page, page_query
 from kvflow.router.batch.multipart import MultipartError, boundary_of, parse_multipart
 from kvflow.router.batch.records import (
     COMPLETION_WINDOWS,
@@ -72,10 +73,11 @@ async def _read_upload(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _page(data: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"object": "list", "data": data, "has_more": False,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None}  # fmt: skip
+def _query(request: Request) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for name, value in request.query_params.multi_items():
+        found.setdefault(name, []).append(value)
+    return found
 
 
 class BatchApi:
@@ -209,8 +211,11 @@ def add_batch_routes(app: FastAPI, gateway: Gateway, api: BatchApi | None) -> No
     @_store_guarded
     async def list_files(request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
-        files = sorted(await a.store.list_files(tenant.name), key=lambda f: -f.created_at)
-        return _page([f.to_openai() for f in files])
+        query = page_query(_query(request), FILES)
+        files, has_more = page(await a.store.list_files(tenant.name), query,
+                               id_of=lambda f: f.id, created_s_of=lambda f: f.created_at,
+                               purpose_of=lambda f: f.purpose)  # fmt: skip
+        return list_object([f.to_openai() for f in files], has_more)
 
     @app.get("/v1/files/{file_id}")
     @_store_guarded
@@ -252,8 +257,12 @@ def add_batch_routes(app: FastAPI, gateway: Gateway, api: BatchApi | None) -> No
     @_store_guarded
     async def list_batches(request: Request) -> dict[str, Any]:
         a, tenant = ready(request)
-        batches = sorted(await a.store.list_batches(tenant.name), key=lambda b: -b.created_at)
-        return _page([await a.view(b) for b in batches])
+        query = page_query(_query(request), BATCHES)
+        batches, has_more = page(await a.store.list_batches(tenant.name), query,
+                                 id_of=lambda b: b.id,
+                                 created_s_of=lambda b: b.created_at)  # fmt: skip
+        # Counted per batch on the page only: a store read or two each.
+        return list_object([await a.view(b) for b in batches], has_more)
 
     @app.get("/v1/batches/{batch_id}")
     @_store_guarded

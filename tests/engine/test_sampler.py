@@ -148,3 +148,29 @@ def test_a_mixed_batch_waits_for_the_gpu_only_to_copy_its_tokens_out() -> None:
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     assert len(syncs) == 1, [str(w.message) for w in syncs]  # the tokens' copy to the host
     assert out[0].token_id == int(logits[0].argmax())
+
+
+def test_settings_that_overflow_the_logits_sample_one_row_never_fail_the_batch() -> None:
+    """A temperature near 0 (1e-40: the logits divided by it overflow float32) samples
+    greedily, and a repetition penalty near 0 (a seen token's logit divided by it is inf,
+    the row's softmax NaN) takes the row's top token: before, the row's index was -1 and
+    the gather failed the step, aborting every request on the worker."""
+    logits = logits_rows(3)
+    logits[1, 1] = 2.0  # a seen token with a positive logit: divided by 1e-40, inf
+    histories = [SimpleNamespace(token_ids=[1], prompt_token_ids=[1])] * 3
+    params = [SamplingParams(temperature=1e-40),
+              SamplingParams(temperature=1.0, repetition_penalty=1e-40, seed=1),
+              SamplingParams(temperature=1.0, seed=2)]  # fmt: skip
+    assert params[0].is_greedy
+    out = Sampler().sample(logits, list("abc"), params, histories=histories)
+    assert out[0].token_id == int(logits[0].argmax())
+    assert out[1].token_id == 1
+    assert 0 <= out[2].token_id < VOCAB
+
+
+def test_a_temperature_that_is_not_finite_is_refused() -> None:
+    from kvflow.engine_worker.core.errors import InvalidRequestError
+
+    for bad in (math.inf, math.nan, -1.0):
+        with pytest.raises(InvalidRequestError, match="temperature"):
+            SamplingParams(temperature=bad).validate(VOCAB)

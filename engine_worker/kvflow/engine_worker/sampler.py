@@ -254,7 +254,11 @@ class Sampler:
         threshold = u * cdf[:, -1]
         index = torch.searchsorted(cdf, threshold[:, None], right=True).clamp(max=vocab - 1)
         # Never land on a filtered token (possible only through float ties at the edge).
-        index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1)
+        # A row with no token kept (its logits overflowed to inf, e.g. a repetition
+        # penalty near 0, so its softmax is NaN) takes its top token: clamped at 0, never
+        # the -1 whose gather would fail the whole step (every request on the worker
+        # aborted; on a GPU, a device assert that poisons the context).
+        index = torch.minimum(index, keep.sum(dim=-1, keepdim=True) - 1).clamp(min=0)
         return torch.where(greedy > 0, greedy_choice, sorted_ids.gather(1, index)[:, 0])
 
 

@@ -15,11 +15,14 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a bias: [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit on logit_bias entries
+# A temperature under this samples greedily (vLLM's _SAMPLING_EPS): dividing the logits by
+# it overflows float32 to inf (1e-40 did), and the draw it would make is the top token.
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or under GREEDY_TEMPERATURE) means greedy
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1 disables
     min_p: float = 0.0  # 0 disables
@@ -45,7 +48,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
@@ -60,7 +63,10 @@ class SamplingParams:
         """Raise InvalidRequestError naming the first bad field."""
         bias_ids = [t for t, _ in self.logit_bias]
         checks: list[tuple[bool, str]] = [
-            (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
+            (
+                self.temperature >= 0.0 and math.isfinite(self.temperature),
+                f"temperature must be a finite number >= 0, got {self.temperature}",
+            ),
             (self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),

@@ -221,3 +221,24 @@ def test_client_gone_during_transfer_frees_both_sides(
     [outcome] = result
     assert isinstance(outcome, grpc.RpcError) and outcome.code() == grpc.StatusCode.ABORTED
     pc.wait_idle(pc.stub(slow_prefill.address), timeout_s=5.0)
+
+
+def test_a_prefill_aborted_mid_send_answers_aborted_and_decode_serves(
+    decode: WorkerProcess, slow_prefill: WorkerProcess, reference: list[int]
+) -> None:
+    """An Abort of a prefill whose send is under way ends it ABORTED (this one request),
+    not UNKNOWN, which the router reads as the prefill worker down; the decode worker
+    computes the prompt itself."""
+    stream = pc.stub(decode.address).Generate(remote_request("cut", 20.0, "cut"), timeout=60)
+    reservation = next(stream).kv_reservation
+    thread, result = prefill_in_background(slow_prefill, "cut-p", reservation)
+    time.sleep(PAUSE_S / 2)  # mid-transfer
+    assert pc.stub(slow_prefill.address).Abort(pb.AbortRequest(request_id="cut-p")).found
+    thread.join(30)
+    [outcome] = result
+    assert isinstance(outcome, grpc.RpcError), outcome
+    assert outcome.code() == grpc.StatusCode.ABORTED, outcome
+    tokens, final = finish(stream)
+    assert tokens == reference and final.usage.remote_tokens == 0
+    pc.wait_idle(pc.stub(decode.address), timeout_s=5.0)
+    pc.wait_idle(pc.stub(slow_prefill.address), timeout_s=5.0)

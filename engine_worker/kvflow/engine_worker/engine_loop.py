@@ -212,7 +212,13 @@ class EngineLoop:
                 if isinstance(item, SendStats):
                     stats = item
                 elif isinstance(item, RequestOutput) and item.finish_reason is not None:
-                    assert stats is not None, "a prefill finishes only after its send"
+                    if stats is None:
+                        # Aborted before its send (an Abort, a failed step ending every
+                        # request): ABORTED for this request, not an assertion that reads
+                        # as UNKNOWN, which the router counts as the worker down.
+                        cause = RuntimeError(f"ended ({item.finish_reason}) before its KV "
+                                             "was sent")  # fmt: skip
+                        raise RequestFailedError(request_id, cause)
                     num_blocks = (end_token - first_token) // self._block_size
                     return PrefillResult(item, num_blocks, stats)
         raise AssertionError("a prefill stream ends with its final output")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -136,6 +137,12 @@ REQUEST_TIMEOUT_S = 30
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
     try:
         response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        # No answer at all (refused, reset, timed out: an API server restarting). A
+        # KubeError like any other, so every caller's retry covers it: raw, it ended the
+        # leader's renewals without saying the lease was lost, a standby's wait for the
+        # lease as if it had won it, and the drift and planner loops for good.
+        raise KubeError(0, f"the API server did not answer: {exc}") from exc
     except ApiException as exc:
         message = exc.reason or ""
         if exc.body:

@@ -139,9 +139,15 @@ class LeaderElector:
 
     async def _attempt(self) -> bool:
         try:
-            return await asyncio.to_thread(self.try_acquire)
+            # At most a renewal period: a call left hanging (the client's own timeout is
+            # 30 s, twice the lease) must not keep a leader from seeing its lease lapse.
+            return await asyncio.wait_for(asyncio.to_thread(self.try_acquire), self.renew_s)
         except KubeError as exc:
             log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            return False
+        except TimeoutError:
+            log.warning("lease %s/%s: no answer within %.0f s", self.namespace, self.name,
+                        self.renew_s)  # fmt: skip
             return False
 
     def release(self) -> None:

@@ -112,6 +112,8 @@ class PlanningLoop:
                 await self.tick()
             except KubeError as exc:
                 log.warning("planner: cannot list pools: %s", exc)
+            except Exception:  # the planner goes on at the next tick, as after an outage
+                log.exception("planner: this tick failed")
 
     async def tick(self) -> None:
         """Run every pool that is due."""

@@ -94,6 +94,7 @@ async def _lead_and_run(
             acquired.cancel()
             return 0
         stopped.cancel()
+        acquired.result()  # a failed wait for the lease raises here, never leads
         role.now = "leading"
 
     def post_event(body: Json, type_: str, reason: str, message: str) -> None:
@@ -147,6 +148,8 @@ async def _sweep(reconciler: Reconciler, kube: Kube, cfg: OperatorConfig) -> Non
                 await asyncio.to_thread(reconciler.reconcile, namespace, name)
             except KubeError as exc:
                 log.warning("drift sweep: %s/%s: %s", namespace, name, exc)
+            except Exception:  # a bug in one pool's reconcile must not end the sweep
+                log.exception("drift sweep: %s/%s failed", namespace, name)
 
 
 async def _sweep_gateways(gateways: GatewayReconciler, kube: Kube, cfg: OperatorConfig) -> None:
@@ -169,3 +172,5 @@ async def _sweep_gateways(gateways: GatewayReconciler, kube: Kube, cfg: Operator
                 await asyncio.to_thread(gateways.reconcile_namespace, namespace)
             except KubeError as exc:
                 log.warning("drift sweep: gateways of %s: %s", namespace, exc)
+            except Exception:  # as _sweep
+                log.exception("drift sweep: gateways of %s failed", namespace)

@@ -96,10 +96,11 @@ def printed_examples(output: str) -> tuple[str, str, str]:
     return url, curl, python
 
 
-def stop_and_check_clean(proc: subprocess.Popen[str]) -> None:
+def stop_and_check_clean(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> None:
+    """``sig``: SIGINT is what Ctrl-C sends, SIGHUP what closing the terminal sends."""
     descendants = children_of(proc.pid)
     assert len(descendants) >= 2  # the gateway and at least one worker
-    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    proc.send_signal(sig)
     assert proc.wait(timeout=60) == 0
     deadline = time.monotonic() + 10
     while any(alive(p) for p in descendants):
@@ -119,6 +120,13 @@ def test_kvflow_up_with_simulated_workers() -> None:
         models = openai.OpenAI(base_url=f"{url}/v1", api_key="x").models.list()
         assert [m.id for m in models.data] == ["smollm2"]
         stop_and_check_clean(proc)
+
+
+def test_kvflow_up_stops_its_processes_when_its_terminal_closes() -> None:
+    """SIGHUP once ended `kvflow up` alone: the gateway and workers, each in a session of
+    its own, kept serving and held the ports."""
+    with kvflow_up("--simulate") as (proc, _):
+        stop_and_check_clean(proc, signal.SIGHUP)
 
 
 def test_kvflow_up_with_the_default_model_answers() -> None:

@@ -298,6 +298,10 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     # shell starts background jobs with SIGINT ignored, and Python keeps that inheritance.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Closing the terminal or the SSH session (SIGHUP) too: its default ends us without
+    # stopping the gateway and workers, which run in sessions of their own and would keep
+    # the ports.
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
     if args.workers < 1:
         print("kvflow up: --workers must be at least 1", file=sys.stderr)
         return 2

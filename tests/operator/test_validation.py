@@ -67,6 +67,12 @@ def test_a_plain_spec_has_no_problems() -> None:
             {"engine": {"extraArgs": ["--port=1", "--seed", "3", "--role", "x"]}},
             ["engine.extraArgs sets --port, --role, which the operator sets from the spec"],
         ),
+        (  # argparse reads a unique prefix as the whole flag
+            {"engine": {"extraArgs": ["--rol", "decode", "--served-model=x", "--max-model",
+                                      "999999", "--seed", "3"]}},
+            ["engine.extraArgs sets --max-model, --rol, --served-model, which the operator "
+             "sets from the spec"],
+        ),
         (
             {"engine": {"extraArgs": ["--kv-transport=tcp", "--advertise-host", "h"]}},
             ["engine.extraArgs sets --advertise-host, --kv-transport, which the operator sets "

@@ -79,10 +79,22 @@ def _roles(spec: v1alpha1.InferencePoolSpec) -> list[tuple[str, v1alpha1_workers
 
 
 def _extra_args_problems(extra_args: list[str]) -> list[str]:
-    owned = sorted({arg.split("=", 1)[0] for arg in extra_args} & OWNED_WORKER_FLAGS)
+    owned = sorted({name for arg in extra_args if _is_owned(name := arg.split("=", 1)[0])})
     if not owned:
         return []
     return [f"engine.extraArgs sets {', '.join(owned)}, which the operator sets from the spec"]
+
+
+def _is_owned(name: str) -> bool:
+    """An owned flag, or an abbreviation of one: the worker's argparse reads a unique prefix
+    (`--rol`) as the whole flag (`--role`)."""
+    if name in OWNED_WORKER_FLAGS:
+        return True
+    return (
+        name.startswith("--")
+        and len(name) > 2
+        and any(flag.startswith(name) for flag in OWNED_WORKER_FLAGS)
+    )
 
 
 def _resource_problems(where: str, resources: v1alpha1_workers.Resources) -> list[str]:

@@ -76,6 +76,20 @@ def test_a_child_the_api_server_refuses_is_reported_and_the_rest_applied(events:
     assert degraded["message"] == 'Deployment p-colocated: Deployment.apps "p-colocated" is invalid'
 
 
+def test_a_child_the_operator_may_not_create_is_reported(events: list[Any]) -> None:
+    """A 403 (the cluster's RBAC or an admission plugin: OpenShift's owner-reference
+    enforcement refused blockOwnerDeletion) is the pool's status, not a reconcile that
+    raises forever with the pool showing nothing."""
+    kube = FakeKube(pool_body(SPEC))
+    kube.reject["Deployment p-router"] = KubeError(
+        403, 'deployments.apps "p-router" is forbidden: cannot set blockOwnerDeletion'
+    )
+    reconciler(kube, events).reconcile("ns", "p")
+    assert kube.pool is not None
+    degraded = next(c for c in kube.pool["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ApplyRejected" and "blockOwnerDeletion" in degraded["message"]
+
+
 def test_a_transient_api_error_propagates_for_a_retry(events: list[Any]) -> None:
     kube = FakeKube(pool_body(SPEC))
     kube.reject["Deployment p-router"] = KubeError(503, "unavailable")

@@ -49,6 +49,12 @@ a test compares them): in the ClusterRole when it watches all, else a Role in ea
 - apiGroups: [kvflow.io]
   resources: [inferencegateways/status, inferencemodels/status]
   verbs: [patch]
+# Children name their owner with blockOwnerDeletion; where the API server enforces
+# OwnerReferencesPermissionEnforcement (OpenShift does), setting it needs update on the
+# owner's finalizers. The operator sets no finalizer.
+- apiGroups: [kvflow.io]
+  resources: [inferencepools/finalizers, inferencegateways/finalizers]
+  verbs: [update]
 # watch: a deleted Deployment is put back at once; create: server-side apply of a
 # missing object is authorized as a create too.
 - apiGroups: [apps]

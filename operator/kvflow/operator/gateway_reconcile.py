@@ -54,7 +54,7 @@ GATEWAY_KINDS: tuple[tuple[str, str], ...] = (
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 )
-_REJECTED = (400, 422)  # the API server refused the object itself: report, do not retry
+_REJECTED = (400, 403, 422)  # the API server refused the object (or the operator): report
 # Problems that keep a gateway's children from being applied at all: an open gateway, a
 # node folder the administrator does not allow, a spec the router would refuse.
 _BLOCKING = ("Unauthenticated", "HostPathNotAllowed", "InvalidSpec")

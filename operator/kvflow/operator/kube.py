@@ -55,6 +55,14 @@ NAMESPACED_RULES: list[dict[str, list[str]]] = [
         "verbs": ["patch"],
     },
     {
+        # Children name their owner with blockOwnerDeletion; where the API server enforces
+        # OwnerReferencesPermissionEnforcement (OpenShift does), setting it needs update on
+        # the owner's finalizers. The operator sets no finalizer.
+        "apiGroups": [v1alpha1.GROUP],
+        "resources": [f"{v1alpha1.PLURAL}/finalizers", f"{gw.GATEWAY_PLURAL}/finalizers"],
+        "verbs": ["update"],
+    },
+    {
         # watch: kopf reacts to a deleted or changed Deployment; create: server-side apply
         # of a missing object is authorized as a create too.
         "apiGroups": ["apps"],

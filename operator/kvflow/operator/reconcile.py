@@ -82,8 +82,10 @@ class PlanOutcome:
 PlanFn = Callable[[Json], PlanOutcome | None]
 
 # 400/422: the API server refused the object itself (a spec the schema let through but a
-# child's validation does not). Retrying cannot help until the spec changes: report it.
-_REJECTED = (400, 422)
+# child's validation does not). 403: it refused the operator (its RBAC, or an admission
+# plugin such as OwnerReferencesPermissionEnforcement). Retrying cannot help until the spec
+# or the cluster changes: report it in the pool's status, where its user looks.
+_REJECTED = (400, 403, 422)
 
 
 @dataclass

@@ -193,6 +193,15 @@ def test_template_with_redis_and_example_pool(cluster: ControlPlane) -> None:
     assert pool["metadata"]["namespace"] == SYSTEM_NAMESPACE
     # The pool reads the URL, password included, from the chart's Secret.
     assert pool["spec"]["router"]["redis"] == {"urlSecret": {"name": "kvflow-redis", "key": "url"}}
+    # A pool that names its own Redis (a managed one) keeps it.
+    managed = render(
+        cluster, "--set", "redis.enabled=true", "--set", "examplePool.enabled=true",
+        "--set", "examplePool.spec.router.redis.urlSecret.name=managed",
+        "--set", "examplePool.spec.router.redis.urlSecret.key=u",
+    )  # fmt: skip
+    assert by_kind(managed, "InferencePool")[0]["spec"]["router"]["redis"] == {
+        "urlSecret": {"name": "managed", "key": "u"}
+    }
     (secret,) = [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] == "kvflow-redis"]
     password = base64.b64decode(secret["data"]["password"]).decode()
     assert len(password) == 32 and password.isalnum()

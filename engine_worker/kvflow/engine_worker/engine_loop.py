@@ -320,7 +320,7 @@ class EngineLoop:
                     outputs = self.engine.step()
                 except Exception:  # a bug or out of memory: fail the batch, keep serving
                     log.exception("engine step failed; aborting every request in flight")
-                    outputs = request_teardown.abort_all(self.engine, self.kv)
+                    outputs = request_teardown.abort_all(self.engine, self.kv, self.handoff)
                 failed = dict(self._failed)  # the dict itself is the processors' own
                 self._failed.clear()
                 for request_id, exc in failed.items():  # their tokens this step are void

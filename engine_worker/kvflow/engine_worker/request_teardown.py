@@ -47,10 +47,15 @@ def free_failed(
             log.exception("request %s: cleaning up after its failure failed", request_id)
 
 
-def abort_all(engine: Engine, kv: KvTransferAgent | None) -> list[RequestOutput]:
+def abort_all(
+    engine: Engine, kv: KvTransferAgent | None, handoff: KvHandoff | None = None
+) -> list[RequestOutput]:
     """Abort every request (a step failed); the final outputs of those that ran."""
     if kv is not None:  # transfers stop touching the blocks before they are freed
         for request_id in list(engine.requests):
             kv.cancel(request_id)
+    if handoff is not None:  # nor their sends and reservations' deadlines, kept forever
+        for request_id in list(engine.requests):
+            handoff.forget(request_id)
     outs = [engine.abort_request(rid) for rid in list(engine.requests)]
     return [o for o in outs if o is not None and o.finish_reason is FinishReason.ABORT]

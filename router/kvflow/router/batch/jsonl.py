@@ -9,6 +9,7 @@ the error file with that refusal, as any request's would, and the batch goes on.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,26 @@ def unrun_line(line: BatchLine, code: str, message: str) -> dict[str, Any]:
     """A line of the error file for a request never run (batch_expired, batch_cancelled)."""
     return {"id": f"batch_req_unrun_{line.index}", "custom_id": line.custom_id,
             "response": None, "error": {"code": code, "message": message}}  # fmt: skip
+
+
+def result_files(
+    lines: Sequence[BatchLine], results: Mapping[int, tuple[bool, str]], *, is_cancelled: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A finished batch's output and error files' entries, in its lines' order: each stored
+    result in its file, each line never run as cancelled or expired."""
+    outputs: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for line in lines:
+        found = results.get(line.index)
+        if found is not None:
+            (outputs if found[0] else errors).append(json.loads(found[1]))
+        elif is_cancelled:
+            message = "The batch was cancelled before this request ran."
+            errors.append(unrun_line(line, "batch_cancelled", message))
+        else:
+            errors.append(unrun_line(line, "batch_expired", "This request could not be "
+                                     "executed before the completion window expired."))  # fmt: skip
+    return outputs, errors
 
 
 def dump_lines(entries: list[dict[str, Any]]) -> bytes:

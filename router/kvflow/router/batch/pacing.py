@@ -25,8 +25,10 @@ difference -0.01 points, standard error 0.02), 0.4 and 0.5 do not (-0.05 and -0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvflow.proto.step_model import StepShape, StepTiming
 
@@ -95,3 +97,10 @@ def may_start_line(
     if headroom is None:
         return True
     return all(decode_step_with_line_s(timing, w, line_tokens) <= headroom.limit_s for w in workers)
+
+
+def prompt_tokens_at_most(body: Mapping[str, Any]) -> int:
+    """A line's prompt in tokens (``body``: its request body), at most: its text's UTF-8
+    bytes (a token is at least one byte), without tokenizing it here."""
+    prompt = body.get("messages", body.get("prompt", [body.get("instructions"), body.get("input")]))
+    return len(json.dumps(prompt, ensure_ascii=False).encode())

@@ -17,28 +17,37 @@ resumes a batch without running its done lines again.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.requests import Request
 
-from kvflow.proto.priority_class import HEADER as PRIORITY_CLASS_HEADER
-from kvflow.proto.priority_class import PriorityClass
 from kvflow.router.api.completions import handle_completion
 from kvflow.router.api.gateway import Gateway
 from kvflow.router.api.respond import CLIENT_GONE
 from kvflow.router.api.responses import handle_response
 from kvflow.router.batch.config import BatchConfig
-from kvflow.router.batch.jsonl import BatchLine, dump_lines, parse_input, result_line, unrun_line
-from kvflow.router.batch.pacing import WorkerLoad, may_start_line
+from kvflow.router.batch.jsonl import (
+    BatchLine,
+    dump_lines,
+    parse_input,
+    result_files,
+    result_line,
+)
+from kvflow.router.batch.line_request import line_request
+from kvflow.router.batch.pacing import WorkerLoad, may_start_line, prompt_tokens_at_most
 from kvflow.router.batch.records import OUTPUT_PURPOSE, BatchRecord, FileRecord, Status
-from kvflow.router.batch.scope import BATCH_SCOPE_KEY
+from kvflow.router.batch.running import (
+    MAX_BACKOFF_S,
+    InputLostError,
+    Retry,
+    RunningBatch,
+    problem,
+)
 from kvflow.router.batch.store import BatchStore
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.routing.cost import DEFAULT_STEP_COSTS
@@ -47,27 +56,7 @@ from kvflow.router.tenants.config import ANONYMOUS, Tenant
 
 log = logging.getLogger("kvflow.router.batch")
 
-MAX_BACKOFF_S = 30.0
 LEASE_S = 30.0  # a batch's lease in a shared store; renewed on every pass
-
-
-class _InputLostError(Exception):
-    """A running batch's lines cannot be read again (after a restart or a lost lease)."""
-
-    def __init__(self, *problems: dict[str, Any]) -> None:
-        super().__init__(problems)
-        self.problems = problems
-
-
-def _problem(code: str, param: str | None, message: str) -> dict[str, Any]:
-    return {"code": code, "param": param, "line": None, "message": message}
-
-
-@dataclass(frozen=True)
-class _Retry:
-    """A line refused for now (429/503): put back, not a result."""
-
-    retry_after_s: float | None
 
 
 # A batch whose pass fails this many times in a row for a reason other than its store is
@@ -75,25 +64,6 @@ class _Retry:
 # bug, which retrying forever would hide while the batch never ends. A store's outage
 # (STORE_ERRORS) is waited out: it ends.
 MAX_FAILED_PASSES = 5
-
-
-class _Running:
-    """One batch's lines as this router knows them."""
-
-    def __init__(self, lines: tuple[BatchLine, ...], done: set[int], backoff_s: float) -> None:
-        self.lines = lines
-        self.pending = collections.deque(ln.index for ln in lines if ln.index not in done)
-        self.in_flight: dict[int, asyncio.Task[None]] = {}
-        # This batch's own hold: a refusal is its tenant's (a quota) or its pool's (busy,
-        # admission), never a reason to hold another tenant's batch.
-        self.hold_until = 0.0  # monotonic: no new line of this batch before
-        self.backoff_s = backoff_s
-        self.base_backoff_s = backoff_s
-
-    def back_off(self, retry_after_s: float | None) -> None:
-        wait_s = max(self.backoff_s, retry_after_s or 0.0)
-        self.hold_until = time.monotonic() + wait_s
-        self.backoff_s = min(MAX_BACKOFF_S, self.backoff_s * 2)
 
 
 class BatchRunner:
@@ -105,7 +75,7 @@ class BatchRunner:
         self._store = store
         self._config = config
         self._owner = secrets.token_hex(8)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, RunningBatch] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._failed_passes: dict[str, int] = {}  # batch id -> passes failed in a row
@@ -217,7 +187,7 @@ class BatchRunner:
     async def _advance(self, record: BatchRecord) -> None:
         try:
             await self._advance_running(record)
-        except _InputLostError as lost:
+        except InputLostError as lost:
             # Ended, not completed: completing it with no lines would drop the results of
             # those done and say nothing of why.
             running = self._running.pop(record.id, None)
@@ -251,25 +221,25 @@ class BatchRunner:
     async def _validate(self, record: BatchRecord, now_s: int) -> None:
         content = await self._store.get_content(record.input_file_id)
         if content is None:
-            problem = _problem("file_not_found", "input_file_id",
-                               f"The input file {record.input_file_id} was deleted.")  # fmt: skip
-            await self._put(record.moved(Status.FAILED, now_s, errors=(problem,)))
+            missing = problem("file_not_found", "input_file_id",
+                              f"The input file {record.input_file_id} was deleted.")  # fmt: skip
+            await self._put(record.moved(Status.FAILED, now_s, errors=(missing,)))
             return
         parsed = parse_input(content, record.endpoint, self._config.max_lines)
         if parsed.errors:
             await self._put(record.moved(Status.FAILED, now_s, errors=parsed.errors))
             return
-        self._running[record.id] = _Running(parsed.lines, set(), self._config.busy_backoff_s)
+        self._running[record.id] = RunningBatch(parsed.lines, set(), self._config.busy_backoff_s)
         await self._put(record.moved(Status.IN_PROGRESS, now_s, total=len(parsed.lines)))
 
-    async def _running_of(self, record: BatchRecord) -> _Running:
+    async def _running_of(self, record: BatchRecord) -> RunningBatch:
         """This batch's lines; after a restart read again, and its stored results skipped.
-        Raises _InputLostError when they cannot be read again (the batch is then failed)."""
+        Raises InputLostError when they cannot be read again (the batch is then failed)."""
         running = self._running.get(record.id)
         if running is None:
             content = await self._store.get_content(record.input_file_id)
             if content is None:
-                raise _InputLostError(_problem("file_not_found", "input_file_id",
+                raise InputLostError(problem("file_not_found", "input_file_id",
                                           f"The input file {record.input_file_id} was "
                                           "deleted while the batch ran."))  # fmt: skip
             # Its line count was checked when it started: a lower --batch-max-lines since
@@ -277,9 +247,9 @@ class BatchRunner:
             parsed = parse_input(content, record.endpoint, max(self._config.max_lines,
                                                                record.total))  # fmt: skip
             if parsed.errors:
-                raise _InputLostError(*parsed.errors)
+                raise InputLostError(*parsed.errors)
             done = set(await self._store.results(record.id))
-            running = self._running[record.id] = _Running(parsed.lines, done,
+            running = self._running[record.id] = RunningBatch(parsed.lines, done,
                                                           self._config.busy_backoff_s)  # fmt: skip
         return running
 
@@ -339,13 +309,13 @@ class BatchRunner:
             loads.append(WorkerLoad(q.num_waiting, decodes, kv))
         # The same step model the time scorer prices with (routing/cost.py).
         timing = DEFAULT_STEP_COSTS.timing
-        return not may_start_line(loads, timing, _prompt_tokens_at_most(line),
+        return not may_start_line(loads, timing, prompt_tokens_at_most(line.body),
                                   self._config.tpot_headroom)  # fmt: skip
 
-    async def _run_line(self, record: BatchRecord, running: _Running, line: BatchLine) -> None:
+    async def _run_line(self, record: BatchRecord, running: RunningBatch, line: BatchLine) -> None:
         try:
             outcome = await self._answer(record, line)
-            if isinstance(outcome, _Retry):
+            if isinstance(outcome, Retry):
                 running.back_off(outcome.retry_after_s)
                 running.pending.appendleft(line.index)
                 return
@@ -374,7 +344,7 @@ class BatchRunner:
 
     async def _answer(
         self, record: BatchRecord, line: BatchLine
-    ) -> tuple[int, str, dict[str, Any]] | _Retry:
+    ) -> tuple[int, str, dict[str, Any]] | Retry:
         request_id = "batch-" + secrets.token_hex(12)
         tenant = self._tenant(record.tenant)
         if tenant is None:
@@ -383,7 +353,7 @@ class BatchRunner:
         if line.body.get("stream"):
             message = "stream is not supported in a batch: each result is one response."
             return 400, request_id, ApiError(400, message, param="stream").body()
-        request = self._request(record.endpoint, line.body, request_id)
+        request = line_request(self._app, record.endpoint, line.body, request_id, self._stopping)
         try:
             if record.endpoint == "/v1/responses":
                 response = await handle_response(request, tenant=tenant)
@@ -393,7 +363,7 @@ class BatchRunner:
                 )
         except ApiError as exc:
             if exc.status in (429, 503):
-                return _Retry(exc.retry_after_s)
+                return Retry(exc.retry_after_s)
             return exc.status, request_id, exc.body()
         except asyncio.CancelledError:
             raise
@@ -402,60 +372,16 @@ class BatchRunner:
             message = f"The gateway failed on this request (request id {request_id})."
             return 500, request_id, ApiError(500, message, type="server_error").body()
         if response.status_code in (429, 503, CLIENT_GONE):  # CLIENT_GONE: the router stops
-            return _Retry(None)
+            return Retry(None)
         return response.status_code, request_id, json.loads(bytes(response.body))
-
-    def _request(self, endpoint: str, body: dict[str, Any], request_id: str) -> Request:
-        """The line as a request that came in through this app: the app's own state, the
-        batch class header, and a client that never leaves until the router stops."""
-        payload = json.dumps(body).encode()
-        sent = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            await self._stopping.wait()
-            return {"type": "http.disconnect"}
-
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            (PRIORITY_CLASS_HEADER.encode(), PriorityClass.BATCH.value.encode()),
-        ]
-        scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-                 "path": endpoint, "raw_path": endpoint.encode(), "root_path": "",
-                 "query_string": b"", "headers": headers, "client": None, "server": None,
-                 "app": self._app, "state": {"request_id": request_id},
-                 BATCH_SCOPE_KEY: True}  # fmt: skip
-        return Request(scope, receive)
 
     async def _finalize(self, record: BatchRecord, end: Status | None, now_s: int) -> None:
         """The output and error files (ids fixed by the batch's, so a pass repeated after a
         restart writes the same ones), then the batch's last status."""
         running = await self._running_of(record)
         results = await self._store.results(record.id)
-        outputs: list[dict[str, Any]] = []
-        errors: list[dict[str, Any]] = []
-        for line in running.lines:
-            found = results.get(line.index)
-            if found is not None:
-                (outputs if found[0] else errors).append(json.loads(found[1]))
-            elif end == Status.CANCELLED:
-                errors.append(
-                    unrun_line(
-                        line, "batch_cancelled", "The batch was cancelled before this request ran."
-                    )
-                )
-            else:
-                errors.append(
-                    unrun_line(
-                        line,
-                        "batch_expired",
-                        "This request could not be executed before the completion window expired.",
-                    )
-                )
+        outputs, errors = result_files(running.lines, results,
+                                       is_cancelled=end == Status.CANCELLED)  # fmt: skip
         output_id = await self._write(record, "output", outputs, now_s)
         error_id = await self._write(record, "error", errors, now_s)
         if end is None:
@@ -476,11 +402,3 @@ class BatchRunner:
         file = FileRecord(file_id, record.tenant, name, OUTPUT_PURPOSE, len(content), now_s)
         await self._store.put_file(file, content)
         return file_id
-
-
-def _prompt_tokens_at_most(line: BatchLine) -> int:
-    """The line's prompt in tokens, at most: its text's UTF-8 bytes (a token is at least one
-    byte), without tokenizing it here."""
-    body = line.body
-    prompt = body.get("messages", body.get("prompt", [body.get("instructions"), body.get("input")]))
-    return len(json.dumps(prompt, ensure_ascii=False).encode())

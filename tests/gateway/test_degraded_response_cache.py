@@ -8,7 +8,8 @@ recovers the step is released and sampled requests run live again."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,24 @@ def wait_until(what: Callable[[], bool], timeout_s: float, tick: Callable[[], An
         tick()
 
 
+@contextmanager
+def caching_gateway(
+    worker: FakeWorker, ladder: dict[str, Any], tmp_path: Path
+) -> Iterator[GatewayProcess]:
+    """A router with its response cache on and ``ladder`` for the model "fake", in front
+    of ``worker``."""
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({"degradation": {"fake": ladder}}))
+    with (
+        running_fake_worker(worker) as address,
+        running_gateway(
+            ["--workers", address, "--config", str(path), "--response-cache", "on"]
+        ) as g,
+    ):
+        g.wait_ready(num_workers=1)
+        yield g
+
+
 def level(g: GatewayProcess) -> float:
     return sample(f"{g.url}/metrics", LEVEL, model="fake")
 
@@ -49,16 +68,8 @@ def test_a_degraded_model_answers_a_sampled_request_with_its_greedy_twin(
     tmp_path: Path,
 ) -> None:
     worker = FakeWorker(tokens=TOKENS)  # serves "fake"
-    config = {"degradation": {"fake": {"steps": ["response_cache"], **FAST_LADDER}}}
-    path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump(config))
-    with (
-        running_fake_worker(worker) as address,
-        running_gateway(
-            ["--workers", address, "--config", str(path), "--response-cache", "on"]
-        ) as g,
-    ):
-        g.wait_ready(num_workers=1)
+    ladder = {"steps": ["response_cache"], **FAST_LADDER}
+    with caching_gateway(worker, ladder, tmp_path) as g:
         url = f"{g.base_url}/chat/completions"
 
         def post(prompt: str = "stored", **extra: Any) -> httpx.Response:
@@ -124,17 +135,8 @@ def test_an_answer_cut_by_the_cap_step_is_not_stored_for_the_uncapped_request(
     asked (its default is worked out then), so its key says "no max_tokens": an answer cut
     at the cap stored there would be served, cut and unmarked, after the ladder released."""
     worker = FakeWorker(tokens=TOKENS)
-    config = {"degradation": {"fake": {"steps": ["cap_max_tokens"], "max_tokens_cap": 2,
-                                       **FAST_LADDER}}}  # fmt: skip
-    path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump(config))
-    with (
-        running_fake_worker(worker) as address,
-        running_gateway(
-            ["--workers", address, "--config", str(path), "--response-cache", "on"]
-        ) as g,
-    ):
-        g.wait_ready(num_workers=1)
+    ladder = {"steps": ["cap_max_tokens"], "max_tokens_cap": 2, **FAST_LADDER}
+    with caching_gateway(worker, ladder, tmp_path) as g:
         url = f"{g.base_url}/chat/completions"
 
         def post(prompt: str, **extra: Any) -> httpx.Response:

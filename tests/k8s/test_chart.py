@@ -101,17 +101,21 @@ def test_admin_settings_become_operator_flags(cluster: ControlPlane) -> None:
         cluster,
         "--set", "operator.allowedHostPathPrefixes={/models,/data/llm}",
         "--set", "operator.allowedPrometheusUrls={http://prometheus-operated.monitoring:9090}",
+        "--set", "operator.metricsScraperNamespaces={monitoring,*}",
     )  # fmt: skip
     (deployment,) = by_kind(docs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--metrics-scraper-namespace=monitoring" in args
+    assert "--metrics-scraper-namespace=*" in args
     assert "--allowed-host-path-prefix=/models" in args
     assert "--allowed-host-path-prefix=/data/llm" in args
     assert "--allowed-prometheus-url=http://prometheus-operated.monitoring:9090" in args
-    # None by default: no hostPath volume, no Prometheus.
+    # None by default: no hostPath volume, no Prometheus, no scraper beyond the operator.
     (deployment,) = by_kind(render(cluster), "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert not [a for a in args if a.startswith("--allowed-")]
+    assert not [a for a in args if a.startswith(("--allowed-", "--metrics-scraper"))]
     for bad in (
+        ["--set", "operator.metricsScraperNamespaces={Monitoring}"],
         ["--set", "operator.allowedHostPathPrefixes={models}"],
         ["--set", "operator.allowedPrometheusUrls={http://user@prom:9090}"],
     ):

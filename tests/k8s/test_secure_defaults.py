@@ -231,3 +231,55 @@ def test_an_operator_with_only_namespaced_roles_reconciles_its_namespace(
             proc.stop()
     finally:
         cluster.helm("uninstall", release, "--namespace", SYSTEM_NAMESPACE, check=False)
+
+
+def metrics_rules(cluster: ControlPlane, namespace: str, name: str, port: int) -> list[Any] | None:
+    """The ingress rules of NetworkPolicy `name` that open `port` (None: no such policy)."""
+    out = cluster.kubectl("get", "networkpolicy", name, "-n", namespace, "-o", "json", check=False)
+    if out.returncode != 0:
+        return None
+    got = json.loads(out.stdout)
+    return [r for r in got["spec"]["ingress"]
+            if {"protocol": "TCP", "port": port} in r.get("ports", [])]  # fmt: skip
+
+
+def test_the_metrics_ports_admit_the_named_namespaces_and_an_upgrade_closes_them(
+    cluster: ControlPlane, operator_kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    """An operator that opens the metrics ports to every pod (`'*'`, what every operator
+    did before the setting), then the default one naming Prometheus' namespace: the pools'
+    NetworkPolicies, applied server-side, lose the open rule (a rule list is replaced
+    whole), and the API server accepts the namespace selectors."""
+    open_port = {"ports": [{"protocol": "TCP", "port": 9400}]}
+    for folder in ("open", "scoped"):
+        (tmp_path / folder).mkdir()
+    before = OperatorProcess(cluster, operator_kubeconfig, tmp_path / "open", identity="op-open",
+                             extra_args=("--metrics-scraper-namespace", "*"))  # fmt: skip
+    before.start()
+    try:
+        apply_pool(cluster, namespace, "scraped", {**SMALL_SPEC, "router": TENANTS})
+        wait_for(lambda: metrics_rules(cluster, namespace, "scraped-workers", 9400) == [open_port],
+                 CONVERGE_S, "the workers' metrics port open to every pod")  # fmt: skip
+    finally:
+        before.stop()
+    after = OperatorProcess(cluster, operator_kubeconfig, tmp_path / "scoped", identity="op-scoped",
+                            extra_args=("--metrics-scraper-namespace", "monitoring"))  # fmt: skip
+    after.start()
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {},
+    }
+    try:
+        for policy, port in (("scraped-workers", 9400), ("scraped-router", 9401)):
+            scoped = [{"from": [monitoring], "ports": [{"protocol": "TCP", "port": port}]}]
+            wait_for(
+                lambda p=policy, n=port, w=scoped: metrics_rules(cluster, namespace, p, n) == w,
+                CONVERGE_S,
+                f"{policy}: port {port} from monitoring only",
+            )
+        # The router's API port still takes requests from anywhere.
+        assert metrics_rules(cluster, namespace, "scraped-router", 8000) == [
+            {"ports": [{"protocol": "TCP", "port": 8000}]}
+        ]
+    finally:
+        after.stop()

@@ -33,7 +33,8 @@ def test_only_the_pools_own_pods_reach_worker_ports_and_workers_reach_each_other
         "app.kubernetes.io/component": "worker",
     }
     assert spec["policyTypes"] == ["Ingress"]
-    workers, routers, metrics = spec["ingress"]
+    # No metrics rule: by default no pod reaches the metrics port (test_network_policies.py).
+    workers, routers = spec["ingress"]
     # The pool's own workers, on every port: the KV port and the ports gloo and NCCL pick.
     assert workers == {
         "from": [
@@ -52,7 +53,6 @@ def test_only_the_pools_own_pods_reach_worker_ports_and_workers_reach_each_other
         {"podSelector": {"matchLabels": {"fronts.kvflow.io/p": "true"}}},
     ]
     assert routers["ports"] == [{"protocol": "TCP", "port": 50051}]
-    assert "from" not in metrics and metrics["ports"] == [{"protocol": "TCP", "port": 9400}]
     # The pods it lets in carry that label: the router's and the workers'.
     for name in ("p-router", "p-prefill", "p-decode"):
         labels = children[ChildKey("apps/v1", "Deployment", name)]["spec"]["template"]["metadata"][
@@ -292,7 +292,7 @@ def test_a_worker_token_secret_reaches_workers_and_routers_and_nothing_else() ->
         assert want in container["env"], name
 
 
-def test_routers_take_requests_and_scrapes_on_their_two_ports_only() -> None:
+def test_routers_take_requests_from_anywhere_and_nothing_else_by_default() -> None:
     children = build(spec_of())
     policy = children[ChildKey("networking.k8s.io/v1", "NetworkPolicy", "p-router")]
     assert policy["spec"] == {
@@ -300,9 +300,8 @@ def test_routers_take_requests_and_scrapes_on_their_two_ports_only() -> None:
             "matchLabels": {"kvflow.io/pool": "p", "app.kubernetes.io/component": "router"}
         },
         "policyTypes": ["Ingress"],
-        "ingress": [
-            {"ports": [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 9401}]}
-        ],
+        # The metrics port (9401) admits the scrapers' namespaces only: none by default.
+        "ingress": [{"ports": [{"protocol": "TCP", "port": 8000}]}],
     }
     (container,) = pod_of(children, "p-router")["containers"]
     assert sorted(p["containerPort"] for p in container["ports"]) == [8000, 9401]

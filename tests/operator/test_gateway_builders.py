@@ -155,11 +155,12 @@ def test_children_are_owned_by_the_gateway_and_named_apart_from_pools() -> None:
         assert child["metadata"]["labels"]["kvflow.io/gateway"] == "front"
         assert "kvflow.io/pool" not in child["metadata"]["labels"]  # a pool's handler ignores it
     configmap, service, deployment, _, policy = children
-    # Its routers take requests and scrapes only (8000, 9401), as a pool's do.
+    # Its routers take requests only (8000), as a pool's do; scrapes from no pod by default.
     assert policy["spec"]["podSelector"] == {
         "matchLabels": {"kvflow.io/gateway": "front", "kvflow.io/role": "router"}
     }
-    assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [8000, 9401]
+    assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [8000]
+    assert len(policy["spec"]["ingress"]) == 1  # no scrapers named: 9401 admits no pod
     assert deployment["spec"]["template"]["metadata"]["labels"]["kvflow.io/gateway"] == "front"
     assert service["spec"]["selector"] == {"kvflow.io/gateway": "front", "kvflow.io/role": "router"}
     assert deployment["spec"]["replicas"] == 2

@@ -1,4 +1,5 @@
-"""What the operator's administrator allows pool authors to ask for (pure).
+"""What the operator's administrator allows pool authors to ask for, and who may scrape
+the pools (pure).
 
 A pool author can write any spec the CRD accepts, but some fields reach outside the pool's
 namespace: a hostPath volume mounts a node's folder into worker and router pods, and
@@ -8,21 +9,29 @@ default none are. A spec asking for more is not applied: the pool is Degraded wi
 that names the setting to change (`kvflow operator --allowed-host-path-prefix`,
 `--allowed-prometheus-url`; the chart's `operator.allowedHostPathPrefixes` and
 `operator.allowedPrometheusUrls`).
+
+The pools' metrics ports admit the namespaces the administrator names
+(`--metrics-scraper-namespace`, the chart's `operator.metricsScraperNamespaces`) and the
+operator's own (builders/network.py).
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
 from kvflow.operator.api import v1alpha1, v1alpha1_model
+from kvflow.operator.builders.network import NO_SCRAPERS, MetricsScrapers
 
 HOST_PATH_SETTING = "--allowed-host-path-prefix (the chart's operator.allowedHostPathPrefixes)"
 PROMETHEUS_SETTING = "--allowed-prometheus-url (the chart's operator.allowedPrometheusUrls)"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# A namespace's name: a DNS-1123 label.
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,8 @@ class AdminPolicy:
     allowed_host_path_prefixes: tuple[str, ...] = ()
     # Prometheus base URLs (scheme, host, port, optional path) the planner may query.
     allowed_prometheus_urls: tuple[str, ...] = ()
+    # Who may reach the workers' and routers' metrics ports (NetworkPolicies).
+    metrics_scrapers: MetricsScrapers = NO_SCRAPERS
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,11 @@ def setting_problems(policy: AdminPolicy) -> list[str]:
         "query or fragment"
         for u in policy.allowed_prometheus_urls
         if _parse(u) is None
+    ]
+    problems += [
+        f"--metrics-scraper-namespace {n!r} is not a namespace name (or '*' for any)"
+        for n in policy.metrics_scrapers.namespaces
+        if not _NAMESPACE_NAME.fullmatch(n)
     ]
     return problems
 

@@ -10,6 +10,7 @@ import socket
 
 from kvflow.operator.admin_policy import AdminPolicy, setting_problems
 from kvflow.operator.builders.names import Images
+from kvflow.operator.builders.network import MetricsScrapers
 from kvflow.operator.kube import Kube, load_config
 from kvflow.operator.run import OperatorConfig, run_operator
 from kvflow.proto.cli_args import port_number
@@ -74,6 +75,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "a pool's autoscaling.prometheus.url, that URL or below it (repeatable); default: "
         "none, the planner scrapes the pods itself",
     )
+    p.add_argument(
+        "--metrics-scraper-namespace",
+        action="append",
+        default=[],
+        dest="metrics_scraper_namespaces",
+        metavar="NAMESPACE",
+        help="pods in this namespace (Prometheus') may reach the workers' and routers' "
+        "metrics ports (repeatable; '*': pods in any namespace); the operator's own "
+        "namespace ($POD_NAMESPACE) always may, for the planner's scrapes; default: no other",
+    )
     p.add_argument("--kubeconfig", default=None, help="default: in-cluster, then $KUBECONFIG")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
@@ -87,7 +98,19 @@ def _policy(args: argparse.Namespace) -> AdminPolicy:
     return AdminPolicy(
         allowed_host_path_prefixes=tuple(args.allowed_host_path_prefixes),
         allowed_prometheus_urls=tuple(args.allowed_prometheus_urls),
+        metrics_scrapers=metrics_scrapers(
+            args.metrics_scraper_namespaces, os.environ.get("POD_NAMESPACE")
+        ),
     )
+
+
+def metrics_scrapers(named: list[str], own_namespace: str | None) -> MetricsScrapers:
+    """The named namespaces ('*': any) and the operator's own, whose planner scrapes the
+    pools' pods (unknown outside a cluster, where the planner reaches no pod IP anyway)."""
+    namespaces = [n for n in named if n != "*"]
+    if own_namespace:
+        namespaces.insert(0, own_namespace)
+    return MetricsScrapers(tuple(dict.fromkeys(namespaces)), any_namespace="*" in named)
 
 
 def main(argv: list[str]) -> int:

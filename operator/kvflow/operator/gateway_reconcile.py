@@ -151,7 +151,9 @@ class GatewayReconciler:
         problems += [GatewayProblem("WorkerTokenMismatch", p) for p in token_problems]
         observed = self._observe(ref)
         if apply and not any(p.reason in _BLOCKING for p in problems):
-            desired = desired_gateway_children(ref, spec, self.images, resolution, pools)
+            desired = desired_gateway_children(
+                ref, spec, self.images, resolution, pools, self.policy.metrics_scrapers
+            )
             applied, changes = self._apply(body, ref, desired, observed)
             problems += applied
             if changes:

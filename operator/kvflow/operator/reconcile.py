@@ -205,7 +205,7 @@ class Reconciler:
                 f"Created Secret {generated_token_secret_name(pool.name)}",
             )
             changes.append(f"created Secret {generated_token_secret_name(pool.name)}")
-        desired = desired_children(pool, spec, self.images, replicas)
+        desired = desired_children(pool, spec, self.images, replicas, self.policy.metrics_scrapers)
         seeds = {worker_deployment_name(pool, role): rs.replicas for role, rs in worker_roles(spec)}
         for obj in desired:
             key = ChildKey.of(obj)

@@ -15,7 +15,12 @@ from kvflow.operator.builders.names import (
     worker_deployment_name,
     worker_roles,
 )
-from kvflow.operator.builders.network import router_network_policy, workers_network_policy
+from kvflow.operator.builders.network import (
+    NO_SCRAPERS,
+    MetricsScrapers,
+    router_network_policy,
+    workers_network_policy,
+)
 from kvflow.operator.builders.replicas import applied_replicas
 from kvflow.operator.builders.router import router_configmap, router_deployment
 from kvflow.operator.builders.services import disruption_budget, gateway_service, workers_service
@@ -54,11 +59,13 @@ def desired_children(
     spec: v1alpha1.InferencePoolSpec,
     images: Images,
     replicas: Mapping[WorkerRole, int | None] | None = None,
+    scrapers: MetricsScrapers = NO_SCRAPERS,
 ) -> list[dict[str, Json]]:
     """The pool's children in apply order; each is complete (server-side apply sends it as
     is). `replicas` per worker role (`replicas.applied_replicas`; None for a role: its
     Deployment carries no replica count); unset: each role's spec.replicas, or none for
-    roles scaled by an external autoscaler."""
+    roles scaled by an external autoscaler. `scrapers`: who may reach the metrics ports
+    (network.py)."""
     roles = worker_roles(spec)
     if replicas is None:
         replicas = applied_replicas(spec, {})
@@ -75,8 +82,8 @@ def desired_children(
         disruption_budget(pool, worker_deployment_name(pool, role), role) for role, _ in roles
     ]
     children.append(disruption_budget(pool, router_name(pool), "router"))
-    children.append(workers_network_policy(pool))
-    children.append(router_network_policy(pool))
+    children.append(workers_network_policy(pool, scrapers))
+    children.append(router_network_policy(pool, scrapers))
     return children
 
 

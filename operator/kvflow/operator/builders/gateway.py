@@ -35,7 +35,11 @@ from kvflow.operator.builders.names import (
     fronts_label,
     workers_service_name,
 )
-from kvflow.operator.builders.network import router_ingress_policy
+from kvflow.operator.builders.network import (
+    NO_SCRAPERS,
+    MetricsScrapers,
+    router_ingress_policy,
+)
 from kvflow.operator.builders.router import (
     CONFIG_KEY,
     RouterPod,
@@ -354,10 +358,13 @@ def gateway_budget(gateway: GatewayRef) -> dict[str, Json]:
     }
 
 
-def gateway_network_policy(gateway: GatewayRef) -> dict[str, Json]:
-    """Its routers take requests (8000) and scrapes (9401) only, as a pool's do."""
+def gateway_network_policy(
+    gateway: GatewayRef, scrapers: MetricsScrapers = NO_SCRAPERS
+) -> dict[str, Json]:
+    """Its routers take requests (8000) and scrapes (9401, from ``scrapers``) only, as a
+    pool's do."""
     return router_ingress_policy(
-        metadata(gateway, gateway_workload_name(gateway)), selector_labels(gateway)
+        metadata(gateway, gateway_workload_name(gateway)), selector_labels(gateway), scrapers
     )
 
 
@@ -367,6 +374,7 @@ def desired_gateway_children(
     images: Images,
     resolution: Resolution,
     pools: Mapping[str, v1alpha1.InferencePoolSpec],
+    scrapers: MetricsScrapers = NO_SCRAPERS,
 ) -> list[dict[str, Json]]:
     """In apply order: config and Service before the Deployment that uses them."""
     text = config_text(gateway_config(gateway.namespace, spec, resolution, pools))
@@ -375,5 +383,5 @@ def desired_gateway_children(
         gateway_service(gateway, spec.router),
         gateway_deployment(gateway, spec, images, text, resolution.pools, pools),
         gateway_budget(gateway),
-        gateway_network_policy(gateway),
+        gateway_network_policy(gateway, scrapers),
     ]

@@ -233,8 +233,12 @@ def start_kv_agent(settings: WorkerSettings, instance_id: str) -> KvTransferAgen
         peer_allow=PeerAllowList.parse(settings.kv_peer_allow),
         tls=settings.tls.kv_tls(),
     )
+    # Every request waiting for KV holds a seat (scheduler.py): no more receives can pend.
     return KvTransferAgent(
-        transport, instance_id=instance_id, max_timeout_s=settings.max_kv_transfer_timeout_s
+        transport,
+        instance_id=instance_id,
+        max_timeout_s=settings.max_kv_transfer_timeout_s,
+        max_receives=settings.max_num_seqs,
     )
 
 

@@ -1,12 +1,18 @@
 """The engine loop's side of KV transfers: start them, cancel them, hear how they ended.
 
-Transfers block, so each runs on a thread of its own pool; the engine thread only hands
-over the request's blocks (TransferBlocks: read and written in place, no copy on the
-engine thread) and gets a callback when the transfer is over. The agent revokes the blocks
-before any callback, and ``cancel`` revokes them before it returns: once the engine hears
-of the end of a transfer, or has cancelled it, no transfer thread touches those blocks
-again and the engine may free or overwrite them. Callbacks run on the transfer thread:
-they must only post work to the engine loop.
+Transfers block, so each runs on a transfer thread; the engine thread only hands over the
+request's blocks (TransferBlocks: read and written in place, no copy on the engine thread)
+and gets a callback when the transfer is over. The agent revokes the blocks before any
+callback, and ``cancel`` revokes them before it returns: once the engine hears of the end
+of a transfer, or has cancelled it, no transfer thread touches those blocks again and the
+engine may free or overwrite them. Callbacks run on the transfer thread: they must only
+post work to the engine loop.
+
+Receives and sends have pools of their own. A receive holds its thread from the reservation
+until the payload lands, the whole time the prefill worker queues and computes the prompt
+(seconds under load), so every receive gets a thread at once: the engine's seats bound how
+many can wait (app.py passes ``max_num_seqs``). A send holds its thread only from connect
+to ack, and 16 run at once; one stuck on a dead receiver never holds up a receive.
 """
 
 from __future__ import annotations
@@ -35,9 +41,16 @@ log = logging.getLogger(__name__)
 # Decode numbers its transfers and wraps at 2**20: gloo tags are C ints, and torch_dist
 # puts a message index in the 11 bits above (a million transfers apart, never concurrent).
 _MAX_TAG = 2**20
-# A transfer thread is blocked on the network or polling, not computing: 16 at once keeps
-# 16 prompts in flight per worker, more than a 2k-token step budget fills at once.
-MAX_CONCURRENT_TRANSFERS = 16
+# A send's thread is blocked on the network, not computing, and only once the prompt is
+# computed: 16 at once keeps 16 prompts' KV in flight per worker, more than a 2k-token step
+# budget fills at once.
+MAX_CONCURRENT_SENDS = 16
+# Receives wait far longer (module docstring): one pool of 16 for both kinds stalled a decode
+# worker's 17th receive, even one whose KV had landed, until one of the first 16 ended. Their
+# pool is sized to the receives that can be pending (the worker's max_num_seqs; this default
+# when no engine says): a thread starts only when no idle one is left, so a large bound
+# costs nothing until receives need it.
+DEFAULT_MAX_RECEIVES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +94,16 @@ class _PendingReceive:
 
 
 class KvTransferAgent:
-    def __init__(self, transport: Transport, *, instance_id: str, max_timeout_s: float) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        instance_id: str,
+        max_timeout_s: float,
+        max_receives: int = DEFAULT_MAX_RECEIVES,
+    ) -> None:
+        """``max_receives``: the most receives that can be pending at once (the engine's
+        max_num_seqs); each gets a thread as soon as it starts."""
         self.transport = transport
         self.max_timeout_s = max_timeout_s
         self._instance = instance_id[:12]
@@ -89,7 +111,8 @@ class KvTransferAgent:
         self._pending: dict[str, _PendingReceive] = {}
         self._sending: dict[str, TransferBlocks] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(MAX_CONCURRENT_TRANSFERS, thread_name_prefix="kv-xfer")
+        self._receives = ThreadPoolExecutor(max_receives, thread_name_prefix="kv-recv")
+        self._sends = ThreadPoolExecutor(MAX_CONCURRENT_SENDS, thread_name_prefix="kv-send")
         self.num_active = 0
 
     @property
@@ -147,7 +170,7 @@ class KvTransferAgent:
             pending.finish(error)
 
         self._started()
-        self._pool.submit(run)
+        self._receives.submit(run)
         return ticket
 
     def cancel(self, request_id: str) -> bool:
@@ -179,8 +202,8 @@ class KvTransferAgent:
         timeout_s: float,
         on_done: Callable[[SendStats | KvTransferError], None],
     ) -> None:
-        """Send ``blocks`` on a transfer thread. The request must hold them (unchanged)
-        until on_done, or until ``cancel`` returned."""
+        """Send ``blocks`` on a send thread (after the sends before it, once 16 run). The
+        request must hold them (unchanged) until on_done, or until ``cancel`` returned."""
         timeout_s = min(timeout_s, self.max_timeout_s) if timeout_s > 0 else self.max_timeout_s
         with self._lock:
             self._sending[request_id] = blocks
@@ -205,7 +228,7 @@ class KvTransferAgent:
             on_done(result)
 
         self._started()
-        self._pool.submit(run)
+        self._sends.submit(run)
 
     def close(self) -> None:
         for pending in list(self._pending.values()):
@@ -214,7 +237,8 @@ class KvTransferAgent:
             pending.blocks.revoke()
         for blocks in list(self._sending.values()):
             blocks.revoke()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._receives.shutdown(wait=False, cancel_futures=True)
+        self._sends.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 
 

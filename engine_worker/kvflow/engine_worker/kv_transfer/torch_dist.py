@@ -81,7 +81,10 @@ dist: Any = _dist
 # receive uses a client of its own (pooled; the shared one would hold up every other
 # call for as long as one receive waits), and a cancel wakes it by writing the key itself.
 _CANCELLED = b""
-_MAX_IDLE_WAITERS = 16  # as many as transfers run at once (agent.MAX_CONCURRENT_TRANSFERS)
+# Idle waiters kept for reuse. Up to max_num_seqs receives wait at once (the agent gives
+# each a thread): one that finds no idle waiter opens a client (0.44 ms median on loopback
+# here, P90 0.66), and of those a burst opened, 16 are kept afterwards.
+_MAX_IDLE_WAITERS = 16
 _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 # Fault injection for tests only: pause this long between joining the pair's group and
 # sending, so a test can kill a worker mid-transfer. Never set in production.

@@ -394,3 +394,33 @@ def test_a_tenant_needs_its_key_is_charged_and_sees_only_its_own_responses(
         assert alice.responses.retrieve(response.id).id == response.id
     finally:
         g.stop()
+
+
+def test_one_tenants_responses_do_not_push_out_anothers_from_memory(
+    worker: WorkerProcess, tmp_path: Path
+) -> None:
+    """Past --responses-max-memory-bytes the tenant holding the most gives up its oldest:
+    bob storing many responses pushes out his own, never alice's one (before, one LRU
+    across tenants dropped hers first)."""
+    key, other = "sk-alice-memory", "sk-bob-memory"
+    tenants = tmp_path / "tenants.yaml"
+    people = [{"name": "alice", "api_key_sha256": hash_api_key(key)},
+              {"name": "bob", "api_key_sha256": hash_api_key(other)}]  # fmt: skip
+    tenants.write_text(yaml.safe_dump(people))
+    g = launch_gateway(["--served-model-name", MODEL, "--workers", worker.address,
+                        "--tenants-file", str(tenants),
+                        "--responses-max-memory-bytes", "16384"])  # fmt: skip
+    try:
+        g.wait_ready()
+        alice = openai.OpenAI(base_url=g.base_url, api_key=key, max_retries=0, timeout=300)
+        bob = openai.OpenAI(base_url=g.base_url, api_key=other, max_retries=0, timeout=300)
+        hers = alice.responses.create(model=MODEL, input=QUESTION, max_output_tokens=2)
+        his = [bob.responses.create(model=MODEL, input=f"{i} " + "word " * 300,
+                                    max_output_tokens=2) for i in range(12)]  # fmt: skip
+        assert all(r.store for r in his)
+        assert alice.responses.retrieve(hers.id).id == hers.id
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(his[0].id)  # his oldest made room
+        assert bob.responses.retrieve(his[-1].id).id == his[-1].id
+    finally:
+        g.stop()

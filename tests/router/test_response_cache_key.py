@@ -16,6 +16,7 @@ from kvflow.router.caches.key import (
     cache_key,
     model_version,
     request_fingerprint,
+    tenant_of,
     tenant_user,
 )
 from kvflow.router.caches.policy import Decision, decide, greedy_twin
@@ -117,6 +118,9 @@ def test_the_tenant_and_the_user_are_in_the_key() -> None:
     assert key_of(BASE, namespace="other") != key_of(BASE)
     # Readable prefixes select a pool's (and a tenant's) entries for a purge.
     assert key_of(BASE).startswith("kvflow:default:rcache:pool-a:a:")
+    # The memory store's owner of a key: its tenant, whatever the user.
+    assert tenant_of("default", key_of(BASE, tenant="b", user="u1")) == "b"
+    assert tenant_of("other", key_of(BASE, tenant="a", namespace="other")) == "a"
     assert tenant_user({"prompt_cache_key": "u1"}) == "u1"
     assert tenant_user({"prompt_cache_key": {"b": 1}}) == '{"b":1}'
     assert tenant_user({}) is None
@@ -288,6 +292,31 @@ def test_memory_store_is_bounded_in_bytes_lru_and_expires() -> None:
         now[0] = 10.0
         assert await store.get("k0") is None  # expired
         assert await store.purge("k") == 2 and store.num_bytes == 0
+
+    asyncio.run(run())
+
+
+def test_the_tenant_holding_the_most_gives_up_its_oldest_first() -> None:
+    """One tenant's entries never push out another's while that one holds less."""
+
+    async def run() -> None:
+        store = MemoryAnswerStore(1000, owner_of=lambda key: key.partition(":")[0])
+        await store.put("a:00", b"a" * 96, ttl_s=10)  # 100 bytes with the key
+        for i in range(20):  # b alone fills the store twice over
+            await store.put(f"b:{i:02d}", b"b" * 96, ttl_s=10)
+        assert await store.get("a:00") is not None
+        assert store.bytes_of("a") == 100 and store.bytes_of("b") == 900
+        assert await store.get("b:19") is not None and await store.get("b:10") is None
+        # Once a holds more than b, its entries go first, oldest first.
+        for i in range(1, 12):
+            await store.put(f"a:{i:02d}", b"a" * 96, ttl_s=10)
+        assert store.bytes_of("a") == 500 and store.bytes_of("b") == 500
+        assert await store.get("a:00") is None and await store.get("a:11") is not None
+        assert store.num_bytes == store.max_bytes
+        # Deleted and purged entries leave their owner's count.
+        assert await store.delete("a:11") and store.bytes_of("a") == 400
+        assert await store.purge("b:") == 5 and store.bytes_of("b") == 0
+        assert store.num_bytes == 400 and len(store) == 4
 
     asyncio.run(run())
 

@@ -1,9 +1,9 @@
 """Stored Responses (``store``, the Responses API's default): each Response and the
 conversation it ends, for ``previous_response_id`` and ``GET``/``DELETE
 /v1/responses/{id}``. In Redis when the gateway has one (every router replica reads what
-another stored), else in this replica's memory (least recently used first out past
-``--responses-max-memory-bytes``). Entries expire after ``--responses-ttl-s``, by default
-OpenAI's 30 days (api/response_store_config.py).
+another stored), else in this replica's memory (past ``--responses-max-memory-bytes``
+the tenant holding the most gives up its least recently used). Entries expire after
+``--responses-ttl-s``, by default OpenAI's 30 days (api/response_store_config.py).
 
 Keys carry the tenant's name, so a tenant finds only its own responses: another's id is
 a 404, as an unknown one is. A failing Redis raises ``ResponseStoreError``: the caller
@@ -54,8 +54,12 @@ class ResponseStore:
         max_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ) -> None:
         self._redis = redis
-        self._memory = MemoryAnswerStore(max_bytes) if redis is None else None
         self._prefix = f"kvflow:responses:{scope}:"
+        # In memory, one tenant's responses never push out another's while that one holds
+        # less than its share (stores.py).
+        self._memory = (
+            MemoryAnswerStore(max_bytes, owner_of=self._tenant_of) if redis is None else None
+        )
         self.ttl_s = ttl_s
 
     @property
@@ -101,6 +105,9 @@ class ResponseStore:
             return bool(await _redis_call(self._redis.unlink(key)))
         assert self._memory is not None
         return await self._memory.delete(key)
+
+    def _tenant_of(self, key: str) -> str:
+        return key.removeprefix(self._prefix).partition(":")[0]
 
     def _key(self, tenant: str, response_id: str) -> str:
         # Tenant names are checked to be plain (tenants/config.py); an id is the client's

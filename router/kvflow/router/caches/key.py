@@ -107,6 +107,13 @@ def key_prefix(namespace: str, pool: str | None = None, tenant: str | None = Non
     return store_prefix("rcache", namespace, pool, tenant)
 
 
+def tenant_of(namespace: str, key: str) -> str:
+    """The tenant a key of ``namespace``'s exact cache belongs to (``cache_key``): the
+    memory store evicts the largest tenant's entries first (stores.py)."""
+    _, _, tenant = key.removeprefix(store_prefix("rcache", namespace)).partition(":")
+    return tenant.partition(":")[0]
+
+
 def scoped_key(
     kind: str,
     key_format: str,

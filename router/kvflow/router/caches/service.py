@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
@@ -22,6 +23,7 @@ from kvflow.router.caches.key import (
     cache_key,
     key_prefix,
     request_fingerprint,
+    tenant_of,
 )
 from kvflow.router.caches.lookup_metrics import LookupCounters
 from kvflow.router.caches.policy import (
@@ -146,7 +148,8 @@ class ResponseCache:
         self.config = config
         self.metrics = ResponseCacheMetrics(registry or CollectorRegistry())
         if store is None:
-            memory = MemoryAnswerStore(config.max_bytes, self.metrics.evictions.inc)
+            memory = MemoryAnswerStore(config.max_bytes, self.metrics.evictions.inc,
+                                       owner_of=partial(tenant_of, namespace))  # fmt: skip
             self.metrics.bytes.set_function(lambda: float(memory.num_bytes))
             store = memory
         self.store = store

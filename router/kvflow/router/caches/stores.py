@@ -24,32 +24,45 @@ class AnswerStore(Protocol):
 
 
 class MemoryAnswerStore:
-    """Least recently used first out, once the keys and values pass ``max_bytes``."""
+    """Bounded in bytes (keys and values). Past ``max_bytes`` the owner holding the most
+    bytes gives up its least recently used entry, so that one tenant's traffic cannot push
+    out another's entries: while a tenant holds under its share (``max_bytes`` over the
+    tenants storing), only the larger ones lose entries, and a tenant alone may use it all.
+    ``owner_of`` names a key's owner (its tenant); one owner is a plain LRU."""
 
     def __init__(
         self,
         max_bytes: int,
         on_evict: Callable[[int], None] = lambda n: None,
         clock: Callable[[], float] = time.monotonic,
+        owner_of: Callable[[str], str] = lambda key: "",
     ) -> None:
         self.max_bytes = max_bytes
         self.num_bytes = 0
-        self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        # owner -> its entries, least recently used first: key -> (expires at, value)
+        self._owners: dict[str, OrderedDict[str, tuple[float, bytes]]] = {}
+        self._owner_bytes: dict[str, int] = {}
         self._on_evict = on_evict
         self._clock = clock
+        self._owner_of = owner_of
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(entries) for entries in self._owners.values())
+
+    def bytes_of(self, owner: str) -> int:
+        """What ``owner``'s entries take, in bytes."""
+        return self._owner_bytes.get(owner, 0)
 
     async def get(self, key: str) -> bytes | None:
-        entry = self._entries.get(key)
-        if entry is None:
+        entries = self._owners.get(self._owner_of(key))
+        entry = None if entries is None else entries.get(key)
+        if entries is None or entry is None:
             return None
         expires_s, value = entry
         if self._clock() >= expires_s:
             self._drop(key)
             return None
-        self._entries.move_to_end(key)
+        entries.move_to_end(key)
         return value
 
     def fits(self, key: str, value: bytes) -> bool:
@@ -60,34 +73,43 @@ class MemoryAnswerStore:
         if not self.fits(key, value):
             return
         size = _size(key, value)
-        if key in self._entries:
-            self._drop(key)
+        owner = self._owner_of(key)
+        self._drop(key)
         num_evicted = 0
         while self.num_bytes + size > self.max_bytes:
-            oldest = next(iter(self._entries))
-            self._drop(oldest)
+            largest = max(self._owner_bytes, key=self._owner_bytes.__getitem__)
+            self._drop(next(iter(self._owners[largest])))
             num_evicted += 1
-        self._entries[key] = (self._clock() + ttl_s, value)
+        self._owners.setdefault(owner, OrderedDict())[key] = (self._clock() + ttl_s, value)
+        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
         self.num_bytes += size
         if num_evicted:
             self._on_evict(num_evicted)
 
     async def delete(self, key: str) -> bool:
         """Exactly ``key`` (api/response_store.py): whether it was there."""
-        if key not in self._entries:
-            return False
-        self._drop(key)
-        return True
+        return self._drop(key)
 
     async def purge(self, prefix: str) -> int:
-        doomed = [key for key in self._entries if key.startswith(prefix)]
+        doomed = [key for entries in self._owners.values() for key in entries
+                  if key.startswith(prefix)]  # fmt: skip
         for key in doomed:
             self._drop(key)
         return len(doomed)
 
-    def _drop(self, key: str) -> None:
-        _, value = self._entries.pop(key)
-        self.num_bytes -= _size(key, value)
+    def _drop(self, key: str) -> bool:
+        owner = self._owner_of(key)
+        entries = self._owners.get(owner)
+        if entries is None or key not in entries:
+            return False
+        _, value = entries.pop(key)
+        size = _size(key, value)
+        self.num_bytes -= size
+        self._owner_bytes[owner] -= size
+        if not entries:  # an owner with nothing stored is never the largest
+            del self._owners[owner]
+            del self._owner_bytes[owner]
+        return True
 
 
 def _size(key: str, value: bytes) -> int:

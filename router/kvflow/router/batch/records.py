@@ -110,6 +110,10 @@ class BatchRecord:
     total: int = 0
     # Set where the status leaves "validating" / "in_progress" and so on.
     stamps: dict[str, int] = field(default_factory=dict)
+    # An ended batch's request counts, stored with its last status: its lines' results are
+    # dropped from the store then (store.py, drop_progress). None while it runs, and in a
+    # record ended by an older router (its results were kept: they still count it).
+    final_counts: Counts | None = None
 
     def moved(self, status: Status, now_s: int, **changes: Any) -> BatchRecord:
         """This batch in ``status``; ValueError for a move the state machine forbids."""
@@ -144,4 +148,6 @@ class BatchRecord:
         raw = json.loads(text)
         raw["status"] = Status(raw["status"])
         raw["errors"] = tuple(raw.get("errors", ()))
+        if raw.get("final_counts") is not None:
+            raw["final_counts"] = Counts(**raw["final_counts"])
         return BatchRecord(**raw)

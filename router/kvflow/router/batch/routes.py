@@ -97,11 +97,16 @@ class BatchApi:
         return record
 
     async def view(self, record: BatchRecord) -> dict[str, Any]:
-        """As the client sees it: a cancel asked for shows at once, before the runner acts."""
-        cancel_at = await self.store.cancel_requested(record.id)
-        if cancel_at is not None and record.status in (Status.VALIDATING, Status.IN_PROGRESS):
-            record = record.moved(Status.CANCELLING, cancel_at)
-        return record.to_openai(with_counts(record, await self.store.counts(record.id)))
+        """As the client sees it: a cancel asked for shows at once, before the runner acts.
+        An ended batch's counts are its record's: its lines' results are dropped then."""
+        if record.status in (Status.VALIDATING, Status.IN_PROGRESS):
+            cancel_at = await self.store.cancel_requested(record.id)
+            if cancel_at is not None:
+                record = record.moved(Status.CANCELLING, cancel_at)
+        counts = record.final_counts
+        if counts is None:
+            counts = with_counts(record, await self.store.counts(record.id))
+        return record.to_openai(counts)
 
     async def upload(self, request: Request, tenant: Tenant) -> dict[str, Any]:
         limit = self.config.max_file_bytes
@@ -163,6 +168,14 @@ class BatchApi:
             raise ApiError(409, f"Cannot cancel a batch with status '{record.status}'.",
                            code="invalid_state")  # fmt: skip
         await self.store.request_cancel(batch_id, int(time.time()))
+        now = await self.store.get_batch(batch_id)
+        if now is not None and now.status.is_terminal:
+            # It ended meanwhile, its progress dropped maybe before this cancel was stored:
+            # drop the cancel too, or nothing would. Not where an older router ended it:
+            # its counts are still its results'.
+            if now.final_counts is not None:
+                await self.store.drop_progress(batch_id)
+            return await self.view(now)
         return await self.view(record)
 
 

@@ -11,7 +11,9 @@ by admission or a quota (429/503) is put back and its batch backs off (at least 
 Retry-After, else doubling to 30 s): other batches, other tenants' among them, go on, so a
 tenant whose daily budget is spent holds only its own batches until the budget refills.
 Each finished line's result is stored at once (batch/store.py), so a restarted router
-resumes a batch without running its done lines again.
+resumes a batch without running its done lines again. When the batch ends, its last record
+(files, counts) is stored first and its results and cancel request dropped after: a crash
+before the record is stored resumes the batch from them.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from kvflow.router.batch.running import (
     RunningBatch,
     problem,
 )
-from kvflow.router.batch.store import BatchStore
+from kvflow.router.batch.store import BatchStore, with_counts
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.routing.cost import DEFAULT_STEP_COSTS
 from kvflow.router.store_errors import STORE_ERRORS
@@ -178,7 +180,7 @@ class BatchRunner:
                 "and stopped it; its log names the cause. Submit the batch again, or report "
                 "the log's error if it fails again.",
             }
-            await self._put(record.moved(Status.FAILED, int(time.time()), errors=(problem,)))
+            await self._end(record.moved(Status.FAILED, int(time.time()), errors=(problem,)))
             self._failed_passes.pop(batch_id, None)
             log.error("batch %s failed: %d passes failed in a row", batch_id, num_failed)
         except STORE_ERRORS:
@@ -194,7 +196,7 @@ class BatchRunner:
             if running is not None:
                 for task in running.in_flight.values():
                     task.cancel()
-            await self._put(record.moved(Status.FAILED, int(time.time()), errors=lost.problems))
+            await self._end(record.moved(Status.FAILED, int(time.time()), errors=lost.problems))
             log.error("batch %s failed: its input cannot be read again: %s", record.id,
                       lost.problems)  # fmt: skip
 
@@ -218,16 +220,25 @@ class BatchRunner:
         await self._store.put_batch(record)
         return record
 
+    async def _end(self, final: BatchRecord, done: tuple[int, int] | None = None) -> None:
+        """Store a batch's last record, with its counts (``done``: completed, failed; else
+        the store's), then drop its lines' results and its cancel request. Only after: till
+        the record is stored the batch is active, and a router that resumes it reads them."""
+        if done is None:
+            done = await self._store.counts(final.id)
+        await self._put(replace(final, final_counts=with_counts(final, done)))
+        await self._store.drop_progress(final.id)
+
     async def _validate(self, record: BatchRecord, now_s: int) -> None:
         content = await self._store.get_content(record.input_file_id)
         if content is None:
             missing = problem("file_not_found", "input_file_id",
                               f"The input file {record.input_file_id} was deleted.")  # fmt: skip
-            await self._put(record.moved(Status.FAILED, now_s, errors=(missing,)))
+            await self._end(record.moved(Status.FAILED, now_s, errors=(missing,)))
             return
         parsed = parse_input(content, record.endpoint, self._config.max_lines)
         if parsed.errors:
-            await self._put(record.moved(Status.FAILED, now_s, errors=parsed.errors))
+            await self._end(record.moved(Status.FAILED, now_s, errors=parsed.errors))
             return
         self._running[record.id] = RunningBatch(parsed.lines, set(), self._config.busy_backoff_s)
         await self._put(record.moved(Status.IN_PROGRESS, now_s, total=len(parsed.lines)))
@@ -380,6 +391,12 @@ class BatchRunner:
         restart writes the same ones), then the batch's last status."""
         running = await self._running_of(record)
         results = await self._store.results(record.id)
+        stored = await self._store.get_batch(record.id)
+        if stored is None or stored.status.is_terminal:
+            # Ended by another replica meanwhile (this one's lease lapsed mid-pass), which
+            # drops the results once it has: those read above may be none of them.
+            self._running.pop(record.id, None)
+            return
         outputs, errors = result_files(running.lines, results,
                                        is_cancelled=end == Status.CANCELLED)  # fmt: skip
         output_id = await self._write(record, "output", outputs, now_s)
@@ -387,8 +404,10 @@ class BatchRunner:
         if end is None:
             end = Status.COMPLETED if len(results) >= len(running.lines) else Status.EXPIRED
         final = record.moved(end, now_s)
-        await self._put(replace(final, output_file_id=output_id, error_file_id=error_id))
+        num_ok = sum(1 for is_ok, _ in results.values() if is_ok)
         self._running.pop(record.id, None)
+        await self._end(replace(final, output_file_id=output_id, error_file_id=error_id),
+                        (num_ok, len(results) - num_ok))  # fmt: skip
         log.info("batch %s %s: %d ok, %d errors", record.id, end, len(outputs), len(errors))
 
     async def _write(

@@ -3,7 +3,9 @@ tenants' connection) or a directory (a volume, one router). Thin I/O shells; the
 are batch/records.py's.
 
 Results are keyed by the line's index and written once (HSETNX, or the first line for an
-index in an append-only file), so a line run twice across a restart counts once.
+index in an append-only file), so a line run twice across a restart counts once. They and a
+cancel request are a running batch's progress: once its last record is stored (its files
+written, its counts in it), the runner drops them (drop_progress); nothing reads them after.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -40,6 +43,7 @@ class BatchStore(Protocol):
     async def add_result(self, batch_id: str, index: int, ok: bool, line: str) -> None: ...
     async def results(self, batch_id: str) -> dict[int, Result]: ...
     async def counts(self, batch_id: str) -> tuple[int, int]: ...  # completed, failed
+    async def drop_progress(self, batch_id: str) -> None: ...  # its results and cancel
     async def claim(self, batch_id: str, owner: str, ttl_s: float) -> bool: ...
 
 
@@ -157,6 +161,9 @@ class RedisBatchStore:
         err = await self._r.hlen(self._p + "err:" + batch_id)
         return int(ok), int(err)
 
+    async def drop_progress(self, batch_id: str) -> None:
+        await self._r.delete(*(self._p + kind + batch_id for kind in ("ok:", "err:", "cancel:")))
+
     async def claim(self, batch_id: str, owner: str, ttl_s: float) -> bool:
         """One router replica runs a batch at a time: it holds the batch's lease, renewed
         while it runs; a replica that dies lets it lapse and another resumes the batch."""
@@ -170,15 +177,56 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _append_line(path: Path, entry: bytes) -> None:
+    with path.open("a+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end > 0:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                # A line torn by a crash (or a failed write) is ended first, and then skipped
+                # as not JSON; appended to it, this line would be skipped with it, and lost.
+                entry = b"\n" + entry
+        f.write(entry)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _parse_result(raw: bytes | str) -> tuple[int, bool, str] | None:
+    """A results file's line: index, ok, the result's line; None for a torn one (its line
+    runs again)."""
+    try:
+        entry = json.loads(raw)
+        return int(entry["i"]), bool(entry["ok"]), str(entry["line"])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+# Batches whose results files DirBatchStore.counts keeps a tally of; past it the oldest is
+# forgotten (read whole again if asked): a tally holds an entry per line done.
+_MAX_TALLIES = 256
+
+
+@dataclass
+class _Tally:
+    """A results file read up to ``offset`` (a line's end): each index's first verdict."""
+
+    offset: int = 0
+    first: dict[int, bool] = field(default_factory=dict)
+
+
 class DirBatchStore:
     """One router's store on a directory: files/, batches/, results/ (append-only JSONL, a
-    torn last line from a crash is skipped), cancel/."""
+    torn last line from a crash is skipped), cancel/.
+
+    counts reads only what was appended since its last call (a GET of a running batch
+    counts it): a tally per batch, kept by this router, the one that writes the files."""
 
     def __init__(self, root: Path) -> None:
         self._root = root
         for sub in ("files", "batches", "results", "cancel"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         self._lock = asyncio.Lock()  # appends from concurrent lines stay whole
+        self._tallies: dict[str, _Tally] = {}
 
     def _path(self, kind: str, name: str) -> Path:
         if "/" in name or name.startswith("."):
@@ -239,10 +287,7 @@ class DirBatchStore:
     async def add_result(self, batch_id: str, index: int, ok: bool, line: str) -> None:
         entry = json.dumps({"i": index, "ok": ok, "line": line}) + "\n"
         async with self._lock:
-            with self._path("results", batch_id + ".jsonl").open("a") as f:
-                f.write(entry)
-                f.flush()
-                os.fsync(f.fileno())
+            _append_line(self._path("results", batch_id + ".jsonl"), entry.encode())
 
     async def results(self, batch_id: str) -> dict[int, Result]:
         path = self._path("results", batch_id + ".jsonl")
@@ -250,17 +295,38 @@ class DirBatchStore:
         if not path.exists():
             return found
         for raw in path.read_text().splitlines():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue  # torn by a crash mid-append: that line runs again
-            found.setdefault(int(entry["i"]), (bool(entry["ok"]), str(entry["line"])))
+            parsed = _parse_result(raw)
+            if parsed is not None:
+                found.setdefault(parsed[0], (parsed[1], parsed[2]))
         return found
 
     async def counts(self, batch_id: str) -> tuple[int, int]:
-        found = await self.results(batch_id)
-        ok = sum(1 for is_ok, _ in found.values() if is_ok)
-        return ok, len(found) - ok
+        """As results() counts them, from the lines appended since the last call."""
+        path = self._path("results", batch_id + ".jsonl")
+        async with self._lock:
+            tally = self._tallies.pop(batch_id, None) or _Tally()
+            if len(self._tallies) >= _MAX_TALLIES:
+                del self._tallies[next(iter(self._tallies))]
+            self._tallies[batch_id] = tally  # last: the most recently counted
+            if path.exists():
+                with path.open("rb") as f:
+                    f.seek(tally.offset)
+                    tail = f.read()
+                for raw in tail.splitlines():
+                    parsed = _parse_result(raw)
+                    if parsed is not None:
+                        tally.first.setdefault(parsed[0], parsed[1])
+                # A last line without its end (torn, or valid JSON cut before its newline)
+                # is read again next time, as results() would read it then.
+                tally.offset += tail.rfind(b"\n") + 1
+        ok = sum(tally.first.values())
+        return ok, len(tally.first) - ok
+
+    async def drop_progress(self, batch_id: str) -> None:
+        async with self._lock:
+            self._path("results", batch_id + ".jsonl").unlink(missing_ok=True)
+            self._path("cancel", batch_id).unlink(missing_ok=True)
+            self._tallies.pop(batch_id, None)
 
     async def claim(self, batch_id: str, owner: str, ttl_s: float) -> bool:
         return True  # one router owns a directory

@@ -7,7 +7,9 @@ borrows a few message-sized buffers and gives them back, and the next transfer f
 touched. Bounds: the pool keeps at most ``max_idle_bytes`` of idle buffers (by default 4
 messages of 16 MiB, 64 MiB per worker) and drops, at its next use, those idle longer than
 ``max_idle_s``, so a worker that stops transferring keeps 64 MiB at most; in use, each
-transfer holds PIPELINE_DEPTH messages (32 MiB), so 16 transfers in flight hold 512 MiB.
+transfer holds PIPELINE_DEPTH messages (32 MiB): a prefill worker sends at most 16 at
+once (agent.MAX_CONCURRENT_SENDS) and a decode worker moves at most 16 payloads in
+(torch_dist.MAX_MOVING_RECEIVES), 512 MiB each way.
 A buffer that a failed transfer may still be moving is never given back (the transport
 drops it), so it cannot leak into another transfer.
 """

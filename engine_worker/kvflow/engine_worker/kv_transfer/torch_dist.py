@@ -85,6 +85,14 @@ _CANCELLED = b""
 # each a thread): one that finds no idle waiter opens a client (0.44 ms median on loopback
 # here, P90 0.66), and of those a burst opened, 16 are kept afterwards.
 _MAX_IDLE_WAITERS = 16
+# Receives whose payload is moving at once. Waiting for a sender takes no staging; moving
+# takes PIPELINE_DEPTH messages (32 MiB; with NCCL, of GPU memory the worker's budget does
+# not count), so a decode worker that many prefill workers send to at once holds at most
+# 16 x 32 MiB, as when one pool of 16 threads ran every transfer. A sender found past
+# that waits for a seat (its group forms when the receiver joins), within its deadline.
+MAX_MOVING_RECEIVES = 16
+# How often a receive waiting for a seat looks at its cancel event.
+_SEAT_POLL_S = 0.02
 _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 # Fault injection for tests only: pause this long between joining the pair's group and
 # sending, so a test can kill a worker mid-transfer. Never set in production.
@@ -146,6 +154,7 @@ class TorchDistTransport:
         self._names = itertools.count()
         self.pool = StagingPool()
         self.message_bytes = MESSAGE_BYTES  # both sides must agree; tests make it small
+        self._moving = threading.BoundedSemaphore(MAX_MOVING_RECEIVES)
 
     def _pipe(self, blocks: TransferBlocks) -> Staging:
         # gloo moves CPU tensors; NCCL the cache's own device.
@@ -170,17 +179,21 @@ class TorchDistTransport:
             if cancel.is_set() or value == _CANCELLED:
                 raise TransferCancelledError(f"transfer {transfer_id} cancelled")
             group_name, nonce = check_rendezvous(self._token, transfer_id, value)
-            if self._token is not None:  # the sender forms a new group only after this
-                answer = rendezvous_answer(self._token, transfer_id, group_name, nonce)
-                self._store.set(f"kvflow/ack/{transfer_id}", answer)
-            name = group_name
-            group = self.groups.group(
-                self._store, name, 1, deadline_s, self._pipe(expected.blocks).device
-            )
-            receive_messages(
-                group, expected.blocks, expected.tag, deadline_s, self._pipe(expected.blocks),
-                what=f"receiving transfer {transfer_id}",
-            )  # fmt: skip
+            self._take_seat(transfer_id, deadline_s, cancel)
+            try:
+                if self._token is not None:  # the sender forms a new group only after this
+                    answer = rendezvous_answer(self._token, transfer_id, group_name, nonce)
+                    self._store.set(f"kvflow/ack/{transfer_id}", answer)
+                name = group_name
+                group = self.groups.group(
+                    self._store, name, 1, deadline_s, self._pipe(expected.blocks).device
+                )
+                receive_messages(
+                    group, expected.blocks, expected.tag, deadline_s,
+                    self._pipe(expected.blocks), what=f"receiving transfer {transfer_id}",
+                )  # fmt: skip
+            finally:
+                self._moving.release()
         except KvTransferError as exc:
             if name is not None:
                 self.groups.retire(self._store, name)
@@ -192,6 +205,16 @@ class TorchDistTransport:
                 self._expected.pop(transfer_id, None)
             self._store.delete_key(key)
             self._store.delete_key(f"kvflow/ack/{transfer_id}")
+
+    def _take_seat(self, transfer_id: str, deadline_s: float, cancel: threading.Event) -> None:
+        """One of MAX_MOVING_RECEIVES seats for the payload's staging, or raise."""
+        while not self._moving.acquire(timeout=_SEAT_POLL_S):
+            if cancel.is_set():
+                raise TransferCancelledError(f"transfer {transfer_id} cancelled")
+            if time.monotonic() >= deadline_s:
+                raise TransferTimeoutError(
+                    f"transfer {transfer_id}: no free seat to receive into before the deadline"
+                )
 
     def _wait_for_key(self, key: str, deadline_s: float) -> bytes | None:
         """The key's value once it is set, or None at the deadline."""

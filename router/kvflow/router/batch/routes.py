@@ -3,6 +3,7 @@ batches: another's id is a 404, as an id that never existed."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -112,7 +113,9 @@ class BatchApi:
         limit = self.config.max_file_bytes
         try:
             boundary = boundary_of(request.headers.get("content-type", ""))
-            parts = parse_multipart(await _read_upload(request, limit), boundary)
+            body = await _read_upload(request, limit)
+            # Off the event loop: an upload is up to --batch-max-file-bytes.
+            parts = await asyncio.to_thread(parse_multipart, body, boundary)
         except MultipartError as exc:
             raise invalid_request(str(exc)) from None
         purpose = parts.get("purpose")

@@ -236,7 +236,10 @@ class BatchRunner:
                               f"The input file {record.input_file_id} was deleted.")  # fmt: skip
             await self._end(record.moved(Status.FAILED, now_s, errors=(missing,)))
             return
-        parsed = parse_input(content, record.endpoint, self._config.max_lines)
+        # Parsing, building the result files: off the event loop, which serves the online
+        # requests meanwhile (an input file is up to --batch-max-file-bytes).
+        parsed = await asyncio.to_thread(parse_input, content, record.endpoint,
+                                         self._config.max_lines)  # fmt: skip
         if parsed.errors:
             await self._end(record.moved(Status.FAILED, now_s, errors=parsed.errors))
             return
@@ -255,8 +258,8 @@ class BatchRunner:
                                           "deleted while the batch ran."))  # fmt: skip
             # Its line count was checked when it started: a lower --batch-max-lines since
             # then does not apply to it.
-            parsed = parse_input(content, record.endpoint, max(self._config.max_lines,
-                                                               record.total))  # fmt: skip
+            parsed = await asyncio.to_thread(parse_input, content, record.endpoint,
+                                             max(self._config.max_lines, record.total))  # fmt: skip
             if parsed.errors:
                 raise InputLostError(*parsed.errors)
             done = set(await self._store.results(record.id))
@@ -397,8 +400,8 @@ class BatchRunner:
             # drops the results once it has: those read above may be none of them.
             self._running.pop(record.id, None)
             return
-        outputs, errors = result_files(running.lines, results,
-                                       is_cancelled=end == Status.CANCELLED)  # fmt: skip
+        outputs, errors = await asyncio.to_thread(result_files, running.lines, results,
+                                                  is_cancelled=end == Status.CANCELLED)  # fmt: skip
         output_id = await self._write(record, "output", outputs, now_s)
         error_id = await self._write(record, "error", errors, now_s)
         if end is None:
@@ -415,7 +418,7 @@ class BatchRunner:
     ) -> str | None:
         if not entries:
             return None
-        content = dump_lines(entries)
+        content = await asyncio.to_thread(dump_lines, entries)
         file_id = f"file-{record.id}-{kind}"
         name = f"{record.id}_{kind}.jsonl"
         file = FileRecord(file_id, record.tenant, name, OUTPUT_PURPOSE, len(content), now_s)

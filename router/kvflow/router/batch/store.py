@@ -191,6 +191,17 @@ def _append_line(path: Path, entry: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _read_results(path: Path) -> dict[int, Result]:
+    found: dict[int, Result] = {}
+    if not path.exists():
+        return found
+    for raw in path.read_text().splitlines():
+        parsed = _parse_result(raw)
+        if parsed is not None:
+            found.setdefault(parsed[0], (parsed[1], parsed[2]))
+    return found
+
+
 def _parse_result(raw: bytes | str) -> tuple[int, bool, str] | None:
     """A results file's line: index, ok, the result's line; None for a torn one (its line
     runs again)."""
@@ -290,15 +301,8 @@ class DirBatchStore:
             _append_line(self._path("results", batch_id + ".jsonl"), entry.encode())
 
     async def results(self, batch_id: str) -> dict[int, Result]:
-        path = self._path("results", batch_id + ".jsonl")
-        found: dict[int, Result] = {}
-        if not path.exists():
-            return found
-        for raw in path.read_text().splitlines():
-            parsed = _parse_result(raw)
-            if parsed is not None:
-                found.setdefault(parsed[0], (parsed[1], parsed[2]))
-        return found
+        # Off the event loop: a batch's results are up to its whole output.
+        return await asyncio.to_thread(_read_results, self._path("results", batch_id + ".jsonl"))
 
     async def counts(self, batch_id: str) -> tuple[int, int]:
         """As results() counts them, from the lines appended since the last call."""

@@ -12,7 +12,7 @@ import pytest
 
 from kvflow.router.batch.jsonl import parse_input
 from kvflow.router.batch.multipart import MultipartError, boundary_of, parse_multipart
-from kvflow.router.batch.records import BatchRecord, Counts, Status
+from kvflow.router.batch.records import FILE_PURPOSE, BatchRecord, Counts, FileRecord, Status
 from kvflow.router.batch.store import DirBatchStore
 from kvflow.router.tenants.money import discounted_pusd
 
@@ -41,6 +41,15 @@ def test_the_state_machine_allows_openais_moves_only() -> None:
             finalizing.moved(status, 3)
     assert _record().moved(Status.CANCELLING, 5).moved(Status.CANCELLED, 6).status.is_terminal
     assert BatchRecord.loads(r.dumps()) == r
+
+
+def test_a_record_a_newer_router_wrote_still_loads() -> None:
+    """A rolling upgrade shares one store: a field added since is left aside, not a 500."""
+    r = _record().moved(Status.IN_PROGRESS, 1)
+    newer = {**json.loads(r.dumps()), "priority": "high"}
+    assert BatchRecord.loads(json.dumps(newer)) == r
+    file = FileRecord("file-1", "a", "in.jsonl", FILE_PURPOSE, 10, 1)
+    assert FileRecord.loads(json.dumps({**json.loads(file.dumps()), "sha256": "x"})) == file
 
 
 def _line(custom_id: str, url: str = CHAT, **extra: object) -> str:

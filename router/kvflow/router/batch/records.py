@@ -12,7 +12,7 @@ import builtins
 import enum
 import json
 import secrets
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
@@ -81,7 +81,7 @@ class FileRecord:
 
     @staticmethod
     def loads(text: str | builtins.bytes) -> FileRecord:
-        return FileRecord(**json.loads(text))
+        return FileRecord(**_known(FileRecord, json.loads(text)))
 
 
 @dataclass(frozen=True)
@@ -149,5 +149,13 @@ class BatchRecord:
         raw["status"] = Status(raw["status"])
         raw["errors"] = tuple(raw.get("errors", ()))
         if raw.get("final_counts") is not None:
-            raw["final_counts"] = Counts(**raw["final_counts"])
-        return BatchRecord(**raw)
+            raw["final_counts"] = Counts(**_known(Counts, raw["final_counts"]))
+        return BatchRecord(**_known(BatchRecord, raw))
+
+
+def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw``'s fields that ``cls`` has: a record a newer router wrote (a field added
+    since) still loads here during a rolling upgrade, as in the store; what a field this
+    version lacks says is not needed here."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in raw.items() if k in names}

@@ -272,3 +272,26 @@ def test_rendered_manifests_for_kubectl_users_are_current(cluster: ControlPlane)
     )  # fmt: skip
     committed = (REPO / "deploy" / "kvflow-operator.yaml").read_text()
     assert committed == out.stdout, "stale: run `make manifests`"
+
+
+def test_run_as_user_null_leaves_every_pods_user_to_the_platform(cluster: ControlPlane) -> None:
+    """OpenShift's restricted SCC refuses pods naming a user outside the namespace's range:
+    with runAsUser null no pod the chart or the operator makes names one."""
+
+    def pods(*values: str) -> list[tuple[dict[str, Any], list[str]]]:
+        docs = render(cluster, "--set", "redis.enabled=true", *values)
+        return [(d["spec"]["template"]["spec"]["securityContext"],
+                 d["spec"]["template"]["spec"]["containers"][0].get("args", []))
+                for d in by_kind(docs, "Deployment")]  # fmt: skip
+
+    default = pods()
+    assert len(default) == 2  # the operator and Redis
+    assert sorted(context["runAsUser"] for context, _ in default) == [999, 10001]
+    assert any("--run-as-user=10001" in args for _, args in default)
+    for context, args in pods("--set", "runAsUser=null"):
+        assert context["runAsNonRoot"] is True
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(context), context
+        assert not [a for a in args if a.startswith("--run-as-user=") and a != "--run-as-user=none"]
+    assert any("--run-as-user=none" in args for _, args in pods("--set", "runAsUser=null"))
+    out = cluster.helm("template", RELEASE, str(CHART), "--set", "runAsUser=0", check=False)
+    assert out.returncode != 0  # never root

@@ -9,7 +9,7 @@ import os
 import socket
 
 from kvflow.operator.admin_policy import AdminPolicy, setting_problems
-from kvflow.operator.builders.names import Images
+from kvflow.operator.builders.names import IMAGE_UID, Images
 from kvflow.operator.builders.network import MetricsScrapers
 from kvflow.operator.kube import Kube, load_config
 from kvflow.operator.run import OperatorConfig, run_operator
@@ -30,6 +30,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--worker-image", default=DEFAULT_WORKER_IMAGE, help="default worker image")
     p.add_argument("--router-image", default=DEFAULT_ROUTER_IMAGE, help="default router image")
+    p.add_argument(
+        "--run-as-user",
+        type=run_as_user,
+        default=IMAGE_UID,
+        metavar="UID|none",
+        help=f"the user (and group) worker and router pods run as (default: {IMAGE_UID}, the "
+        "images'); none: the pods name no user and the platform assigns one, as OpenShift's "
+        "restricted SCC does",
+    )
     p.add_argument(
         "--drift-interval-seconds",
         type=float,
@@ -94,6 +103,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def run_as_user(text: str) -> int | None:
+    if text == "none":
+        return None
+    try:
+        uid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a user id or none: {text!r}") from None
+    if uid < 1:  # pods never run as root
+        raise argparse.ArgumentTypeError(f"a non-root user id (1 or more), got {uid}")
+    return uid
+
+
 def _policy(args: argparse.Namespace) -> AdminPolicy:
     return AdminPolicy(
         allowed_host_path_prefixes=tuple(args.allowed_host_path_prefixes),
@@ -122,7 +143,9 @@ def main(argv: list[str]) -> int:
     # kopf logs every handler call at INFO; the operator's own log and Events say more.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     cfg = OperatorConfig(
-        images=Images(worker=args.worker_image, router=args.router_image),
+        images=Images(
+            worker=args.worker_image, router=args.router_image, run_as_uid=args.run_as_user
+        ),
         namespaces=list(args.namespaces),
         drift_interval_s=args.drift_interval_seconds,
         liveness_port=args.liveness_port,

@@ -46,10 +46,15 @@ class PoolRef:
 
 @dataclass(frozen=True)
 class Images:
-    """Default images, used where a pool does not name its own (operator flags)."""
+    """Default images, used where a pool does not name its own, and the user their pods
+    run as (operator flags)."""
 
     worker: str
     router: str
+    # The pods' user and group (and fsGroup): the images' own. None: the pods name none
+    # and the platform picks (OpenShift's restricted SCC one from the namespace's range;
+    # elsewhere the image's numeric USER runs, non-root all the same).
+    run_as_uid: int | None = IMAGE_UID
 
 
 def worker_deployment_name(pool: PoolRef, role: WorkerRole) -> str:

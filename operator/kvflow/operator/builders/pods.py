@@ -18,14 +18,14 @@ PRESTOP_SLEEP_S = 5
 POD_IP_ENV = "POD_IP"  # from the downward API; flags name it as $(POD_IP)
 
 
-def pod_security_context() -> dict[str, Json]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": IMAGE_UID,
-        "runAsGroup": IMAGE_UID,
-        "fsGroup": IMAGE_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+def pod_security_context(run_as_uid: int | None = IMAGE_UID) -> dict[str, Json]:
+    """Non-root, as ``run_as_uid`` (user, group and fsGroup); None names no user: the
+    platform assigns one (OpenShift refuses pods that name a user outside the namespace's
+    range), and the kubelet checks that the image's numeric USER is not root."""
+    ids: dict[str, Json] = {}
+    if run_as_uid is not None:
+        ids = {"runAsUser": run_as_uid, "runAsGroup": run_as_uid, "fsGroup": run_as_uid}
+    return {"runAsNonRoot": True, **ids, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def container_security_context() -> dict[str, Json]:
@@ -179,6 +179,7 @@ def pod_spec(
     volumes: list[dict[str, Json]],
     select: dict[str, str],
     grace_s: int,
+    run_as_uid: int | None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Json]] | None = None,
     affinity: Mapping[str, Json] | None = None,
@@ -188,7 +189,7 @@ def pod_spec(
         "terminationGracePeriodSeconds": grace_s,
         "automountServiceAccountToken": False,  # neither workers nor routers call the API server
         "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(run_as_uid),
         "containers": [container],
         "volumes": volumes,
         "topologySpreadConstraints": [

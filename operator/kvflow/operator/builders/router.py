@@ -287,6 +287,7 @@ def router_workload(
         volumes=volumes,
         select=pod.select,
         grace_s=30 + pods.PRESTOP_SLEEP_S,
+        run_as_uid=images.run_as_uid,
         node_selector=router.node_selector,
         tolerations=router.tolerations,
     )

@@ -173,6 +173,7 @@ def worker_deployment(
         # SIGTERM makes the worker refuse new requests and finish in-flight ones for up to
         # --drain-timeout-s; then it stops its servers (about a second) and exits.
         grace_s=pods.PRESTOP_SLEEP_S + engine.drain_timeout_seconds + STOP_MARGIN_S,
+        run_as_uid=images.run_as_uid,
         node_selector=role_spec.node_selector,
         tolerations=role_spec.tolerations,
         affinity=role_spec.affinity,

@@ -80,7 +80,12 @@ class TcpReceiver:
     def close(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError):
+            # On Linux close() alone does not wake a thread blocked in accept(): the
+            # acceptor would stay until the process exits. shutdown() does.
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self._listener.close()
+        self._acceptor.join(timeout=1.0)
 
     def _accept_loop(self) -> None:
         while not self._closed:

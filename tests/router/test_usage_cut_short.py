@@ -29,20 +29,36 @@ def _delta(index: int, num_tokens: int, num_prompt_tokens: int = 7) -> ChoiceDel
 
 
 def test_unsettled_choices_are_charged_what_they_received() -> None:
+    # Two prompts, n=2: prompt 0's choices are 0 and 1, prompt 1's 2 and 3.
     usage = unsettled_usage([7, 5], {0: 3, 1: 4, 2: 9}, {1}, settled_prompts={0},
-                            is_prefilled=True)  # fmt: skip
+                            is_prefilled=True, num_choices=4)  # fmt: skip
     # Choices 0 and 2 never settled; prompt 0 was already charged by choice 1's usage.
     assert usage == UsageCounts(prompt_tokens=5, completion_tokens=3 + 9)
 
 
 def test_prompts_count_once_prefilled_only() -> None:
-    # No first token: the workers may not have reached the prompts, and generated nothing.
-    assert unsettled_usage([7, 5], {}, set(), settled_prompts=set(),
+    # No first token: the worker may not have reached the prompt, and generated nothing.
+    assert unsettled_usage([7], {}, set(), settled_prompts=set(),
                            is_prefilled=False) == UsageCounts()  # fmt: skip
-    # A buffered answer shows no tokens before a choice ends; its first token says a worker
-    # prefilled: every unsettled prompt counts.
-    assert unsettled_usage([7, 5], {}, set(), settled_prompts=set(),
-                           is_prefilled=True) == UsageCounts(prompt_tokens=12)  # fmt: skip
+    # One prompt: the request's first token says a worker prefilled it.
+    assert unsettled_usage([7], {}, set(), settled_prompts=set(),
+                           is_prefilled=True) == UsageCounts(prompt_tokens=7)  # fmt: skip
+
+
+def test_of_several_prompts_only_those_a_worker_answered_count() -> None:
+    """A client that leaves a 3-prompt request after the first prompt's tokens pays for
+    that prompt, not for the two no worker had reached (each was charged before)."""
+    assert unsettled_usage([7, 5, 9], {0: 2}, set(), settled_prompts=set(), is_prefilled=True,
+                           num_choices=3) == UsageCounts(7, 2)  # fmt: skip
+    # Received tokens count for a choice's prompt whether streamed or buffered (the trace).
+    assert unsettled_usage([7, 5, 9], {0: 2, 2: 1}, set(), settled_prompts=set(),
+                           is_prefilled=True, num_choices=3) == UsageCounts(16, 3)  # fmt: skip
+    # n=2: choice 3 is prompt 1's.
+    assert unsettled_usage([7, 5], {3: 4}, set(), settled_prompts=set(), is_prefilled=True,
+                           num_choices=4) == UsageCounts(5, 4)  # fmt: skip
+    # A choice that has received no token yet says nothing of its prompt.
+    assert unsettled_usage([7, 5], {0: 0}, set(), settled_prompts=set(), is_prefilled=True,
+                           num_choices=2) == UsageCounts()  # fmt: skip
 
 
 def test_a_settled_request_is_charged_its_final_usage_only() -> None:

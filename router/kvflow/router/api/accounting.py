@@ -110,6 +110,7 @@ class Accounting:
             self._settled_choices,
             settled_prompts=self._prompt.keys(),
             is_prefilled=self.trace.first_token_s is not None,
+            num_choices=self.num_choices,
         )
 
     @property
@@ -230,18 +231,27 @@ def unsettled_usage(
     *,
     settled_prompts: Collection[int],
     is_prefilled: bool,
+    num_choices: int = 1,
 ) -> UsageCounts:
     """What the choices without a final usage computed: each one's completion tokens the
     gateway received from its worker, and each prompt none of whose choices settled, once
-    a worker prefilled one (``is_prefilled``: the request's first token came).
+    a worker prefilled it.
 
-    The gateway cannot tell which prompts of a several-prompt request its workers reached
-    before that first token: all count. Cached tokens are unknown without the worker's
-    final message: none count, as serving/choice_stream.py estimates a missing usage."""
+    One prompt is prefilled once the request's first token came (``is_prefilled``). Of
+    several (``num_choices`` choices, prompt i's are i * n .. i * n + n - 1: serving/job.py),
+    those with a token received for one of their choices: a prompt whose first token had
+    not come yet may have been prefilled meanwhile, but is not charged (a step's worth of
+    doubt), where charging every prompt billed those no worker reached. Cached tokens are
+    unknown without the worker's final message: none count, as serving/choice_stream.py
+    estimates a missing usage."""
     completion = sum(n for index, n in received_tokens.items() if index not in settled_choices)
-    prompt = 0
-    if is_prefilled:
-        prompt = sum(n for i, n in enumerate(prompt_tokens) if i not in settled_prompts)
+    if len(prompt_tokens) <= 1:
+        reached = {0} if is_prefilled else set()
+    else:
+        per_prompt = max(1, num_choices // len(prompt_tokens))
+        reached = {index // per_prompt for index, n in received_tokens.items() if n > 0}
+    unsettled = reached.difference(settled_prompts)
+    prompt = sum(n for i, n in enumerate(prompt_tokens) if i in unsettled)
     return UsageCounts(prompt_tokens=prompt, completion_tokens=completion)
 
 

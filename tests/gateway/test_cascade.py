@@ -249,6 +249,8 @@ def test_a_client_that_leaves_during_the_small_answer_cancels_it(
     script(small, " one two three four five six seven eight nine ten", CONFIDENT)
     small.token_delay_s = 0.2
     num_cancelled, num_large = len(small.cancelled), len(large.requests)
+    metrics = f"{g.url}/metrics"
+    spent = sample(metrics, SPEND, model="small-v1")
     try:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{g.base_url}/chat/completions", timeout=0.5,
@@ -256,6 +258,14 @@ def test_a_client_that_leaves_during_the_small_answer_cancels_it(
         # The small call is cancelled on its worker, and nothing goes to the large model.
         wait_until(lambda: len(small.cancelled) > num_cancelled)
         assert len(large.requests) == num_large
+        # It is charged its prompt and the tokens its worker sent before the client left
+        # (about 2 at 0.2 s each within 0.5 s), as any request cut short; before, nothing.
+        price_in, price_out = PRICES["small-v1"]
+        prompt = len(small.requests[-1].prompt_token_ids)
+        wait_until(lambda: sample(metrics, SPEND, model="small-v1") > spent)
+        spend_pusd = (sample(metrics, SPEND, model="small-v1") - spent) * 1e6
+        num_tokens = (spend_pusd - prompt * price_in) / price_out
+        assert num_tokens == pytest.approx(round(num_tokens)) and 1 <= round(num_tokens) <= 3
     finally:
         small.token_delay_s = 0.0
 

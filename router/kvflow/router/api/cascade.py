@@ -77,6 +77,9 @@ async def answer_with_cascade(
         if is_gone:  # the client left: the workers' calls are cancelled
             for item in items:
                 accounting.add(item)
+            # Charged what the small call computed, as any request cut short (respond.py).
+            accounting.charge_unsettled([len(prompt.token_ids) for prompt in job.prompts])
+            accounting.is_client_gone = True
             accounting.degradation = None
             await accounting.finish()
             return Response(status_code=CLIENT_GONE)

@@ -80,3 +80,32 @@ def test_smollm2_json_schema(client: openai.OpenAI) -> None:
     )  # fmt: skip
     assert response.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(response.choices[0].message.content or ""), WEATHER)
+
+
+def _chain_schema(num_links: int) -> dict[str, Any]:
+    """A flat chain of references, d1 -> d2 -> ... -> a string: shallow and small (87 KB
+    at 2,700 links), within every limit, and one native recursion per link to compile."""
+    defs: dict[str, Any] = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(1, num_links)}
+    defs[f"d{num_links}"] = {"type": "string", "maxLength": 8}
+    return {"$defs": defs, "$ref": "#/$defs/d1"}
+
+
+def test_a_long_reference_chain_compiles_and_kills_neither_process(
+    client: openai.OpenAI, smollm2: WorkerProcess
+) -> None:
+    """Compiled on a default 8 MiB thread stack, this schema overflowed it in llguidance:
+    the gateway (which compiles it first, to answer a bad one with a 400) died by SIGSEGV
+    with every request in flight, and so did the worker, which compiles it again. On the
+    large stack both compile it (proto/stack.py)."""
+    schema = _chain_schema(2700)
+    assert len(json.dumps(schema, separators=(",", ":"))) > 80_000
+    response = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "chain", "schema": schema}},
+    )  # fmt: skip
+    text = response.choices[0].message.content or ""
+    if response.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), str)
+    assert smollm2.proc.poll() is None  # the worker lives
+    after = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert after.choices[0].finish_reason == "length"  # and so does the gateway

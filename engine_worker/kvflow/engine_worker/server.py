@@ -40,9 +40,17 @@ from kvflow.engine_worker.wire_convert import (
 )
 from kvflow.proto import worker_pb2 as pb
 from kvflow.proto import worker_pb2_grpc as pb_grpc
+from kvflow.proto.stack import LargeStackThreadPool
 
 if TYPE_CHECKING:  # llguidance and torch load only in workers that run a model
     from kvflow.engine_worker.structured.service import StructuredOutputs
+
+
+# Structured output's grammars compile here, off the engine thread, on a large stack: the
+# compiler recurses per reference in native code and overflowed the default one (a flat
+# 50-90 KB chain of `$ref`s killed the process; proto/stack.py). Four at once: compiled
+# grammars are cached, and a burst of new ones waits here, never on the engine.
+_COMPILE_POOL = LargeStackThreadPool(max_workers=4, thread_name_prefix="kvflow-compile")
 
 
 class WorkerService(pb_grpc.WorkerServicer):
@@ -70,7 +78,8 @@ class WorkerService(pb_grpc.WorkerServicer):
                 "this worker simulates a model (--simulate) and cannot constrain output to "
                 "a format; send structured output to a worker that runs a model"
             )
-        processor = await asyncio.to_thread(self.structured.processor, message)
+        loop = asyncio.get_running_loop()
+        processor = await loop.run_in_executor(_COMPILE_POOL, self.structured.processor, message)
         return dataclasses.replace(sampling, logits_processor=processor)
 
     async def Generate(  # noqa: N802 (gRPC method names)

@@ -25,10 +25,10 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvflow.proto.stack import LargeStackThreadPool
 from kvflow.router.protocol.errors import ApiError, no_worker_available
 from kvflow.router.text.chat_template import RenderTimeoutError, render_deadline
 
@@ -98,7 +98,9 @@ class PreparePool:
         # Told "busy" (no thread free, or none within the time limit) or "timeout" (the
         # work itself ran past it): kvflow_router_prepare_refusals_total.
         self._on_refusal = on_refusal
-        self._executor = ThreadPoolExecutor(
+        # A large stack: compiling a schema or grammar recurses per reference in native
+        # code, and overflowed the default one (proto/stack.py).
+        self._executor = LargeStackThreadPool(
             max_workers=self.config.threads, thread_name_prefix="kvflow-prepare"
         )
         # Running or waiting, counted until the thread is done (not when the caller stops

@@ -82,7 +82,8 @@ def logit_bias(
     pairs: dict[int, float] = {}
     for key, bias in biases.items():
         # JSON object keys are strings; OpenAI takes decimal token ids.
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+        # At most 10 digits: a token id is an int32, and int() refuses past 4,300 (a 500).
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10):
             raise invalid_request(
                 f"Invalid key in 'logit_bias': {key}. You should only be submitting "
                 "non-negative integers (token ids).",

@@ -65,7 +65,20 @@ def call_from_value(value: Any, arguments_key: str = "arguments") -> ParsedCall 
             return None
     if not isinstance(arguments, dict):
         return None
-    return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+    text = json.dumps(arguments, ensure_ascii=False)
+    if not _is_utf8(value["name"]) or not _is_utf8(text):
+        # A lone surrogate the model wrote as an escape ("\ud800"): no UTF-8 response can
+        # carry it (a 500 before). Not a call: the text stays the answer's content.
+        return None
+    return ParsedCall(value["name"], text)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_llama3_json(text: str) -> list[ParsedCall] | None:

@@ -78,6 +78,10 @@ def parse_tools(value: object) -> tuple[ToolSpec, ...]:
         param_name = f"tools[{i}].function.parameters"
         if not isinstance(params, dict):
             raise invalid_type(param_name, "a JSON Schema object", params)
+        for defs in ("$defs", "definitions"):
+            # Hoisted by name when a call is forced (tools/constrain.py): a map, or a 400.
+            if defs in params and not isinstance(params[defs], dict):
+                raise invalid_type(f"{param_name}.{defs}", "an object of schemas", params[defs])
         # Compiled later, off the event loop (serving/prepare.py); sized by the caller.
         strict = fn.get("strict", False)
         if strict is not None and not isinstance(strict, bool):

@@ -109,3 +109,20 @@ def test_a_long_reference_chain_compiles_and_kills_neither_process(
     assert smollm2.proc.poll() is None  # the worker lives
     after = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
     assert after.choices[0].finish_reason == "length"  # and so does the gateway
+
+
+def test_a_format_past_the_grammar_engines_limits_is_an_error_not_a_cut_answer(
+    client: openai.OpenAI,
+) -> None:
+    """600 optional properties compile, then pass llguidance's items per row at the first
+    key: the matcher errs. Its processor allowed only EOS then, and the answer came back a
+    200 cut at "{", finish_reason "stop", not of the format, the error unsaid."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "wide", "schema": schema}},
+        )  # fmt: skip
+    assert "output format cannot be followed" in str(refused.value)
+    assert "max is 2000" in str(refused.value)

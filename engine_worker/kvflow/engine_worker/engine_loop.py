@@ -27,7 +27,11 @@ from collections.abc import AsyncGenerator, Callable
 
 from kvflow.engine_worker import request_teardown
 from kvflow.engine_worker.core.engine import Engine, RequestOutput
-from kvflow.engine_worker.core.errors import EngineOverloadedError, RequestFailedError
+from kvflow.engine_worker.core.errors import (
+    EngineOverloadedError,
+    InvalidRequestError,
+    RequestFailedError,
+)
 from kvflow.engine_worker.core.sampling_params import SamplingParams
 from kvflow.engine_worker.kv_handoff import KvHandoff
 from kvflow.engine_worker.kv_transfer.agent import KvTransferAgent, SendStats
@@ -285,9 +289,14 @@ class EngineLoop:
     def _fail(self, request_id: str, exc: BaseException) -> None:
         """A bug or a broken part (a logits processor, handoff state) hit one request: end
         it and free what it holds, tell its stream why, and serve every other request on."""
-        log.error("request %s failed inside the worker: %r", request_id, exc, exc_info=exc)
         entry = self._streams.detach(request_id)
         request_teardown.free_failed(self.engine, self.kv, self.handoff, request_id)
+        if isinstance(exc, InvalidRequestError):  # the request's own fault: a 400, not retried
+            log.warning("request %s refused mid-generation: %s", request_id, exc)
+            if entry is not None:
+                raise_in(entry, exc)
+            return
+        log.error("request %s failed inside the worker: %r", request_id, exc, exc_info=exc)
         if entry is not None:
             raise_in(entry, RequestFailedError(request_id, exc))
 

@@ -16,13 +16,23 @@ import llguidance
 import numpy as np
 import torch
 
+from kvflow.engine_worker.core.errors import InvalidRequestError
 from kvflow.engine_worker.structured.grammar import GrammarCompiler, GrammarSpec
+
+# The most of llguidance's message a refusal quotes.
+MAX_ERROR_CHARS = 300
+# llguidance's words for a token its grammar refused (not for a limit it ran into).
+_REFUSED_TOKEN = "doesn't satisfy the grammar"
 
 
 class GrammarLogitsProcessor:
-    """Stateful: one per request. Never raises on the engine thread; a matcher that ends in
-    an error state (a bug, or a token it did not allow) allows only EOS, so the request
-    ends instead of the batch failing."""
+    """Stateful: one per request. A matcher that ends in an error state (the grammar past
+    one of llguidance's limits at run time: its lexer's fuel, a row's items, as a large
+    regex repetition or a schema of hundreds of optional properties reach) raises
+    InvalidRequestError: the engine loop fails this request alone
+    (logits_processor.GuardedProcessor) and the caller hears why, where allowing only EOS
+    had answered a 200 cut short, its output not of the format, and said nothing. A token
+    the grammar refused (sampled on a step left unconstrained) still allows only EOS."""
 
     def __init__(
         self,
@@ -54,7 +64,16 @@ class GrammarLogitsProcessor:
         if new and not matcher.is_error():
             matcher.consume_tokens(list(new))
         if matcher.is_error():
-            return self._eos_only
+            if _REFUSED_TOKEN in matcher.get_error():
+                # A token the mask did not allow (a step run unconstrained): end the request.
+                return self._eos_only
+            # Its first line: the rest is the parser's state and the whole grammar (15 KB
+            # here), past what a gRPC status may carry.
+            why = matcher.get_error().partition("\n")[0][:MAX_ERROR_CHARS]
+            raise InvalidRequestError(
+                f"the output format cannot be followed: {why} (simplify the schema, regex or "
+                "grammar)"
+            )
         matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
         return torch.from_numpy(bits[: self._vocab_size].view(np.bool_))

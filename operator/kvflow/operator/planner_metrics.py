@@ -66,6 +66,13 @@ class PlannerMetrics:
             pool,
             registry=r,
         )
+        self.interval_failures = Counter(
+            "kvflow_operator_planner_interval_failures",
+            "Intervals of a pool that failed on an unexpected error (logged; the planner "
+            "goes on with the other pools and tries this one at its next interval)",
+            pool,
+            registry=r,
+        )
         self.interval_s = Histogram(
             "kvflow_operator_planner_interval_seconds",
             "One planner interval of one pool: list pods, scrape, decide, write",
@@ -90,3 +97,24 @@ class PlannerMetrics:
 
     def judged(self, namespace: str, pool: str, slo: SloVerdict) -> None:
         self.slo_met.labels(namespace, pool).set(_SLO_VALUE[slo.status])
+
+    def unobserved(self, namespace: str, pool: str, role: str) -> None:
+        """No inputs this interval (Prometheus did not answer): NaN, not the last ones."""
+        for name in INPUTS:
+            self.inputs.labels(namespace, pool, role, name).set(math.nan)
+
+    def forget(self, namespace: str, pool: str) -> None:
+        """Drop every series of a pool the planner no longer plans (deleted, or its
+        autoscaling off): a dashboard would show its last replicas and SLO for good."""
+        for metric in (self.inputs, self.replicas, self.decisions, self.scalings, self.slo_met,
+                       self.scrape_failures, self.prometheus_failures, self.interval_failures,
+                       self.interval_s):  # fmt: skip
+            names = metric._labelnames
+            doomed = {
+                tuple(sample.labels[n] for n in names)
+                for family in metric.collect()
+                for sample in family.samples
+                if sample.labels.get("namespace") == namespace and sample.labels.get("pool") == pool
+            }
+            for values in doomed:
+                metric.remove(*values)

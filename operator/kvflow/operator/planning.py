@@ -124,7 +124,8 @@ class PlanningLoop:
             seen.add(key)
             spec = _spec(body)
             if spec is None or not spec.autoscaling.enabled:
-                self._memory.pop(key, None)  # re-enabled later: starts afresh
+                if self._memory.pop(key, None) is not None:  # re-enabled later: afresh
+                    self.metrics.forget(*key)
                 continue
             memory = self._memory.setdefault(key, _Memory())
             now_s = self.clock()
@@ -135,8 +136,12 @@ class PlanningLoop:
                 await self._interval(body, spec, memory, now_s)
             except KubeError as exc:
                 log.warning("planner: %s/%s: %s", key[0], key[1], exc)
+            except Exception:  # one pool's fault never stops the others' planning
+                log.exception("planner: %s/%s: this interval failed", key[0], key[1])
+                self.metrics.interval_failures.labels(key[0], key[1]).inc()
         for gone in set(self._memory) - seen:
             del self._memory[gone]
+            self.metrics.forget(*gone)
 
     async def _interval(
         self, body: Json, spec: v1alpha1.InferencePoolSpec, memory: _Memory, now_s: float
@@ -184,12 +189,19 @@ class PlanningLoop:
             if previous_at_s is None:
                 log.info("planner: %s/%s: first read; deciding from the next one", namespace, name)
                 return
-            windows = {url: window(m, previous.get(url)) for url, m in reads.items()}
+            # Only a target read now and at the last read has a window: one that missed a
+            # read (timed out, not ready) gives its baseline now. Its counts since it
+            # started, over one interval, read as a burst of all its life's traffic (a
+            # steady pool went to maxReplicas).
+            windows = {url: window(m, previous[url]) for url, m in reads.items()
+                       if url in previous}  # fmt: skip
             targets = scraped_targets(spec, pods, windows)
             window_s = now_s - previous_at_s
         observations = observations_of(spec, pool, pods, deployments, targets, now_s, window_s)
-        if not unavailable:
-            for role, obs in observations.items():
+        for role, obs in observations.items():
+            if unavailable:
+                self.metrics.unobserved(namespace, name, role)
+            else:
                 self.metrics.observed(namespace, name, role, obs)
 
         def decide(current: Json) -> PlanOutcome | None:
@@ -353,7 +365,10 @@ def scraped_targets(
     for role, _ in worker_roles(spec):
         role_pods = pods.roles.get(role, RolePods())
         workers = [windows[url] for url in role_pods.targets if url in windows]
-        out[role] = Targets(workers=workers, routers=routers)
+        # The load is the workers' counts: one unread leaves its share out. (A router's
+        # missing read only drops its refusals and latencies, as before.)
+        unread = len(role_pods.targets) - len(workers)
+        out[role] = Targets(workers=workers, routers=routers, num_unread=unread)
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -74,6 +75,39 @@ def parse(
         parsed = list(text_string_to_metric_families(text))
     except (ValueError, IndexError) as exc:  # the parser's errors for malformed lines
         raise ExpositionError(f"not Prometheus text: {exc}") from exc
+    try:
+        _fold(parsed, families, match, drop, counters, gauges, buckets, totals)
+    except (KeyError, ValueError, TypeError) as exc:
+        # A bucket without `le`, or with one that is not a number (a foreign exporter, a
+        # proxy): a failed read like any other, never an error that stops the planner.
+        raise ExpositionError(f"a malformed sample: {exc!r}") from exc
+    if families and not (counters or gauges or buckets):
+        # A 200 with none of the families (an empty body, another server's page) is no read:
+        # taken as one, its target's next window would span its whole life.
+        raise ExpositionError("none of the planner's metric families")
+    histograms = {
+        name: Histogram(
+            tuple(sorted(by_le)),
+            tuple(by_le[le] for le in sorted(by_le)),
+            totals[name][0],
+            totals[name][1],
+        )
+        for name, by_le in buckets.items()
+    }
+    return Metrics(counters, gauges, histograms)
+
+
+def _fold(
+    parsed: list[Any],
+    families: Collection[str],
+    match: Mapping[str, Mapping[str, str]],
+    drop: Mapping[str, str],
+    counters: dict[str, float],
+    gauges: dict[str, float],
+    buckets: dict[str, dict[float, float]],
+    totals: dict[str, list[float]],
+) -> None:
+    """The wanted samples of ``parsed`` summed into the four maps (``parse``)."""
     for family in parsed:
         if family.name not in families:
             continue
@@ -101,16 +135,6 @@ def parse(
                     count_sum[0] += sample.value
                 elif sample.name.endswith("_sum"):
                     count_sum[1] += sample.value
-    histograms = {
-        name: Histogram(
-            tuple(sorted(by_le)),
-            tuple(by_le[le] for le in sorted(by_le)),
-            totals[name][0],
-            totals[name][1],
-        )
-        for name, by_le in buckets.items()
-    }
-    return Metrics(counters, gauges, histograms)
 
 
 def window(now: Metrics, before: Metrics | None) -> Metrics:

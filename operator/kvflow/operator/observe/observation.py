@@ -82,6 +82,8 @@ class Targets:
 
     workers: Sequence[Metrics]
     routers: Sequence[Metrics]
+    # This role's ready workers without a window this interval.
+    num_unread: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,14 @@ def observe_role(
         ttft = _first_counted(_total(routers, ROUTER_TTFT), _total(workers, WORKER_TTFT))
     if decodes(role):
         tpot = _first_counted(_total(workers, WORKER_TPOT), _total(routers, ROUTER_TPOT))
-    finished = _sum(workers, WORKER_FINISHED)
-    prompt_tokens = _sum(workers, WORKER_PROMPT_TOKENS)
-    generated = _sum(workers, WORKER_GENERATION_TOKENS)
+    # Workers not read this interval are taken to carry what the read ones carry: their
+    # share of the counts is not zero (a pool sized on the read ones' load alone shrank to
+    # a quarter with three of four scrapes timing out). The planner holds a scale-down
+    # while fewer than half were read (planner/signals.py).
+    scale = (len(workers) + targets.num_unread) / len(workers) if workers else 1.0
+    finished = _scaled(_sum(workers, WORKER_FINISHED), scale)
+    prompt_tokens = _scaled(_sum(workers, WORKER_PROMPT_TOKENS), scale)
+    generated = _scaled(_sum(workers, WORKER_GENERATION_TOKENS), scale)
     per_request = finished is not None and finished > 0
     shed = _sum(routers, ROUTER_SHED) if prefills(role) else None
     came = None if finished is None else finished + (shed or 0.0)
@@ -139,8 +146,10 @@ def observe_role(
         decode_batch_size=_mean_gauge(workers, WORKER_RUNNING) if decodes(role) else None,
         kv_usage=_kv_usage(workers),
         # The planner's Backlog rule sizes for draining this queue (planner/signals.py).
-        num_waiting_requests=_sum_gauge(workers, WORKER_WAITING),
+        num_waiting_requests=_scaled(_sum_gauge(workers, WORKER_WAITING), scale),
         shed_fraction=None if shed is None or not came else shed / came,
+        num_unread_workers=targets.num_unread,
+        num_running_requests=_scaled(_sum_gauge(workers, WORKER_RUNNING), scale),
     )
 
 
@@ -165,6 +174,10 @@ def _first_counted(*candidates: Histogram | None) -> Histogram | None:
 def _sum(sources: Sequence[Metrics], family: str) -> float | None:
     values = [m.counters[family] for m in sources if family in m.counters]
     return sum(values) if values else None
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -134,7 +134,10 @@ def assess(
     t = config.tuning
     is_prefill, is_decode = _sides(role)
     ready = obs.ready_replicas
-    is_idle = obs.request_rate_per_s == 0
+    # Idle: nothing came, and nothing runs or waits. A window in which no request finished
+    # while some run (long answers, a stalled engine) is not idleness.
+    in_flight = (obs.num_running_requests or 0.0) + (obs.num_waiting_requests or 0.0)
+    is_idle = obs.request_rate_per_s == 0 and in_flight == 0
     # With a capacity profile, a latency or queue over its limit while the profile says the
     # replicas asked for carry the load is not a lack of replicas: mostly the tail of a
     # backlog that the replicas already added are draining (its requests queued before they
@@ -195,6 +198,11 @@ def assess(
         missing.append("request_rate_per_s")
     if backlog is not None:
         calm.append(f"{obs.num_waiting_requests:.0f} requests queued")
+    if 2 * obs.num_unread_workers > ready:
+        # Most of the role's load is an extrapolation from the few read (observation.py).
+        calm.append(f"{obs.num_unread_workers} of {ready} workers unread this interval")
+    if obs.request_rate_per_s == 0 and in_flight:
+        calm.append(f"{in_flight:.0f} requests in flight, none finished in the window")
 
     down_to: int | None = None
     settles_at: int | None = None

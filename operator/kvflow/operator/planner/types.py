@@ -83,6 +83,14 @@ class Observation:
     # Share of the window's requests the gateway refused (429/503 from admission control:
     # the queues were past their time bound). None: no router read, or no request came.
     shed_fraction: float | None = None
+    # Ready workers of the role with no window this interval: not read now, or not at the
+    # last read. The counts above include their share, taken as the read ones' (observed
+    # that way); with more than half unread the role is not scaled down (a scale-up still
+    # acts).
+    num_unread_workers: int = 0
+    # Requests running on the role's ready replicas now (the sum of the workers'
+    # kvflow_worker_requests_running): work that has not finished is not idleness.
+    num_running_requests: float | None = None
 
 
 @dataclass(frozen=True)

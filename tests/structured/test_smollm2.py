@@ -126,3 +126,20 @@ def test_a_format_past_the_grammar_engines_limits_is_an_error_not_a_cut_answer(
         )  # fmt: skip
     assert "output format cannot be followed" in str(refused.value)
     assert "max is 2000" in str(refused.value)
+
+
+def test_a_format_too_costly_to_follow_is_refused_not_run(client: openai.OpenAI) -> None:
+    """A 15-byte regex whose mask takes about 150 ms a token: run, every step of every
+    request on the worker waited for it (four at once: 0.56 s a step)."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0,
+            extra_body={"structured_outputs": {"regex": "(x{700}){700}"}},
+        )  # fmt: skip
+    assert "ms a token to follow" in str(refused.value)
+    # Formats of the usual cost still run.
+    ok = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
+        extra_body={"structured_outputs": {"regex": "[a-z]{1,8}"}},
+    )  # fmt: skip
+    assert ok.choices[0].message.content

@@ -10,6 +10,7 @@ unpack it with numpy (a torch shift-and-mask took ~30 us; llguidance's one-byte-
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import llguidance
@@ -19,6 +20,11 @@ import torch
 from kvflow.engine_worker.core.errors import InvalidRequestError
 from kvflow.engine_worker.structured.grammar import GrammarCompiler, GrammarSpec
 
+# The most CPU one row's mask may take on the engine thread: a format's mask takes about
+# 30 us (bench/structured_mask.py), at most 0.7 ms measured on SmolLM2's vocabulary for a
+# 2,700-link reference chain, a 100-property object and the tool schemas of the tests;
+# `(x{700}){700}` takes 37 ms. Past this the request is refused, not the batch slowed.
+MAX_MASK_S = 0.01
 # The most of llguidance's message a refusal quotes.
 MAX_ERROR_CHARS = 300
 # llguidance's words for a token its grammar refused (not for a limit it ran into).
@@ -47,11 +53,16 @@ class GrammarLogitsProcessor:
         self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._eos_only = torch.zeros(vocab_size, dtype=torch.bool)
         self._eos_only[list(eos_token_ids)] = True
+        self._first: torch.Tensor | None = None  # the mask before any token, computed ahead
 
     @classmethod
     def compile(cls, compiler: GrammarCompiler, spec: GrammarSpec) -> GrammarLogitsProcessor:
-        """Raises InvalidRequestError when the format does not compile."""
-        return cls(compiler.matcher(spec), compiler.vocab_size, compiler.eos_token_ids)
+        """Raises InvalidRequestError when the format does not compile. Its first mask is
+        computed here too, off the engine thread (the first of a costly format takes
+        the longest: about a second for `(x{700}){700}`)."""
+        processor = cls(compiler.matcher(spec), compiler.vocab_size, compiler.eos_token_ids)
+        processor._first = processor._mask()
+        return processor
 
     @property
     def error(self) -> str:
@@ -74,6 +85,24 @@ class GrammarLogitsProcessor:
                 f"the output format cannot be followed: {why} (simplify the schema, regex or "
                 "grammar)"
             )
-        matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        if not output_token_ids and self._first is not None:
+            return self._first
+        # This thread's CPU time (llguidance computes on it): a step descheduled on a busy
+        # machine is not the format's cost.
+        started_s = time.thread_time()
+        mask = self._mask()
+        took_s = time.thread_time() - started_s
+        if took_s > MAX_MASK_S:
+            # Every step of the batch waits for every row's mask: one format this costly
+            # slowed every request on the worker (four of them: 0.56 s a step).
+            raise InvalidRequestError(
+                f"the output format costs {took_s * 1000:.0f} ms a token to follow, more than "
+                f"the {MAX_MASK_S * 1000:.0f} ms a step allows it (a nested repetition such "
+                "as (x{700}){700} does): simplify the schema, regex or grammar"
+            )
+        return mask
+
+    def _mask(self) -> torch.Tensor:
+        self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
         return torch.from_numpy(bits[: self._vocab_size].view(np.bool_))

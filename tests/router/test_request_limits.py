@@ -353,3 +353,43 @@ def test_caller_values_are_escaped_keys_included_and_at_any_depth() -> None:
 
     prompt = builder.chat([ChatMessage("user", "hi")], template_kwargs={"x": deep})
     assert prompt.token_ids
+
+
+def test_a_request_of_many_schemas_stops_compiling_at_its_time_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forty tools, each schema 50 ms to compile, a 0.2 s limit: the request is a 400 at
+    0.2 s, and its thread stops compiling within one more schema (it went on to compile
+    all forty, two seconds of the prepare pool's time, after the caller had its 400)."""
+    from kvflow.router.api import job_start
+
+    compiled: list[str] = []
+
+    def slow_check(constraint: OutputConstraint) -> None:
+        time.sleep(0.05)
+        compiled.append(constraint.param)
+
+    monkeypatch.setattr(job_start, "check_constraint", slow_check)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"f{i}",
+                "parameters": {"type": "object", "properties": {f"p{i}": {"type": "string"}}},
+            },
+        }
+        for i in range(40)
+    ]
+    parsed = parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                 "tools": tools, "tool_choice": "required"})  # fmt: skip
+
+    async def scenario() -> None:
+        pool = PreparePool(PrepareConfig(threads=1, max_waiting=0, timeout_s=0.2))
+        with pytest.raises(ApiError) as info:
+            await pool.run(lambda: job_start._prepare(None, parsed, None))  # type: ignore[arg-type]
+        assert info.value.status == 400
+        await asyncio.sleep(1.0)
+        assert len(compiled) <= 6, len(compiled)  # 0.2 s of 50 ms compiles, and one more
+        pool.close()
+
+    asyncio.run(scenario())

@@ -55,6 +55,7 @@ from kvflow.router.structured.constraint import check_constraint
 from kvflow.router.tenants.money import format_usd
 from kvflow.router.tenants.service import Lease
 from kvflow.router.tenants.store import Admission
+from kvflow.router.text.chat_template import check_render_deadline
 from kvflow.router.tools.prompt import prepare_tool_prompt
 
 ROUTE_DEBUG_HEADER = "x-kvflow-route"
@@ -283,6 +284,9 @@ def _prepare(
 ) -> list[PreparedPrompt]:
     """On a prepare thread: compile the schemas and grammars, render, tokenize."""
     for constraint in constraints_to_compile(parsed):
+        # Each schema may take a moment: with a hundred tools, the request's time limit
+        # ran out long before its compiles did, and its thread stayed busy for them all.
+        check_render_deadline()
         check_constraint(constraint)
     if isinstance(parsed, ChatRequest):
         messages, tool_variables = prepare_tool_prompt(

@@ -44,7 +44,9 @@ def render_deadline(deadline_s: float | None) -> Iterator[None]:
         _deadline.s = previous
 
 
-def _check_deadline() -> None:
+def check_render_deadline() -> None:
+    """Raise RenderTimeoutError once this thread's preparation is past its deadline (the
+    template's render checks it at every step; the prepare's other work calls it)."""
     deadline_s = getattr(_deadline, "s", None)
     if deadline_s is not None and time.monotonic() > deadline_s:
         raise RenderTimeoutError("the chat template ran past its time limit")
@@ -54,15 +56,15 @@ class _DeadlineSandbox(ImmutableSandboxedEnvironment):
     """Every attribute, item and call of a template passes here: the deadline's checks."""
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        _check_deadline()
+        check_render_deadline()
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
-        _check_deadline()
+        check_render_deadline()
         return super().getitem(obj, argument)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        _check_deadline()
+        check_render_deadline()
         return super().call(__context, __obj, *args, **kwargs)
 
 

@@ -3,12 +3,14 @@ now a 400 naming the parameter, or, for the model's output, not taken as a tool 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from kvflow.router.protocol.errors import ApiError
 from kvflow.router.protocol.requests import parse_chat_request
+from kvflow.router.structured.constraint import check_constraint
 from kvflow.router.tools.constrain import forced_call_constraint
 from kvflow.router.tools.parsers import call_from_value
 
@@ -32,7 +34,8 @@ def test_a_tools_definitions_must_be_an_object(defs: str) -> None:
     params[defs] = {"s": {"type": "string"}}
     parsed = _chat(tools=tools, tool_choice="required")
     forced = forced_call_constraint(parsed.tools, parsed.tool_choice, parallel=False)
-    assert forced is not None and '"tool0_s"' in forced.source
+    assert forced is not None
+    check_constraint(forced)  # compiles
 
 
 def test_a_logit_bias_token_id_of_thousands_of_digits_is_a_400() -> None:
@@ -51,3 +54,39 @@ def test_a_tool_call_with_a_lone_surrogate_is_not_taken_as_a_call() -> None:
     assert call_from_value({"name": "f\udfff", "arguments": {}}) is None
     call = call_from_value({"name": "f", "arguments": {"q": "Zürich"}})
     assert call is not None and call.arguments == '{"q": "Zürich"}'
+
+
+@pytest.mark.parametrize(
+    ("parameters", "valid", "invalid"),
+    [
+        # A recursive tool: "#" is the tool's own root, not the array of calls.
+        ({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}},
+          "additionalProperties": False},
+         {"kids": [{"kids": []}]}, {"kids": [[{"name": "f", "arguments": {}}]]}),
+        # A pointer into the tool's own properties (a 400 before: "does not exist").
+        ({"type": "object",
+          "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}},
+          "required": ["b"]},
+         {"b": 3}, {"b": "three"}),
+        # Its own definitions, under either name.
+        ({"type": "object", "properties": {"x": {"$ref": "#/definitions/n"}},
+          "definitions": {"n": {"type": "number"}}, "required": ["x"]},
+         {"x": 1.5}, {"x": "1.5"}),
+    ],
+)  # fmt: skip
+def test_a_required_calls_refs_mean_what_they_meant_in_the_tool(
+    parameters: dict[str, Any], valid: Any, invalid: Any
+) -> None:
+    """tool_choice "required" moves each tool's schema into an array of calls: its local
+    refs must still resolve inside the tool (they were rewritten for $defs only)."""
+    import jsonschema
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    parsed = _chat(tools=tools, tool_choice="required")
+    forced = forced_call_constraint(parsed.tools, parsed.tool_choice, parallel=False)
+    assert forced is not None
+    check_constraint(forced)  # compiles, where "#/properties/a" was a 400
+    schema = json.loads(forced.source)
+    jsonschema.validate([{"name": "f", "arguments": valid}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "f", "arguments": invalid}], schema)

@@ -14,40 +14,37 @@ from typing import Any
 from kvflow.router.structured.constraint import OutputConstraint
 from kvflow.router.tools.spec import ToolChoice, ToolSpec
 
-_DEFS = ("$defs", "definitions")
 
-
-def _rebase_refs(node: Any, prefix: str) -> Any:
-    """A copy of ``node`` whose local refs (``#/$defs/X``) point at ``#/$defs/<prefix>X``."""
+def _rebase_refs(node: Any, base: str) -> Any:
+    """A copy of ``node`` whose local refs (``#`` and ``#/...``, relative to the tool's own
+    schema) point under ``base``, where the tool's schema now is."""
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
-            if key == "$ref" and isinstance(value, str):
-                ref = value
-                for defs in _DEFS:
-                    head = f"#/{defs}/"
-                    if ref.startswith(head):
-                        ref = f"#/$defs/{prefix}{ref[len(head) :]}"
-                out[key] = ref
+            if (
+                key == "$ref"
+                and isinstance(value, str)
+                and (value == "#" or value.startswith("#/"))
+            ):
+                out[key] = base + value[1:]
             else:
-                out[key] = _rebase_refs(value, prefix)
+                out[key] = _rebase_refs(value, base)
         return out
     if isinstance(node, list):
-        return [_rebase_refs(v, prefix) for v in node]
+        return [_rebase_refs(v, base) for v in node]
     return node
 
 
 def _call_schema(tool: ToolSpec, index: int, defs: dict[str, Any]) -> dict[str, Any]:
-    """One call's object; the tool's own definitions move to the root under a prefix (a
-    ``#/$defs`` ref is relative to the root, which is no longer the tool's schema)."""
-    prefix = f"tool{index}_"
-    params = _rebase_refs(tool.parameters, prefix)
-    for key in _DEFS:
-        for name, schema in params.pop(key, {}).items():
-            defs[prefix + name] = schema
+    """One call's object. The tool's schema moves whole to the root's ``$defs`` (its local
+    refs, ``#`` itself and ``#/$defs/X`` or ``#/properties/a`` alike, were relative to its
+    own root, which is no longer the document's) and the call's arguments refer to it."""
+    name = f"tool{index}"
+    base = f"#/$defs/{name}"
+    defs[name] = _rebase_refs(tool.parameters, base)
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": params},
+        "properties": {"name": {"const": tool.name}, "arguments": {"$ref": base}},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }

@@ -42,3 +42,20 @@ def test_admissions_since_the_report_count_until_a_newer_report() -> None:
     pool.book.apply_report(W, REPORT, at_s=time.monotonic())
     assert admission.check(tenant, MODEL).estimated_wait_s == 2.0
     assert admission.eligible_queues("other") == ([], 0)
+
+
+def test_a_pool_with_no_worker_refuses_and_counts_the_demand() -> None:
+    """Scaled to zero: a 503 at admission, counted as kvflow_router_admission_rejections
+    {reason="no_worker"}, the demand the planner brings a replica back for (it saw nothing
+    when the request went on to fail at the pool)."""
+    pool = WorkerPool(BlockIndex(), SessionTable())
+    metrics = RouterMetrics()
+    admission = AdmissionControl(pool, AdmissionConfig(), metrics, "p")
+    tenant = Tenant("t", None, 0, Quotas(), cache_salt="t")
+    series = metrics.admission_rejections.labels("503", "no_worker", "p", "normal")
+    assert series._value.get() == 0  # created at 0, so the planner reads 0, not nothing
+    for _ in range(3):
+        with pytest.raises(ApiError) as refused:
+            admission.check(tenant, MODEL)
+        assert refused.value.status == 503 and refused.value.retry_after_s is not None
+    assert series._value.get() == 3

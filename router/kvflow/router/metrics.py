@@ -62,7 +62,8 @@ PD_FAILURE_KINDS = (
 # Why admission control refused a request (serving/admission.py), by the status answered.
 ADMISSION_REFUSALS = {
     "429": ("over_share",),
-    "503": ("batch_shed", "cluster_full", "queues_full"),
+    # no_worker: the pool has no healthy worker (scaled to zero, or none up yet).
+    "503": ("batch_shed", "cluster_full", "queues_full", "no_worker"),
 }
 DEADLINE_KINDS = ("first_token", "token_stall")  # workers/deadlines.py's DeadlineKind
 

@@ -128,7 +128,8 @@ def observe_role(
     generated = _scaled(_sum(workers, WORKER_GENERATION_TOKENS), scale)
     per_request = finished is not None and finished > 0
     shed = _sum(routers, ROUTER_SHED) if prefills(role) else None
-    came = None if finished is None else finished + (shed or 0.0)
+    # With no worker read (none up: scaled to zero) the routers' refusals are the demand.
+    came = None if finished is None and shed is None else (finished or 0.0) + (shed or 0.0)
     return Observation(
         time_s=time_s,
         desired_replicas=desired_replicas,

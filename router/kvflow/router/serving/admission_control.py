@@ -80,6 +80,16 @@ class AdmissionControl:
         """Admit (counted until the reports can show it), or raise the ApiError: 429 or
         503 + Retry-After. ``priority_class`` moves the thresholds (batch is shed first)."""
         queues, num_unseen = self.eligible_queues(model)
+        if not queues and not self._pool.num_healthy():
+            # Counted as a refusal: the demand the planner sees for a pool with no worker
+            # (scaled to zero), and brings one back for (docs/planner.md).
+            self._metrics.admission_rejections.labels(
+                "503", "no_worker", self.pool_name, priority_class.value
+            ).inc()
+            raise no_worker_available(
+                f"No worker of '{model}' is up ({len(self._pool)} known, none healthy); one "
+                "is on its way if the pool scales on demand: retry shortly."
+            )
         load = self.tenant_load(tenant)
         verdict = decide(queues, num_unseen, load, self.config, priority_class)
         if verdict.is_admitted:

@@ -88,6 +88,18 @@ def test_garbage_is_refused_clearly() -> None:
         parse("this is { not metrics", WORKER_FAMILIES)
 
 
+def test_a_nan_sample_is_not_measured_not_calm() -> None:
+    """A NaN gauge (a KV usage its exporter could not tell) summed into the read made the
+    role look calm (NaN compares false with every limit); it is left out, as if absent."""
+    usage = "kvflow_worker_kv_cache_usage_ratio"
+    text = (
+        f"# TYPE {usage} gauge\n{usage} NaN\n"
+        "# TYPE kvflow_worker_requests_waiting gauge\nkvflow_worker_requests_waiting 2\n"
+    )
+    read = parse(text, WORKER_FAMILIES)
+    assert usage not in read.gauges and read.gauges["kvflow_worker_requests_waiting"] == 2
+
+
 def hist(bounds: tuple[float, ...], counts: tuple[float, ...]) -> Histogram:
     cumulative = tuple(sum(counts[: i + 1]) for i in range(len(counts)))
     return Histogram(bounds, cumulative, cumulative[-1], 0.0)

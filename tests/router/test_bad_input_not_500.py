@@ -90,3 +90,10 @@ def test_a_required_calls_refs_mean_what_they_meant_in_the_tool(
     jsonschema.validate([{"name": "f", "arguments": valid}], schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "f", "arguments": invalid}], schema)
+
+
+def test_a_function_name_with_a_final_newline_is_a_400() -> None:
+    """OpenAI's rule is the whole name; "^...$" matched "f\n" too."""
+    with pytest.raises(ApiError) as refused:
+        _chat(tools=[{"type": "function", "function": {"name": "f\n", "parameters": {}}}])
+    assert refused.value.status == 400

@@ -7,6 +7,7 @@ cumulative since the target started; `window` turns two reads into what happened
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,8 @@ def _fold(
                 continue
             if any(sample.labels.get(k) == v for k, v in drop.items()):
                 continue
+            if math.isnan(sample.value):
+                continue  # not measured (a NaN KV usage read as calm): as if absent
             if family.type == "counter" and sample.name.endswith("_total"):
                 counters[family.name] = counters.get(family.name, 0.0) + sample.value
             elif family.type == "gauge":

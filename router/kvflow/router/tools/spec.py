@@ -10,7 +10,8 @@ from typing import Any, Literal
 from kvflow.router.protocol.errors import invalid_request, unsupported_parameter
 from kvflow.router.protocol.fields import as_mapping, invalid_type
 
-_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule
+# OpenAI's rule, matched whole (fullmatch: "^...$" admitted a final newline).
+_FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_TOOLS = 128  # OpenAI's limit
 
 ToolMode = Literal["none", "auto", "required", "named"]
@@ -60,7 +61,7 @@ def parse_tools(value: object) -> tuple[ToolSpec, ...]:
             )
         fn = as_mapping(tool.get("function"), f"tools[{i}].function")
         name = fn.get("name")
-        if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+        if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
             raise invalid_request(
                 f"Invalid 'tools[{i}].function.name': expected 1-64 letters, digits, '_' or "
                 f"'-', got {name!r}.",

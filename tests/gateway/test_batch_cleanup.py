@@ -16,16 +16,16 @@ import redis
 import yaml
 from testkit.batch_api import (
     KEY_A,
-    MODEL,
     batch_client,
     batch_gateway,
     batch_line,
     create,
     file_lines,
+    simulated_worker,
     wait_for,
 )
 from testkit.redis_server import RedisServer, running_redis
-from testkit.worker_process import WorkerProcess, launch_worker
+from testkit.worker_process import WorkerProcess
 
 from kvflow.router.tenants.config import hash_api_key
 
@@ -36,12 +36,7 @@ PREFIX = "kvflow:batch:default:"  # the Redis store's keys, under the default qu
 
 @pytest.fixture(scope="module")
 def worker() -> Iterator[WorkerProcess]:
-    w = launch_worker(["--simulate", "--served-model-name", MODEL,
-                       "--sim-base-step-ms", "20"], timeout_s=120)  # fmt: skip
-    try:
-        yield w
-    finally:
-        w.stop(timeout_s=10)
+    yield from simulated_worker()
 
 
 @pytest.fixture(scope="module")

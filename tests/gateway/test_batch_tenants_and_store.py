@@ -22,12 +22,13 @@ from testkit.batch_api import (
     batch_line,
     create,
     file_lines,
+    simulated_worker,
     upload,
     wait_for,
 )
 from testkit.gateway_process import GatewayProcess
 from testkit.redis_server import running_redis
-from testkit.worker_process import WorkerProcess, launch_worker
+from testkit.worker_process import WorkerProcess
 
 from kvflow.router.tenants.config import hash_api_key
 
@@ -36,12 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def worker() -> Iterator[WorkerProcess]:
-    w = launch_worker(["--simulate", "--served-model-name", MODEL,
-                       "--sim-base-step-ms", "20"], timeout_s=120)  # fmt: skip
-    try:
-        yield w
-    finally:
-        w.stop(timeout_s=10)
+    yield from simulated_worker()
 
 
 @pytest.fixture(scope="module")

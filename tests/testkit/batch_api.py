@@ -6,18 +6,29 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 
 from testkit.gateway_process import GatewayProcess, launch_gateway
-from testkit.worker_process import WorkerProcess
+from testkit.worker_process import WorkerProcess, launch_worker
 
 MODEL = "sim"
 KEY_A = "sk-batch-tenant-a-0123"
 KEY_B = "sk-batch-tenant-b-0123"
 KEY_C = "sk-batch-tenant-c-0123"  # a daily budget of 1 token: spent by its first request
+
+
+def simulated_worker() -> Iterator[WorkerProcess]:
+    """The tests' worker (a module fixture's body): simulated, 20 ms a step."""
+    w = launch_worker(["--simulate", "--served-model-name", MODEL,
+                       "--sim-base-step-ms", "20"], timeout_s=120)  # fmt: skip
+    try:
+        yield w
+    finally:
+        w.stop(timeout_s=10)
 
 
 def batch_gateway(worker: WorkerProcess, config: Path, *store: str, extra: tuple[str, ...] = ()

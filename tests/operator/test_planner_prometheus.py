@@ -45,7 +45,8 @@ from kvflow.operator.observe.pods import PoolPods, RolePods
 from kvflow.operator.observe.prometheus import PrometheusError
 from kvflow.operator.observe.scrape import fetch_all
 from kvflow.operator.planner.types import Observation
-from kvflow.operator.planning import observations_of, query_targets, scraped_targets
+from kvflow.operator.planning import query_targets
+from kvflow.operator.planning_inputs import observations_of, scraped_targets
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

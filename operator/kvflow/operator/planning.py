@@ -37,7 +37,6 @@ from kvflow.operator.builders.names import (
     WorkerRole,
     fronts_label,
     pool_labels,
-    worker_deployment_name,
     worker_roles,
 )
 from kvflow.operator.kube import Kube, KubeError
@@ -46,12 +45,10 @@ from kvflow.operator.observe.observation import (
     OFFLINE_SERIES,
     ROUTER_FAMILIES,
     WORKER_FAMILIES,
-    Slo,
     Targets,
     gateway_match,
-    observe_role,
 )
-from kvflow.operator.observe.pods import PoolPods, RolePods, classify
+from kvflow.operator.observe.pods import PoolPods, classify
 from kvflow.operator.observe.prometheus import PrometheusError, instant_query
 from kvflow.operator.observe.promql import AnswerError, fold, pool_query
 from kvflow.operator.observe.scrape import fetch_all
@@ -65,6 +62,7 @@ from kvflow.operator.planner.types import (
     SloVerdict,
 )
 from kvflow.operator.planner_metrics import PlannerMetrics
+from kvflow.operator.planning_inputs import observations_of, scraped_targets
 from kvflow.operator.reconcile import PlanOutcome, Reconciler
 
 log = logging.getLogger(__name__)
@@ -352,56 +350,3 @@ def _hold(
     )
     verdict = SloVerdict("Unknown", reason, message[:1024])
     return PlanOutcome(decisions=decisions, scaled_roles=roles, slo=verdict)
-
-
-def scraped_targets(
-    spec: v1alpha1.InferencePoolSpec, pods: PoolPods, windows: dict[str, Metrics]
-) -> dict[WorkerRole, Targets]:
-    """Each role's windows from direct scrapes: its ready pods' and every router's, the
-    pool's own and (this pool's series of) the gateways' that front it."""
-    urls = [*pods.router_targets, *pods.gateway_targets]
-    routers = [windows[url] for url in urls if url in windows]
-    out: dict[WorkerRole, Targets] = {}
-    for role, _ in worker_roles(spec):
-        role_pods = pods.roles.get(role, RolePods())
-        workers = [windows[url] for url in role_pods.targets if url in windows]
-        # The load is the workers' counts: one unread leaves its share out. (A router's
-        # missing read only drops its refusals and latencies, as before.)
-        unread = len(role_pods.targets) - len(workers)
-        out[role] = Targets(workers=workers, routers=routers, num_unread=unread)
-    return out
-
-
-def observations_of(
-    spec: v1alpha1.InferencePoolSpec,
-    pool: PoolRef,
-    pods: PoolPods,
-    deployments: dict[str, Json],
-    targets: dict[WorkerRole, Targets],
-    now_s: float,
-    window_s: float,
-) -> dict[WorkerRole, Observation]:
-    slo = Slo(
-        ttft_target_s=spec.slo.ttft_target_ms / 1000,
-        tpot_target_s=spec.slo.tpot_target_ms / 1000,
-        percentile=spec.slo.percentile,
-    )
-    out: dict[WorkerRole, Observation] = {}
-    for role, role_spec in worker_roles(spec):
-        role_pods = pods.roles.get(role, RolePods())
-        deployment = deployments.get(worker_deployment_name(pool, role))
-        desired = (
-            int((deployment.get("spec") or {}).get("replicas") or 0)
-            if deployment is not None
-            else role_spec.replicas
-        )
-        out[role] = observe_role(
-            role,
-            time_s=now_s,
-            window_s=window_s,
-            desired_replicas=desired,
-            pods=role_pods,
-            targets=targets.get(role, Targets(workers=[], routers=[])),
-            slo=slo,
-        )
-    return out
